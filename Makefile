@@ -1,0 +1,35 @@
+# The two commands the README starts with: `make demo` and `make test`.
+# Each creates .venv on first use and installs what it needs. torch==2.13.0 is installed
+# before the project: on CPU machines an open `torch` requirement would pull a CUDA build.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[torch,train,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/parley bench bus
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy protocols agents scenarios arena
+
+test: lint
+	$(BIN)/pytest -q
+
+test-fast: lint
+	$(BIN)/pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
