@@ -21,5 +21,3 @@ def add_parser(sub: Any) -> None:
         p.add_argument("--json", action="store_true", help="print one JSON object")
         module.add_arguments(p)
         p.set_defaults(func=module.run)
-
-
