@@ -15,7 +15,7 @@ A :class:`Codec` is not thread-safe: give each socket (each event loop) its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 import numpy as np
@@ -34,7 +34,7 @@ DEFAULT_ZERO_COPY_BYTES = 64 * 1024
 # Arrays may only carry plain numeric dtypes: an object dtype would smuggle pickles in.
 _ALLOWED_DTYPE_KINDS = frozenset("biuf")
 
-Frame = bytes | memoryview
+Frame: TypeAlias = bytes | memoryview
 
 
 class _Version(msgspec.Struct):
@@ -88,7 +88,7 @@ class Codec:
             arr = np.ascontiguousarray(obj)
             meta: dict[str, Any] = {"dtype": arr.dtype.str, "shape": list(arr.shape)}
             if arr.nbytes >= self.zero_copy_bytes:
-                self._out_frames.append(memoryview(arr).cast("B"))
+                self._out_frames.append(memoryview(arr).cast("B"))  # type: ignore[arg-type]
                 meta["frame"] = len(self._out_frames)
             else:
                 meta["data"] = arr.tobytes()

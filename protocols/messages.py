@@ -34,6 +34,7 @@ __all__ = [
     "Observation",
     "Ok",
     "SamplingParams",
+    "Subscribe",
     "TokenRecord",
     "ToolCall",
     "ToolResult",
@@ -67,6 +68,7 @@ class Hello(Body, tag="hello"):
     role: str = "peer"
     schemas: list[int] = msgspec.field(default_factory=lambda: [SCHEMA_VERSION])
     heartbeat_interval: float = 1.0
+    subscriptions: list[str] = msgspec.field(default_factory=list)
     meta: dict[str, str] = msgspec.field(default_factory=dict)
 
 
@@ -80,6 +82,16 @@ class Bye(Body, tag="bye"):
     """Orderly goodbye: the receiver fails the sender's pending requests at once."""
 
     reason: str = ""
+
+
+class Subscribe(Body, tag="subscribe"):
+    """Ask the receiver to forward broadcasts whose channel starts with one of ``channels``.
+
+    ``unsubscribe`` true withdraws them instead. Sent as a request; the reply is ``Ok``.
+    """
+
+    channels: list[str]
+    unsubscribe: bool = False
 
 
 class Ok(Body, tag="ok"):
@@ -256,6 +268,7 @@ BODY_TYPES: tuple[type[Body], ...] = (
     Hello,
     Heartbeat,
     Bye,
+    Subscribe,
     Ok,
     Error,
     Observation,
@@ -274,6 +287,7 @@ AnyBody = (
     Hello
     | Heartbeat
     | Bye
+    | Subscribe
     | Ok
     | Error
     | Observation
