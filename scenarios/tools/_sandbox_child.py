@@ -1,0 +1,197 @@
+"""The sandbox's inside half: runs as ``python -I -S _sandbox_child.py CONFIG_JSON``.
+
+Pure standard library on purpose: it runs with ``-I -S`` (no site-packages, no user
+environment), so it must not import parley. :mod:`parley.scenarios.tools.sandbox` starts it,
+normally under ``unshare`` (new mount, network, PID, IPC and UTS namespaces), where this
+process is PID 1 of the new PID namespace. It then
+
+1. builds a fresh root: a size-limited tmpfs holding read-only bind mounts of the system
+   libraries and the Python installation, a few device nodes, an empty ``/tmp`` and the
+   work directory ``/work`` (the caller's files copied in), and ``pivot_root``\\ s into it
+   and detaches the old root, so nothing else of the host file system is reachable;
+2. forks the worker, which drops to the unprivileged sandbox uid (when started as root),
+   sets ``PR_SET_NO_NEW_PRIVS`` and the resource limits, and runs ``/work/main.py``;
+3. waits for the worker and writes one JSON line to the status pipe: the worker's raw wait
+   status, its CPU seconds and whether it died of ``MemoryError``. When PID 1 exits, the
+   kernel kills every process left in the namespace (fork-bomb leftovers included).
+
+Without ``config["root"]`` (the weak fallback, no namespaces) step 1 is skipped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import runpy
+import shutil
+import sys
+import traceback
+from pathlib import Path
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_MOVE = 8192
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+PR_SET_NO_NEW_PRIVS = 38
+# pivot_root has no glibc wrapper; the syscall number depends on the architecture.
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    _check(
+        _libc.mount(
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        ),
+        f"mount {source} on {target}",
+    )
+
+
+def _bind(source: str, target: str, *, readonly: bool, nodev: bool) -> None:
+    _mount(source, target, None, MS_BIND | MS_REC)
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (MS_RDONLY if readonly else 0)
+    _mount(None, target, None, flags | (MS_NODEV if nodev else 0))
+
+
+def build_root(config: dict[str, object]) -> None:
+    """Mount the new root at ``config["root"]`` and pivot into it (we are in a new mount ns)."""
+    root = str(config["root"])
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={config['disk_mb']}m,mode=0755")
+    for path in config["binds"]:  # type: ignore[attr-defined]
+        target = root + path
+        if os.path.islink(path):
+            # /lib -> usr/lib on merged-/usr systems: recreate the link, its target is bound.
+            os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+            os.symlink(os.readlink(path), target)
+        elif os.path.isdir(path):
+            os.makedirs(target, mode=0o755, exist_ok=True)
+            _bind(path, target, readonly=True, nodev=True)
+    os.makedirs(root + "/dev", mode=0o755, exist_ok=True)
+    for device in ("null", "zero", "urandom", "random"):
+        target = f"{root}/dev/{device}"
+        Path(target).touch()  # an empty mount point
+        _bind(f"/dev/{device}", target, readonly=False, nodev=False)
+    os.mkdir(root + "/tmp", mode=0o777)
+    os.chmod(root + "/tmp", 0o1777)
+    work = root + "/work"
+    shutil.copytree(str(config["stage"]), work)
+    uid, gid = config.get("uid"), config.get("gid")
+    if isinstance(uid, int) and isinstance(gid, int):
+        for directory, _dirs, files in os.walk(work):
+            os.chown(directory, uid, gid)
+            for name in files:
+                os.chown(os.path.join(directory, name), uid, gid)
+    os.chmod(work, 0o700)
+    # pivot_root (not chroot): with the old root detached there is no path back to the host.
+    os.chdir(root)
+    os.mkdir(".oldroot")
+    machine = os.uname().machine
+    _check(_libc.syscall(SYS_PIVOT_ROOT[machine], b".", b".oldroot"), "pivot_root")
+    os.chdir("/")
+    _check(_libc.umount2(b"/.oldroot", MNT_DETACH), "umount old root")
+    os.rmdir("/.oldroot")
+    _mount(None, "/", None, MS_REMOUNT | MS_NOSUID | MS_NODEV)
+
+
+def _set_limits(limits: dict[str, int]) -> None:
+    pairs = {
+        resource.RLIMIT_CPU: (limits["cpu"], limits["cpu"] + 1),
+        resource.RLIMIT_AS: (limits["memory"], limits["memory"]),
+        resource.RLIMIT_NPROC: (limits["nproc"], limits["nproc"]),
+        resource.RLIMIT_FSIZE: (limits["fsize"], limits["fsize"]),
+        resource.RLIMIT_NOFILE: (limits["nofile"], limits["nofile"]),
+        resource.RLIMIT_CORE: (0, 0),
+    }
+    for which, (soft, hard) in pairs.items():
+        resource.setrlimit(which, (soft, hard))
+
+
+def run_worker(config: dict[str, object], memory_fd: int) -> None:
+    """Drop privileges, set limits, run ``main.py``; never returns."""
+    code = 1
+    try:
+        uid, gid = config.get("uid"), config.get("gid")
+        if isinstance(uid, int) and isinstance(gid, int):
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+        _set_limits(config["limits"])  # type: ignore[arg-type]
+        os.chdir(str(config["workdir"]))
+        sys.path.insert(0, os.getcwd())
+        sys.argv = ["main.py"]
+        os.closerange(3, memory_fd)
+        os.closerange(memory_fd + 1, 1 << 16)
+    except BaseException:  # the setup failed: say why on stderr, exit 1
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    try:
+        runpy.run_path("main.py", run_name="__main__")
+        code = 0
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except MemoryError:
+        os.write(memory_fd, b"M")
+        try:
+            traceback.print_exc()
+        except MemoryError:
+            os.write(2, b"MemoryError\n")
+    except BaseException:  # untrusted code failed: print its traceback like python would
+        traceback.print_exc()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code & 0xFF)
+
+
+def main(raw: str) -> None:
+    config = json.loads(raw)
+    status_fd = int(config["status_fd"])
+    if config.get("root"):
+        build_root(config)
+    memory_r, memory_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(memory_r)
+        os.close(status_fd)
+        run_worker(config, memory_w)
+    os.close(memory_w)
+    _pid, status, usage = os.wait4(pid, 0)
+    # Non-blocking: a grandchild may still hold the write end open.
+    os.set_blocking(memory_r, False)
+    try:
+        memory = os.read(memory_r, 1) == b"M"
+    except BlockingIOError:
+        memory = False
+    report = {"status": status, "cpu": usage.ru_utime + usage.ru_stime, "memory": memory}
+    os.write(status_fd, (json.dumps(report) + "\n").encode())
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

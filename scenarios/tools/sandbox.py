@@ -1,0 +1,369 @@
+"""Run untrusted Python in a separate, confined process.
+
+:class:`Sandbox` runs a program (``main.py`` plus any other files) with ``python -I -S`` in a
+fresh work directory and returns a :class:`SandboxResult` saying how it ended. Limits, each
+enforced by the kernel or by the parent:
+
+========================  ==================================================================
+CPU time                  ``RLIMIT_CPU`` (SIGXCPU, then SIGKILL one second later)
+wall time                 the parent kills the whole process group at the deadline
+memory                    ``RLIMIT_AS`` (allocation fails with ``MemoryError``)
+output                    stdout and stderr read with a cap; the parent kills at the cap
+processes                 ``RLIMIT_NPROC`` for a uid used by this run only
+disk                      the work directory is a tmpfs of ``disk_mb``; ``RLIMIT_FSIZE``
+open files                ``RLIMIT_NOFILE``
+========================  ==================================================================
+
+Isolation, detected once per process (:func:`isolation`), strongest first:
+
+``"namespaces"`` (running as root with ``unshare``): new mount, network, PID, IPC and UTS
+    namespaces; a new root file system (read-only system libraries and Python, ``/work``,
+    ``/tmp``, ``/dev/null``…) entered with ``pivot_root``, the host's root detached; the code
+    runs as an unprivileged uid unique to the run, with ``no_new_privs``. No network (only a
+    down loopback), no host file visible, no signal to host processes; when the run ends the
+    kernel kills everything left in its PID namespace.
+``"userns"`` (not root, user namespaces allowed): the same, inside a user namespace; the
+    code keeps the caller's uid (mapped to root in the namespace, powerless outside it).
+``"rlimits"`` (neither): resource limits only. The code can read what the caller can read
+    and use the network, so :class:`Sandbox` refuses to start unless created with
+    ``allow_weak=True``.
+
+No seccomp filter is installed (the standard library cannot build one); the namespaces are
+the isolation layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from parley.protocols.errors import ParleyError
+
+__all__ = [
+    "EndedBy",
+    "Isolation",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "SandboxResult",
+    "isolation",
+]
+
+EndedBy = Literal["exit", "timeout", "cpu", "memory", "output", "signal"]
+Isolation = Literal["namespaces", "userns", "rlimits"]
+
+_CHILD = Path(__file__).with_name("_sandbox_child.py")
+_UNSHARE = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
+# Sandbox uids are drawn from a range no real account uses, one per run, so that
+# RLIMIT_NPROC counts only that run's processes.
+_UID_BASE, _UID_SPAN = 200_000, 800_000
+
+
+class SandboxError(ParleyError):  # type: ignore[misc]  # mypy cannot follow the editable parley.* mapping
+    """The sandbox itself failed (could not start or set up); not the code's fault."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one run. Validated at construction."""
+
+    cpu_seconds: int = 5
+    """CPU seconds (user + system) before SIGXCPU."""
+    wall_seconds: float = 10.0
+    """Wall-clock seconds before the parent kills the run."""
+    memory_mb: int = 256
+    """Address-space limit; Python itself needs about 30 MB."""
+    max_processes: int = 16
+    """Processes (and threads) the run's uid may have at once."""
+    max_output_bytes: int = 64_000
+    """Bytes kept per stream (stdout, stderr); the run is killed beyond it."""
+    disk_mb: int = 16
+    """Size of the tmpfs holding the new root and the work directory."""
+    max_open_files: int = 64
+    """File descriptors per process."""
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SandboxLimits.{name} must be positive")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """How one run ended and what it printed."""
+
+    ended_by: EndedBy
+    """``exit`` (the program ended by itself; see ``exit_code``), ``timeout`` (wall time),
+    ``cpu`` (CPU time), ``memory`` (died of ``MemoryError``), ``output`` (printed more than
+    the cap), ``signal`` (killed by another signal; see ``signal``)."""
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration: float
+    """Wall seconds from start to end."""
+    cpu_seconds: float
+    """CPU seconds of the program (0.0 when the run was killed before it reported)."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the program exited by itself with status 0."""
+        return self.ended_by == "exit" and self.exit_code == 0
+
+
+@cache
+def isolation() -> Isolation:
+    """The strongest isolation this machine allows (probed once per process)."""
+    unshare = shutil.which("unshare")
+    if unshare is None or sys.platform != "linux":
+        return "rlimits"
+    candidates: list[tuple[Isolation, list[str]]] = []
+    if os.geteuid() == 0:
+        candidates.append(("namespaces", [unshare, *_UNSHARE]))
+    candidates.append(("userns", [unshare, "--user", "--map-root-user", *_UNSHARE]))
+    for level, argv in candidates:
+        probe = subprocess.run(
+            [*argv, "true"], capture_output=True, timeout=10, check=False, env={}
+        )
+        if probe.returncode == 0:
+            return level
+    return "rlimits"
+
+
+def _bind_paths() -> list[str]:
+    """Host paths visible (read-only) inside the new root: system libraries and Python."""
+    paths = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"]
+    for extra in (sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))):
+        real = os.path.realpath(extra)
+        if not any(real == p or real.startswith(p + "/") for p in paths):
+            paths.append(real)
+    return [p for p in paths if os.path.lexists(p)]
+
+
+class Sandbox:
+    """Runs untrusted Python programs under :class:`SandboxLimits`.
+
+    One instance can run many programs, one or several at a time (each run has its own
+    process, directory and uid). ``allow_weak=True`` permits the ``"rlimits"`` fallback,
+    which does not isolate the file system or the network.
+    """
+
+    def __init__(self, limits: SandboxLimits | None = None, *, allow_weak: bool = False) -> None:
+        self.limits = limits or SandboxLimits()
+        self.isolation: Isolation = isolation()
+        if self.isolation == "rlimits" and not allow_weak:
+            raise SandboxError(
+                "no namespace isolation here (needs util-linux `unshare` and root or user "
+                "namespaces); pass allow_weak=True to run with resource limits only"
+            )
+
+    def run(self, code: str, *, files: Mapping[str, str] | None = None) -> SandboxResult:
+        """Run ``code`` as ``main.py`` in a fresh directory that also holds ``files``.
+
+        ``files`` maps relative paths to text contents (modules ``main.py`` may import).
+        Raises :class:`SandboxError` only when the sandbox could not run the program.
+        """
+        stage = Path(tempfile.mkdtemp(prefix="parley-sandbox-"))
+        try:
+            work = stage / "work"
+            work.mkdir()
+            for name, text in {**(files or {}), "main.py": code}.items():
+                target = (work / name).resolve()
+                if not target.is_relative_to(work.resolve()):
+                    raise ValueError(f"file name {name!r} leaves the work directory")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
+            return self._run_staged(stage)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+
+    def _config(self, stage: Path, status_fd: int) -> tuple[list[str], dict[str, object]]:
+        limits = self.limits
+        nproc = limits.max_processes
+        uid: int | None = None
+        if os.geteuid() == 0:
+            uid = _UID_BASE + secrets.randbelow(_UID_SPAN)
+        elif self.isolation == "rlimits":
+            # Without our own uid, NPROC counts every process of the caller's uid.
+            nproc += _count_processes(os.getuid())
+        config: dict[str, object] = {
+            "status_fd": status_fd,
+            "uid": uid,
+            "gid": uid,
+            "disk_mb": limits.disk_mb,
+            "binds": _bind_paths(),
+            "limits": {
+                "cpu": limits.cpu_seconds,
+                "memory": limits.memory_mb << 20,
+                "nproc": nproc,
+                "fsize": limits.disk_mb << 20,
+                "nofile": limits.max_open_files,
+            },
+        }
+        python = [sys.executable, "-I", "-S", str(_CHILD)]
+        if self.isolation == "rlimits":
+            config.update(root=None, workdir=str(stage / "work"))
+            if uid is not None:
+                os.chown(stage / "work", uid, uid)
+                for path in (stage / "work").rglob("*"):
+                    os.chown(path, uid, uid)
+            return python, config
+        (stage / "root").mkdir()
+        config.update(root=str(stage / "root"), stage=str(stage / "work"), workdir="/work")
+        unshare = [shutil.which("unshare") or "unshare", *_UNSHARE]
+        if self.isolation == "userns":
+            unshare[1:1] = ["--user", "--map-root-user"]
+            config.update(uid=None, gid=None)
+        return [*unshare, *python], config
+
+    def _run_staged(self, stage: Path) -> SandboxResult:
+        status_r, status_w = os.pipe()
+        argv, config = self._config(stage, status_w)
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                [*argv, json.dumps(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(status_w,),
+                env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": "/work"},
+                cwd=stage,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            os.close(status_r)
+            raise SandboxError(f"could not start the sandbox: {exc}") from exc
+        finally:
+            os.close(status_w)
+        try:
+            streams, killed_for = self._collect(proc, status_r, start)
+        finally:
+            _kill_group(proc)
+            proc.wait()
+            os.close(status_r)
+        return self._result(streams, killed_for, time.monotonic() - start)
+
+    def _collect(
+        self, proc: subprocess.Popen[bytes], status_r: int, start: float
+    ) -> tuple[_Streams, EndedBy | None]:
+        """Read stdout, stderr and the status pipe until the run ends or must be killed."""
+        if proc.stdout is None or proc.stderr is None:
+            raise SandboxError("the sandbox process has no output pipes")
+        cap = self.limits.max_output_bytes
+        streams = _Streams()
+        selector = selectors.DefaultSelector()
+        selector.register(proc.stdout.fileno(), selectors.EVENT_READ, "stdout")
+        selector.register(proc.stderr.fileno(), selectors.EVENT_READ, "stderr")
+        selector.register(status_r, selectors.EVENT_READ, "status")
+        deadline = start + self.limits.wall_seconds
+        try:
+            while selector.get_map():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return streams, "timeout"
+                for key, _ in selector.select(remaining):
+                    data = os.read(key.fd, 65536)
+                    buf: bytearray = getattr(streams, key.data)
+                    if not data:
+                        selector.unregister(key.fd)
+                        if key.data == "status" and buf:
+                            # The report is in; leftovers holding the pipes get a moment.
+                            deadline = min(deadline, time.monotonic() + 0.5)
+                        continue
+                    buf += data
+                    if key.data != "status" and len(buf) > cap:
+                        del buf[cap:]
+                        streams.truncated.add(key.data)
+                        return streams, "output"
+            return streams, None
+        finally:
+            selector.close()
+
+    def _result(
+        self, streams: _Streams, killed_for: EndedBy | None, duration: float
+    ) -> SandboxResult:
+        status_text = streams.status.decode(errors="replace").strip()
+        stdout = streams.stdout.decode(errors="replace")
+        stderr = streams.stderr.decode(errors="replace")
+        report: dict[str, Any] = {}
+        if status_text:
+            report = json.loads(status_text.splitlines()[-1])
+        elif killed_for is None:
+            raise SandboxError(f"the sandbox ended without a report; its stderr: {stderr[-2000:]}")
+        exit_code: int | None = None
+        signum: int | None = None
+        ended_by: EndedBy = killed_for or "exit"
+        cpu = float(report.get("cpu", 0.0))
+        if report:
+            status = int(report["status"])
+            if os.WIFEXITED(status):
+                exit_code = os.WEXITSTATUS(status)
+            elif os.WIFSIGNALED(status):
+                signum = os.WTERMSIG(status)
+            if killed_for is None:
+                if report.get("memory"):
+                    ended_by = "memory"
+                elif signum == signal.SIGXCPU or (
+                    signum == signal.SIGKILL and cpu >= self.limits.cpu_seconds
+                ):
+                    ended_by = "cpu"
+                elif signum is not None:
+                    ended_by = "signal"
+        return SandboxResult(
+            ended_by=ended_by,
+            exit_code=exit_code,
+            signal=signum,
+            stdout=stdout,
+            stderr=stderr,
+            stdout_truncated="stdout" in streams.truncated,
+            stderr_truncated="stderr" in streams.truncated,
+            duration=duration,
+            cpu_seconds=cpu,
+        )
+
+
+@dataclass
+class _Streams:
+    """Bytes read so far from the run's stdout, stderr and status pipe."""
+
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    status: bytearray = field(default_factory=bytearray)
+    truncated: set[str] = field(default_factory=set)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the run's process group (the namespace's PID 1 takes everything else along)."""
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _count_processes(uid: int) -> int:
+    """Processes whose real uid is ``uid`` (Linux /proc; 0 where /proc is absent)."""
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("Uid:"):
+                    count += int(line.split()[1]) == uid
+                    break
+        except OSError:
+            continue  # the process ended while we looked
+    return count
