@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from parley.arena.records import EpisodeRecord
@@ -86,9 +87,9 @@ def summary_table(summary: dict[str, Any], *, title: str = "") -> Table:
     table.add_column("mean ± 95% CI", justify="right")
     table.add_column("n", justify="right")
     for name, stat in summary["metrics"].items():
-        table.add_row(name, _fmt(stat["mean"], stat["ci95"]), str(stat["n"]))
+        table.add_row(escape(name), _fmt(stat["mean"], stat["ci95"]), str(stat["n"]))
     for seat, stat in summary["returns"].items():
-        table.add_row(f"return[{seat}]", _fmt(stat["mean"], stat["ci95"]), str(stat["n"]))
+        table.add_row(escape(f"return[{seat}]"), _fmt(stat["mean"], stat["ci95"]), str(stat["n"]))
     for k, value in summary.get("pass_hat_k", {}).items():
         table.add_row(f"pass^{k}", _fmt(value), str(summary["pass_hat_k_tasks"]))
     table.add_section()
@@ -99,5 +100,5 @@ def summary_table(summary: dict[str, Any], *, title: str = "") -> Table:
         "invalid-move rate", _fmt(summary["invalid_move_rate"]), str(summary["agent_steps"])
     )
     for kind, count in sorted(summary["failure_kinds"].items()):
-        table.add_row(f"failed: {kind}", str(count), "")
+        table.add_row(escape(f"failed: {kind}"), str(count), "")
     return table

@@ -1,0 +1,550 @@
+"""The episode runner: plays a scenario with agents in seats, many episodes at once.
+
+Every agent is reached through the bus. The runner owns one :class:`Endpoint` named
+``"arena"`` bound at ``RunConfig.listen`` (a private ``inproc://`` address by default).
+In-process agents live in an :class:`~parley.arena.agent_host.AgentHost` on a second
+endpoint of the same process that connects to it; remote agents (``parley agent``) connect
+from other processes or hosts and are waited for by name.
+
+One step of one episode::
+
+    acting = [seat for seat in env.agents if infos[seat].get("to_act", True)]
+    send an Observation request to every acting seat      # all sent first (pipelined)
+    gather the Actions                                    # then awaited together
+    env.step({seat: action or "" for seat in env.agents})
+
+An agent that times out, dies or raises ends its episode as *failed* with the reason
+(never scored); the run goes on. Seeds: task ``t`` is reset with
+``derive_seed(run_seed, 0, t)``; the agent in seat ``i`` of trial ``r`` of task ``t`` with
+``derive_seed(run_seed, 1, t, r, i)`` — so a run is reproducible and trials of one task see
+the same scenario with fresh agent randomness. Output files: :mod:`parley.arena.records`
+and ``arena/SCHEMA.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq.asyncio
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from parley.arena.agent_host import AGENT_SEED_KEY, FAILED_KEY, AgentHost
+from parley.arena.agent_specs import (
+    AgentFactory,
+    AgentSource,
+    RemoteSeat,
+    SeatContext,
+    resolve_agent_spec,
+)
+from parley.arena.records import EpisodeRecord, RecordWriter
+from parley.arena.run_config import RunConfig
+from parley.arena.summary import summarize
+from parley.protocols.bus import BusConfig, Endpoint
+from parley.protocols.errors import (
+    BusError,
+    ConfigError,
+    PeerDead,
+    RemoteError,
+    RequestTimeout,
+)
+from parley.protocols.messages import Action, Observation, TurnRecord
+from parley.protocols.messages import Trajectory as TrajectoryMsg
+from parley.scenarios import make
+from parley.scenarios import spec as scenario_spec
+
+__all__ = ["EpisodePlan", "RunResult", "Runner", "derive_seed", "plan_episodes", "run"]
+
+ARENA_NAME = "arena"
+"""Bus name of the runner's endpoint."""
+LOCAL_HOST_NAME = "arena-agents"
+"""Bus name of the endpoint hosting the run's in-process agents."""
+
+
+_SCENARIO, _AGENT = 0, 1  # purpose tags of derive_seed keys
+
+
+def derive_seed(*keys: int) -> int:
+    """A 31-bit seed from integer keys, stable across platforms and numpy versions.
+
+    Callers use keys of fixed length per purpose (``SeedSequence`` ignores trailing zeros,
+    so ``(s, t)`` and ``(s, t, 0)`` would collide) and a leading purpose tag.
+    """
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0] >> 1)
+
+
+@dataclass(frozen=True)
+class EpisodePlan:
+    """One episode to play: which task, which trial, with which seeds."""
+
+    index: int
+    task: int
+    trial: int
+    seed: int
+    agent_seeds: dict[str, int]
+
+    @property
+    def episode_id(self) -> str:
+        """Unique within a run and the same for the same plan (no clock, no randomness)."""
+        return f"t{self.task:05d}-r{self.trial:02d}"
+
+
+def plan_episodes(config: RunConfig, seats: Sequence[str]) -> list[EpisodePlan]:
+    """Every episode of the run, task-major (all trials of task 0, then task 1, ...)."""
+    plans: list[EpisodePlan] = []
+    for task in range(config.episodes):
+        for trial in range(config.trials):
+            agent_seeds = {
+                seat: derive_seed(config.seed, _AGENT, task, trial, i)
+                for i, seat in enumerate(seats)
+            }
+            plans.append(
+                EpisodePlan(
+                    index=len(plans),
+                    task=task,
+                    trial=trial,
+                    seed=derive_seed(config.seed, _SCENARIO, task),
+                    agent_seeds=agent_seeds,
+                )
+            )
+    return plans
+
+
+@dataclass
+class RunResult:
+    """What :meth:`Runner.run` returns: every episode record and the summary mapping."""
+
+    records: list[EpisodeRecord]
+    summary: dict[str, Any]
+    endpoint: str
+    wall_s: float
+    out: str | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class _EpisodeFailed(Exception):
+    """Internal: ends an episode early; ``str(exc)`` is the recorded reason."""
+
+
+class Runner:
+    """Plays the episodes of one :class:`RunConfig`.
+
+    ``agents`` (seat -> factory or :class:`RemoteSeat`) overrides the config's specs for
+    the seats it names, for programmatic use. ``on_listen`` is called with the arena's
+    bound address before any episode starts (the CLI prints it for remote agents).
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        agents: Mapping[str, AgentSource] | None = None,
+        bus: BusConfig | None = None,
+        console: Console | None = None,
+        on_listen: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.bus_config = bus or BusConfig()
+        self.console = console or Console(stderr=True)
+        self.on_listen = on_listen
+        probe = make(config.scenario, **config.scenario_kwargs)
+        self.seats: list[str] = list(probe.possible_agents)
+        probe.close()
+        self.specs = _seat_specs(config, self.seats)
+        self.sources: dict[str, AgentSource] = {}
+        for seat in self.seats:
+            if agents is not None and seat in agents:
+                self.sources[seat] = agents[seat]
+                continue
+            context = SeatContext(
+                scenario=config.scenario,
+                seat=seat,
+                baseline=_baseline(config.scenario, seat),
+                options=config.agent_options,
+            )
+            self.sources[seat] = resolve_agent_spec(self.specs[seat], context)
+        self._peers: dict[str, str] = {}
+        self._arena: Endpoint | None = None
+
+    # ------------------------------------------------------------------ the run
+
+    async def run(self) -> RunResult:
+        """Play every planned episode and write the output files; returns the records."""
+        plans = plan_episodes(self.config, self.seats)
+        started = time.perf_counter()
+        records: list[EpisodeRecord] = []
+        async with self._bus() as address:
+            if self.on_listen is not None:
+                self.on_listen(address)
+            with RecordWriter(self.config.out) as writer, self._progress(len(plans)) as advance:
+                queue: asyncio.Queue[EpisodePlan] = asyncio.Queue()
+                for plan in plans:
+                    queue.put_nowait(plan)
+
+                async def worker() -> None:
+                    while not queue.empty():
+                        record = await self.play(queue.get_nowait())
+                        records.append(record)
+                        writer.add(record)
+                        advance(record)
+
+                workers = min(self.config.concurrency, len(plans))
+                await asyncio.gather(*(worker() for _ in range(workers)))
+                records.sort(key=lambda r: r.index)
+                wall = time.perf_counter() - started
+                summary = self._summary(records, wall)
+                writer.write_summary(summary)
+        return RunResult(records, summary, address, wall, self.config.out)
+
+    def _summary(self, records: list[EpisodeRecord], wall: float) -> dict[str, Any]:
+        summary: dict[str, Any] = summarize(records, trials=self.config.trials)
+        summary["scenario"] = self.config.scenario
+        summary["agents"] = dict(self.specs)
+        summary["config"] = _plain(asdict(self.config))
+        steps = summary["agent_steps"]
+        summary["timing"] = {
+            "wall_s": round(wall, 3),
+            "episodes_per_s": round(len(records) / wall, 3) if wall else None,
+            "agent_steps_per_s": round(steps / wall, 1) if wall else None,
+        }
+        return summary
+
+    @contextlib.asynccontextmanager
+    async def _bus(self) -> AsyncIterator[str]:
+        """Bind the arena, host the in-process agents, yield the arena's address."""
+        context = zmq.asyncio.Context()
+        arena = Endpoint(ARENA_NAME, config=self.bus_config, context=context)
+        host_endpoint: Endpoint | None = None
+        host: AgentHost | None = None
+        try:
+            # In-process agents join over a private inproc address, whatever else is bound.
+            inproc = await arena.bind(f"inproc://parley-arena-{uuid.uuid4().hex}")
+            address = await arena.bind(self.config.listen) if self.config.listen else inproc
+            self._arena = arena
+            local: dict[str, AgentFactory] = {}
+            for seat, source in self.sources.items():
+                if isinstance(source, RemoteSeat):
+                    self._peers[seat] = source.peer
+                else:
+                    local[seat] = source
+                    self._peers[seat] = LOCAL_HOST_NAME
+            if local:
+                host_endpoint = Endpoint(LOCAL_HOST_NAME, config=self.bus_config, context=context)
+                host = AgentHost(host_endpoint, local)
+                await host_endpoint.connect(inproc)
+            yield address
+        finally:
+            self._arena = None
+            if host is not None:
+                await host.close()
+            if host_endpoint is not None:
+                await host_endpoint.close()
+            await arena.close()
+            context.destroy(linger=0)
+
+    @contextlib.contextmanager
+    def _progress(self, total: int) -> Any:
+        if not self.config.progress:
+            yield lambda record: None
+            return
+        columns = (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("failed {task.fields[failed]}"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=self.console, transient=False) as progress:
+            task = progress.add_task(self.config.scenario, total=total, failed=0)
+            failed = 0
+
+            def advance(record: EpisodeRecord) -> None:
+                nonlocal failed
+                failed += bool(record.failed)
+                progress.update(task, advance=1, failed=failed)
+
+            yield advance
+
+    # ------------------------------------------------------------------ one episode
+
+    async def play(self, plan: EpisodePlan) -> EpisodeRecord:
+        """Play one planned episode to its end (or its failure) and return its record."""
+        started = time.perf_counter()
+        env = make(self.config.scenario, **self.config.scenario_kwargs)
+        episode = _Episode(plan, self.config.scenario, self.seats, self.specs)
+        asked: set[str] = set()
+        try:
+            await self._play(env, episode, asked)
+        except _EpisodeFailed as exc:
+            episode.failed = str(exc)
+        finally:
+            await self._notify_end(episode, asked)
+            env.close()
+        record = episode.record()
+        record.wall_s = time.perf_counter() - started
+        return record
+
+    async def _play(self, env: Any, episode: _Episode, asked: set[str]) -> None:
+        plan = episode.plan
+        try:
+            observations, infos = env.reset(seed=plan.seed)
+        except Exception as exc:  # a scenario bug: record it, keep the run going
+            raise _EpisodeFailed(f"scenario_error: reset raised {exc!r}") from exc
+        rewards: dict[str, float] = {}
+        turn = 0
+        while env.agents:
+            if turn >= self.config.max_steps:
+                raise _EpisodeFailed(f"max_steps: no end after {turn} steps")
+            acting = [a for a in env.agents if infos.get(a, {}).get("to_act", True)]
+            requests = {
+                seat: Observation(
+                    agent=seat,
+                    text=observations.get(seat, ""),
+                    scenario=self.config.scenario,
+                    reward=rewards.get(seat, 0.0),
+                    info={**infos.get(seat, {}), AGENT_SEED_KEY: plan.agent_seeds[seat]},
+                )
+                for seat in acting
+            }
+            asked.update(acting)
+            actions = await self._ask(requests, plan.episode_id, turn)
+            full = {seat: actions[seat].text if seat in actions else "" for seat in env.agents}
+            try:
+                step = env.step(full)
+            except Exception as exc:  # a scenario bug: record it, keep the run going
+                raise _EpisodeFailed(f"scenario_error: step raised {exc!r}") from exc
+            episode.add_step(turn, observations, actions, *step)
+            observations, rewards, _, _, infos = step
+            turn += 1
+        episode.metrics = dict(env.episode_metrics())
+
+    async def _ask(
+        self, requests: Mapping[str, Observation], episode: str, turn: int
+    ) -> dict[str, Action]:
+        """Every acting seat's action; raises :class:`_EpisodeFailed` naming a failure."""
+        seats = list(requests)
+        calls = [self._request(seat, requests[seat], episode, turn) for seat in seats]
+        if self.config.pipeline:
+            # gather() wraps each call in a task: all requests go out before any is awaited.
+            results: list[Action | BaseException] = await asyncio.gather(
+                *calls, return_exceptions=True
+            )
+        else:
+            results = []
+            for call in calls:
+                try:
+                    results.append(await call)
+                except _EpisodeFailed as exc:
+                    results.append(exc)
+                    break
+            for call in calls[len(results) :]:
+                call.close()  # never started: close the coroutine object quietly
+        actions: dict[str, Action] = {}
+        failures = []
+        for seat, result in zip(seats, results, strict=False):
+            if isinstance(result, _EpisodeFailed):
+                failures.append(str(result))
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                actions[seat] = result
+        if failures:
+            raise _EpisodeFailed("; ".join(failures))
+        return actions
+
+    async def _request(self, seat: str, body: Observation, episode: str, turn: int) -> Action:
+        arena = self._arena
+        if arena is None:
+            raise BusError("the runner's bus is not open: call Runner.run()")
+        peer = self._peers[seat]
+        if peer not in arena.peers:
+            try:
+                await arena.wait_for_peer(peer, timeout=self.config.join_timeout)
+            except RequestTimeout as exc:
+                raise _EpisodeFailed(f"{seat}: not_joined: {exc}") from exc
+        try:
+            reply = await arena.request(
+                peer, body, timeout=self.config.act_timeout, episode=episode, turn=turn
+            )
+        except RequestTimeout as exc:
+            raise _EpisodeFailed(f"{seat}: timeout: {exc}") from exc
+        except PeerDead as exc:
+            raise _EpisodeFailed(f"{seat}: peer_dead: {exc}") from exc
+        except RemoteError as exc:
+            raise _EpisodeFailed(f"{seat}: agent_error: {exc.remote_message}") from exc
+        except BusError as exc:
+            raise _EpisodeFailed(f"{seat}: bus_error: {exc}") from exc
+        if not isinstance(reply, Action):
+            raise _EpisodeFailed(f"{seat}: bad_reply: expected an action, got {type(reply)}")
+        return reply
+
+    async def _notify_end(self, episode: _Episode, asked: set[str]) -> None:
+        """Tell every seat that was asked something that its episode is over (one-way)."""
+        arena = self._arena
+        if arena is None:
+            return
+        for seat in sorted(asked):
+            peer = self._peers[seat]
+            if peer not in arena.peers:
+                continue
+            info: dict[str, Any] = {FAILED_KEY: episode.failed} if episode.failed else {}
+            body = Observation(
+                agent=seat,
+                text="The episode is over.",
+                scenario=self.config.scenario,
+                terminated=True,
+                info=info,
+            )
+            # A peer that died between the check and the send cannot be told; that is fine.
+            with contextlib.suppress(BusError):
+                await arena.send(peer, body, episode=episode.plan.episode_id)
+
+
+class _Episode:
+    """Accumulates one episode's transcript and per-seat trajectories as it is played."""
+
+    def __init__(
+        self, plan: EpisodePlan, scenario: str, seats: Sequence[str], specs: Mapping[str, str]
+    ) -> None:
+        self.plan = plan
+        self.scenario = scenario
+        self.seats = list(seats)
+        self.specs = dict(specs)
+        self.steps: list[dict[str, Any]] = []
+        self.trajectories = {
+            seat: TrajectoryMsg(
+                episode=plan.episode_id, scenario=scenario, agent=seat, seed=plan.seed
+            )
+            for seat in seats
+        }
+        self.metrics: dict[str, float] = {}
+        self.failed = ""
+        self.agent_steps = 0
+        self.invalid_moves = 0
+
+    def add_step(
+        self,
+        turn: int,
+        shown: Mapping[str, str],
+        actions: Mapping[str, Action],
+        observations: Mapping[str, str],
+        rewards: Mapping[str, float],
+        terminations: Mapping[str, bool],
+        truncations: Mapping[str, bool],
+        infos: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        self.steps.append(
+            {
+                "turn": turn,
+                "observations": {seat: shown.get(seat, "") for seat in actions},
+                "actions": {seat: action.text for seat, action in actions.items()},
+                "rewards": dict(rewards),
+                "terminations": dict(terminations),
+                "truncations": dict(truncations),
+                "infos": {seat: dict(info) for seat, info in infos.items()},
+            }
+        )
+        for seat, action in actions.items():
+            invalid = str(infos.get(seat, {}).get("invalid", ""))
+            self.agent_steps += 1
+            self.invalid_moves += bool(invalid)
+            self.trajectories[seat].turns.append(
+                TurnRecord(
+                    turn=turn,
+                    observation=shown.get(seat, ""),
+                    action=action.text,
+                    tokens=list(action.tokens),
+                    invalid=invalid,
+                )
+            )
+        for seat, reward in rewards.items():
+            trajectory = self.trajectories[seat]
+            trajectory.reward += float(reward)
+            # A reward earned on a step the seat sat out belongs to its latest decision.
+            if trajectory.turns:
+                trajectory.turns[-1].reward += float(reward)
+            components = infos.get(seat, {}).get("components", {})
+            for name, value in components.items():
+                trajectory.components[name] = trajectory.components.get(name, 0.0) + float(value)
+
+    def record(self) -> EpisodeRecord:
+        plan = self.plan
+        if self.failed:
+            self.metrics = {}
+            for trajectory in self.trajectories.values():
+                trajectory.failed = self.failed
+        transcript = {
+            "episode": plan.episode_id,
+            "index": plan.index,
+            "task": plan.task,
+            "trial": plan.trial,
+            "seed": plan.seed,
+            "agent_seeds": plan.agent_seeds,
+            "scenario": self.scenario,
+            "agents": self.specs,
+            "steps": self.steps,
+            "metrics": self.metrics,
+            "returns": {seat: t.reward for seat, t in self.trajectories.items()},
+            "status": "failed" if self.failed else "ok",
+            "failed": self.failed,
+        }
+        return EpisodeRecord(
+            index=plan.index,
+            episode=plan.episode_id,
+            task=plan.task,
+            trial=plan.trial,
+            seed=plan.seed,
+            transcript=transcript,
+            trajectories=[self.trajectories[seat] for seat in self.seats],
+            metrics=self.metrics,
+            failed=self.failed,
+            agent_steps=self.agent_steps,
+            invalid_moves=self.invalid_moves,
+        )
+
+
+def _seat_specs(config: RunConfig, seats: Sequence[str]) -> dict[str, str]:
+    """The agent spec of every seat: config list (seat order) or mapping; default scripted."""
+    agents = config.agents
+    if agents is None:
+        return dict.fromkeys(seats, "scripted")
+    if isinstance(agents, list):
+        if len(agents) != len(seats):
+            raise ConfigError(
+                f"{config.scenario} has {len(seats)} seats {seats}; got {len(agents)} agent "
+                "specs (give one per seat, in that order, or a mapping seat: spec)"
+            )
+        return dict(zip(seats, agents, strict=True))
+    unknown = sorted(set(agents) - set(seats))
+    if unknown:
+        raise ConfigError(f"{config.scenario} has no seats {unknown}; its seats are {seats}")
+    return {seat: agents.get(seat, "scripted") for seat in seats}
+
+
+def _baseline(scenario: str, seat: str) -> str:
+    """The seat's registered scripted baseline (``"*"`` covers unnamed seats), or ""."""
+    baselines = scenario_spec(scenario).baselines
+    return str(baselines.get(seat, baselines.get("*", "")))
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with anything JSON cannot hold (a pool object in agent_options) as repr."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+def run(config: RunConfig, **kwargs: Any) -> RunResult:
+    """Play ``config`` to the end in a fresh event loop (``Runner(config, **kwargs).run()``)."""
+    return asyncio.run(Runner(config, **kwargs).run())
