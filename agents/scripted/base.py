@@ -1,0 +1,40 @@
+"""The common shape of scripted agents: a pure decision from the observation, seeded RNG."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import numpy as np
+
+from parley.agents.base import Agent
+from parley.protocols.messages import Action, Observation
+
+__all__ = ["ScriptedAgent"]
+
+
+class ScriptedAgent(Agent):  # type: ignore[misc]
+    """An agent whose move is a synchronous function of its observation.
+
+    Subclasses override :meth:`decide` (and :meth:`new_episode` for per-episode memory).
+    All randomness comes from ``self.rng``, seeded by :meth:`reset`.
+    """
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng()
+        self.new_episode()
+
+    def reset(self, seed: int | None = None) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.new_episode()
+
+    def new_episode(self) -> None:
+        """Forget per-episode memory."""
+
+    @abstractmethod
+    def decide(self, observation: Observation) -> str:
+        """The action text for ``observation``."""
+
+    async def act(self, observation: Observation) -> Action:
+        return Action(agent=observation.agent, text=self.decide(observation))

@@ -1,0 +1,86 @@
+"""Scripted baselines for the negotiation scenarios.
+
+* :class:`DealNegotiator` — deal-or-no-deal: proposes divisions in a parseable form
+  (``propose: book=1 hat=0 ball=2``, what it takes), conceding over turns, and accepts a
+  partner's proposal worth at least its current target by writing ``<selection>``.
+* :class:`Trader` — simple-trade: offers trades that raise its own inventory value and
+  accepts offers that raise it by a margin.
+* :class:`PieBargainer` — split-the-pie: the stationary subgame-perfect strategy of
+  Baron-Ferejohn closed-rule bargaining.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+from parley.agents.scripted.base import ScriptedAgent
+from parley.protocols.messages import Observation
+
+__all__ = ["DealNegotiator"]
+
+_PROPOSAL = re.compile(r"propose:\s*book=(\d+)\s+hat=(\d+)\s+ball=(\d+)", re.IGNORECASE)
+Counts = tuple[int, ...]
+
+
+def _value(take: Counts, values: Counts) -> int:
+    return sum(t * v for t, v in zip(take, values, strict=True))
+
+
+class DealNegotiator(ScriptedAgent):  # type: ignore[misc]
+    """Concedes from 10 points down to ``floor``; the deal is the last proposal on the table.
+
+    Both sides claim the last proposal: the proposer claims what it proposed to take, the
+    seat that wrote ``<selection>`` claims the rest.
+    """
+
+    name = "deal-negotiator"
+    floor = 5
+
+    def new_episode(self) -> None:
+        self.my_turns = 0
+        self.my_last: Counts | None = None
+        self.partner_last: Counts | None = None
+
+    def target(self, turns_left: int) -> int:
+        if turns_left <= 2:
+            return 1
+        return max(self.floor, 10 - self.my_turns)
+
+    def decide(self, observation: Observation) -> str:
+        view: dict[str, Any] = observation.info.get("view", {})
+        counts: Counts = tuple(view.get("counts", (0, 0, 0)))
+        values: Counts = tuple(view.get("values", (0, 0, 0)))
+        if view.get("phase") == "choose":
+            return self.claim(view, counts)
+        match = _PROPOSAL.search(view.get("last_message", ""))
+        if match is not None:
+            self.partner_last = tuple(int(g) for g in match.groups())
+        target = self.target(int(view.get("turns_left", 0)))
+        self.my_turns += 1
+        if self.partner_last is not None:
+            mine = tuple(c - t for c, t in zip(counts, self.partner_last, strict=True))
+            if min(mine) >= 0 and _value(mine, values) >= target:
+                return "<selection>"
+        self.my_last = self.propose(counts, values, target)
+        book, hat, ball = self.my_last
+        return f"propose: book={book} hat={hat} ball={ball} (I take these, you take the rest)"
+
+    @staticmethod
+    def propose(counts: Counts, values: Counts, target: int) -> Counts:
+        """Among takes worth >= target, the one leaving the partner the most items."""
+        takes = [tuple(t) for t in itertools.product(*(range(c + 1) for c in counts))]
+        good = [t for t in takes if _value(t, values) >= target] or [tuple(counts)]
+        return min(good, key=lambda t: (sum(t), -_value(t, values), t))
+
+    def claim(self, view: dict[str, Any], counts: Counts) -> str:
+        if view.get("selector") == view.get("seat"):
+            deal = self.partner_last
+            take = None if deal is None else tuple(c - d for c, d in zip(counts, deal, strict=True))
+        else:
+            take = self.my_last
+        if take is None:
+            return "no agreement"
+        rest = tuple(c - t for c, t in zip(counts, take, strict=True))
+        return "book={} hat={} ball={} / book={} hat={} ball={}".format(*take, *rest)

@@ -1,0 +1,421 @@
+"""The scenario contract: a :class:`pettingzoo.ParallelEnv` with text spaces and parley's extras.
+
+A scenario subclasses :class:`Scenario` and overrides the hooks in the "override these"
+section; everything marked ``@final`` is machinery that every scenario shares and that the
+runner, the conformance suite and the trainers rely on:
+
+* spaces — ``gymnasium.spaces.Text`` over :data:`CHARSET` (printable ASCII and newline), built
+  once per instance and returned as the same object on every call;
+* randomness — one ``np.random.Generator`` per instance, seeded only by ``reset(seed=...)``;
+* turn-taking — :meth:`Scenario.acting` names the seats asked to act this step. Every live
+  seat still appears in ``step``'s action dict (PettingZoo's parallel API); actions of seats
+  not asked to act are ignored, and ``infos[seat]["to_act"]`` tells the runner whom to ask;
+* messages — :meth:`Scenario.say` delivers an agent's message into the recipients' next
+  observations, on the public channel (everyone else) or privately (named recipients);
+* invalid moves — an action that is not a string, is too long, uses characters outside the
+  charset, or that :meth:`Scenario.play` rejects is recorded with its reason in
+  ``infos[seat]["invalid"]`` and costs ``invalid_penalty`` (component ``"invalid"``); it never
+  raises;
+* rewards — per agent, per component: hooks call :meth:`Scenario.reward`; ``infos[seat]
+  ["components"]`` holds this step's components and the step reward is their plain sum
+  (re-weigh them with :mod:`parley.scenarios.shaping`).
+
+``infos[seat]`` after every ``reset``/``step`` holds ``to_act`` (bool), ``turn`` (int),
+``components`` (dict), ``view`` (the scenario's structured private view of this seat, for
+scripted agents), and when relevant ``constraint`` (fields of
+:class:`parley.protocols.messages.Constraint`) and ``invalid`` (str). All values are plain
+JSON types, so they travel on the bus as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, final
+
+import numpy as np
+from gymnasium.spaces import Text
+from pettingzoo import ParallelEnv
+
+from parley.protocols.errors import ConfigError
+
+__all__ = ["CHARSET", "Event", "Scenario", "split_address"]
+
+CHARSET: str = "".join(chr(code) for code in range(32, 127)) + "\n"
+"""Characters of every observation and action: printable ASCII plus newline."""
+
+_STATE_MAX_LENGTH = 1 << 24
+_ADDRESS = re.compile(r"^\s*@([A-Za-z0-9_,]+)\s*:?\s*", re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One line of the episode's record: a message, a notice, or an invalid move.
+
+    ``to`` is empty for events everyone sees; otherwise the recipients (private channel).
+    """
+
+    turn: int
+    kind: str
+    sender: str
+    text: str
+    to: tuple[str, ...] = ()
+
+
+def split_address(text: str, seats: Sequence[str]) -> tuple[list[str] | None, str]:
+    """Split a leading ``@seat:`` / ``@seat1,seat2`` address off a message.
+
+    Returns ``(recipients, body)``; ``recipients`` is ``None`` for a public message (no
+    address, or ``@all``). An address naming an unknown seat is not an address: the whole text
+    is a public message (a scenario that wants stricter rules checks the names itself).
+    """
+    match = _ADDRESS.match(text)
+    if match is None:
+        return None, text.strip()
+    names = [name for name in match.group(1).split(",") if name]
+    if names == ["all"]:
+        return None, text[match.end() :].strip()
+    if not names or any(name not in seats for name in names):
+        return None, text.strip()
+    return names, text[match.end() :].strip()
+
+
+class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
+    """Base class of every parley scenario (a PettingZoo ``ParallelEnv`` over text).
+
+    Subclasses set :attr:`metadata` (at least ``"name"``, the registry id), call
+    ``super().__init__(seats, ...)`` with their declared seats, and override the hooks below.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "scenario",
+        "render_modes": ["ansi"],
+        "is_parallelizable": True,
+    }
+    max_action_length: ClassVar[int] = 1000
+    """Longest accepted action, in characters; longer ones are invalid moves."""
+    max_observation_length: ClassVar[int] = 8192
+    """Longest observation; older lines are cut (marked ``[...]``) to fit."""
+    default_invalid_penalty: ClassVar[float] = 0.0
+    """Penalty of an invalid move unless the constructor's ``invalid_penalty`` overrides it."""
+
+    def __init__(
+        self,
+        seats: Sequence[str],
+        *,
+        render_mode: str | None = "ansi",
+        max_cycles: int | None = None,
+        invalid_penalty: float | None = None,
+    ) -> None:
+        if not seats or len(set(seats)) != len(seats):
+            raise ConfigError(f"seats must be non-empty and distinct, got {list(seats)}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(
+                f"render_mode {render_mode!r} is not supported; use one of "
+                f"{self.metadata['render_modes']} or None"
+            )
+        if max_cycles is not None and max_cycles < 1:
+            raise ConfigError(f"max_cycles must be >= 1 or None, got {max_cycles}")
+        self.possible_agents: list[str] = list(seats)
+        self.agents: list[str] = []
+        self.render_mode = render_mode
+        self.max_cycles = max_cycles
+        """Truncate the episode after this many steps (``None``: the rules end it)."""
+        self.invalid_penalty = (
+            self.default_invalid_penalty if invalid_penalty is None else float(invalid_penalty)
+        )
+        self.rng: np.random.Generator = np.random.default_rng()
+        self.observation_spaces = {
+            seat: Text(self.max_observation_length, min_length=0, charset=CHARSET) for seat in seats
+        }
+        self.action_spaces = {
+            seat: Text(self.max_action_length, min_length=0, charset=CHARSET) for seat in seats
+        }
+        self.state_space = Text(_STATE_MAX_LENGTH, min_length=0, charset=CHARSET)
+        self.turn = 0
+        self.events: list[Event] = []
+        self._inbox: dict[str, list[str]] = {}
+        self._step_components: dict[str, dict[str, float]] = {}
+        self._totals: dict[str, dict[str, float]] = {}
+        self._invalid: dict[str, str] = {}
+        self._invalid_count = 0
+        self._done = False
+        self._truncated = False
+
+    # ------------------------------------------------------------------ override these
+
+    @abstractmethod
+    def new_episode(self, rng: np.random.Generator) -> None:
+        """Build the episode's state from ``rng`` (the only randomness allowed).
+
+        Tell each seat its private context with :meth:`tell`.
+        """
+
+    @abstractmethod
+    def acting(self) -> Sequence[str]:
+        """The seats asked to act in the coming step (a subset of ``self.agents``)."""
+
+    @abstractmethod
+    def play(self, agent: str, action: str) -> str | None:
+        """Apply one action (already checked against the action space, stripped of nothing).
+
+        Return ``None`` when the move is legal, or the reason it is not (the machinery records
+        the invalid move and its penalty; the hook decides what the move still does, e.g. a
+        lost turn). Seats act in the order :meth:`acting` lists them.
+        """
+
+    def resolve(self) -> None:
+        """Called once after every acting seat's :meth:`play` in a step (simultaneous moves)."""
+
+    def prompt(self, agent: str) -> str:
+        """The last line of an acting seat's observation: what to do now and how."""
+        return "Your move."
+
+    def constraint(self, agent: str) -> dict[str, Any] | None:
+        """Structured-output constraint for an LLM in this seat now (Constraint fields)."""
+        return None
+
+    def view(self, agent: str) -> dict[str, Any]:
+        """What this seat knows, structured (plain JSON types), for scripted agents."""
+        return {}
+
+    @abstractmethod
+    def system_prompt(self, agent: str) -> str:
+        """What an LLM in this seat is told once: the rules and the action syntax."""
+
+    def metrics(self) -> dict[str, float]:
+        """Scenario metrics of the finished episode; leave out a metric that is undefined."""
+        return {}
+
+    def snapshot(self) -> Any:
+        """The full state as a dataclass or JSON-able value (for :meth:`state`)."""
+        return getattr(self, "s", None)
+
+    # ------------------------------------------------------------------ machinery for hooks
+
+    @final
+    def tell(self, agent: str, text: str) -> None:
+        """Add a line to ``agent``'s next observation (private notice from the scenario)."""
+        self._inbox[agent].append(text)
+
+    @final
+    def announce(self, text: str) -> None:
+        """Add a line to every seat's next observation and to the public record."""
+        self.events.append(Event(self.turn, "notice", "", text))
+        for agent in self.possible_agents:
+            self._inbox[agent].append(text)
+
+    @final
+    def say(self, sender: str, text: str, to: Sequence[str] | None = None) -> None:
+        """Deliver ``sender``'s message: to everyone else (``to=None``) or privately to ``to``."""
+        recipients = tuple(to) if to is not None else ()
+        self.events.append(Event(self.turn, "message", sender, text, recipients))
+        if to is None:
+            line = f"{sender}: {text}"
+            targets = [a for a in self.possible_agents if a != sender]
+        else:
+            line = f"{sender} (private to {','.join(recipients)}): {text}"
+            targets = [a for a in recipients if a != sender]
+        for agent in targets:
+            self._inbox[agent].append(line)
+
+    @final
+    def reward(self, agent: str, component: str, value: float) -> None:
+        """Credit ``value`` to ``agent``'s reward component ``component`` in this step."""
+        comps = self._step_components[agent]
+        comps[component] = comps.get(component, 0.0) + float(value)
+        totals = self._totals[agent]
+        totals[component] = totals.get(component, 0.0) + float(value)
+
+    @final
+    def finish(self) -> None:
+        """End the episode (terminated) at the end of this step."""
+        self._done = True
+
+    @final
+    def totals(self, agent: str) -> dict[str, float]:
+        """``agent``'s reward components summed over the episode so far."""
+        return dict(self._totals.get(agent, {}))
+
+    @final
+    def invalid_moves(self) -> int:
+        """Invalid moves recorded in this episode."""
+        return self._invalid_count
+
+    # ------------------------------------------------------------------ ParallelEnv
+
+    @final
+    def observation_space(self, agent: str) -> Text:
+        return self.observation_spaces[agent]
+
+    @final
+    def action_space(self, agent: str) -> Text:
+        return self.action_spaces[agent]
+
+    @final
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        """Start an episode. ``seed`` re-seeds the instance's generator; ``None`` continues it."""
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.agents = list(self.possible_agents)
+        self.turn = 0
+        self.events = []
+        self._inbox = {agent: [] for agent in self.agents}
+        self._totals = {agent: {} for agent in self.agents}
+        self._step_components = {agent: {} for agent in self.agents}
+        self._invalid = {}
+        self._invalid_count = 0
+        self._done = False
+        self._truncated = False
+        self.new_episode(self.rng)
+        observations, infos = self._observe(set(self.acting()))
+        return observations, infos
+
+    @final
+    def step(
+        self, actions: Mapping[str, Any]
+    ) -> tuple[
+        dict[str, str],
+        dict[str, float],
+        dict[str, bool],
+        dict[str, bool],
+        dict[str, dict[str, Any]],
+    ]:
+        """Apply the acting seats' actions; other seats' entries are ignored.
+
+        An acting seat missing from ``actions`` plays ``""`` (usually an invalid move).
+        Stepping a finished episode returns empty dicts.
+        """
+        if not self.agents:
+            return {}, {}, {}, {}, {}
+        self._step_components = {agent: {} for agent in self.agents}
+        self._invalid = {}
+        for agent in self.acting():
+            if self._done:
+                break
+            action = actions.get(agent, "")
+            reason = self._check(agent, action)
+            if reason is None:
+                reason = self.play(agent, action)
+            if reason is not None:
+                self._record_invalid(agent, reason)
+        if not self._done:
+            self.resolve()
+        self.turn += 1
+        if not self._done and self.max_cycles is not None and self.turn >= self.max_cycles:
+            self._truncated = True
+        ended = self._done or self._truncated
+        acting = set() if ended else set(self.acting())
+        observations, infos = self._observe(acting)
+        rewards = {a: float(sum(self._step_components[a].values())) for a in self.agents}
+        terminations = {a: self._done for a in self.agents}
+        truncations = {a: self._truncated and not self._done for a in self.agents}
+        if ended:
+            self.agents = []
+        return observations, rewards, terminations, truncations, infos
+
+    @final
+    def state(self) -> str:
+        """The full state as canonical JSON (ASCII only, so it lies in :attr:`state_space`)."""
+        snap = self.snapshot()
+        if dataclasses.is_dataclass(snap) and not isinstance(snap, type):
+            snap = dataclasses.asdict(snap)
+        return json.dumps(
+            {"turn": self.turn, "done": self._done, "state": snap},
+            sort_keys=True,
+            default=_json_default,
+        )
+
+    @final
+    def render(self) -> str | None:
+        """``"ansi"``: the episode so far as text; ``None`` when ``render_mode`` is ``None``."""
+        if self.render_mode is None:
+            return None
+        lines = [f"== {self.metadata['name']}  turn {self.turn} =="]
+        for event in self.events[-40:]:
+            to = f" -> {','.join(event.to)}" if event.to else ""
+            who = event.sender or "*"
+            lines.append(f"[{event.turn}] {event.kind} {who}{to}: {event.text}")
+        return "\n".join(lines)
+
+    @final
+    def close(self) -> None:
+        """Nothing to release: a scenario holds no external resource."""
+
+    @final
+    def episode_metrics(self) -> dict[str, float]:
+        """The scenario's :meth:`metrics` plus ``turns`` and ``invalid_moves``."""
+        metrics = {key: float(value) for key, value in self.metrics().items()}
+        metrics.setdefault("turns", float(self.turn))
+        metrics.setdefault("invalid_moves", float(self._invalid_count))
+        return metrics
+
+    # ------------------------------------------------------------------ internals
+
+    def _check(self, agent: str, action: Any) -> str | None:
+        if not isinstance(action, str):
+            return f"action must be a string, got {type(action).__name__}"
+        if len(action) > self.max_action_length:
+            return f"action is {len(action)} characters long; at most {self.max_action_length}"
+        bad = sorted({ch for ch in action if ch not in self.action_spaces[agent].character_set})
+        if bad:
+            shown = "".join(bad[:10]).encode("ascii", "backslashreplace").decode("ascii")
+            return f"action uses characters outside printable ASCII and newline: {shown!r}"
+        return None
+
+    def _record_invalid(self, agent: str, reason: str) -> None:
+        self._invalid[agent] = reason
+        self._invalid_count += 1
+        self.events.append(Event(self.turn, "invalid", agent, reason, (agent,)))
+        self._inbox[agent].append(f"Invalid move: {reason}")
+        self.reward(agent, "invalid", -self.invalid_penalty)
+
+    def _observe(self, acting: set[str]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        observations: dict[str, str] = {}
+        infos: dict[str, dict[str, Any]] = {}
+        ended = self._done or self._truncated
+        for agent in self.agents:
+            lines = list(self._inbox[agent])
+            if agent in acting:
+                lines.append(self.prompt(agent))
+                # The runner delivers only acting seats' observations: keep the others' lines
+                # until the seat is next asked, so an LLM never misses a message.
+                self._inbox[agent] = []
+            elif ended:
+                lines.append("The episode is over.")
+            observations[agent] = self._fit("\n".join(lines))
+            info: dict[str, Any] = {
+                "to_act": agent in acting,
+                "turn": self.turn,
+                "components": dict(self._step_components.get(agent, {})),
+                "view": self.view(agent),
+            }
+            if agent in self._invalid:
+                info["invalid"] = self._invalid[agent]
+            if agent in acting:
+                constraint = self.constraint(agent)
+                if constraint is not None:
+                    info["constraint"] = constraint
+            infos[agent] = info
+        return observations, infos
+
+    def _fit(self, text: str) -> str:
+        limit = self.max_observation_length
+        if len(text) <= limit:
+            return text
+        return "[...]" + text[len(text) - limit + 5 :]
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (set, frozenset, tuple)):
+        return sorted(value) if isinstance(value, (set, frozenset)) else list(value)
+    raise TypeError(f"state holds a {type(value).__name__}, which has no JSON form")

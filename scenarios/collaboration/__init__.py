@@ -1,0 +1,1 @@
+"""Collaboration scenarios: a team shares one reward and must pool what each member knows."""

@@ -1,0 +1,328 @@
+"""Conformance suite for registered scenarios, shipped as library code.
+
+Every check takes a scenario id, raises ``AssertionError`` (:class:`ConformanceFailure`) on a
+violation and :class:`NotApplicable` when it does not apply; :data:`CHECKS` maps check names
+to them and :func:`check_scenario` runs them all. The tests run every check over every
+registered scenario; a third-party scenario can do the same::
+
+    from parley.scenarios.conformance import check_scenario
+    report = check_scenario("myfamily/my-game-v0")   # {check name: "passed" | "n/a: ..."}
+
+PettingZoo's own tests are used where they apply, working around their known traps (see
+REFERENCES.md): the AEC ``api_test`` crashes on ``Text`` spaces (not used; the parallel test
+and our contract check cover it); ``parallel_seed_test`` checks one step only (we run
+``seed_test`` on ``parallel_to_aec`` factories and our own whole-episode determinism check);
+``parallel_api_test`` overwrites ``env.max_cycles`` (each check builds a fresh env);
+``render_test`` asks for ``render_mode="human"`` first (our factory maps it to ``"ansi"``).
+
+The determinism check and :func:`play_episode` play the scripted baselines of the spec
+(``spec.baselines``), loaded by their ``"module:Class"`` strings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+from pettingzoo.test import (
+    max_cycles_test,
+    parallel_api_test,
+    render_test,
+    seed_test,
+    state_test,
+)
+from pettingzoo.utils.conversions import aec_to_parallel, parallel_to_aec
+
+from parley.protocols.messages import Constraint, Observation
+from parley.scenarios.base import CHARSET, Scenario
+from parley.scenarios.registry import load_attr, make, spec
+
+__all__ = [
+    "CHECKS",
+    "ConformanceFailure",
+    "NotApplicable",
+    "GARBAGE",
+    "check_scenario",
+    "play_episode",
+    "baseline_agents",
+]
+
+
+class ConformanceFailure(AssertionError):
+    """A scenario breaks the contract; the message says which part."""
+
+
+class NotApplicable(Exception):
+    """The check does not apply to this scenario (the message says why)."""
+
+
+GARBAGE: tuple[Any, ...] = (
+    "",
+    " ",
+    "\n\n\n",
+    "x" * 100_000,
+    "héllo wörld 🤝 交渉",
+    "\x00\x01\x02\x7f\x1b[31m",
+    "<selection>" * 50,
+    "@nobody: hi",
+    "@all:",
+    "1e309 nan -0 99999999999999999999",
+    "}{][)(",
+    b"bytes are not text",
+    None,
+    12345,
+    ["a", "list"],
+)
+"""Actions the fuzz check feeds to every seat besides random ``Text`` samples."""
+
+
+def _fail(message: str) -> ConformanceFailure:
+    return ConformanceFailure(message)
+
+
+def _aec_factory(scenario_id: str) -> Callable[..., Any]:
+    def factory(render_mode: str | None = "ansi", **kwargs: Any) -> Any:
+        # render_test asks for "human" first only to read metadata; we render as ansi.
+        mode = "ansi" if render_mode == "human" else render_mode
+        return parallel_to_aec(make(scenario_id, render_mode=mode, **kwargs))
+
+    return factory
+
+
+# --- checks --------------------------------------------------------------------------------
+
+
+def check_contract(scenario_id: str) -> None:
+    """Our contract: Text spaces over CHARSET, metadata, prompts, infos, state, metrics."""
+    env = make(scenario_id)
+    if not isinstance(env, Scenario):
+        raise _fail(f"{scenario_id} builds a {type(env).__name__}, not a parley Scenario")
+    meta = env.metadata
+    if meta.get("name") != scenario_id:
+        raise _fail(f"metadata['name'] is {meta.get('name')!r}, expected {scenario_id!r}")
+    if "ansi" not in meta.get("render_modes", []) or not meta.get("is_parallelizable"):
+        raise _fail("metadata needs render_modes containing 'ansi' and is_parallelizable=True")
+    for agent in env.possible_agents:
+        for space in (env.observation_space(agent), env.action_space(agent)):
+            if not set(CHARSET) <= space.character_set:
+                raise _fail(f"space of {agent} lacks printable ASCII or newline")
+        prompt = env.system_prompt(agent)
+        if not isinstance(prompt, str) or not prompt or any(c not in CHARSET for c in prompt):
+            raise _fail(f"system_prompt({agent!r}) must be non-empty printable ASCII")
+    observations, infos = env.reset(seed=1)
+    _check_step_output(env, observations, infos)
+    while env.agents:
+        actions = {a: env.action_space(a).sample() for a in env.agents}
+        observations, rewards, _, _, infos = env.step(actions)
+        _check_step_output(env, observations, infos)
+        for agent, value in rewards.items():
+            total = sum(infos[agent]["components"].values())
+            if not np.isclose(value, total):
+                raise _fail(f"reward of {agent} ({value}) is not the sum of its components")
+        if not env.state_space.contains(env.state()):
+            raise _fail("state() is outside state_space")
+    metrics = env.episode_metrics()
+    if not all(isinstance(k, str) and isinstance(v, float) for k, v in metrics.items()):
+        raise _fail(f"episode_metrics() must map names to floats, got {metrics!r}")
+    if "success" in metrics and metrics["success"] not in (0.0, 1.0):
+        raise _fail(f"metric success must be 0 or 1, got {metrics['success']}")
+
+
+def _check_step_output(env: Any, observations: dict[str, Any], infos: dict[str, Any]) -> None:
+    for agent, text in observations.items():
+        if not env.observation_space(agent).contains(text):
+            raise _fail(f"observation of {agent} is outside its space: {text[:200]!r}")
+        info = infos[agent]
+        if not isinstance(info.get("to_act", True), bool):
+            raise _fail(f"infos[{agent!r}]['to_act'] must be a bool")
+        if "constraint" in info:
+            try:
+                msgspec.convert(info["constraint"], Constraint)
+            except msgspec.ValidationError as exc:
+                raise _fail(f"infos[{agent!r}]['constraint'] is not a Constraint: {exc}") from exc
+        try:
+            json.dumps(info)
+        except TypeError as exc:
+            raise _fail(f"infos[{agent!r}] holds a value that is not plain JSON: {exc}") from exc
+    if env.agents and not any(infos[a].get("to_act", True) for a in env.agents):
+        raise _fail("a live episode must ask at least one seat to act")
+
+
+def check_parallel_api(scenario_id: str) -> None:
+    """pettingzoo ``parallel_api_test`` (random Text samples as actions)."""
+    parallel_api_test(make(scenario_id), num_cycles=200)
+    aec = parallel_to_aec(make(scenario_id))
+    if not isinstance(aec_to_parallel(aec).unwrapped, Scenario):
+        raise _fail("aec_to_parallel(parallel_to_aec(env)) does not round-trip")
+
+
+def check_seed(scenario_id: str) -> None:
+    """pettingzoo ``seed_test`` on ``parallel_to_aec`` factories."""
+    factory = _aec_factory(scenario_id)
+    seed_test(factory, num_cycles=50)
+
+
+def check_render(scenario_id: str) -> None:
+    """pettingzoo ``render_test`` (ansi)."""
+    render_test(_aec_factory(scenario_id))
+
+
+def check_state(scenario_id: str) -> None:
+    """pettingzoo ``state_test``: ``state()`` lies in ``state_space`` through an episode."""
+    state_test(parallel_to_aec(make(scenario_id)), make(scenario_id), num_cycles=10)
+
+
+def check_max_cycles(scenario_id: str) -> None:
+    """pettingzoo ``max_cycles_test``, where random play cannot end the episode in 4 steps."""
+    probe = make(scenario_id, max_cycles=4)
+    probe.reset(seed=0)
+    for _ in range(4):
+        _, _, terminations, _, _ = probe.step(
+            {a: probe.action_space(a).sample() for a in probe.agents}
+        )
+        if any(terminations.values()):
+            raise NotApplicable("random play ends this scenario's episodes within 4 steps")
+    module = types.SimpleNamespace(
+        parallel_env=lambda **kw: make(scenario_id, **kw),
+        env=lambda **kw: parallel_to_aec(make(scenario_id, **kw)),
+    )
+    max_cycles_test(module)
+
+
+def check_determinism(scenario_id: str, seeds: Sequence[int] = (0, 1, 2)) -> None:
+    """Same seed -> identical transcript over whole episodes of the scripted baselines."""
+    transcripts = []
+    for seed in seeds:
+        first = play_episode(scenario_id, seed=seed)
+        second = play_episode(scenario_id, seed=seed)
+        if first != second:
+            diff = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+            raise _fail(
+                f"seed {seed}: transcripts differ at record {diff}: {first[diff]} != {second[diff]}"
+            )
+        transcripts.append(first)
+    if len(seeds) > 1 and all(t == transcripts[0] for t in transcripts[1:]):
+        raise _fail(f"seeds {list(seeds)} all gave the same transcript: is the RNG used?")
+
+
+def check_fuzz(scenario_id: str, episodes: int = 3) -> None:
+    """Garbage and random Text samples to every seat: no exception, invalid moves recorded."""
+    rng = np.random.default_rng(0)
+    env = make(scenario_id)
+    for episode in range(episodes):
+        _, infos = env.reset(seed=episode)
+        for agent in env.possible_agents:
+            env.action_space(agent).seed(episode)
+        while env.agents:
+            actions: dict[str, Any] = {}
+            for agent in env.agents:
+                pick = int(rng.integers(len(GARBAGE) + 1))
+                sample = env.action_space(agent).sample()
+                actions[agent] = GARBAGE[pick] if pick < len(GARBAGE) else sample
+            acting = [a for a in env.agents if infos[a].get("to_act", True)]
+            observations, _, _, _, infos = env.step(actions)
+            _check_step_output(env, observations, infos)
+            for agent in acting:
+                action = actions[agent]
+                off_space = not env.action_space(agent).contains(action)
+                if off_space and "invalid" not in infos[agent]:
+                    raise _fail(f"{agent} played {str(action)[:60]!r}, not recorded as invalid")
+        env.episode_metrics()
+
+
+CHECKS: dict[str, Callable[[str], None]] = {
+    "contract": check_contract,
+    "parallel_api": check_parallel_api,
+    "seed": check_seed,
+    "render": check_render,
+    "state": check_state,
+    "max_cycles": check_max_cycles,
+    "determinism": check_determinism,
+    "fuzz": check_fuzz,
+}
+"""Every conformance check, by name."""
+
+
+def check_scenario(scenario_id: str) -> dict[str, str]:
+    """Run every check; returns ``{name: "passed" | "n/a: reason"}`` or raises on failure."""
+    report: dict[str, str] = {}
+    for name, check in CHECKS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                check(scenario_id)
+            except NotApplicable as why:
+                report[name] = f"n/a: {why}"
+                continue
+        report[name] = "passed"
+    return report
+
+
+# --- playing baselines ------------------------------------------------------------------------
+
+
+def baseline_agents(scenario_id: str, seats: Sequence[str]) -> dict[str, Any]:
+    """One fresh scripted baseline agent per seat, from the spec's ``"module:Class"`` strings."""
+    found = spec(scenario_id)
+    return {seat: load_attr(found.baseline_for(seat))() for seat in seats}
+
+
+def play_episode(
+    scenario_id: str,
+    *,
+    seed: int,
+    agents: dict[str, Any] | None = None,
+    env: Scenario | None = None,
+    **kwargs: Any,
+) -> list[tuple[Any, ...]]:
+    """Play one episode in-process; returns its transcript as comparable records.
+
+    ``agents`` default to the spec's baselines (seeded ``seed + seat index``). The transcript
+    holds per step: each acting seat's observation, action, reward, infos, and at the end the
+    episode metrics. Runs its own event loop: call it from synchronous code.
+    """
+    return asyncio.run(_play(scenario_id, seed, agents, env, kwargs))
+
+
+async def _play(
+    scenario_id: str,
+    seed: int,
+    agents: dict[str, Any] | None,
+    env: Scenario | None,
+    kwargs: dict[str, Any],
+) -> list[tuple[Any, ...]]:
+    env = env if env is not None else make(scenario_id, **kwargs)
+    agents = agents if agents is not None else baseline_agents(scenario_id, env.possible_agents)
+    for index, seat in enumerate(env.possible_agents):
+        agents[seat].reset(seed + index)
+    observations, infos = env.reset(seed=seed)
+    rewards: dict[str, float] = dict.fromkeys(env.agents, 0.0)
+    record: list[tuple[Any, ...]] = []
+    while env.agents:
+        actions: dict[str, str] = {}
+        for agent in env.agents:
+            if not infos[agent].get("to_act", True):
+                actions[agent] = ""
+                continue
+            observation = Observation(
+                agent=agent,
+                text=observations[agent],
+                scenario=scenario_id,
+                reward=rewards.get(agent, 0.0),
+                info=infos[agent],
+            )
+            action = await agents[agent].act(observation)
+            actions[agent] = action.text
+            record.append((env.turn, agent, observations[agent], action.text))
+        observations, rewards, _, _, infos = env.step(actions)
+        record.append(
+            (env.turn, json.dumps(rewards, sort_keys=True), json.dumps(infos, sort_keys=True))
+        )
+    record.append(("metrics", json.dumps(env.episode_metrics(), sort_keys=True)))
+    return record

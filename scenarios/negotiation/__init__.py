@@ -1,0 +1,1 @@
+"""Negotiation scenarios: players with private interests bargain over a division."""

@@ -1,0 +1,342 @@
+"""negotiation/deal-or-no-deal-v0 — divide books, hats and balls (Lewis et al. 2017).
+
+The game of "Deal or No Deal? End-to-End Learning for Negotiation Dialogues" (Lewis, Yarats,
+Dauphin, Parikh, Batra; arXiv 1706.05125), with the published context constraints.
+
+Context: three item types (book, hat, ball), each count 1-4, 5-7 items in total. Each player
+has private non-negative integer values with ``Σ count·value = 10``; every item type is worth
+something to at least one player, and at least one item type is worth something to both.
+Counts are drawn uniformly until the total is 5-7; each player's value vector is drawn
+uniformly from all vectors that sum to 10, redrawn until the pair meets the constraints.
+
+Seats: ``player_0``, ``player_1``. The first speaker is drawn at random.
+
+Actions (talk phase, the speaker only):
+
+====================  ============================================================
+``<selection>``        end the talk; both players then state the division
+any other text         a message to the partner (delivered in its next observation)
+====================  ============================================================
+
+Actions (choose phase, both players at once, independently)::
+
+    book=1 hat=0 ball=2 / book=0 hat=2 ball=1     (what I take / what my partner takes)
+    no agreement
+
+Agreement holds iff, for every item type, the two players' "I take" numbers add up exactly
+to the count. The talk ends after ``max_turns`` messages at the latest (then both choose).
+An empty message or a malformed claim is an invalid move (a malformed claim counts as no
+agreement).
+
+Observations: the private context first, then the partner's messages as they come, then a
+line saying what to do. ``infos[seat]["view"]`` holds ``phase``, ``counts``, ``values``,
+``turns_left``, ``last_message`` (the partner's latest message) and ``selector``.
+
+Rewards (on the last step):
+
+==========  ====================================================================
+component   value
+==========  ====================================================================
+task        Σ own take x own value (0-10) if agreed, else 0 for both
+invalid     -``invalid_penalty`` per invalid move (default 0.5)
+==========  ====================================================================
+
+Metrics: ``score`` (mean of the two players' scores), ``score_player_0``, ``score_player_1``,
+``agreed`` (= ``success``), and when agreed ``score_agreed`` and ``pareto_optimal``.
+
+Arguments: ``max_turns`` (20, messages before the choice is forced), ``invalid_penalty``,
+``max_cycles``, ``render_mode``.
+
+    >>> env = make("negotiation/deal-or-no-deal-v0", max_turns=10)
+
+Version history: v0 — first version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parley.scenarios.base import Scenario
+
+__all__ = [
+    "ITEMS",
+    "DealState",
+    "DealOrNoDeal",
+    "agreement",
+    "divisions",
+    "generate_context",
+    "pareto_optimal",
+    "parse_claim",
+    "score",
+    "valid_context",
+    "value_vectors",
+]
+
+ITEMS = ("book", "hat", "ball")
+TOTAL_VALUE = 10
+MIN_ITEMS, MAX_ITEMS = 5, 7
+SEATS = ("player_0", "player_1")
+SELECTION = "<selection>"
+NO_AGREEMENT = "no agreement"
+_TAKE = r"book=(\d+)\s+hat=(\d+)\s+ball=(\d+)"
+_CLAIM = re.compile(rf"^\s*{_TAKE}\s*/\s*{_TAKE}\s*$", re.IGNORECASE)
+
+Counts = tuple[int, int, int]
+
+
+# --- rules: pure functions ------------------------------------------------------------------
+
+
+def value_vectors(counts: Counts) -> list[Counts]:
+    """Every non-negative integer value vector with Σ count·value = 10."""
+    ranges = [range(TOTAL_VALUE // c + 1) for c in counts]
+    return [
+        (a, b, c)
+        for a, b, c in itertools.product(*ranges)
+        if a * counts[0] + b * counts[1] + c * counts[2] == TOTAL_VALUE
+    ]
+
+
+def valid_context(counts: Counts, values_a: Counts, values_b: Counts) -> bool:
+    """The published constraints on a context (see the module docstring)."""
+    if not MIN_ITEMS <= sum(counts) <= MAX_ITEMS or not all(1 <= c <= 4 for c in counts):
+        return False
+    for values in (values_a, values_b):
+        if sum(c * v for c, v in zip(counts, values, strict=True)) != TOTAL_VALUE:
+            return False
+    worthless_to_both = any(a == 0 and b == 0 for a, b in zip(values_a, values_b, strict=True))
+    valued_by_both = any(a > 0 and b > 0 for a, b in zip(values_a, values_b, strict=True))
+    return valued_by_both and not worthless_to_both
+
+
+def generate_context(rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:
+    """Draw ``(counts, values_player_0, values_player_1)`` meeting the constraints."""
+    while True:
+        counts: Counts = tuple(int(c) for c in rng.integers(1, 5, size=3))  # type: ignore[assignment]
+        if MIN_ITEMS <= sum(counts) <= MAX_ITEMS:
+            break
+    vectors = value_vectors(counts)
+    while True:
+        values_a = vectors[int(rng.integers(len(vectors)))]
+        values_b = vectors[int(rng.integers(len(vectors)))]
+        if valid_context(counts, values_a, values_b):
+            return counts, values_a, values_b
+
+
+def score(take: Counts, values: Counts) -> int:
+    """Value of the items ``take`` under ``values``."""
+    return sum(t * v for t, v in zip(take, values, strict=True))
+
+
+def agreement(counts: Counts, take_a: Counts, take_b: Counts) -> bool:
+    """The claims agree iff they add up to the counts for every item type."""
+    return all(a + b == c for a, b, c in zip(take_a, take_b, counts, strict=True))
+
+
+def divisions(counts: Counts) -> list[Counts]:
+    """Every way to pick what player A takes (player B takes the rest)."""
+    return [tuple(t) for t in itertools.product(*(range(c + 1) for c in counts))]  # type: ignore[misc]
+
+
+def pareto_optimal(counts: Counts, values_a: Counts, values_b: Counts, take_a: Counts) -> bool:
+    """No other division is at least as good for both players and better for one."""
+    rest: Counts = tuple(c - t for c, t in zip(counts, take_a, strict=True))  # type: ignore[assignment]
+    score_a, score_b = score(take_a, values_a), score(rest, values_b)
+    for other in divisions(counts):
+        other_rest: Counts = tuple(c - t for c, t in zip(counts, other, strict=True))  # type: ignore[assignment]
+        a, b = score(other, values_a), score(other_rest, values_b)
+        if a >= score_a and b >= score_b and (a > score_a or b > score_b):
+            return False
+    return True
+
+
+def parse_claim(text: str, counts: Counts) -> tuple[Counts | None, str | None]:
+    """``(take, None)`` for a valid claim, ``(None, None)`` for "no agreement", or a reason."""
+    if text.strip().lower() == NO_AGREEMENT:
+        return None, None
+    match = _CLAIM.match(text)
+    if match is None:
+        return None, (
+            "a claim looks like 'book=1 hat=0 ball=2 / book=0 hat=2 ball=1' "
+            "(what you take / what your partner takes) or 'no agreement'"
+        )
+    numbers = [int(g) for g in match.groups()]
+    mine, theirs = numbers[:3], numbers[3:]
+    for name, m, t, c in zip(ITEMS, mine, theirs, counts, strict=True):
+        if m > c or t > c:
+            return None, f"there are only {c} {name}(s); claims cannot exceed the count"
+    return (mine[0], mine[1], mine[2]), None
+
+
+def describe(counts: Counts, values: Counts) -> str:
+    return " ".join(
+        f"{item} x{c} (worth {v} each to you)"
+        for item, c, v in zip(ITEMS, counts, values, strict=True)
+    )
+
+
+# --- the scenario ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DealState:
+    counts: Counts
+    values: dict[str, Counts]
+    first: str
+    speaker: str
+    phase: str = "talk"  # talk -> choose -> done
+    talk_turns: int = 0
+    selector: str = ""
+    dialogue: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    claims: dict[str, Counts | None] = dataclasses.field(default_factory=dict)
+    agreed: bool = False
+    scores: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+class DealOrNoDeal(Scenario):  # type: ignore[misc]
+    """Lewis et al. (2017) multi-issue bargaining; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "negotiation/deal-or-no-deal-v0",
+        "render_modes": ["ansi"],
+        "is_parallelizable": True,
+    }
+    default_invalid_penalty = 0.5
+    s: DealState
+
+    def __init__(
+        self,
+        max_turns: int = 20,
+        *,
+        invalid_penalty: float | None = None,
+        max_cycles: int | None = None,
+        render_mode: str | None = "ansi",
+    ) -> None:
+        super().__init__(
+            SEATS, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
+        )
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = max_turns
+
+    def partner(self, agent: str) -> str:
+        return SEATS[1 - SEATS.index(agent)]
+
+    def new_episode(self, rng: np.random.Generator) -> None:
+        counts, values_a, values_b = generate_context(rng)
+        first = SEATS[int(rng.integers(2))]
+        self.s = DealState(counts, {SEATS[0]: values_a, SEATS[1]: values_b}, first, first)
+        for agent in SEATS:
+            self.tell(
+                agent,
+                f"You are {agent}. Items: {describe(counts, self.s.values[agent])}. "
+                f"{first} speaks first.",
+            )
+
+    def acting(self) -> list[str]:
+        if self.s.phase == "talk":
+            return [self.s.speaker]
+        return [a for a in SEATS if a not in self.s.claims] if self.s.phase == "choose" else []
+
+    def play(self, agent: str, action: str) -> str | None:
+        if self.s.phase == "choose":
+            take, reason = parse_claim(action, self.s.counts)
+            self.s.claims[agent] = take
+            return reason
+        text = action.strip()
+        reason = None
+        if text.lower() == SELECTION:
+            self.s.phase, self.s.selector = "choose", agent
+            self.announce(f"{agent} chose {SELECTION}. Both now state the division.")
+        elif not text:
+            reason = f"empty message; write a message or {SELECTION}"
+        else:
+            self.say(agent, text)
+            self.s.dialogue.append((agent, text))
+        self.s.talk_turns += 1
+        self.s.speaker = self.partner(agent)
+        if self.s.phase == "talk" and self.s.talk_turns >= self.max_turns:
+            self.s.phase = "choose"
+            self.announce("The talk is over (turn limit). Both now state the division.")
+        return reason
+
+    def resolve(self) -> None:
+        if self.s.phase != "choose" or len(self.s.claims) < len(SEATS):
+            return
+        take_a, take_b = self.s.claims[SEATS[0]], self.s.claims[SEATS[1]]
+        agreed = take_a is not None and take_b is not None
+        agreed = agreed and agreement(self.s.counts, take_a, take_b)  # type: ignore[arg-type]
+        self.s.agreed, self.s.phase = agreed, "done"
+        for agent in SEATS:
+            take = self.s.claims[agent]
+            points = score(take, self.s.values[agent]) if agreed and take is not None else 0
+            self.s.scores[agent] = points
+            self.reward(agent, "task", points)
+        outcome = "Deal" if agreed else "No deal (the claims do not add up)"
+        self.announce(f"{outcome}: {self.s.scores[SEATS[0]]} / {self.s.scores[SEATS[1]]} points.")
+        self.finish()
+
+    def prompt(self, agent: str) -> str:
+        if self.s.phase == "choose":
+            return (
+                "State the division: book=_ hat=_ ball=_ / book=_ hat=_ ball=_ "
+                "(what you take / what your partner takes), or: no agreement"
+            )
+        left = self.max_turns - self.s.talk_turns
+        return f"Your turn ({left} messages left): write to your partner, or {SELECTION}."
+
+    def constraint(self, agent: str) -> dict[str, Any] | None:
+        if self.s.phase != "choose":
+            return None
+        take = " ".join(f"{item}=[0-{c}]" for item, c in zip(ITEMS, self.s.counts, strict=True))
+        return {"type": "regex", "pattern": f"({take} / {take})|{NO_AGREEMENT}"}
+
+    def view(self, agent: str) -> dict[str, Any]:
+        partner = self.partner(agent)
+        heard = [text for who, text in self.s.dialogue if who == partner]
+        return {
+            "seat": agent,
+            "phase": self.s.phase,
+            "counts": list(self.s.counts),
+            "values": list(self.s.values[agent]),
+            "turns_left": self.max_turns - self.s.talk_turns,
+            "last_message": heard[-1] if heard else "",
+            "selector": self.s.selector,
+        }
+
+    def system_prompt(self, agent: str) -> str:
+        return (
+            "You negotiate how to divide books, hats and balls with a partner. You each value "
+            "the items differently and privately; the items are worth 10 points in total to "
+            "you. Take turns writing short messages. When you have a deal, write "
+            f"{SELECTION}. Then both of you state the division independently as "
+            "'book=1 hat=0 ball=2 / book=0 hat=2 ball=1' (what you take / what your partner "
+            "takes). If the two claims add up you both score the value of what you take; "
+            "otherwise both score 0."
+        )
+
+    def metrics(self) -> dict[str, float]:
+        if self.s.phase != "done":
+            return {}
+        scores = [float(self.s.scores[a]) for a in SEATS]
+        out = {
+            "score": sum(scores) / 2,
+            "score_player_0": scores[0],
+            "score_player_1": scores[1],
+            "agreed": float(self.s.agreed),
+            "success": float(self.s.agreed),
+        }
+        take_a = self.s.claims[SEATS[0]]
+        if self.s.agreed and take_a is not None:
+            out["score_agreed"] = out["score"]
+            out["pareto_optimal"] = float(
+                pareto_optimal(
+                    self.s.counts, self.s.values[SEATS[0]], self.s.values[SEATS[1]], take_a
+                )
+            )
+        return out

@@ -1,0 +1,189 @@
+"""The scenario registry: ids ``family/name-vN`` mapped to specs with ``"module:Class"`` strings.
+
+Importing this module imports no scenario module: a spec names its class and its baseline
+agents as strings, resolved only by :func:`make` (and by the runner, for baselines).
+Third-party packages add scenarios through the ``parley.scenarios`` entry-point group; each
+entry point resolves to a :class:`ScenarioSpec`, a list of them, or a callable that returns
+them (or calls :func:`register` itself). Entry points are loaded the first time the registry
+is looked up.
+
+    >>> from parley.scenarios import make
+    >>> env = make("negotiation/deal-or-no-deal-v0", max_turns=10)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import importlib.metadata
+import re
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from parley.protocols.errors import ConfigError
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ScenarioSpec",
+    "register",
+    "make",
+    "spec",
+    "registry",
+    "load_attr",
+]
+
+ENTRY_POINT_GROUP = "parley.scenarios"
+_ID = re.compile(r"^[a-z0-9_]+/[a-z0-9][a-z0-9_-]*-v\d+$")
+_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScenarioSpec:
+    """How to build one registered scenario.
+
+    ``baselines`` maps each seat to the scripted agent class that plays it (``"module:Class"``,
+    constructed with no arguments); the key ``"*"`` covers seats not named (scenarios whose
+    number of seats is an argument). Use :meth:`baseline_for` rather than indexing.
+    """
+
+    id: str
+    entry_point: str
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    baselines: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not _ID.match(self.id):
+            raise ConfigError(
+                f"scenario id {self.id!r} must look like 'family/name-vN' "
+                "(lower case, a version suffix)"
+            )
+        for ref in (self.entry_point, *self.baselines.values()):
+            if not _REF.match(ref):
+                raise ConfigError(f"{ref!r} in spec {self.id} must be 'package.module:Attribute'")
+        object.__setattr__(self, "kwargs", MappingProxyType(dict(self.kwargs)))
+        object.__setattr__(self, "baselines", MappingProxyType(dict(self.baselines)))
+
+    @property
+    def family(self) -> str:
+        return self.id.split("/", 1)[0]
+
+    def baseline_for(self, seat: str) -> str:
+        """The ``"module:Class"`` of the scripted agent for ``seat``."""
+        ref = self.baselines.get(seat, self.baselines.get("*"))
+        if ref is None:
+            raise ConfigError(f"{self.id} names no baseline agent for seat {seat!r}")
+        return ref
+
+    def make(self, **kwargs: Any) -> Any:
+        """Build the scenario with this spec's kwargs, overridden by ``kwargs``."""
+        cls = load_attr(self.entry_point)
+        return cls(**{**self.kwargs, **kwargs})
+
+
+_REGISTRY: dict[str, ScenarioSpec] = {}
+_entry_points_loaded = False
+
+
+def register(
+    id: str,
+    entry_point: str,
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    baselines: Mapping[str, str] | None = None,
+    description: str = "",
+    override: bool = False,
+) -> ScenarioSpec:
+    """Register a scenario; re-registering an id raises unless ``override=True``."""
+    new = ScenarioSpec(id, entry_point, kwargs or {}, baselines or {}, description)
+    _add(new, override=override)
+    return new
+
+
+def _add(new: ScenarioSpec, *, override: bool = False) -> None:
+    if new.id in _REGISTRY and not override and _REGISTRY[new.id] != new:
+        raise ConfigError(
+            f"scenario {new.id} is already registered; bump its version or pass override=True"
+        )
+    _REGISTRY[new.id] = new
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        loaded = point.load()
+        found = loaded() if callable(loaded) and not isinstance(loaded, ScenarioSpec) else loaded
+        if found is None:
+            continue  # the callable registered its scenarios itself
+        specs: Iterable[Any] = [found] if isinstance(found, ScenarioSpec) else found
+        for item in specs:
+            if not isinstance(item, ScenarioSpec):
+                raise ConfigError(
+                    f"entry point {point.name} = {point.value} in group {ENTRY_POINT_GROUP} "
+                    f"gave a {type(item).__name__}; it must give ScenarioSpec values"
+                )
+            _add(item)
+
+
+def spec(id: str) -> ScenarioSpec:
+    """The spec registered under ``id``; the error suggests close ids."""
+    found = _REGISTRY.get(id)
+    if found is None:
+        _load_entry_points()
+        found = _REGISTRY.get(id)
+    if found is None:
+        close = difflib.get_close_matches(id, list(_REGISTRY), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `parley list` shows them"
+        raise ConfigError(f"no scenario registered as {id!r}{hint}")
+    return found
+
+
+def make(id: str, **kwargs: Any) -> Any:
+    """Create the scenario registered as ``id``; ``kwargs`` override the spec's defaults."""
+    return spec(id).make(**kwargs)
+
+
+def registry() -> dict[str, ScenarioSpec]:
+    """Every registered spec (entry points included), sorted by id."""
+    _load_entry_points()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def load_attr(ref: str) -> Any:
+    """Resolve ``"package.module:Attribute"`` (the attribute may be dotted)."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{ref!r} must be 'package.module:Attribute'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"cannot import {module_name!r} (from {ref!r}): {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{module_name} has no attribute {attr!r} (from {ref!r})")
+        obj = getattr(obj, part)
+    return obj
+
+
+# --- built-in scenarios -----------------------------------------------------------------
+
+_NEG = "parley.scenarios.negotiation"
+_COL = "parley.scenarios.collaboration"
+_SCRIPTED_NEG = "parley.agents.scripted.negotiation"
+_SCRIPTED_COL = "parley.agents.scripted.collaboration"
+
+register(
+    "negotiation/deal-or-no-deal-v0",
+    f"{_NEG}.deal_or_no_deal:DealOrNoDeal",
+    baselines={
+        "player_0": f"{_SCRIPTED_NEG}:DealNegotiator",
+        "player_1": f"{_SCRIPTED_NEG}:DealNegotiator",
+    },
+    description="Lewis et al. 2017: divide books, hats and balls valued privately; "
+    "agreement only when both claims add up.",
+)
