@@ -36,7 +36,6 @@ from parley.protocols.errors import ConfigError, ParleyError, RemoteError
 from parley.protocols.messages import (
     Action,
     Constraint,
-    Error,
     GenerateRequest,
     GenerateResult,
     Observation,
@@ -112,7 +111,8 @@ class BusPoolClient:
 
     ``timeout`` bounds each bus request; keep it above the requests' own ``timeout`` so
     the pool's ``Error(timeout)`` arrives before the bus gives up. An ``Error`` reply
-    raises :class:`~parley.protocols.errors.RemoteError` carrying the pool's code.
+    raises :class:`~parley.protocols.errors.RemoteError` carrying the pool's code (the bus
+    does that).
     Use :meth:`connect` to make a client that owns its endpoint.
     """
 
@@ -154,8 +154,6 @@ class BusPoolClient:
         reply = await self.endpoint.request(self.pool, request, timeout=timeout)
         if isinstance(reply, GenerateResult):
             return reply
-        if isinstance(reply, Error):
-            raise RemoteError(reply.code, reply.message, peer=self.pool)
         raise RemoteError(
             "bad_message", f"expected a GenerateResult, got {type(reply).__name__}", peer=self.pool
         )
