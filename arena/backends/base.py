@@ -35,7 +35,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.protocols.messages import GenerateRequest, GenerateResult, WeightUpdate
@@ -93,6 +93,10 @@ class Backend(ABC):
     ``continuous_batching`` tells the pool whether the backend schedules concurrent
     ``generate`` calls itself (vLLM): then the pool may submit small batches without
     waiting; otherwise calls are serialised and the pool should gather large batches.
+
+    Each concrete backend also provides ``async classmethod create(model, **options)``,
+    the loader :func:`load_backend` calls (loading is slow, hence a coroutine factory
+    that runs blocking work off the event loop, rather than ``__init__``).
     """
 
     kind: str = ""
@@ -102,15 +106,6 @@ class Backend(ABC):
 
     def __init__(self) -> None:
         self.policy_version: int = 0
-
-    @classmethod
-    @abstractmethod
-    async def create(cls, model: str, **options: Any) -> Self:
-        """Load ``model`` (path, hub id or URL) and return a ready backend.
-
-        Loading is slow (weights, engine processes), hence a coroutine factory rather
-        than ``__init__``; it runs blocking work off the event loop.
-        """
 
     @property
     @abstractmethod

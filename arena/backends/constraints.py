@@ -230,11 +230,9 @@ class TokenVocab:
             return mask
         mask = np.zeros(self.size, dtype=bool)
         for i in self._candidates:
-            text = _decodable(prefix + self.bytes[i])  # type: ignore[operator]
-            if text is not None and pattern.fullmatch(text, partial=True) is not None:
-                mask[i] = True
-        done = _decodable(prefix)
-        if done is not None and pattern.fullmatch(done) is not None:
+            mask[i] = _can_continue(pattern, prefix + self.bytes[i])  # type: ignore[operator]
+        done = _split_utf8(prefix)
+        if done is not None and not done[1] and pattern.fullmatch(done[0]) is not None:
             mask[self.eos_id] = True
         self._cache[key] = mask
         if len(self._cache) > 4096:
@@ -242,12 +240,46 @@ class TokenVocab:
         return mask
 
 
-def _decodable(data: bytes) -> str | None:
-    """The text of ``data``, ignoring an incomplete UTF-8 sequence at the end; None if invalid."""
+def _split_utf8(data: bytes) -> tuple[str, bytes] | None:
+    """``data`` as (complete text, pending bytes of an unfinished character); None if invalid."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
     try:
-        return codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
+        text = decoder.decode(data, final=False)
     except UnicodeDecodeError:
         return None
+    return text, decoder.getstate()[0]
+
+
+def _can_continue(pattern: Any, data: bytes) -> bool:
+    """Whether text starting with the bytes ``data`` can still fully match ``pattern``.
+
+    When ``data`` ends inside a multi-byte character, some character starting with those
+    bytes must keep a partial match; the (at most 64) candidates are enumerated. A token
+    ending two or more bytes short of a character (a lone 3- or 4-byte lead byte) is
+    refused: enumerating 4096+ characters per token per step is too slow, and byte-level
+    vocabularies usually hold merged tokens for the characters a pattern needs.
+    """
+    split = _split_utf8(data)
+    if split is None:
+        return False
+    text, pending = split
+    if not pending:
+        return pattern.fullmatch(text, partial=True) is not None
+    length = 2 if pending[0] < 0xE0 else 3 if pending[0] < 0xF0 else 4
+    value = pending[0] & (0x7F >> length)
+    for byte in pending[1:]:
+        value = value << 6 | (byte & 0x3F)
+    free = 6 * (length - len(pending))
+    if free > 6:
+        return False
+    lo = value << free
+    shortest = (0, 0, 0x80, 0x800, 0x10000)[length]  # smaller code points are overlong
+    for cp in range(lo, lo + (1 << free)):
+        if cp < shortest or 0xD800 <= cp <= 0xDFFF or cp > 0x10FFFF:
+            continue
+        if pattern.fullmatch(text + chr(cp), partial=True) is not None:
+            return True
+    return False
 
 
 class TokenMatcher:

@@ -27,6 +27,7 @@ import dataclasses
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from parley.protocols.errors import ConfigError, require
 
@@ -124,8 +125,8 @@ def _make_portable(tokenizer_config: Path) -> None:
 
 
 def _train_tokenizer(config: TinyModelConfig):  # type: ignore[no-untyped-def]
-    tk = require("tokenizers", "torch")
-    transformers = require("transformers", "torch")
+    tk: Any = require("tokenizers", "torch")
+    transformers: Any = require("transformers", "torch")
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     assert tk is not None  # the require above raised otherwise; keeps the import explicit
@@ -153,8 +154,8 @@ def _train_tokenizer(config: TinyModelConfig):  # type: ignore[no-untyped-def]
 
 
 def _init_model(config: TinyModelConfig, tokenizer):  # type: ignore[no-untyped-def]
-    torch = require("torch", "torch")
-    transformers = require("transformers", "torch")
+    torch: Any = require("torch", "torch")
+    transformers: Any = require("transformers", "torch")
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in (PAD, BOS, EOS)}
     llama = transformers.LlamaConfig(
         vocab_size=len(tokenizer),
