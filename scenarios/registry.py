@@ -187,3 +187,14 @@ register(
     description="Lewis et al. 2017: divide books, hats and balls valued privately; "
     "agreement only when both claims add up.",
 )
+
+_TOOL = "parley.scenarios.tool_use"
+_SCRIPTED_TOOL = "parley.agents.scripted.tool_use"
+
+register(
+    "tool_use/calc-chain-v0",
+    f"{_TOOL}.calc_chain:CalcChain",
+    baselines={"solver": f"{_SCRIPTED_TOOL}:CalcOracle"},
+    description="Multi-step word problems with unit conversions; exact answers need the "
+    "calculator and convert tools.",
+)

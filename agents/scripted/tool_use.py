@@ -1,0 +1,149 @@
+"""Scripted agents for the tool-use scenarios: oracles that solve every task, naive contrasts.
+
+The oracles act only through the scenario's public interface (tool calls and messages in the
+documented JSON syntax); they read the structured ``view`` that the scenario gives their seat
+and rebuild the reference solution with the scenario module's pure functions. Every task an
+oracle solves is a task proven solvable, with a reference the scenario accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+from parley.agents.scripted.base import ScriptedAgent
+from parley.protocols.messages import Observation
+from parley.scenarios.tool_use.calc_chain import build_problem
+from parley.scenarios.tools.calculator import evaluate, round_to
+
+__all__ = [
+    "CalcNaive",
+    "CalcOracle",
+    "RetailNaive",
+    "RetailOracle",
+    "RetailUser",
+]
+
+
+def _view(observation: Observation) -> dict[str, Any]:
+    view = observation.info.get("view", {})
+    return view if isinstance(view, dict) else {}
+
+
+def _two_places(value: Fraction) -> str:
+    return f"{Decimal(round_to(value, 2).numerator) / Decimal(round_to(value, 2).denominator):.2f}"
+
+
+class CalcOracle(ScriptedAgent):  # type: ignore[misc]
+    """Runs the reference tool chain one call per turn, then answers (solves every problem)."""
+
+    name = "calc-oracle"
+
+    def new_episode(self) -> None:
+        self.results: list[str] = []
+        self.asked = 0
+
+    def decide(self, observation: Observation) -> str:
+        view = _view(observation)
+        for result in view.get("tool_results", []):
+            self.results.append(str(result.get("content", "")))
+        problem = build_problem(str(view.get("template")), list(view.get("quantities", [])))
+        if self.asked < len(problem.steps):
+            step = problem.steps[self.asked]
+            self.asked += 1
+            args = {k: v.format(*self.results) for k, v in step.arguments.items()}
+            return json.dumps({"tool_calls": [{"name": step.tool, "arguments": args}]})
+        return json.dumps({"answer": _two_places(Fraction(self.results[-1]))})
+
+
+_ROUGH = {
+    "fuel": "{0} / {1} * 3.8 * {2}",
+    "shopping": "{0} * {1} * (1 - {2}/100) * (1 + {3}/100)",
+    "interest": "{0} * (1 + {1}/100) ** {2}",
+    "pace": "{1} / ({0} / 1.6)",
+    "shipping": "{0} * {1} * 0.45 * {2}",
+    "flooring": "{0} * {1} * 0.093 * {2}",
+    "oven": "({0} - 32) / 1.8 - {1}",
+}
+
+
+class CalcNaive(ScriptedAgent):  # type: ignore[misc]
+    """Answers at once, in its head: rounded conversion factors, no tools."""
+
+    name = "calc-naive"
+
+    def decide(self, observation: Observation) -> str:
+        view = _view(observation)
+        rough = _ROUGH.get(str(view.get("template")), "0").format(*view.get("quantities", []))
+        return json.dumps({"answer": _two_places(evaluate(rough))})
+
+
+# --- retail-desk ---------------------------------------------------------------------------
+
+
+class RetailUser(ScriptedAgent):  # type: ignore[misc]
+    """The scripted customer: states its request, confirms once when asked, then stops."""
+
+    name = "retail-user"
+
+    def new_episode(self) -> None:
+        self.spoke = False
+        self.confirmed = False
+
+    def decide(self, observation: Observation) -> str:
+        view = _view(observation)
+        if not self.spoke:
+            self.spoke = True
+            return str(view.get("opening", "Hello."))
+        last = str(view.get("last_message", ""))
+        if "?" in last and not self.confirmed:
+            self.confirmed = True
+            return "Yes, please go ahead."
+        return "Thank you, that is all. ###STOP###"
+
+
+class RetailOracle(ScriptedAgent):  # type: ignore[misc]
+    """Performs the task's reference actions through the tools and states the required facts."""
+
+    name = "retail-oracle"
+
+    def new_episode(self) -> None:
+        self.done = False
+
+    def decide(self, observation: Observation) -> str:
+        from parley.scenarios.tool_use.retail_desk import build_task
+
+        view = _view(observation)
+        task = build_task(int(view.get("task", 0)))
+        if self.done:
+            return json.dumps({"message": "Is there anything else I can help with today"})
+        self.done = True
+        calls = [{"name": "find_customer", "arguments": {"email": task.email}}]
+        calls += [{"name": name, "arguments": args} for name, args in task.actions]
+        message = "All done. " + " ".join(task.facts) + "."
+        return json.dumps({"tool_calls": calls, "message": message})
+
+
+_ORDER_ID = re.compile(r"#W\d+")
+
+
+class RetailNaive(ScriptedAgent):  # type: ignore[misc]
+    """Looks up the order the customer names and reports its status; changes nothing."""
+
+    name = "retail-naive"
+
+    def decide(self, observation: Observation) -> str:
+        view = _view(observation)
+        results = view.get("tool_results", [])
+        if results:
+            found = results[-1]
+            content = str(found.get("content") or found.get("error"))
+            return json.dumps({"message": f"Here is what I found: {content}"})
+        match = _ORDER_ID.search(str(view.get("last_message", "")))
+        if match is None:
+            return json.dumps({"message": "Could you tell me your order number?"})
+        call = {"name": "get_order", "arguments": {"order_id": match.group(0)}}
+        return json.dumps({"tool_calls": [call]})
