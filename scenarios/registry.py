@@ -198,3 +198,41 @@ register(
     description="Multi-step word problems with unit conversions; exact answers need the "
     "calculator and convert tools.",
 )
+
+register(
+    "negotiation/simple-trade-v0",
+    f"{_NEG}.simple_trade:SimpleTrade",
+    baselines={"player_0": f"{_SCRIPTED_NEG}:Trader", "player_1": f"{_SCRIPTED_NEG}:Trader"},
+    description="SPIRAL's SimpleNegotiation: trade Wood and Gold; the larger gain in "
+    "inventory value wins (zero-sum).",
+)
+register(
+    "negotiation/split-the-pie-v0",
+    f"{_NEG}.split_the_pie:SplitThePie",
+    baselines={
+        **{f"player_{i}": f"{_SCRIPTED_NEG}:PieBargainer" for i in range(3)},
+        "*": f"{_SCRIPTED_NEG}:PieBargainer",
+    },
+    description="Baron-Ferejohn majority-rule bargaining, 3-7 players; random proposer, "
+    "everyone votes, the pie shrinks by delta each round.",
+)
+register(
+    "collaboration/referential-v0",
+    f"{_COL}.referential:Referential",
+    baselines={
+        "speaker": f"{_SCRIPTED_COL}:CodeSpeaker",
+        "listener": f"{_SCRIPTED_COL}:CodeListener",
+    },
+    description="Lazaridou et al. 2017: a speaker names the target among K candidates with "
+    "a short code; the listener picks it. Shared reward; chance 1/K.",
+)
+register(
+    "collaboration/hidden-profile-v0",
+    f"{_COL}.hidden_profile:HiddenProfile",
+    baselines={
+        **{f"agent_{i}": f"{_SCRIPTED_COL}:FactSharer" for i in range(3)},
+        "*": f"{_SCRIPTED_COL}:FactSharer",
+    },
+    description="2-5 agents each hold part of the facts; the best option shows only when "
+    "they are pooled. Team reward, small cost per message.",
+)

@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from typing import Any
 
 from parley.agents.scripted.base import ScriptedAgent
 from parley.protocols.messages import Observation
 
-__all__ = ["DealNegotiator"]
+__all__ = ["DealNegotiator", "PieBargainer", "Trader"]
 
 _PROPOSAL = re.compile(r"propose:\s*book=(\d+)\s+hat=(\d+)\s+ball=(\d+)", re.IGNORECASE)
 Counts = tuple[int, ...]
@@ -84,3 +85,59 @@ class DealNegotiator(ScriptedAgent):  # type: ignore[misc]
             return "no agreement"
         rest = tuple(c - t for c, t in zip(counts, take, strict=True))
         return "book={} hat={} ball={} / book={} hat={} ball={}".format(*take, *rest)
+
+
+class Trader(ScriptedAgent):  # type: ignore[misc]
+    """Offers 2 of its cheaper resource for 1 of its dearer; accepts gains of 10 or more."""
+
+    name = "trader"
+    accept_gain = 10
+
+    def decide(self, observation: Observation) -> str:
+        view: dict[str, Any] = observation.info.get("view", {})
+        values: dict[str, int] = view.get("values", {})
+        inventory: dict[str, int] = view.get("inventory", {})
+        pending = view.get("pending")
+        if not values:
+            return "[Deny]"
+        if pending is not None and view.get("pending_from_partner"):
+            gain = sum(values[r] * n for r, n in pending["get"].items())
+            gain -= sum(values[r] * n for r, n in pending["give"].items())
+            if gain >= self.accept_gain and all(
+                inventory.get(r, 0) >= n for r, n in pending["give"].items()
+            ):
+                return "Deal. [Accept]"
+        cheap, dear = sorted(values, key=lambda r: (values[r], r))[:2]
+        if inventory.get(cheap, 0) < 2:
+            return "I have nothing more to offer. [Deny]" if pending else "Let us wait."
+        return f"How about this? [Offer: I give 2 {cheap}; You give 1 {dear}]"
+
+
+class PieBargainer(ScriptedAgent):  # type: ignore[misc]
+    """The stationary subgame-perfect strategy of closed-rule Baron-Ferejohn bargaining.
+
+    As proposer: offer ``delta/n`` (rounded up to 6 decimals) to ``q - 1`` other players
+    drawn at random, keep the rest. As voter: yes iff the own share is at least ``delta/n``
+    (the continuation value; indifference votes yes).
+    """
+
+    name = "pie-bargainer"
+
+    def decide(self, observation: Observation) -> str:
+        view: dict[str, Any] = observation.info.get("view", {})
+        n, delta = int(view.get("n", 0)), float(view.get("delta", 1.0))
+        quota = int(view.get("quota", n // 2 + 1))
+        member = math.ceil(delta / n * 1e6) / 1e6 if n else 0.0
+        index = int(view.get("index", 0))
+        if view.get("phase") == "propose":
+            others = [i for i in range(n) if i != index]
+            partners = self.rng.choice(others, size=quota - 1, replace=False)
+            shares = [0.0] * n
+            for i in partners:
+                shares[int(i)] = member
+            shares[index] = max(0.0, 1.0 - sum(shares))
+            return "propose: " + " ".join(f"{share:.6f}" for share in shares)
+        proposal = view.get("proposal") or []
+        own = proposal[index] if index < len(proposal) else 0.0
+        is_proposer = view.get("proposer") == view.get("seat")
+        return "yes" if is_proposer or own >= delta / n - 1e-6 else "no"

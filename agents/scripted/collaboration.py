@@ -1,0 +1,91 @@
+"""Scripted baselines for the collaboration scenarios.
+
+* :class:`CodeSpeaker` / :class:`CodeListener` - referential: a fixed code, the target's
+  index in mixed radix written in base ``vocab_size`` (lossless whenever
+  ``vocab_size ** message_length >= n_values ** n_attributes``).
+* :class:`FactSharer` - hidden-profile: shares all its facts in the first round, then counts
+  every distinct fact it has seen and votes for the best option (reaches 100%).
+* :class:`FactHoarder` - hidden-profile: never talks and votes from its own facts alone,
+  breaking ties at random (stays near chance: the reference for how much talking buys).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from parley.agents.scripted.base import ScriptedAgent
+from parley.protocols.messages import Observation
+from parley.scenarios.collaboration.hidden_profile import Fact, parse_facts, tally
+
+__all__ = ["CodeListener", "CodeSpeaker", "FactHoarder", "FactSharer", "encode"]
+
+
+def encode(obj: list[int], n_values: int, vocab: str, length: int) -> str:
+    """The fixed code of an object: its index, in base ``len(vocab)``, ``length`` letters."""
+    index = 0
+    for value in obj:
+        index = index * n_values + value
+    index %= len(vocab) ** length
+    letters = []
+    for _ in range(length):
+        index, digit = divmod(index, len(vocab))
+        letters.append(vocab[digit])
+    return "".join(reversed(letters))
+
+
+class CodeSpeaker(ScriptedAgent):  # type: ignore[misc]
+    name = "code-speaker"
+
+    def decide(self, observation: Observation) -> str:
+        view: dict[str, Any] = observation.info.get("view", {})
+        if "target" not in view:
+            return ""
+        return encode(view["target"], view["n_values"], view["vocab"], view["message_length"])
+
+
+class CodeListener(ScriptedAgent):  # type: ignore[misc]
+    name = "code-listener"
+
+    def decide(self, observation: Observation) -> str:
+        view: dict[str, Any] = observation.info.get("view", {})
+        candidates = view.get("candidates", [])
+        for number, obj in enumerate(candidates, start=1):
+            code = encode(obj, view["n_values"], view["vocab"], view["message_length"])
+            if code == view.get("message"):
+                return str(number)
+        return "1"
+
+
+class FactSharer(ScriptedAgent):  # type: ignore[misc]
+    name = "fact-sharer"
+    share = True
+
+    def new_episode(self) -> None:
+        self.seen: set[Fact] = set()
+        self.own: list[str] = []
+        self.spoke = False
+
+    def decide(self, observation: Observation) -> str:
+        view: dict[str, Any] = observation.info.get("view", {})
+        if not self.own:
+            self.own = [Fact(**f).line() for f in view.get("facts", [])]
+            self.seen.update(Fact(**f) for f in view.get("facts", []))
+        if self.share:
+            self.seen.update(parse_facts(observation.text))
+        if view.get("phase") == "vote":
+            return self.vote(view["options"])
+        if self.share and not self.spoke:
+            self.spoke = True
+            return "My facts: " + " ".join(self.own)
+        return "pass"
+
+    def vote(self, options: str) -> str:
+        worth = tally(self.seen, options)
+        top = max(worth.values())
+        leaders = [o for o in options if worth[o] == top]
+        return leaders[int(self.rng.integers(len(leaders)))]
+
+
+class FactHoarder(FactSharer):
+    name = "fact-hoarder"
+    share = False

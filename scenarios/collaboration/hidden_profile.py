@@ -1,0 +1,262 @@
+"""collaboration/hidden-profile-v0 - the best option is visible only from everyone's facts.
+
+A hidden-profile task (Stasser and Titus 1985): a team of ``n_agents`` (2-5) chooses one of
+``n_options`` options (A, B, ...). Each fact says that an option has a pro (+1); an option's
+worth is its number of distinct pros. Every decoy option has ``k = facts_per_agent`` pros
+that *everyone* holds (shared facts); the best option has ``k`` pros per agent, each held by
+one agent only (unshared facts). Alone, every agent sees every option at ``k`` pros - a tie,
+no better than chance; pooled, the best option has ``n_agents x k`` pros against ``k``.
+
+Seats: ``agent_0`` ... ``agent_{n-1}``; all act on every step.
+
+Steps: ``discussion_rounds`` rounds of talk, then one vote.
+
+============================  =======================================================
+talk: any text                a public message to the team (costs ``message_cost``)
+talk: ``@agent_1: text``       a private message to the named seats (same cost)
+talk: ``pass`` or empty        say nothing (free)
+vote: ``A`` (or ``vote A``)    the option this agent votes for (constraint: "choice")
+============================  =======================================================
+
+The team choice is the plurality of the votes; a tie is broken at random. An invalid vote is
+no vote. Facts look like ``[F07] option B: +1 (fast delivery)``; repeating a fact's line
+shares it.
+
+Observations: the agent's own facts first, then the team's messages, then what to do.
+``infos[seat]["view"]`` holds ``seat``, ``phase``, ``options``, ``round`` and ``facts`` (the
+agent's own facts as ``{"id", "option", "value", "text"}``).
+
+Rewards:
+
+=============  =================================================================
+component      value
+=============  =================================================================
+task           1 to everyone if the team choice is the best option, else 0 (team)
+message_cost   -``message_cost`` per message the agent sends (individual)
+invalid        -``invalid_penalty`` per invalid move (default 0.05)
+=============  =================================================================
+
+Metrics: ``success``, ``messages`` (sent by the team), ``chance`` (``1 / n_options``).
+
+Arguments: ``n_agents`` (3), ``n_options`` (3), ``facts_per_agent`` (2),
+``discussion_rounds`` (2), ``message_cost`` (0.01), ``invalid_penalty``, ``max_cycles``,
+``render_mode``.
+
+    >>> env = make("collaboration/hidden-profile-v0", n_agents=4)
+
+Version history: v0 - first version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parley.protocols.errors import ConfigError
+from parley.scenarios.base import Scenario, split_address
+
+__all__ = [
+    "FACT",
+    "Fact",
+    "HiddenProfile",
+    "ProfileState",
+    "deal_facts",
+    "parse_facts",
+    "tally",
+]
+
+PROS = (
+    "fast delivery", "low cost", "strong support", "good reviews", "long warranty",
+    "easy setup", "low energy use", "high quality", "flexible terms", "proven record",
+    "quiet operation", "local team", "open standards", "quick repairs", "fair contract",
+    "solid security", "clear pricing", "small footprint", "fast onboarding", "good training",
+)  # fmt: skip
+FACT = re.compile(r"\[F(\d+)\] option ([A-Z]): ([+-]1)")
+"""How a fact appears in text; repeating the line shares the fact."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fact:
+    id: int
+    option: str
+    value: int
+    text: str = dataclasses.field(default="", compare=False)
+
+    def line(self) -> str:
+        return f"[F{self.id:02d}] option {self.option}: {self.value:+d} ({self.text})"
+
+
+def deal_facts(
+    rng: np.random.Generator, n_agents: int, options: str, k: int
+) -> tuple[str, list[list[Fact]]]:
+    """``(best option, facts held per agent)``: decoys' pros shared, the best's pros spread."""
+    best = options[int(rng.integers(len(options)))]
+    texts = [PROS[int(i)] for i in rng.permutation(len(PROS))]
+    ids = [int(i) for i in rng.permutation(99) + 1]
+    facts: list[Fact] = []
+    shared: list[Fact] = []
+    for option in options:
+        count = n_agents * k if option == best else k
+        made = [Fact(ids.pop(), option, +1, texts[len(facts) + j]) for j in range(count)]
+        facts.extend(made)
+        if option != best:
+            shared.extend(made)
+    spread = [f for f in facts if f.option == best]
+    held = []
+    for agent in range(n_agents):
+        own = shared + spread[agent * k : (agent + 1) * k]
+        held.append([own[int(i)] for i in rng.permutation(len(own))])
+    return best, held
+
+
+def tally(facts: Iterable[Fact], options: str) -> dict[str, int]:
+    """Worth of each option: the sum of the values of the distinct facts about it."""
+    worth = dict.fromkeys(options, 0)
+    for fact in set(facts):
+        if fact.option in worth:
+            worth[fact.option] += fact.value
+    return worth
+
+
+def parse_facts(text: str) -> list[Fact]:
+    """Every fact line in ``text`` (the pro's wording is not needed to count it)."""
+    return [Fact(int(i), option, int(value), "") for i, option, value in FACT.findall(text)]
+
+
+@dataclasses.dataclass
+class ProfileState:
+    best: str
+    held: dict[str, list[Fact]]
+    round: int = 0
+    votes: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    messages: int = 0
+    choice: str = ""
+    phase: str = "talk"  # talk -> vote -> done
+
+
+class HiddenProfile(Scenario):  # type: ignore[misc]
+    """A hidden-profile team decision; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "collaboration/hidden-profile-v0",
+        "render_modes": ["ansi"],
+        "is_parallelizable": True,
+    }
+    default_invalid_penalty = 0.05
+    s: ProfileState
+
+    def __init__(
+        self,
+        n_agents: int = 3,
+        n_options: int = 3,
+        facts_per_agent: int = 2,
+        discussion_rounds: int = 2,
+        message_cost: float = 0.01,
+        *,
+        invalid_penalty: float | None = None,
+        max_cycles: int | None = None,
+        render_mode: str | None = "ansi",
+    ) -> None:
+        if not 2 <= n_agents <= 5 or not 2 <= n_options <= 5:
+            raise ConfigError(f"need 2..5 agents and 2..5 options ({n_agents}, {n_options})")
+        if facts_per_agent < 1 or (n_options - 1 + n_agents) * facts_per_agent > len(PROS):
+            raise ConfigError(f"facts_per_agent={facts_per_agent} needs more distinct pros")
+        if discussion_rounds < 1 or message_cost < 0:
+            raise ConfigError("need discussion_rounds >= 1 and message_cost >= 0")
+        seats = [f"agent_{i}" for i in range(n_agents)]
+        super().__init__(
+            seats, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
+        )
+        self.options = string.ascii_uppercase[:n_options]
+        self.k, self.rounds, self.message_cost = facts_per_agent, discussion_rounds, message_cost
+
+    def new_episode(self, rng: np.random.Generator) -> None:
+        best, held = deal_facts(rng, len(self.possible_agents), self.options, self.k)
+        self.s = ProfileState(best, dict(zip(self.possible_agents, held, strict=True)))
+        for seat in self.possible_agents:
+            facts = "\n".join(fact.line() for fact in self.s.held[seat])
+            self.tell(seat, f"You are {seat}. Your facts:\n{facts}")
+
+    def acting(self) -> list[str]:
+        if self.s.phase == "talk":
+            return list(self.possible_agents)
+        return [a for a in self.possible_agents if a not in self.s.votes]
+
+    def play(self, agent: str, action: str) -> str | None:
+        text = action.strip()
+        if self.s.phase == "vote":
+            word = text.upper().removeprefix("VOTE").strip(" :.")
+            valid = len(word) == 1 and word in self.options
+            self.s.votes[agent] = word if valid else None
+            return None if valid else f"vote with one option letter from {self.options}"
+        if not text or text.lower() == "pass":
+            return None
+        to, body = split_address(text, self.possible_agents)
+        if not body:
+            return "an empty message; write something or 'pass'"
+        self.say(agent, body, to)
+        self.s.messages += 1
+        self.reward(agent, "message_cost", -self.message_cost)
+        return None
+
+    def resolve(self) -> None:
+        if self.s.phase == "talk":
+            self.s.round += 1
+            if self.s.round >= self.rounds:
+                self.s.phase = "vote"
+            return
+        counts = {o: 0 for o in self.options}
+        for vote in self.s.votes.values():
+            if vote is not None:
+                counts[vote] += 1
+        top = max(counts.values())
+        leaders = [o for o in self.options if counts[o] == top]
+        self.s.choice = leaders[int(self.rng.integers(len(leaders)))]
+        self.s.phase = "done"
+        success = float(self.s.choice == self.s.best)
+        for seat in self.possible_agents:
+            self.reward(seat, "task", success)
+        self.announce(f"The team chose {self.s.choice}; the best option was {self.s.best}.")
+        self.finish()
+
+    def prompt(self, agent: str) -> str:
+        if self.s.phase == "vote":
+            return f"Vote for one option ({', '.join(self.options)}):"
+        left = self.rounds - self.s.round
+        return f"Talk ({left} rounds left): a message, '@seat: message', or 'pass'."
+
+    def constraint(self, agent: str) -> dict[str, Any] | None:
+        if self.s.phase == "vote":
+            return {"type": "choice", "choices": list(self.options)}
+        return None
+
+    def view(self, agent: str) -> dict[str, Any]:
+        return {
+            "seat": agent,
+            "phase": self.s.phase,
+            "options": self.options,
+            "round": self.s.round,
+            "facts": [dataclasses.asdict(f) for f in self.s.held[agent]],
+        }
+
+    def system_prompt(self, agent: str) -> str:
+        return (
+            f"Your team picks one option ({', '.join(self.options)}). Each fact gives an option "
+            "+1; the best option has the most distinct pros over ALL the team's facts, and each "
+            "of you holds only some of them. Share what you know (each message costs a little), "
+            "then vote with one letter. Everyone scores 1 if the team's plurality pick is best."
+        )
+
+    def metrics(self) -> dict[str, float]:
+        if self.s.phase != "done":
+            return {}
+        return {
+            "success": float(self.s.choice == self.s.best),
+            "messages": float(self.s.messages),
+            "chance": 1.0 / len(self.options),
+        }

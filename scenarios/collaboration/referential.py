@@ -1,0 +1,198 @@
+"""collaboration/referential-v0 - a speaker names the target, a listener picks it.
+
+The referential game of Lazaridou et al. 2017 (arXiv 1612.07182), kept small for tiny LMs
+trained by RL: short prompts, a one-token choice for the listener, a short letter string
+for the speaker. Objects are tuples of ``n_attributes`` attributes with ``n_values`` values
+each (``n_values ** n_attributes`` objects; 16 by default). ``n_candidates`` distinct objects
+are drawn, one is the target. The speaker sees the target and the others and sends a message
+of exactly ``message_length`` letters from the first ``vocab_size`` letters of the alphabet.
+The listener sees the message and the candidates shuffled, and picks one by its number.
+Both get reward 1 if the pick is the target, else 0: chance is ``1 / n_candidates``.
+
+Seats: ``speaker`` (acts on step 1), ``listener`` (acts on step 2).
+
+Actions:
+
+===========  =================================================================
+speaker      ``ab`` - ``message_length`` letters from the vocabulary (constraint:
+             "choice" over all messages when there are at most 256, else "regex")
+listener     ``1`` ... ``K`` - the candidate's number (constraint: "choice")
+===========  =================================================================
+
+An invalid message reaches the listener as ``-``; an invalid pick counts as wrong.
+
+Observations (speaker): ``Target: red circle`` / ``Others: blue square`` / the message
+format. (listener): ``Message: ab`` / ``1 blue square`` / ``2 red circle`` / ``Pick 1-2.``
+``infos[seat]["view"]`` holds value indices: ``target`` and ``others`` (speaker),
+``candidates`` in shown order and ``message`` (listener), plus ``vocab``, ``message_length``
+and ``n_values``.
+
+Rewards (on the last step):
+
+==========  ====================================================================
+component   value
+==========  ====================================================================
+task        1 to both if the listener picks the target, else 0
+invalid     -``invalid_penalty`` per invalid move (default 0.0)
+==========  ====================================================================
+
+Metrics: ``success`` (the pick was right), ``chance`` (``1 / n_candidates``).
+
+Arguments: ``n_candidates`` (2), ``n_attributes`` (2, at most 4), ``n_values`` (4, at
+most 8), ``vocab_size`` (8, at most 26), ``message_length`` (2), ``invalid_penalty``,
+``max_cycles``, ``render_mode``.
+
+    >>> env = make("collaboration/referential-v0", n_candidates=4)
+
+Version history: v0 - first version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import string
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parley.protocols.errors import ConfigError
+from parley.scenarios.base import Scenario
+
+__all__ = ["ATTRIBUTES", "Referential", "RefState", "describe", "messages"]
+
+ATTRIBUTES: tuple[tuple[str, ...], ...] = (
+    ("red", "blue", "green", "yellow", "purple", "orange", "black", "white"),
+    ("circle", "square", "triangle", "star", "heart", "cross", "ring", "arrow"),
+    ("small", "big", "tiny", "huge", "flat", "tall", "thin", "wide"),
+    ("plain", "striped", "dotted", "checked", "wavy", "spotted", "dashed", "grid"),
+)
+"""Attribute value names; an object is one value index per attribute."""
+SEATS = ("speaker", "listener")
+MAX_CHOICES = 256
+
+Obj = tuple[int, ...]
+
+
+def describe(obj: Obj) -> str:
+    """``(0, 1)`` -> ``"red square"``; size and pattern come first, the shape last."""
+    order = [i for i in (2, 3, 0, 1) if i < len(obj)]
+    return " ".join(ATTRIBUTES[i][obj[i]] for i in order)
+
+
+def messages(vocab: str, length: int) -> list[str]:
+    """Every message of ``length`` letters over ``vocab``."""
+    return ["".join(letters) for letters in itertools.product(vocab, repeat=length)]
+
+
+@dataclasses.dataclass
+class RefState:
+    candidates: list[Obj]  # as the listener sees them
+    target: int  # index into candidates
+    message: str = ""
+    pick: int | None = None
+    phase: str = "speak"  # speak -> listen -> done
+
+
+class Referential(Scenario):  # type: ignore[misc]
+    """Lazaridou et al.'s referential game; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "collaboration/referential-v0",
+        "render_modes": ["ansi"],
+        "is_parallelizable": True,
+    }
+    s: RefState
+
+    def __init__(
+        self,
+        n_candidates: int = 2,
+        n_attributes: int = 2,
+        n_values: int = 4,
+        vocab_size: int = 8,
+        message_length: int = 2,
+        *,
+        invalid_penalty: float | None = None,
+        max_cycles: int | None = None,
+        render_mode: str | None = "ansi",
+    ) -> None:
+        super().__init__(
+            SEATS, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
+        )
+        if not 1 <= n_attributes <= len(ATTRIBUTES) or not 2 <= n_values <= len(ATTRIBUTES[0]):
+            raise ConfigError("need 1 <= n_attributes <= 4 and 2 <= n_values <= 8")
+        if not 2 <= n_candidates <= n_values**n_attributes:
+            raise ConfigError(f"n_candidates must be 2..{n_values**n_attributes}")
+        if not 2 <= vocab_size <= 26 or not 1 <= message_length <= 16:
+            raise ConfigError("need 2 <= vocab_size <= 26 and 1 <= message_length <= 16")
+        self.k, self.n_attributes, self.n_values = n_candidates, n_attributes, n_values
+        self.vocab = string.ascii_lowercase[:vocab_size]
+        self.message_length = message_length
+        self.objects: list[Obj] = list(itertools.product(range(n_values), repeat=n_attributes))
+
+    def new_episode(self, rng: np.random.Generator) -> None:
+        picked = rng.choice(len(self.objects), size=self.k, replace=False)
+        candidates = [self.objects[int(i)] for i in picked]
+        self.s = RefState(candidates=candidates, target=int(rng.integers(self.k)))
+        others = [describe(c) for i, c in enumerate(candidates) if i != self.s.target]
+        self.tell("speaker", f"Target: {describe(candidates[self.s.target])}")
+        self.tell("speaker", f"Others: {', '.join(others)}")
+
+    def acting(self) -> list[str]:
+        return {"speak": ["speaker"], "listen": ["listener"]}.get(self.s.phase, [])
+
+    def play(self, agent: str, action: str) -> str | None:
+        text = action.strip()
+        if agent == "speaker":
+            valid = len(text) == self.message_length and all(ch in self.vocab for ch in text)
+            self.s.message, self.s.phase = (text if valid else "-"), "listen"
+            self.tell("listener", f"Message: {self.s.message}")
+            for number, obj in enumerate(self.s.candidates, start=1):
+                self.tell("listener", f"{number} {describe(obj)}")
+            if valid:
+                return None
+            return f"the message must be {self.message_length} letters from '{self.vocab}'"
+        pick = int(text) - 1 if text.isdigit() and 1 <= int(text) <= self.k else None
+        self.s.pick, self.s.phase = pick, "done"
+        success = float(pick == self.s.target)
+        for seat in SEATS:
+            self.reward(seat, "task", success)
+        self.finish()
+        return None if pick is not None else f"answer with one number from 1 to {self.k}"
+
+    def prompt(self, agent: str) -> str:
+        if agent == "speaker":
+            return f"Message ({self.message_length} letters from {self.vocab}):"
+        return f"Pick 1-{self.k}:"
+
+    def constraint(self, agent: str) -> dict[str, Any] | None:
+        if agent == "listener":
+            return {"type": "choice", "choices": [str(i) for i in range(1, self.k + 1)]}
+        if len(self.vocab) ** self.message_length <= MAX_CHOICES:
+            return {"type": "choice", "choices": messages(self.vocab, self.message_length)}
+        return {"type": "regex", "pattern": f"[{self.vocab}]{{{self.message_length}}}"}
+
+    def view(self, agent: str) -> dict[str, Any]:
+        common = {"vocab": self.vocab, "message_length": self.message_length}
+        common["n_values"] = self.n_values
+        if agent == "speaker":
+            target = self.s.candidates[self.s.target]
+            others = [list(c) for i, c in enumerate(self.s.candidates) if i != self.s.target]
+            return {**common, "target": list(target), "others": others}
+        if self.s.phase == "speak":
+            return common
+        candidates = [list(c) for c in self.s.candidates]
+        return {**common, "candidates": candidates, "message": self.s.message}
+
+    def system_prompt(self, agent: str) -> str:
+        if agent == "speaker":
+            return (
+                "You see a target object. Send a short code so your partner can pick the "
+                "target among the candidates."
+            )
+        return "You get a code from your partner. Pick the object it refers to."
+
+    def metrics(self) -> dict[str, float]:
+        if self.s.phase != "done":
+            return {}
+        return {"success": float(self.s.pick == self.s.target), "chance": 1.0 / self.k}

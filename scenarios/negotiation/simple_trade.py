@@ -1,0 +1,261 @@
+"""negotiation/simple-trade-v0 - a two-resource trade game (SimpleNegotiation, as in SPIRAL).
+
+The SimpleNegotiation game used by SPIRAL (arXiv 2506.24119, from TextArena): both players
+start with Wood 10 and Gold 10; ``player_0`` values Wood 5 / Gold 15, ``player_1`` values
+Wood 15 / Gold 5 (each knows only its own values). They take 10 turns in total, alternating,
+``player_0`` first. The player whose inventory value grew more wins (zero-sum +1 / -1; a tie
+gives 0 to both).
+
+Seats: ``player_0``, ``player_1``.
+
+Actions (the player to move; free text around the bracketed token is delivered to the
+partner as a message, and a turn with no token is just a message):
+
+==================================  =====================================================
+``[Offer: I give 2 Wood; You give 1 Gold]``  propose a trade (replaces any pending offer)
+``[Accept]``                         accept the partner's pending offer (executes the trade)
+``[Deny]``                           decline the partner's pending offer
+==================================  =====================================================
+
+A pending offer lapses when its receiver does anything but ``[Accept]``. Invalid moves (two
+tokens, an offer the offerer cannot cover, accepting with nothing pending, a trade that can
+no longer be covered) lose the turn.
+
+Observations: the player's inventory and values, the partner's messages, the state of the
+pending offer, and what to do. ``infos[seat]["view"]`` holds ``inventory``, ``values``,
+``pending`` (``{"give": {...}, "get": {...}}`` from this seat's side, or ``None``) and
+``turns_left``.
+
+Rewards (on the last step):
+
+==========  ====================================================================
+component   value
+==========  ====================================================================
+task        +1 to the larger gain in inventory value, -1 to the other, 0 on a tie
+invalid     -``invalid_penalty`` per invalid move (default 0.1)
+==========  ====================================================================
+
+Metrics: ``gain_player_0``, ``gain_player_1``, ``trades``, ``draw``.
+
+Arguments: ``max_turns`` (10), ``invalid_penalty``, ``max_cycles``, ``render_mode``.
+
+    >>> env = make("negotiation/simple-trade-v0", max_turns=10)
+
+Version history: v0 - first version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parley.scenarios.base import Scenario
+
+__all__ = ["RESOURCES", "SimpleTrade", "TradeState", "parse_move", "inventory_value"]
+
+RESOURCES = ("Wood", "Gold")
+SEATS = ("player_0", "player_1")
+START = {"Wood": 10, "Gold": 10}
+VALUES = {"player_0": {"Wood": 5, "Gold": 15}, "player_1": {"Wood": 15, "Gold": 5}}
+_TOKEN = re.compile(r"\[(offer\s*:[^\]]*|accept|deny)\]", re.IGNORECASE)
+_OFFER = re.compile(r"offer\s*:\s*i give (.*?)\s*;\s*you give (.*?)\s*$", re.IGNORECASE)
+_AMOUNT = re.compile(r"^(\d+)\s+([A-Za-z]+)$")
+
+Bundle = dict[str, int]
+
+
+def parse_bundle(text: str) -> Bundle | None:
+    """``"2 Wood, 1 Gold"`` -> ``{"Wood": 2, "Gold": 1}``; ``None`` if malformed."""
+    bundle: Bundle = {}
+    for part in text.split(","):
+        match = _AMOUNT.match(part.strip())
+        if match is None:
+            return None
+        name = match.group(2).capitalize()
+        if name not in RESOURCES:
+            return None
+        bundle[name] = bundle.get(name, 0) + int(match.group(1))
+    return bundle
+
+
+def parse_move(text: str) -> tuple[str, Any, str | None]:
+    """``(kind, payload, reason)`` with kind ``"talk"``, ``"offer"``, ``"accept"``, ``"deny"``."""
+    tokens = _TOKEN.findall(text)
+    if not tokens:
+        return "talk", None, None if text.strip() else "empty turn; write a message or a move"
+    if len(tokens) > 1:
+        return "talk", None, "one bracketed move per turn"
+    token = tokens[0].strip()
+    if token.lower() in ("accept", "deny"):
+        return token.lower(), None, None
+    match = _OFFER.match(token)
+    give = parse_bundle(match.group(1)) if match else None
+    get = parse_bundle(match.group(2)) if match else None
+    if give is None or get is None:
+        return "offer", None, "an offer looks like [Offer: I give 2 Wood; You give 1 Gold]"
+    if not any(give.values()) and not any(get.values()):
+        return "offer", None, "an offer must move at least one unit"
+    return "offer", (give, get), None
+
+
+def covers(inventory: Bundle, bundle: Bundle) -> bool:
+    return all(inventory.get(r, 0) >= n for r, n in bundle.items())
+
+
+def inventory_value(inventory: Bundle, values: Bundle) -> int:
+    return sum(inventory[r] * values[r] for r in RESOURCES)
+
+
+def show(bundle: Bundle) -> str:
+    return ", ".join(f"{n} {r}" for r, n in bundle.items()) or "nothing"
+
+
+@dataclasses.dataclass
+class TradeState:
+    inventory: dict[str, Bundle]
+    turn_index: int = 0
+    pending: dict[str, Any] | None = None  # {"from": seat, "give": Bundle, "get": Bundle}
+    trades: int = 0
+    outcome: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class SimpleTrade(Scenario):  # type: ignore[misc]
+    """SPIRAL's SimpleNegotiation; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "negotiation/simple-trade-v0",
+        "render_modes": ["ansi"],
+        "is_parallelizable": True,
+    }
+    default_invalid_penalty = 0.1
+    s: TradeState
+
+    def __init__(
+        self,
+        max_turns: int = 10,
+        *,
+        invalid_penalty: float | None = None,
+        max_cycles: int | None = None,
+        render_mode: str | None = "ansi",
+    ) -> None:
+        super().__init__(
+            SEATS, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
+        )
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = max_turns
+
+    def new_episode(self, rng: np.random.Generator) -> None:
+        self.s = TradeState({seat: dict(START) for seat in SEATS})
+        for seat in SEATS:
+            values = ", ".join(f"{r} {v}" for r, v in VALUES[seat].items())
+            self.tell(seat, f"You are {seat}. You hold {show(START)}. Your values: {values}.")
+
+    def acting(self) -> list[str]:
+        return [SEATS[self.s.turn_index % 2]]
+
+    def play(self, agent: str, action: str) -> str | None:
+        kind, payload, reason = parse_move(action)
+        pending = self.s.pending if self.s.pending and self.s.pending["from"] != agent else None
+        if reason is None and kind in ("accept", "deny") and pending is None:
+            reason = f"there is no offer to {kind}"
+        if reason is None and kind == "offer" and not covers(self.s.inventory[agent], payload[0]):
+            reason = "you cannot give more than you hold"
+        if reason is None and kind == "accept" and pending is not None:
+            reason = self._execute(agent, pending)
+        if action.strip():
+            self.say(agent, action.strip())
+        if reason is None and kind == "offer":
+            give, get = payload
+            self.s.pending = {"from": agent, "give": give, "get": get}
+        elif pending is not None:
+            self.s.pending = None  # anything but an offer of one's own lets the offer lapse
+        self.s.turn_index += 1
+        if self.s.turn_index >= self.max_turns:
+            self._score()
+        return reason
+
+    def _execute(self, agent: str, offer: dict[str, Any]) -> str | None:
+        offerer = offer["from"]
+        if not covers(self.s.inventory[offerer], offer["give"]) or not covers(
+            self.s.inventory[agent], offer["get"]
+        ):
+            return "the trade can no longer be covered"
+        for resource, n in offer["give"].items():
+            self.s.inventory[offerer][resource] -= n
+            self.s.inventory[agent][resource] += n
+        for resource, n in offer["get"].items():
+            self.s.inventory[agent][resource] -= n
+            self.s.inventory[offerer][resource] += n
+        self.s.trades += 1
+        self.announce(f"Trade done: {offerer} gave {show(offer['give'])} for {show(offer['get'])}.")
+        return None
+
+    def gains(self) -> dict[str, int]:
+        return {
+            seat: inventory_value(self.s.inventory[seat], VALUES[seat])
+            - inventory_value(START, VALUES[seat])
+            for seat in SEATS
+        }
+
+    def _score(self) -> None:
+        gains = self.gains()
+        diff = gains[SEATS[0]] - gains[SEATS[1]]
+        sign = float(np.sign(diff))
+        self.s.outcome = {SEATS[0]: sign, SEATS[1]: -sign}
+        for seat in SEATS:
+            self.reward(seat, "task", self.s.outcome[seat])
+        self.announce(f"Game over. Gains: {gains[SEATS[0]]} / {gains[SEATS[1]]}.")
+        self.finish()
+
+    def pending_for(self, agent: str) -> dict[str, Bundle] | None:
+        offer = self.s.pending
+        if offer is None:
+            return None
+        if offer["from"] == agent:
+            return {"give": offer["give"], "get": offer["get"]}
+        return {"give": offer["get"], "get": offer["give"]}
+
+    def prompt(self, agent: str) -> str:
+        left = self.max_turns - self.s.turn_index
+        offer = self.s.pending
+        status = ""
+        if offer is not None and offer["from"] != agent:
+            status = (
+                f"Pending offer to you: you give {show(offer['get'])}, "
+                f"you get {show(offer['give'])}. "
+            )
+        return (
+            f"{status}You hold {show(self.s.inventory[agent])}. {left} turns left. "
+            "Move: [Offer: I give N Wood; You give N Gold], [Accept], [Deny], or a message."
+        )
+
+    def view(self, agent: str) -> dict[str, Any]:
+        return {
+            "seat": agent,
+            "inventory": dict(self.s.inventory[agent]),
+            "values": dict(VALUES[agent]),
+            "pending": self.pending_for(agent),
+            "pending_from_partner": bool(self.s.pending and self.s.pending["from"] != agent),
+            "turns_left": self.max_turns - self.s.turn_index,
+        }
+
+    def system_prompt(self, agent: str) -> str:
+        return (
+            "You trade Wood and Gold with one partner. You each start with 10 Wood and 10 Gold "
+            "and value them differently (you know only your own values). On your turn write "
+            "[Offer: I give 2 Wood; You give 1 Gold], [Accept] or [Deny] (the partner's pending "
+            "offer), optionally with a message. After 10 turns the player whose inventory "
+            "value grew more wins."
+        )
+
+    def metrics(self) -> dict[str, float]:
+        gains = self.gains()
+        out = {f"gain_{seat}": float(gains[seat]) for seat in SEATS}
+        out["trades"] = float(self.s.trades)
+        if self.s.outcome:
+            out["draw"] = float(self.s.outcome[SEATS[0]] == 0)
+        return out
