@@ -58,6 +58,7 @@ class Codec:
         self.zero_copy_bytes = zero_copy_bytes
         self._out_frames: list[Frame] = []
         self._in_frames: Sequence[Frame] = ()
+        self._used_frames = 0
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
         self._decoder = msgspec.msgpack.Decoder(Envelope, dec_hook=self._dec_hook)
         self._version_decoder = msgspec.msgpack.Decoder(_Version)
@@ -66,14 +67,18 @@ class Codec:
 
     def encode(self, envelope: Envelope) -> list[Frame]:
         """Frames for ``envelope``; raises ``ProtocolError`` if it cannot be sent."""
-        self._out_frames = []
         try:
             head = self._encoder.encode(envelope)
         except (TypeError, ValueError, OverflowError) as exc:
+            self._out_frames = []
             raise ProtocolError(f"cannot encode {type(envelope.body).__name__}: {exc}") from exc
-        frames: list[Frame] = [head, *self._out_frames]
-        self._out_frames = []
-        size = sum(len(f) for f in frames)
+        if self._out_frames:  # arrays went out of band
+            frames: list[Frame] = [head, *self._out_frames]
+            self._out_frames = []
+            size = sum(len(f) for f in frames)
+        else:  # the common case, kept short: one frame
+            frames = [head]
+            size = len(head)
         if size > self.max_message_bytes:
             raise ProtocolError(
                 f"message of {size} bytes exceeds the limit of {self.max_message_bytes}; "
@@ -99,30 +104,43 @@ class Codec:
 
     def decode(self, frames: Sequence[Frame]) -> Envelope:
         """The envelope in ``frames``; raises ``ProtocolError`` with a reason otherwise."""
-        if not frames:
+        count = len(frames)
+        if count == 1:  # the common case, kept short: no array frames to account for
+            head = frames[0]
+            size = len(head)
+        elif count == 0:
             raise ProtocolError("empty message: expected at least the envelope frame")
-        size = sum(len(f) for f in frames)
+        else:
+            head = frames[0]
+            size = sum(len(f) for f in frames)
         if size > self.max_message_bytes:
             raise ProtocolError(
                 f"message of {size} bytes exceeds the limit of {self.max_message_bytes}"
             )
-        self._in_frames = frames
-        self._used_frames = 0
-        try:
-            envelope = self._decoder.decode(frames[0])
-        except (msgspec.DecodeError, ValueError, TypeError) as exc:
-            raise ProtocolError(self._explain(frames[0], exc)) from exc
-        finally:
-            self._in_frames = ()
+        if count == 1:
+            try:
+                envelope: Envelope = self._decoder.decode(head)
+            except (msgspec.DecodeError, ValueError, TypeError) as exc:
+                raise ProtocolError(self._explain(head, exc)) from exc
+            used = 0
+        else:
+            self._in_frames = frames  # read by _dec_hook for out-of-band arrays
+            self._used_frames = 0
+            try:
+                envelope = self._decoder.decode(head)
+            except (msgspec.DecodeError, ValueError, TypeError) as exc:
+                raise ProtocolError(self._explain(head, exc)) from exc
+            finally:
+                self._in_frames = ()  # do not keep large buffers alive
+            used = self._used_frames
         if envelope.v != SCHEMA_VERSION:
             raise ProtocolError(
                 f"unsupported schema version {envelope.v}; this peer speaks {SCHEMA_VERSION}",
                 code="unsupported_version",
             )
-        if self._used_frames != len(frames) - 1:
+        if used != count - 1:
             raise ProtocolError(
-                f"frame count mismatch: {len(frames)} frames, envelope references "
-                f"{self._used_frames} array frames"
+                f"frame count mismatch: {count} frames, envelope references {used} array frames"
             )
         return envelope
 

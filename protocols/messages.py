@@ -302,7 +302,7 @@ AnyBody = (
 )
 
 
-class Envelope(msgspec.Struct, kw_only=True):
+class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The routing header around every body.
 
     ``id`` is unique per sender; a reply carries the request's id in ``reply_to``.
