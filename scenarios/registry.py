@@ -236,3 +236,14 @@ register(
     description="2-5 agents each hold part of the facts; the best option shows only when "
     "they are pooled. Team reward, small cost per message.",
 )
+
+register(
+    "tool_use/retail-desk-v0",
+    f"{_TOOL}.retail_desk:RetailDesk",
+    baselines={
+        "user": f"{_SCRIPTED_TOOL}:RetailUser",
+        "assistant": f"{_SCRIPTED_TOOL}:RetailOracle",
+    },
+    description="tau-bench-style customer service over SQLite: a user with a hidden goal, "
+    "an assistant with tools; reward = final database and stated facts match the reference.",
+)

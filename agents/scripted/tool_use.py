@@ -128,10 +128,14 @@ class RetailOracle(ScriptedAgent):  # type: ignore[misc]
 
 
 _ORDER_ID = re.compile(r"#W\d+")
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 
 
 class RetailNaive(ScriptedAgent):  # type: ignore[misc]
-    """Looks up the order the customer names and reports its status; changes nothing."""
+    """Looks up the first order the customer names and reads it out; never changes anything.
+
+    Solves the status questions only: the contrast to :class:`RetailOracle`.
+    """
 
     name = "retail-naive"
 
@@ -142,8 +146,12 @@ class RetailNaive(ScriptedAgent):  # type: ignore[misc]
             found = results[-1]
             content = str(found.get("content") or found.get("error"))
             return json.dumps({"message": f"Here is what I found: {content}"})
-        match = _ORDER_ID.search(str(view.get("last_message", "")))
-        if match is None:
-            return json.dumps({"message": "Could you tell me your order number?"})
-        call = {"name": "get_order", "arguments": {"order_id": match.group(0)}}
-        return json.dumps({"tool_calls": [call]})
+        said = str(view.get("last_message", ""))
+        order, email = _ORDER_ID.search(said), _EMAIL.search(said)
+        if order is None or email is None:
+            return json.dumps({"message": "Could you tell me your email and order number?"})
+        calls = [
+            {"name": "find_customer", "arguments": {"email": email.group(0)}},
+            {"name": "get_order", "arguments": {"order_id": order.group(0)}},
+        ]
+        return json.dumps({"tool_calls": calls})
