@@ -51,6 +51,7 @@ __all__ = [
     "check_scenario",
     "play_episode",
     "baseline_agents",
+    "agent_seed",
 ]
 
 
@@ -279,11 +280,21 @@ def play_episode(
 ) -> list[tuple[Any, ...]]:
     """Play one episode in-process; returns its transcript as comparable records.
 
-    ``agents`` default to the spec's baselines (seeded ``seed + seat index``). The transcript
-    holds per step: each acting seat's observation, action, reward, infos, and at the end the
-    episode metrics. Runs its own event loop: call it from synchronous code.
+    ``agents`` default to the spec's baselines; each is reset with :func:`agent_seed`. The
+    transcript holds per step: each acting seat's observation, action, reward, infos, and at
+    the end the episode metrics. Runs its own event loop: call it from synchronous code.
     """
     return asyncio.run(_play(scenario_id, seed, agents, env, kwargs))
+
+
+def agent_seed(seed: int, index: int) -> int:
+    """The seed of the agent in seat ``index`` for an episode of ``seed``.
+
+    Derived through ``SeedSequence`` so the agent's stream is independent of the
+    scenario's: with ``seed + index``, seat 0 would replay the scenario's own random draws
+    (a scripted agent guessing the hidden answer).
+    """
+    return int(np.random.SeedSequence((seed, index + 1)).generate_state(1)[0])
 
 
 async def _play(
@@ -296,7 +307,7 @@ async def _play(
     env = env if env is not None else make(scenario_id, **kwargs)
     agents = agents if agents is not None else baseline_agents(scenario_id, env.possible_agents)
     for index, seat in enumerate(env.possible_agents):
-        agents[seat].reset(seed + index)
+        agents[seat].reset(agent_seed(seed, index))
     observations, infos = env.reset(seed=seed)
     rewards: dict[str, float] = dict.fromkeys(env.agents, 0.0)
     record: list[tuple[Any, ...]] = []
