@@ -90,7 +90,8 @@ class Codec:
         if isinstance(obj, np.ndarray):
             if obj.dtype.kind not in _ALLOWED_DTYPE_KINDS:
                 raise TypeError(f"arrays of dtype {obj.dtype} cannot be sent")
-            arr = np.ascontiguousarray(obj)
+            # ascontiguousarray makes 0-d arrays 1-d: reshape keeps the shape sent exact.
+            arr = np.ascontiguousarray(obj).reshape(obj.shape)
             meta: dict[str, Any] = {"dtype": arr.dtype.str, "shape": list(arr.shape)}
             if arr.nbytes >= self.zero_copy_bytes:
                 self._out_frames.append(memoryview(arr).cast("B"))  # type: ignore[arg-type]
