@@ -87,6 +87,9 @@ class Fact:
     value: int
     text: str = dataclasses.field(default="", compare=False)
 
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "option": self.option, "value": self.value, "text": self.text}
+
     def line(self) -> str:
         return f"[F{self.id:02d}] option {self.option}: {self.value:+d} ({self.text})"
 
@@ -178,6 +181,9 @@ class HiddenProfile(Scenario):  # type: ignore[misc]
     def new_episode(self, rng: np.random.Generator) -> None:
         best, held = deal_facts(rng, len(self.possible_agents), self.options, self.k)
         self.s = ProfileState(best, dict(zip(self.possible_agents, held, strict=True)))
+        self._facts_view = {
+            seat: [f.as_dict() for f in facts] for seat, facts in self.s.held.items()
+        }
         for seat in self.possible_agents:
             facts = "\n".join(fact.line() for fact in self.s.held[seat])
             self.tell(seat, f"You are {seat}. Your facts:\n{facts}")
@@ -241,7 +247,7 @@ class HiddenProfile(Scenario):  # type: ignore[misc]
             "phase": self.s.phase,
             "options": self.options,
             "round": self.s.round,
-            "facts": [dataclasses.asdict(f) for f in self.s.held[agent]],
+            "facts": self._facts_view[agent],
         }
 
     def system_prompt(self, agent: str) -> str:

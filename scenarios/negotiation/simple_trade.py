@@ -158,6 +158,8 @@ class SimpleTrade(Scenario):  # type: ignore[misc]
         return [SEATS[self.s.turn_index % 2]]
 
     def play(self, agent: str, action: str) -> str | None:
+        if action.strip():
+            self.say(agent, action.strip())
         kind, payload, reason = parse_move(action)
         pending = self.s.pending if self.s.pending and self.s.pending["from"] != agent else None
         if reason is None and kind in ("accept", "deny") and pending is None:
@@ -166,8 +168,6 @@ class SimpleTrade(Scenario):  # type: ignore[misc]
             reason = "you cannot give more than you hold"
         if reason is None and kind == "accept" and pending is not None:
             reason = self._execute(agent, pending)
-        if action.strip():
-            self.say(agent, action.strip())
         if reason is None and kind == "offer":
             give, get = payload
             self.s.pending = {"from": agent, "give": give, "get": get}
