@@ -106,6 +106,7 @@ Handler = Callable[[Envelope], Awaitable[Body | None]]
 
 _NOBLOCK = zmq.NOBLOCK
 _SNDMORE = zmq.SNDMORE
+_ZAP_DOMAIN = "parley"  # the ZAP domain of CURVE binds, where the allowed client keys apply
 _BATCH = 2000  # messages read per receive-loop round before yielding to other tasks
 
 
@@ -297,7 +298,7 @@ class Endpoint:
             z.setsockopt(zmq.CURVE_SERVER, 1)
             z.setsockopt(zmq.CURVE_SECRETKEY, self.config.curve_secret_key or b"")
             z.setsockopt(zmq.CURVE_PUBLICKEY, self.config.curve_public_key or b"")
-            z.setsockopt(zmq.ZAP_DOMAIN, b"parley")
+            z.setsockopt(zmq.ZAP_DOMAIN, _ZAP_DOMAIN.encode())
         try:
             z.bind(address)
         except zmq.ZMQError as exc:
@@ -536,7 +537,9 @@ class Endpoint:
         if allowed is None:
             auth.configure_curve(domain="*", location=CURVE_ALLOW_ANY)
         else:
-            auth.configure_curve_callback(domain="*", credentials_provider=_KeyList(allowed))
+            auth.configure_curve_callback(
+                domain=_ZAP_DOMAIN, credentials_provider=_KeyList(allowed)
+            )
         self._auth = auth
 
     # --- receiving -------------------------------------------------------------------
