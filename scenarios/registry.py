@@ -247,3 +247,14 @@ register(
     description="tau-bench-style customer service over SQLite: a user with a hidden goal, "
     "an assistant with tools; reward = final database and stated facts match the reference.",
 )
+
+register(
+    "code/debug-v0",
+    "parley.scenarios.code.debug:CodeDebug",
+    baselines={
+        "coder": "parley.agents.scripted.code:DebugOracle",
+        "reviewer": "parley.agents.scripted.code:DebugReviewer",
+    },
+    description="Fix a buggy Python function with a sandboxed test runner; reward = share "
+    "of hidden tests passed. Optional reviewer seat.",
+)

@@ -44,6 +44,7 @@ __all__ = [
     "ToolBox",
     "ToolFailure",
     "Turn",
+    "ascii_text",
     "parse_turn",
     "render_result",
     "result_dicts",
@@ -274,6 +275,17 @@ def render_result(result: ToolResult) -> str:
     if result.error:
         return f"[{result.call_id}] {result.name} -> ERROR: {result.error}"
     return f"[{result.call_id}] {result.name} -> {result.content}"
+
+
+def ascii_text(text: str, limit: int = 2000) -> str:
+    """``text`` cut to ``limit`` characters, with characters outside printable ASCII and
+    newline escaped (observations are printable ASCII)."""
+    if len(text) > limit:
+        text = text[:limit] + f"... [{len(text) - limit} more characters]"
+    return "".join(
+        ch if ch == "\n" or 32 <= ord(ch) < 127 else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )
 
 
 def result_dicts(results: Sequence[ToolResult]) -> list[dict[str, Any]]:

@@ -1,0 +1,357 @@
+"""code/debug-v0 — fix a buggy Python function; the score is the share of hidden tests passed.
+
+The coder gets a small function with a bug, its description and its visible tests (32 bundled
+tasks, :mod:`parley.scenarios.code.debug_tasks`; ``reset(seed=...)`` draws one, ``task``
+pins one). It may run code and the visible tests in the sandbox
+(:mod:`parley.scenarios.tools.sandbox`: no network, no host files, CPU, memory, output and
+process limits) and submits a fixed module; the hidden tests run against it in the sandbox.
+
+Seats: ``coder``, and with ``reviewer=True`` also ``reviewer`` (collaboration: the reviewer
+can run the tests and comment; only the coder submits).
+
+Tools (both seats; results arrive in the caller's next observation):
+
+- ``run_tests(code)`` — the visible tests against ``code`` (the whole module), one line per
+  test: ``PASS call == expected`` or ``FAIL ...: returned X`` / ``raised E``;
+- ``run_python(code)`` — runs ``code`` as a script; shows how it ended, stdout and stderr.
+
+Actions, one JSON object per turn (the syntax of :mod:`parley.scenarios.tools.tool`):
+
+- coder: ``{"tool_calls": [...], "submit": "def f(x):\\n    ..."}`` ends the episode;
+  ``{"message": "..."}`` (with a reviewer) goes to the reviewer and passes the turn;
+  tool calls alone keep the turn.
+- reviewer: ``{"tool_calls": [...], "comment": "..."}``; the comment goes to the coder and
+  passes the turn back; tool calls alone keep the turn.
+
+An object with none of these keys, or not JSON, is an invalid move. After ``max_steps``
+actions without a submission the episode ends with reward 0.
+
+Observations: the task (description, buggy code, visible tests) first, then tool results and
+the other seat's messages. ``infos[seat]["view"]``: ``task`` (index), ``name``,
+``description``, ``code`` (the buggy module), ``visible`` (``[call, expected]`` pairs),
+``reviewer`` (bool), ``last_message``, ``tools``, ``tool_results``.
+
+Rewards (both seats, on submission or at the step limit):
+
+=========  ===================================================================
+component  value
+=========  ===================================================================
+task       fraction of the hidden tests the submission passes (0 without one)
+invalid    -``invalid_penalty`` (0.05) per invalid move
+=========  ===================================================================
+
+Metrics: ``success`` (all hidden tests pass), ``hidden_pass_rate``, ``submitted``,
+``tool_calls``.
+
+A submission runs in the same process as the test harness, so it could tamper with the
+harness (the sandbox protects the host, not the score); results must be plain built-in
+values, which stops objects that compare equal to everything.
+
+Arguments: ``task`` (None: drawn by the seed), ``reviewer`` (False), ``max_steps`` (12),
+``invalid_penalty``, ``max_cycles``, ``render_mode``, ``allow_weak_sandbox`` (False: refuse
+to run where the sandbox has no namespace isolation; also set by
+``PARLEY_SANDBOX_ALLOW_WEAK=1``).
+
+    >>> env = make("code/debug-v0", reviewer=True)
+
+Version history: v0 — first version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parley.scenarios.base import Scenario
+from parley.scenarios.code.debug_tasks import TASKS, DebugTask
+from parley.scenarios.tools.sandbox import Sandbox, SandboxLimits
+from parley.scenarios.tools.tool import (
+    ToolBox,
+    ascii_text,
+    parse_turn,
+    render_result,
+    result_dicts,
+    tool,
+)
+
+__all__ = ["HARNESS", "CodeDebug", "TestRun", "run_tests"]
+
+HARNESS = r"""
+import json, os, signal, sys
+_eval, _repr, _type, _write = eval, repr, type, os.write
+TESTS = json.loads(%r)
+TAG = %r
+PLAIN = (bool, int, float, str, type(None))
+
+def plain(x):
+    if _type(x) in PLAIN:
+        return True
+    if _type(x) in (list, tuple, set):
+        return all(plain(i) for i in x)
+    if _type(x) is dict:
+        return all(plain(k) and plain(v) for k, v in x.items())
+    return False
+
+def alarm(signum, frame):
+    raise TimeoutError("the test took longer than 1 s")
+
+signal.signal(signal.SIGALRM, alarm)
+results = []
+try:
+    import solution
+    namespace, failure = dict(vars(solution)), ""
+except BaseException as exc:
+    namespace, failure = None, "the module failed to import: %%s: %%s" %% (_type(exc).__name__, exc)
+for call, expected in TESTS:
+    if namespace is None:
+        results.append([False, failure])
+        continue
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        got = _eval(call, dict(namespace))
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        ok = plain(got) and got == _eval(expected, {})
+        results.append([bool(ok), "returned " + _repr(got)[:200]])
+    except BaseException as exc:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        results.append([False, ("raised %%s: %%s" %% (_type(exc).__name__, exc))[:200]])
+sys.stdout.flush()
+_write(1, (TAG + json.dumps(results) + "\n").encode())
+os._exit(0)
+"""
+"""The test runner put next to the code as ``main.py`` (stdlib only; runs in the sandbox)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TestRun:
+    """Results of running tests: one ``(passed, detail)`` per test, or why none ran."""
+
+    results: tuple[tuple[bool, str], ...]
+    problem: str = ""
+
+    @property
+    def passed(self) -> int:
+        return sum(ok for ok, _ in self.results)
+
+
+def run_tests(sandbox: Sandbox, code: str, tests: Sequence[tuple[str, str]]) -> TestRun:
+    """Run ``tests`` against ``code`` (saved as ``solution.py``) in ``sandbox``."""
+    tag = f"<<parley-results-{secrets.token_hex(8)}>>"
+    harness = HARNESS % (json.dumps([list(t) for t in tests]), tag)
+    run = sandbox.run(harness, files={"solution.py": code})
+    for line in reversed(run.stdout.splitlines()):
+        if line.startswith(tag):
+            raw = json.loads(line[len(tag) :])
+            return TestRun(tuple((bool(ok), str(detail)) for ok, detail in raw))
+    failed = tuple((False, "not run") for _ in tests)
+    reason = f"the tests did not finish (ended by {run.ended_by}): {run.stderr[-300:]}"
+    return TestRun(failed, reason)
+
+
+@dataclasses.dataclass
+class DebugState:
+    task: DebugTask
+    index: int
+    speaker: str = "coder"
+    steps: int = 0
+    submitted: bool = False
+    hidden_passed: float = 0.0
+    ended: bool = False
+    tool_calls: int = 0
+    last_message: dict[str, str] = dataclasses.field(default_factory=dict)
+    last_results: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+
+
+class CodeDebug(Scenario):  # type: ignore[misc]
+    """Fix a buggy function, scored by hidden tests in the sandbox; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "code/debug-v0",
+        "render_modes": ["ansi"],
+        "is_parallelizable": True,
+    }
+    max_action_length = 6000
+    default_invalid_penalty = 0.05
+    s: DebugState
+
+    def __init__(
+        self,
+        task: int | None = None,
+        reviewer: bool = False,
+        max_steps: int = 12,
+        *,
+        allow_weak_sandbox: bool = False,
+        invalid_penalty: float | None = None,
+        max_cycles: int | None = None,
+        render_mode: str | None = "ansi",
+    ) -> None:
+        seats = ["coder", "reviewer"] if reviewer else ["coder"]
+        super().__init__(
+            seats, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
+        )
+        if task is not None and not 0 <= task < len(TASKS):
+            raise ValueError(f"task must be in 0..{len(TASKS) - 1}, got {task}")
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.fixed_task, self.has_reviewer, self.max_steps = task, reviewer, max_steps
+        weak = allow_weak_sandbox or os.environ.get("PARLEY_SANDBOX_ALLOW_WEAK") == "1"
+        limits = SandboxLimits(cpu_seconds=3, wall_seconds=8, max_output_bytes=20_000)
+        self.sandbox = Sandbox(limits, allow_weak=weak)
+        self.tools = ToolBox([tool(self.run_tests), tool(self.run_python)])
+
+    # --- tools -----------------------------------------------------------------------------
+
+    def run_tests(self, code: str) -> str:
+        """Run the visible tests against a version of the module (the whole file).
+
+        Args:
+            code: the full Python module to test
+        """
+        run = run_tests(self.sandbox, code, self.s.task.visible)
+        lines = [f"{run.passed}/{len(run.results)} visible tests passed"]
+        if run.problem:
+            lines.append(run.problem)
+        for (call, expected), (ok, detail) in zip(self.s.task.visible, run.results, strict=True):
+            lines.append(
+                f"PASS {call} == {expected}" if ok else f"FAIL {call} == {expected}: {detail}"
+            )
+        return "\n".join(lines)
+
+    def run_python(self, code: str) -> str:
+        """Run a Python script in the sandbox; shows how it ended, its stdout and stderr.
+
+        Args:
+            code: the script
+        """
+        run = self.sandbox.run(code)
+        status = (
+            f"exit code {run.exit_code}" if run.ended_by == "exit" else f"ended by {run.ended_by}"
+        )
+        return f"{status}\nstdout:\n{run.stdout[-1500:]}\nstderr:\n{run.stderr[-1500:]}"
+
+    # --- the scenario ----------------------------------------------------------------------
+
+    def new_episode(self, rng: np.random.Generator) -> None:
+        index = self.fixed_task if self.fixed_task is not None else int(rng.integers(len(TASKS)))
+        self.s = DebugState(TASKS[index], index)
+        task = self.s.task
+        tests = "\n".join(f"  {call} == {expected}" for call, expected in task.visible)
+        brief = (
+            f"Task: {task.description}\nThe current module (it has a bug):\n{task.buggy}"
+            f"Visible tests:\n{tests}\nTools:\n{self.tools.describe()}"
+        )
+        for agent in self.possible_agents:
+            self.tell(agent, brief)
+
+    def acting(self) -> list[str]:
+        return [self.s.speaker]
+
+    def play(self, agent: str, action: str) -> str | None:
+        self.s.steps += 1
+        reason = self._play(agent, action)
+        if not self.s.ended and self.s.steps >= self.max_steps:
+            self.announce("Step limit reached without a submission.")
+            self._end(None)
+        return reason
+
+    def _play(self, agent: str, action: str) -> str | None:
+        parsed = parse_turn(action, turn=self.turn)
+        self.s.last_results[agent] = []
+        if isinstance(parsed, str):
+            return parsed
+        keys = {"coder": ("submit", "message"), "reviewer": ("comment",)}[agent]
+        if not self.has_reviewer:
+            keys = ("submit",)
+        unknown = set(parsed.fields) - set(keys)
+        if unknown or not (parsed.calls or parsed.fields):
+            return f"use tool_calls and/or {' / '.join(keys)} (string values)"
+        results = [self.tools.call(call) for call in parsed.calls]
+        self.s.tool_calls += len(results)
+        self.s.last_results[agent] = result_dicts(results)
+        for result in results:
+            self.tell(agent, ascii_text(render_result(result)))
+        text = next((parsed.fields[k] for k in keys if k in parsed.fields), None)
+        if text is None:
+            return None
+        if not isinstance(text, str):
+            return f"{' / '.join(keys)} must be a string"
+        if "submit" in parsed.fields:
+            self._end(text)
+        else:
+            other = "reviewer" if agent == "coder" else "coder"
+            self.say(agent, ascii_text(text, limit=4000))
+            self.s.last_message[other] = text
+            self.s.speaker = other
+        return None
+
+    def _end(self, code: str | None) -> None:
+        self.s.ended = True
+        if code is not None:
+            self.s.submitted = True
+            run = run_tests(self.sandbox, code, self.s.task.hidden)
+            self.s.hidden_passed = run.passed / len(run.results)
+        for agent in self.possible_agents:
+            self.reward(agent, "task", self.s.hidden_passed)
+        self.announce(f"Hidden tests passed: {self.s.hidden_passed:.0%}.")
+        self.finish()
+
+    def prompt(self, agent: str) -> str:
+        if agent == "reviewer":
+            return 'Your move: {"tool_calls": [...], "comment": "..."} (JSON).'
+        finals = '"submit": "<module>"' + (' or "message": "..."' if self.has_reviewer else "")
+        return f'Your move: {{"tool_calls": [...]}} and/or {{{finals}}} (JSON).'
+
+    def view(self, agent: str) -> dict[str, Any]:
+        task = self.s.task
+        return {
+            "task": self.s.index,
+            "name": task.name,
+            "description": task.description,
+            "code": task.buggy,
+            "visible": [list(t) for t in task.visible],
+            "reviewer": self.has_reviewer,
+            "last_message": self.s.last_message.get(agent, ""),
+            "tools": self.tools.specs(),
+            "tool_results": self.s.last_results.get(agent, []),
+        }
+
+    def system_prompt(self, agent: str) -> str:
+        common = (
+            "Tools run Python in a sandbox (no network, no files outside its directory). Each "
+            "turn reply with one JSON object. Tool calls: "
+            '{"tool_calls": [{"name": "run_tests", "arguments": {"code": "..."}}]}; results '
+            "arrive next turn.\nTools:\n" + str(self.tools.describe())
+        )
+        if agent == "reviewer":
+            return (
+                "You review a coder's fix of a buggy Python function. Run the tests, then "
+                'send a comment with {"comment": "..."}. The coder decides what to submit. '
+                + common
+            )
+        ask = ' You may send your draft to a reviewer with {"message": "..."}.'
+        return (
+            "You fix a bug in a small Python module. Submit the whole fixed module with "
+            '{"submit": "<module source>"}; hidden tests decide your score.'
+            + (ask if self.has_reviewer else "")
+            + " "
+            + common
+        )
+
+    def snapshot(self) -> Any:
+        return {"task": self.s.index, "steps": self.s.steps, "ended": self.s.ended}
+
+    def metrics(self) -> dict[str, float]:
+        if not self.s.ended:
+            return {}
+        return {
+            "success": float(self.s.hidden_passed == 1.0),
+            "hidden_pass_rate": self.s.hidden_passed,
+            "submitted": float(self.s.submitted),
+            "tool_calls": float(self.s.tool_calls),
+        }
