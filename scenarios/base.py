@@ -34,7 +34,7 @@ import json
 import re
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, final
+from typing import Any, ClassVar, NamedTuple, final
 
 import numpy as np
 from gymnasium.spaces import Text
@@ -48,14 +48,15 @@ CHARSET: str = "".join(chr(code) for code in range(32, 127)) + "\n"
 """Characters of every observation and action: printable ASCII plus newline."""
 
 _STATE_MAX_LENGTH = 1 << 24
+_OUTSIDE_CHARSET = re.compile(r"[^\x20-\x7e\n]")
 _ADDRESS = re.compile(r"^\s*@([A-Za-z0-9_,]+)\s*:?\s*", re.DOTALL)
 
 
-@dataclasses.dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     """One line of the episode's record: a message, a notice, or an invalid move.
 
     ``to`` is empty for events everyone sees; otherwise the recipients (private channel).
+    (A named tuple: scenarios record one per message, on the hot path of every step.)
     """
 
     turn: int
@@ -135,6 +136,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
             seat: Text(self.max_action_length, min_length=0, charset=CHARSET) for seat in seats
         }
         self.state_space = Text(_STATE_MAX_LENGTH, min_length=0, charset=CHARSET)
+        self._others = {seat: [a for a in seats if a != seat] for seat in seats}
         self.turn = 0
         self.events: list[Event] = []
         self._inbox: dict[str, list[str]] = {}
@@ -211,21 +213,24 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     @final
     def say(self, sender: str, text: str, to: Sequence[str] | None = None) -> None:
         """Deliver ``sender``'s message: to everyone else (``to=None``) or privately to ``to``."""
-        recipients = tuple(to) if to is not None else ()
-        self.events.append(Event(self.turn, "message", sender, text, recipients))
+        inbox = self._inbox
         if to is None:
+            self.events.append(Event(self.turn, "message", sender, text, ()))
             line = f"{sender}: {text}"
-            targets = [a for a in self.possible_agents if a != sender]
-        else:
-            line = f"{sender} (private to {','.join(recipients)}): {text}"
-            targets = [a for a in recipients if a != sender]
-        for agent in targets:
-            self._inbox[agent].append(line)
+            for agent in self._others[sender]:
+                inbox[agent].append(line)
+            return
+        recipients = tuple(to)
+        self.events.append(Event(self.turn, "message", sender, text, recipients))
+        line = f"{sender} (private to {','.join(recipients)}): {text}"
+        for agent in recipients:
+            if agent != sender:
+                inbox[agent].append(line)
 
     @final
     def reward(self, agent: str, component: str, value: float) -> None:
         """Credit ``value`` to ``agent``'s reward component ``component`` in this step."""
-        comps = self._step_components[agent]
+        comps = self._step_components.setdefault(agent, {})
         comps[component] = comps.get(component, 0.0) + float(value)
         totals = self._totals[agent]
         totals[component] = totals.get(component, 0.0) + float(value)
@@ -267,7 +272,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         self.events = []
         self._inbox = {agent: [] for agent in self.agents}
         self._totals = {agent: {} for agent in self.agents}
-        self._step_components = {agent: {} for agent in self.agents}
+        self._step_components = {}
         self._invalid = {}
         self._invalid_count = 0
         self._done = False
@@ -293,15 +298,16 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         """
         if not self.agents:
             return {}, {}, {}, {}, {}
-        self._step_components = {agent: {} for agent in self.agents}
+        self._step_components = {}  # filled lazily by reward(); most steps pay nobody
         self._invalid = {}
+        check, play = self._check, self.play
         for agent in self.acting():
             if self._done:
                 break
             action = actions.get(agent, "")
-            reason = self._check(agent, action)
+            reason = check(agent, action)
             if reason is None:
-                reason = self.play(agent, action)
+                reason = play(agent, action)
             if reason is not None:
                 self._record_invalid(agent, reason)
         if not self._done:
@@ -312,9 +318,13 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         ended = self._done or self._truncated
         acting = set() if ended else set(self.acting())
         observations, infos = self._observe(acting)
-        rewards = {a: float(sum(self._step_components[a].values())) for a in self.agents}
-        terminations = {a: self._done for a in self.agents}
-        truncations = {a: self._truncated and not self._done for a in self.agents}
+        paid = self._step_components
+        rewards = dict.fromkeys(self.agents, 0.0)
+        for agent, comps in paid.items():
+            if agent in rewards:
+                rewards[agent] = float(sum(comps.values()))
+        terminations = dict.fromkeys(self.agents, self._done)
+        truncations = dict.fromkeys(self.agents, self._truncated and not self._done)
         if ended:
             self.agents = []
         return observations, rewards, terminations, truncations, infos
@@ -358,15 +368,16 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     # ------------------------------------------------------------------ internals
 
     def _check(self, agent: str, action: Any) -> str | None:
+        # Equivalent to ``not action_space.contains(action)`` (CHARSET is fixed), at C speed.
         if not isinstance(action, str):
             return f"action must be a string, got {type(action).__name__}"
         if len(action) > self.max_action_length:
             return f"action is {len(action)} characters long; at most {self.max_action_length}"
-        bad = sorted({ch for ch in action if ch not in self.action_spaces[agent].character_set})
-        if bad:
-            shown = "".join(bad[:10]).encode("ascii", "backslashreplace").decode("ascii")
-            return f"action uses characters outside printable ASCII and newline: {shown!r}"
-        return None
+        if _OUTSIDE_CHARSET.search(action) is None:
+            return None
+        bad = sorted(set(_OUTSIDE_CHARSET.findall(action)))
+        shown = "".join(bad[:10]).encode("ascii", "backslashreplace").decode("ascii")
+        return f"action uses characters outside printable ASCII and newline: {shown!r}"
 
     def _record_invalid(self, agent: str, reason: str) -> None:
         self._invalid[agent] = reason
@@ -379,20 +390,27 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         observations: dict[str, str] = {}
         infos: dict[str, dict[str, Any]] = {}
         ended = self._done or self._truncated
+        limit = self.max_observation_length
+        paid = self._step_components
         for agent in self.agents:
-            lines = list(self._inbox[agent])
-            if agent in acting:
+            lines = self._inbox[agent]
+            to_act = agent in acting
+            if to_act:
                 lines.append(self.prompt(agent))
                 # The runner delivers only acting seats' observations: keep the others' lines
                 # until the seat is next asked, so an LLM never misses a message.
                 self._inbox[agent] = []
+                text = "\n".join(lines)
             elif ended:
-                lines.append("The episode is over.")
-            observations[agent] = self._fit("\n".join(lines))
+                text = "\n".join([*lines, "The episode is over."])
+            else:
+                text = "\n".join(lines)
+            observations[agent] = text if len(text) <= limit else self._fit(text)
             info: dict[str, Any] = {
-                "to_act": agent in acting,
+                "to_act": to_act,
                 "turn": self.turn,
-                "components": dict(self._step_components.get(agent, {})),
+                # A fresh dict per step (step() replaces them), so handing it out is safe.
+                "components": paid.get(agent) or {},
                 "view": self.view(agent),
             }
             if agent in self._invalid:
