@@ -54,11 +54,13 @@ Bounds, and why
 * ``max_handlers`` (1,000) bounds handler tasks running at once; beyond it requests are
   answered ``Error(overloaded, retryable=True)`` so a flood cannot grow tasks without end.
 
-Implementation notes: each socket has one receive loop. It waits for the ZeroMQ file
-descriptor to become readable (``loop.add_reader``) and then drains every queued message
-with non-blocking ``recv`` calls; a per-message ``await recv()`` costs ~11x more. Because
-ZeroMQ's descriptor is edge-triggered and sends can consume the edge, every send made
-outside the loop re-checks ``ZMQ_EVENTS`` and wakes the loop when input is waiting.
+Implementation notes: each socket has one receive loop, :meth:`Endpoint._drain`. The event
+loop runs it when the socket's ZeroMQ descriptor turns readable (``loop.add_reader``); it then
+drains every queued message with non-blocking ``recv`` calls, resolving reply futures and
+starting handlers in place. A per-message ``await recv()`` costs ~11x more, and a task that
+awaits a poll costs an extra event-loop round per wake. ZeroMQ's descriptor is
+edge-triggered and a send can consume the edge, so a send made outside the loop queues one
+more drain for the end of the current event-loop round.
 """
 
 from __future__ import annotations
