@@ -387,36 +387,36 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         self.reward(agent, "invalid", -self.invalid_penalty)
 
     def _observe(self, acting: set[str]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        # Hot path (every step, every seat): attribute lookups are hoisted out of the loop.
         observations: dict[str, str] = {}
         infos: dict[str, dict[str, Any]] = {}
         ended = self._done or self._truncated
-        limit = self.max_observation_length
-        paid = self._step_components
+        limit, turn = self.max_observation_length, self.turn
+        paid, invalid, inbox = self._step_components, self._invalid, self._inbox
+        view, prompt, constraint_of = self.view, self.prompt, self.constraint
         for agent in self.agents:
-            lines = self._inbox[agent]
+            lines = inbox[agent]
             to_act = agent in acting
             if to_act:
-                lines.append(self.prompt(agent))
+                lines.append(prompt(agent))
                 # The runner delivers only acting seats' observations: keep the others' lines
                 # until the seat is next asked, so an LLM never misses a message.
-                self._inbox[agent] = []
-                text = "\n".join(lines)
+                inbox[agent] = []
             elif ended:
-                text = "\n".join([*lines, "The episode is over."])
-            else:
-                text = "\n".join(lines)
+                lines = [*lines, "The episode is over."]
+            text = "\n".join(lines)
             observations[agent] = text if len(text) <= limit else self._fit(text)
+            # "components" is a fresh dict per step (step() replaces them): safe to hand out.
             info: dict[str, Any] = {
                 "to_act": to_act,
-                "turn": self.turn,
-                # A fresh dict per step (step() replaces them), so handing it out is safe.
+                "turn": turn,
                 "components": paid.get(agent) or {},
-                "view": self.view(agent),
+                "view": view(agent),
             }
-            if agent in self._invalid:
-                info["invalid"] = self._invalid[agent]
-            if agent in acting:
-                constraint = self.constraint(agent)
+            if agent in invalid:
+                info["invalid"] = invalid[agent]
+            if to_act:
+                constraint = constraint_of(agent)
                 if constraint is not None:
                     info["constraint"] = constraint
             infos[agent] = info
