@@ -25,6 +25,34 @@ runner, the conformance suite and the trainers rely on:
 scripted agents), and when relevant ``constraint`` (fields of
 :class:`parley.protocols.messages.Constraint`) and ``invalid`` (str). All values are plain
 JSON types, so they travel on the bus as they are.
+
+A whole scenario, to show the hooks (register it with :func:`parley.scenarios.register`)::
+
+    class Echo(Scenario):
+        metadata = {"name": "demo/echo-v0", "render_modes": ["ansi"], "is_parallelizable": True}
+
+        def __init__(self, **kwargs):
+            super().__init__(["a", "b"], **kwargs)          # seats are declared
+
+        def new_episode(self, rng):
+            self.s = {"turn": 0}                            # state; draw from rng only
+            self.tell("a", "You start.")
+
+        def acting(self):
+            return [("a", "b")[self.s["turn"] % 2]]          # turn-taking
+
+        def play(self, agent, action):
+            if not action.strip():
+                return "say something"                       # an invalid move, not an error
+            self.say(agent, action)                          # to the other seat's next obs
+            self.s["turn"] += 1
+            if self.s["turn"] == 4:
+                self.reward("a", "task", 1.0)
+                self.finish()
+            return None
+
+        def system_prompt(self, agent):
+            return "Take turns saying something."
 """
 
 from __future__ import annotations
