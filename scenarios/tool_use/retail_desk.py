@@ -59,14 +59,19 @@ Version history: v0 — first version.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, ClassVar
 
 import numpy as np
 
 from parley.scenarios.base import Scenario
 from parley.scenarios.tool_use.retail_db import RetailDB, dollars
-from parley.scenarios.tools.tool import ToolBox, parse_turn, render_result, result_dicts
+from parley.scenarios.tools.tool import (
+    ToolBox,
+    ascii_text,
+    parse_turn,
+    render_result,
+    result_dicts,
+)
 
 __all__ = ["SEATS", "STOP", "RetailDesk", "Task", "build_task", "reference_db"]
 
@@ -293,9 +298,9 @@ class RetailDesk(Scenario):  # type: ignore[misc]
         self.s.tool_errors += sum(bool(r.error) for r in results)
         self.s.last_results = result_dicts(results)
         for result in results:
-            self.tell("assistant", _ascii(render_result(result)))
+            self.tell("assistant", ascii_text(render_result(result)))
         if isinstance(message, str) and message.strip():
-            self.say("assistant", _ascii(message.strip()))
+            self.say("assistant", ascii_text(message.strip(), limit=4000))
             self.s.said.append(message)
             self.s.last_message["user"] = message.strip()
             self.s.speaker = "user"
@@ -361,8 +366,3 @@ class RetailDesk(Scenario):  # type: ignore[misc]
             "tool_calls": float(self.s.tool_calls),
             "tool_errors": float(self.s.tool_errors),
         }
-
-
-def _ascii(text: str) -> str:
-    """Observations are printable ASCII: escape anything else."""
-    return json.dumps(text)[1:-1].replace("\\n", "\n").replace('\\"', '"')

@@ -45,10 +45,12 @@ __all__ = [
     "ToolFailure",
     "Turn",
     "ascii_text",
+    "encode_turn",
     "parse_turn",
     "render_result",
     "result_dicts",
     "tool",
+    "tool_results",
     "validate",
 ]
 
@@ -118,7 +120,11 @@ def _schema_of(func: Callable[..., Any], doc: str) -> dict[str, Any]:
     props: dict[str, Any] = {}
     required: list[str] = []
     for pname, param in inspect.signature(func).parameters.items():
-        prop = _schema_of_type(hints.get(pname, str))
+        if pname not in hints:
+            raise TypeError(
+                f"parameter {pname!r} has no annotation; annotate it or pass parameters="
+            )
+        prop = _schema_of_type(hints[pname])
         if pname in docs:
             prop["description"] = docs[pname].strip()
         props[pname] = prop
@@ -289,8 +295,37 @@ def ascii_text(text: str, limit: int = 2000) -> str:
 
 
 def result_dicts(results: Sequence[ToolResult]) -> list[dict[str, Any]]:
-    """Results as plain JSON values (``msgspec.to_builtins``), for ``infos``/views."""
+    """Results as plain JSON values (``msgspec.to_builtins``), for ``infos``/views.
+
+    Fields at their default are left out (``error`` is absent on success, ``content`` on
+    failure); ``kind`` is ``"tool_result"``, as on the wire.
+    """
     return [msgspec.to_builtins(r) for r in results]
+
+
+def tool_results(info: Mapping[str, Any]) -> list[ToolResult]:
+    """The :class:`ToolResult` structs a scenario put in ``info["view"]["tool_results"]``.
+
+    For agents that work with the protocol structs (remote agents get the same dicts).
+    """
+    view = info.get("view", {})
+    raw = view.get("tool_results", []) if isinstance(view, Mapping) else []
+    return [msgspec.convert(item, ToolResult) for item in raw]
+
+
+def encode_turn(calls: Sequence[ToolCall] = (), **fields: Any) -> str:
+    """The action text for ``calls`` plus final keys (``answer=...``, ``message=...``).
+
+    The inverse of :func:`parse_turn`: an agent holding :class:`ToolCall` structs (from a
+    chat API's function calls, say) turns them into the scenario's action syntax.
+    """
+    obj: dict[str, Any] = dict(fields)
+    if calls:
+        obj["tool_calls"] = [
+            {"id": c.call_id, "name": c.name, "arguments": json.loads(c.arguments or "{}")}
+            for c in calls
+        ]
+    return json.dumps(obj)
 
 
 @dataclass(frozen=True)
