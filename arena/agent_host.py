@@ -116,20 +116,22 @@ async def join_arena(
 ) -> None:
     """Play ``seats`` in the arena bound at ``address`` until the arena goes away.
 
-    Each seat gets its own endpoint, named ``names[seat]`` or ``agent-SEAT`` (the name the
-    runner waits for with a ``remote`` spec), serving every episode of that seat. Returns
-    when the arena has closed (it says ``Bye``) or stopped answering heartbeats; raises
-    :class:`~parley.protocols.errors.RequestTimeout` when no arena answers within
-    ``connect_timeout`` seconds.
+    Seats are served by endpoints named ``names[seat]``, or ``agent-SEAT`` (the name the
+    runner waits for with a plain ``remote`` spec); seats given the same name share one
+    endpoint (match them with ``remote:NAME`` specs). Each endpoint serves every episode of
+    its seats. Returns when the arena has closed (it says ``Bye``) or stopped answering
+    heartbeats; raises :class:`~parley.protocols.errors.RequestTimeout` when no arena
+    answers within ``connect_timeout`` seconds.
     """
-    names = names or {}
+    groups: dict[str, dict[str, AgentFactory]] = {}
+    for seat, factory in seats.items():
+        name = (names or {}).get(seat, remote_peer_name(seat))
+        groups.setdefault(name, {})[seat] = factory
     joined: list[tuple[Endpoint, AgentHost, str]] = []
     try:
-        for seat, factory in seats.items():
-            endpoint = Endpoint(
-                names.get(seat, remote_peer_name(seat)), config=bus, context=context
-            )
-            host = AgentHost(endpoint, {seat: factory})
+        for name, factories in groups.items():
+            endpoint = Endpoint(name, config=bus, context=context)
+            host = AgentHost(endpoint, factories)
             joined.append((endpoint, host, ""))
             arena = await endpoint.connect(address, timeout=connect_timeout)
             joined[-1] = (endpoint, host, arena)

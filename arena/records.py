@@ -85,6 +85,9 @@ class EpisodeRecord:
     """Actions the scenario marked invalid (``infos[agent]["invalid"]``)."""
     wall_s: float = 0.0
     """Wall-clock seconds the episode took (written only to ``timings.jsonl``)."""
+    agents_s: float = 0.0
+    """Wall-clock seconds spent waiting for agents' actions (the rest is the scenario and
+    the runner's own bookkeeping); ``timings.jsonl`` only."""
 
 
 class RecordWriter:
@@ -117,7 +120,11 @@ class RecordWriter:
         self._files["transcripts"].write(encode_json(record.transcript) + b"\n")
         for trajectory in record.trajectories:
             self._files["trajectories"].write(encode_json(trajectory) + b"\n")
-        timing = {"episode": record.episode, "wall_s": round(record.wall_s, 6)}
+        timing = {
+            "episode": record.episode,
+            "wall_s": round(record.wall_s, 6),
+            "agents_s": round(record.agents_s, 6),
+        }
         self._files["timings"].write(encode_json(timing) + b"\n")
 
     def write_summary(self, summary: dict[str, Any]) -> None:

@@ -181,8 +181,6 @@ class Runner:
         started = time.perf_counter()
         records: list[EpisodeRecord] = []
         async with self._bus() as address:
-            if self.on_listen is not None:
-                self.on_listen(address)
             with RecordWriter(self.config.out) as writer, self._progress(len(plans)) as advance:
                 queue: asyncio.Queue[EpisodePlan] = asyncio.Queue()
                 for plan in plans:
@@ -239,6 +237,13 @@ class Runner:
                 host_endpoint = Endpoint(LOCAL_HOST_NAME, config=self.bus_config, context=context)
                 host = AgentHost(host_endpoint, local)
                 await host_endpoint.connect(inproc)
+            if self.on_listen is not None:
+                self.on_listen(address)
+            # Give remote agents join_timeout to arrive before the first episode, so that
+            # joining is not timed as play; one that never comes fails its episodes.
+            for peer in sorted(set(self._peers.values()) - {LOCAL_HOST_NAME}):
+                with contextlib.suppress(RequestTimeout):
+                    await arena.wait_for_peer(peer, timeout=self.config.join_timeout)
             yield address
         finally:
             self._arena = None
@@ -314,7 +319,9 @@ class Runner:
                 for seat in acting
             }
             asked.update(acting)
+            asked_at = time.perf_counter()
             actions = await self._ask(requests, plan.episode_id, turn)
+            episode.agents_s += time.perf_counter() - asked_at
             full = {seat: actions[seat].text if seat in actions else "" for seat in env.agents}
             try:
                 step = env.step(full)
@@ -428,6 +435,7 @@ class _Episode:
         self.failed = ""
         self.agent_steps = 0
         self.invalid_moves = 0
+        self.agents_s = 0.0
 
     def add_step(
         self,
@@ -507,6 +515,7 @@ class _Episode:
             failed=self.failed,
             agent_steps=self.agent_steps,
             invalid_moves=self.invalid_moves,
+            agents_s=self.agents_s,
         )
 
 

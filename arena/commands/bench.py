@@ -7,6 +7,7 @@ from typing import Any
 
 BENCHES: dict[str, str] = {
     "bus": "parley.arena.bench.bus",
+    "env": "parley.arena.bench.env",
 }
 """Benchmark name -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``."""
 
