@@ -622,6 +622,8 @@ class Endpoint:
                 self.stats.late_replies += 1
             elif isinstance(body, Error):
                 fut.set_exception(RemoteError(body.code, body.message, peer=link.name))
+                if body.code == "hello_required" and not sock.router and link.name:
+                    self._start_rehello(link)  # the bound side forgot us: introduce again
             else:
                 fut.set_result(body)
             return
@@ -781,22 +783,19 @@ class Endpoint:
             return
         try:
             coro = handler(env)
-            if not isinstance(coro, types.CoroutineType):
-                self._spawn(self._finish_request(link, env, coro, None))
-                return
-            yielded = coro.send(None)
+            yielded = coro.send(None) if isinstance(coro, types.CoroutineType) else None
         except StopIteration as stop:
             self._reply(link, env, stop.value)
             return
         except Exception as exc:
             self._reply(link, env, self._handler_failed(env, exc))
             return
+        self._n_handlers += 1  # counted from now: the bound covers tasks not yet started
         self._spawn(self._finish_request(link, env, coro, yielded))
 
     async def _finish_request(
         self, link: _Link, env: Envelope, coro: Awaitable[Any], yielded: Any
     ) -> None:
-        self._n_handlers += 1
         try:
             if isinstance(coro, types.CoroutineType):
                 result = await _resume(coro, yielded)
@@ -812,10 +811,7 @@ class Endpoint:
     def _run_oneway(self, handler: Handler, env: Envelope) -> None:
         try:
             coro = handler(env)
-            if not isinstance(coro, types.CoroutineType):
-                self._spawn(self._finish_oneway(env, coro, None))
-                return
-            yielded = coro.send(None)
+            yielded = coro.send(None) if isinstance(coro, types.CoroutineType) else None
         except StopIteration:
             return
         except Exception as exc:
