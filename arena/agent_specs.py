@@ -120,6 +120,7 @@ def _remote(arg: str, seat: SeatContext) -> AgentSource:
 AGENT_KINDS: dict[str, str | Resolver] = {
     "scripted": _scripted,
     "remote": _remote,
+    "llm": "parley.arena.llm_spec:resolve_llm",
 }
 """Spec kind -> resolver, or ``"module:function"`` naming one (imported on first use)."""
 

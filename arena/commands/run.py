@@ -85,7 +85,8 @@ def parse_agents(text: str | None) -> list[str] | dict[str, str] | None:
     if not text:
         return None
     items = [item.strip() for item in text.split(",") if item.strip()]
-    named = [("=" in item) for item in items]
+    # "seat=spec" names a seat; "llm:PATH?k=v" is a spec whose query has "=" in it.
+    named = [("=" in item and ":" not in item.partition("=")[0]) for item in items]
     if all(named):
         return {k.strip(): v.strip() for k, _, v in (i.partition("=") for i in items)}
     if any(named):
