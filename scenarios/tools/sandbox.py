@@ -18,10 +18,12 @@ Isolation, detected once per process (:func:`isolation`), strongest first:
 
 ``"namespaces"`` (running as root with ``unshare``): new mount, network, PID, IPC and UTS
     namespaces; a new root file system (read-only system libraries and Python, ``/work``,
-    ``/tmp``, ``/dev/null``…) entered with ``pivot_root``, the host's root detached; the code
-    runs as an unprivileged uid unique to the run, with ``no_new_privs``. No network (only a
-    down loopback), no host file visible, no signal to host processes; when the run ends the
-    kernel kills everything left in its PID namespace.
+    ``/tmp``, ``/dev/null``...) entered with ``pivot_root``, the host's root detached; the
+    code runs as an unprivileged uid unique to the run (``nobody`` where the container maps
+    only part of the uid range), with ``no_new_privs``. No network (only a down loopback), no
+    host file visible except the read-only system directories (``/usr``, ``/lib*``, ``/bin``,
+    ``/sbin``) and the Python installation, no signal to host processes; when the run ends
+    the kernel kills everything left in its PID namespace.
 ``"userns"`` (not root, user namespaces allowed): the same, inside a user namespace; the
     code keeps the caller's uid (mapped to root in the namespace, powerless outside it).
 ``"rlimits"`` (neither): resource limits only. The code can read what the caller can read
@@ -29,7 +31,8 @@ Isolation, detected once per process (:func:`isolation`), strongest first:
     ``allow_weak=True``.
 
 No seccomp filter is installed (the standard library cannot build one); the namespaces are
-the isolation layer.
+the isolation layer. The program gets no stdin; files it writes are discarded with its
+directory. Each run costs about 0.1 s (process start, mounts, interpreter start).
 """
 
 from __future__ import annotations
@@ -198,7 +201,7 @@ class Sandbox:
         nproc = limits.max_processes
         uid: int | None = None
         if os.geteuid() == 0:
-            uid = _UID_BASE + secrets.randbelow(_UID_SPAN)
+            uid = _sandbox_uid()
         elif self.isolation == "rlimits":
             # Without our own uid, NPROC counts every process of the caller's uid.
             nproc += _count_processes(os.getuid())
@@ -347,6 +350,17 @@ class _Streams:
     stderr: bytearray = field(default_factory=bytearray)
     status: bytearray = field(default_factory=bytearray)
     truncated: set[str] = field(default_factory=set)
+
+
+def _sandbox_uid() -> int:
+    """A uid for one run: fresh from a high range when every uid is mapped (root on the host),
+    else ``nobody`` (65534), which containers with a partial uid map still map."""
+    try:
+        ranges = [line.split() for line in Path("/proc/self/uid_map").read_text().splitlines()]
+    except OSError:
+        ranges = []
+    full = any(int(r[0]) == 0 and int(r[2]) >= _UID_BASE + _UID_SPAN for r in ranges)
+    return _UID_BASE + secrets.randbelow(_UID_SPAN) if full else 65534
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -212,3 +212,21 @@ def test_runs_leave_no_stage_directory_behind(sandbox: Sandbox) -> None:
     sandbox.run("print(1)")
     assert set(Path(tempfile.gettempdir()).glob("parley-sandbox-*")) <= before
     assert os.path.exists("/usr")
+
+
+@needs_isolation
+def test_code_runs_unprivileged(sandbox: Sandbox) -> None:
+    result = sandbox.run("import os\nprint(os.getuid(), os.getpid())")
+    assert result.ok, result.stderr
+    uid, pid = map(int, result.stdout.split())
+    assert pid < 10  # its own PID namespace
+    if os.geteuid() == 0:
+        assert uid != 0
+
+
+def test_concurrent_runs_do_not_mix(sandbox: Sandbox) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: sandbox.run(f"print({i} * 2)"), range(8)))
+    assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(8)]
