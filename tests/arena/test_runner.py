@@ -421,3 +421,21 @@ def test_cli_run_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "pass^1" in table
 
     assert main(["run", SCENARIO, "--agents", "nobody", "--no-progress"]) == 2
+
+
+# --------------------------------------------------------------------- the docs' example
+
+
+@pytest.mark.timeout(60)
+def test_the_custom_agent_example_plays_deal_or_no_deal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples"))
+    config = RunConfig(
+        scenario="negotiation/deal-or-no-deal-v0",
+        agents=["custom_agent:Accommodating", "scripted"],
+        episodes=6,
+        progress=False,
+    )
+    summary = run(config).summary
+    assert summary["episodes"]["ok"] == 6
+    assert summary["invalid_moves"] == 0
+    assert summary["metrics"]["agreed"]["mean"] == 1.0
