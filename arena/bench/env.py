@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # --- the two envs: same routing, with and without parley's scenario machinery --------------
 
 
-class Broadcast(Scenario):
+class Broadcast(Scenario):  # type: ignore[misc]
     """Every seat acts every step; each action goes to every other seat's next observation."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -78,7 +78,7 @@ class Broadcast(Scenario):
         """Nothing to draw: the bench measures routing, not rules."""
 
     def acting(self) -> Sequence[str]:
-        return self.agents
+        return list(self.agents)
 
     def play(self, agent: str, action: str) -> str | None:
         self.say(agent, action)
@@ -92,7 +92,7 @@ class Broadcast(Scenario):
         return "Say one line to everyone."
 
 
-class BareBroadcast(ParallelEnv[str, str, str]):
+class BareBroadcast(ParallelEnv[str, str, str]):  # type: ignore[misc]
     """The same routing as :class:`Broadcast` with plain dicts: the reference path."""
 
     metadata: ClassVar[dict[str, Any]] = {"name": "bare-broadcast", "render_modes": []}
@@ -131,7 +131,7 @@ class BareBroadcast(ParallelEnv[str, str, str]):
         return observations, rewards, terminations, truncations, infos
 
 
-class Chatter(Agent):
+class Chatter(Agent):  # type: ignore[misc]
     """Says one fixed-shape line per turn (what a scripted agent costs, roughly nothing)."""
 
     async def act(self, observation: Observation) -> Action:
