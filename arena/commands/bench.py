@@ -8,6 +8,7 @@ from typing import Any
 BENCHES: dict[str, str] = {
     "bus": "parley.arena.bench.bus",
     "env": "parley.arena.bench.env",
+    "sandbox": "parley.arena.bench.sandbox",
 }
 """Benchmark name -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``."""
 
