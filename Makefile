@@ -23,7 +23,11 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy protocols agents scenarios arena
+	@# mypy resolves parley.* through a link tree in .venv: the editable install's import
+	@# hook is invisible to it, and without it every parley import would be Any.
+	@mkdir -p $(VENV)/mypy-path/parley
+	@for p in protocols scenarios agents arena; do ln -sfn "$(CURDIR)/$$p" $(VENV)/mypy-path/parley/$$p; done
+	MYPYPATH=$(VENV)/mypy-path $(BIN)/mypy -p parley.protocols -p parley.scenarios -p parley.agents -p parley.arena
 
 test: lint
 	$(BIN)/pytest -q
