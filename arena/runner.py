@@ -136,6 +136,15 @@ class _EpisodeFailed(Exception):
 class Runner:
     """Plays the episodes of one :class:`RunConfig`.
 
+    :meth:`run` plays the whole plan and writes the files. To drive episodes yourself (a
+    sampler that keeps episodes running), open the bus and play plans one by one, as many
+    at once as you like::
+
+        runner = Runner(config)
+        async with runner.open() as address:
+            record = await runner.play(EpisodePlan(0, task=0, trial=0, seed=7,
+                                                   agent_seeds={"a": 1, "b": 2}))
+
     ``agents`` (seat -> factory or :class:`RemoteSeat`) overrides the config's specs for
     the seats it names, for programmatic use. ``on_listen`` is called with the arena's
     bound address before any episode starts (the CLI prints it for remote agents).
@@ -180,7 +189,7 @@ class Runner:
         plans = plan_episodes(self.config, self.seats)
         started = time.perf_counter()
         records: list[EpisodeRecord] = []
-        async with self._bus() as address:
+        async with self.open() as address:
             with RecordWriter(self.config.out) as writer, self._progress(len(plans)) as advance:
                 queue: asyncio.Queue[EpisodePlan] = asyncio.Queue()
                 for plan in plans:
@@ -215,8 +224,9 @@ class Runner:
         return summary
 
     @contextlib.asynccontextmanager
-    async def _bus(self) -> AsyncIterator[str]:
-        """Bind the arena, host the in-process agents, yield the arena's address."""
+    async def open(self) -> AsyncIterator[str]:
+        """Bind the arena, host the in-process agents, wait for remote ones; yield the
+        address agents connect to. :meth:`play` works only inside this context."""
         context = zmq.asyncio.Context()
         arena = Endpoint(ARENA_NAME, config=self.bus_config, context=context)
         host_endpoint: Endpoint | None = None
@@ -280,7 +290,11 @@ class Runner:
     # ------------------------------------------------------------------ one episode
 
     async def play(self, plan: EpisodePlan) -> EpisodeRecord:
-        """Play one planned episode to its end (or its failure) and return its record."""
+        """Play one planned episode to its end (or its failure) and return its record.
+
+        Call it inside :meth:`open`; ``plan.agent_seeds`` must name every seat. Episodes
+        played at the same time need distinct ``(task, trial)`` pairs (the episode id).
+        """
         started = time.perf_counter()
         env = make(self.config.scenario, **self.config.scenario_kwargs)
         episode = _Episode(plan, self.config.scenario, self.seats, self.specs)
@@ -369,7 +383,7 @@ class Runner:
     async def _request(self, seat: str, body: Observation, episode: str, turn: int) -> Action:
         arena = self._arena
         if arena is None:
-            raise BusError("the runner's bus is not open: call Runner.run()")
+            raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
         peer = self._peers[seat]
         if peer not in arena.peers:
             try:

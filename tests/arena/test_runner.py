@@ -23,11 +23,11 @@ from parley.agents.base import Agent
 from parley.arena.agent_specs import AgentFactory, SeatContext, resolve_agent_spec
 from parley.arena.records import EpisodeRecord
 from parley.arena.run_config import RunConfig, load_run_config
-from parley.arena.runner import Runner, derive_seed, plan_episodes, run
+from parley.arena.runner import EpisodePlan, Runner, derive_seed, plan_episodes, run
 from parley.arena.stats import mean_ci, pass_hat_k
 from parley.arena.summary import summarize
 from parley.protocols.bus import BusConfig
-from parley.protocols.errors import ConfigError
+from parley.protocols.errors import BusError, ConfigError
 from parley.protocols.messages import Action, Observation, TokenRecord
 from parley.scenarios import register
 
@@ -285,6 +285,22 @@ def test_pipelined_and_sequential_requests_play_the_same_episodes(tmp_path: Path
     run(_config(tmp_path / "s", agents=agents, pipeline=False))
     p = (tmp_path / "p" / "transcripts.jsonl").read_bytes()
     assert p == (tmp_path / "s" / "transcripts.jsonl").read_bytes()
+
+
+@pytest.mark.timeout(30)
+async def test_episodes_can_be_driven_one_by_one_inside_open() -> None:
+    runner = Runner(_config(agents=[f"{HERE}:NoisyAgent", "scripted"]))
+    plans = [EpisodePlan(i, task=i, trial=0, seed=100 + i, agent_seeds={"a": i, "b": 0})
+             for i in range(3)]  # fmt: skip
+    async with runner.open() as address:
+        assert address.startswith("inproc://")
+        records = await asyncio.gather(*(runner.play(plan) for plan in plans))
+        again = await runner.play(plans[1])
+    assert [r.seed for r in records] == [100, 101, 102]
+    assert all(not r.failed for r in records)
+    assert again.transcript == records[1].transcript
+    with pytest.raises(BusError, match=r"Runner\.open"):
+        await runner.play(plans[0])
 
 
 # --------------------------------------------------------------------- pass^k
