@@ -35,7 +35,9 @@ def _enc_hook(obj: Any) -> Any:
         return obj.tolist()
     if isinstance(obj, (set, frozenset)):
         return sorted(obj)
-    raise TypeError(f"cannot write {type(obj).__name__} to a transcript; use plain JSON values")
+    # A transcript is a log: a value it cannot hold is named, not allowed to end the run
+    # (no repr: it may carry a memory address and break byte-identical transcripts).
+    return f"<unserializable {type(obj).__name__}>"
 
 
 _encoder = msgspec.json.Encoder(enc_hook=_enc_hook, order="sorted")

@@ -52,6 +52,7 @@ from parley.protocols.errors import (
     BusError,
     ConfigError,
     PeerDead,
+    ProtocolError,
     RemoteError,
     RequestTimeout,
 )
@@ -402,6 +403,8 @@ class Runner:
             raise _EpisodeFailed(f"{seat}: agent_error: {exc.remote_message}") from exc
         except BusError as exc:
             raise _EpisodeFailed(f"{seat}: bus_error: {exc}") from exc
+        except ProtocolError as exc:  # e.g. infos holding a value msgpack cannot carry
+            raise _EpisodeFailed(f"{seat}: protocol_error: {exc}") from exc
         if not isinstance(reply, Action):
             raise _EpisodeFailed(f"{seat}: bad_reply: expected an action, got {type(reply)}")
         return reply

@@ -68,8 +68,8 @@ def _kind(reason: str) -> str:
 
 
 _FAILURE_KINDS = frozenset(
-    {"timeout", "peer_dead", "agent_error", "bus_error", "bad_reply", "scenario_error",
-     "max_steps", "not_joined"}
+    {"timeout", "peer_dead", "agent_error", "bus_error", "protocol_error", "bad_reply",
+     "scenario_error", "max_steps", "not_joined"}
 )  # fmt: skip
 
 

@@ -45,8 +45,9 @@ class CountEnv(ParallelEnv[str, str, str]):
         "is_parallelizable": True,
     }
 
-    def __init__(self, rounds: int = 3) -> None:
+    def __init__(self, rounds: int = 3, weird_info_at: int = -1) -> None:
         self.rounds = rounds
+        self.weird_info_at = weird_info_at  # turn whose infos hold a non-msgpack value
         self.possible_agents = ["a", "b"]
         self.agents: list[str] = []
         self._space = Text(100, min_length=0, charset=_CHARSET)
@@ -97,6 +98,9 @@ class CountEnv(ParallelEnv[str, str, str]):
             infos[s]["components"] = {"task": rewards[s]}
         if invalid:
             infos[seat]["invalid"] = invalid
+        if self.turn == self.weird_info_at:
+            for s in self.agents:
+                infos[s]["weird"] = object()
         terms = dict.fromkeys(self.agents, done)
         truncs = dict.fromkeys(self.agents, False)
         if done:
@@ -276,6 +280,14 @@ def test_an_agent_that_hangs_or_raises_fails_its_episode_and_the_run_goes_on(
     assert failed["failed"] == reason
     trajectories = (tmp_path / "trajectories.jsonl").read_text().splitlines()
     assert json.loads(trajectories[2])["failed"] == reason
+
+
+@pytest.mark.timeout(30)
+def test_infos_the_bus_cannot_carry_fail_the_episode_not_the_run(tmp_path: Path) -> None:
+    result = run(_config(tmp_path, episodes=2, scenario_kwargs={"weird_info_at": 2}))
+    assert [r.failed.split(": ")[:2] for r in result.records] == [["a", "protocol_error"]] * 2
+    steps = json.loads((tmp_path / "transcripts.jsonl").read_text().splitlines()[0])["steps"]
+    assert steps[1]["infos"]["a"]["weird"] == "<unserializable object>"
 
 
 @pytest.mark.timeout(30)
