@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from typing import Any
 
@@ -14,6 +15,8 @@ from parley.arena.run_config import RunConfig, load_run_config
 from parley.protocols.errors import ConfigError
 
 __all__ = ["add_parser", "parse_agents", "parse_assignments"]
+
+_SEAT_ASSIGNMENT = re.compile(r"^[A-Za-z0-9_.-]+=")
 
 
 def add_parser(sub: Any) -> None:

@@ -425,6 +425,20 @@ def test_wrong_number_of_agent_specs_is_a_config_error() -> None:
 # --------------------------------------------------------------------- CLI
 
 
+def test_agents_option_parsing() -> None:
+    from parley.arena.commands.run import parse_agents
+
+    assert parse_agents("scripted, remote") == ["scripted", "remote"]
+    assert parse_agents("b=remote,a=m.x:Y") == {"b": "remote", "a": "m.x:Y"}
+    assert parse_agents("llm:models/t?temperature=0.5,scripted") == [
+        "llm:models/t?temperature=0.5",
+        "scripted",
+    ]
+    assert parse_agents("a=llm:m?top_p=0.9") == {"a": "llm:m?top_p=0.9"}
+    with pytest.raises(ConfigError, match="every seat"):
+        parse_agents("a=scripted,remote")
+
+
 @pytest.mark.timeout(60)
 def test_cli_run_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from parley.arena.cli import main
