@@ -7,6 +7,8 @@ msgspec tagged union), so a receiver in any language dispatches on ``body["kind"
 
 Versioning: ``Envelope.v`` is :data:`SCHEMA_VERSION`. A receiver that does not speak the
 sender's version answers with an :class:`Error` of code ``"unsupported_version"``.
+Fields equal to their default are left out on the wire (``omit_defaults``) and read back as
+the default; ``v`` therefore travels only when it is not 1, the default forever.
 Adding an optional field keeps the version; renaming, removing or retyping one bumps it.
 """
 
@@ -61,7 +63,8 @@ class Hello(Body, tag="hello"):
     """First message of a peer on a connection: who it is and what it speaks.
 
     The bound side answers with its own ``Hello``; either side refuses a peer whose
-    ``schemas`` does not contain its version with an :class:`Error`.
+    ``schemas`` does not contain its version with an :class:`Error`. ``subscriptions``
+    lists the broadcast channel prefixes the sender wants forwarded (see :class:`Subscribe`).
     """
 
     name: str

@@ -134,3 +134,49 @@ async def test_unknown_peer_is_a_clear_error(pair: tuple[Endpoint, Endpoint]) ->
     _, client = pair
     with pytest.raises(BusError, match="no peer named 'bob'"):
         await client.request("bob", Chat(sender="a", text=""))
+
+
+async def test_asyncio_context_can_be_shared() -> None:
+    """inproc needs one context; a zmq.asyncio.Context works as well as a plain one."""
+    import zmq.asyncio
+
+    ctx = zmq.asyncio.Context()
+    try:
+        async with Endpoint("a", context=ctx) as a, Endpoint("b", context=ctx) as b:
+            a.on(Observation, _act)
+            address = await a.bind(_address("inproc"))
+            assert await b.connect(address, timeout=5) == "a"
+            reply = await b.request("a", Observation(agent="b", text="x"), timeout=5)
+            assert reply == Action(agent="b", text="X")
+    finally:
+        ctx.term()
+
+
+async def test_overload_and_bad_handler_results_are_errors(pair: tuple[Endpoint, Endpoint]) -> None:
+    server, client = pair
+    server.config = BusConfig(
+        heartbeat_interval=0.1, peer_timeout=0.5, request_timeout=5.0, max_handlers=2
+    )
+    release = asyncio.Event()
+
+    async def slow(env: Envelope) -> None:
+        await release.wait()
+
+    async def wrong(env: Envelope) -> str:
+        return "not a message"
+
+    server.on(Observation, slow)
+    server.on(ToolCall, wrong)  # type: ignore[arg-type]
+    busy = [
+        asyncio.create_task(client.request("arena", Observation(agent="a", text="")))
+        for _ in range(2)
+    ]
+    await asyncio.sleep(0.1)
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(client.request("arena", Observation(agent="a", text="")), 5)
+    assert info.value.code == "overloaded"
+    release.set()
+    assert await asyncio.wait_for(asyncio.gather(*busy), 5) == [Ok(), Ok()]
+    with pytest.raises(RemoteError) as info:
+        await asyncio.wait_for(client.request("arena", ToolCall(call_id="1", name="x")), 5)
+    assert info.value.code == "handler_failed"
