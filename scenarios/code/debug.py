@@ -73,6 +73,7 @@ from parley.scenarios.code.debug_tasks import TASKS, DebugTask
 from parley.scenarios.tools.sandbox import Sandbox, SandboxLimits
 from parley.scenarios.tools.tool import (
     ToolBox,
+    action_constraint,
     ascii_text,
     parse_turn,
     render_result,
@@ -204,6 +205,12 @@ class CodeDebug(Scenario):  # type: ignore[misc]
         limits = SandboxLimits(cpu_seconds=3, wall_seconds=8, max_output_bytes=20_000)
         self.sandbox = Sandbox(limits, allow_weak=weak)
         self.tools = ToolBox([tool(self.run_tests), tool(self.run_python)])
+        text = {"type": "string"}
+        coder = {"submit": text, "message": text} if reviewer else {"submit": text}
+        self._constraints = {
+            "coder": action_constraint(self.tools, coder),
+            "reviewer": action_constraint(self.tools, {"comment": text}),
+        }
 
     # --- tools -----------------------------------------------------------------------------
 
@@ -306,6 +313,9 @@ class CodeDebug(Scenario):  # type: ignore[misc]
             return 'Your move: {"tool_calls": [...], "comment": "..."} (JSON).'
         finals = '"submit": "<module>"' + (' or "message": "..."' if self.has_reviewer else "")
         return f'Your move: {{"tool_calls": [...]}} and/or {{{finals}}} (JSON).'
+
+    def constraint(self, agent: str) -> dict[str, Any] | None:
+        return dict(self._constraints[agent])
 
     def view(self, agent: str) -> dict[str, Any]:
         task = self.s.task

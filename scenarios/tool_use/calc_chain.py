@@ -70,6 +70,7 @@ from parley.scenarios.tools.calculator import CalcError, convert, evaluate, form
 from parley.scenarios.tools.tool import (
     ToolBox,
     ToolFailure,
+    action_constraint,
     parse_turn,
     render_result,
     result_dicts,
@@ -315,6 +316,7 @@ class CalcChain(Scenario):  # type: ignore[misc]
         self.max_turns = max_turns
         self.format_weight = format_weight
         self.tools = calc_tools()
+        self._constraint = action_constraint(self.tools, {"answer": {"type": "string"}})
 
     def new_episode(self, rng: np.random.Generator) -> None:
         self.s = CalcState(generate_problem(rng), self.max_turns)
@@ -365,6 +367,9 @@ class CalcChain(Scenario):  # type: ignore[misc]
             f"Your move ({self.s.turns_left} turns left): a JSON object with tool_calls "
             "and/or answer."
         )
+
+    def constraint(self, agent: str) -> dict[str, Any] | None:
+        return dict(self._constraint)
 
     def view(self, agent: str) -> dict[str, Any]:
         return {

@@ -67,6 +67,7 @@ from parley.scenarios.base import Scenario
 from parley.scenarios.tool_use.retail_db import RetailDB, dollars
 from parley.scenarios.tools.tool import (
     ToolBox,
+    action_constraint,
     ascii_text,
     parse_turn,
     render_result,
@@ -240,6 +241,7 @@ class RetailDesk(Scenario):  # type: ignore[misc]
         self.num_tasks, self.fixed_task, self.max_steps = num_tasks, task, max_steps
         self.db = RetailDB()
         self.tools = ToolBox(self.db.tools())
+        self._constraint = action_constraint(self.tools, {"message": {"type": "string"}})
 
     def new_episode(self, rng: np.random.Generator) -> None:
         index = (
@@ -323,6 +325,9 @@ class RetailDesk(Scenario):  # type: ignore[misc]
         if agent == "user":
             return f"Your message to the assistant (or {STOP} when done):"
         return 'Your move: {"tool_calls": [...], "message": "..."} (JSON).'
+
+    def constraint(self, agent: str) -> dict[str, Any] | None:
+        return dict(self._constraint) if agent == "assistant" else None
 
     def view(self, agent: str) -> dict[str, Any]:
         last = self.s.last_message.get(agent, "")

@@ -44,6 +44,8 @@ __all__ = [
     "ToolBox",
     "ToolFailure",
     "Turn",
+    "action_constraint",
+    "action_schema",
     "ascii_text",
     "encode_turn",
     "parse_turn",
@@ -326,6 +328,67 @@ def encode_turn(calls: Sequence[ToolCall] = (), **fields: Any) -> str:
             for c in calls
         ]
     return json.dumps(obj)
+
+
+# Keywords every structured-output backend compiles (see arena/backends/constraints.py).
+_CONSTRAINT_KEYS = frozenset(
+    {"type", "properties", "items", "enum", "const", "anyOf", "oneOf", "minItems", "maxItems"}
+)
+
+
+def _constrainable(schema: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key not in _CONSTRAINT_KEYS:
+            continue
+        if key == "properties":
+            value = {name: _constrainable(sub) for name, sub in value.items()}
+        elif key == "items":
+            value = _constrainable(value)
+        elif key in ("anyOf", "oneOf"):
+            value = [_constrainable(sub) for sub in value]
+        out[key] = value
+    return out
+
+
+def action_schema(
+    tools: ToolBox, finals: Mapping[str, Mapping[str, Any]], *, max_calls: int = 4
+) -> dict[str, Any]:
+    """A JSON schema of the action syntax, for structured output (``Constraint(type="json")``).
+
+    It allows two forms: ``{"tool_calls": [1..max_calls calls]}`` or one final key of
+    ``finals`` (``{"answer": {"type": "string"}}``). Every parameter of a tool is emitted, so
+    optional ones too; validation keywords the constraint compilers do not support
+    (``additionalProperties``, bounds, descriptions) are left out. :func:`parse_turn` accepts
+    more (calls and a final key together); the constraint is the simple subset.
+    """
+    call = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": item.name},
+                    "arguments": _constrainable(item.parameters),
+                },
+            }
+            for item in tools.tools.values()
+        ]
+    }
+    calls = {"type": "array", "items": call, "minItems": 1, "maxItems": max_calls}
+    forms = [{"type": "object", "properties": {"tool_calls": calls}}]
+    forms += [
+        {"type": "object", "properties": {key: _constrainable(schema)}}
+        for key, schema in finals.items()
+    ]
+    return {"anyOf": forms}
+
+
+def action_constraint(
+    tools: ToolBox, finals: Mapping[str, Mapping[str, Any]], *, max_calls: int = 4
+) -> dict[str, Any]:
+    """:func:`action_schema` as the fields of a ``json`` :class:`Constraint` (for ``infos``)."""
+    schema = action_schema(tools, finals, max_calls=max_calls)
+    return {"type": "json", "json_schema": json.dumps(schema)}
 
 
 @dataclass(frozen=True)

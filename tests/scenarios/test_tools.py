@@ -173,3 +173,42 @@ def test_structs_travel_through_the_codec_and_round_trip_the_action_syntax() -> 
         wire = codec.decode(codec.encode(Envelope(body=result))).body
         assert wire == result
     assert msgspec.to_builtins(results[1])["kind"] == "tool_result"
+
+
+@pytest.mark.parametrize(
+    ("scenario_id", "kwargs"),
+    [
+        ("tool_use/calc-chain-v0", {}),
+        ("tool_use/retail-desk-v0", {}),
+        ("code/debug-v0", {"reviewer": True}),
+    ],
+)
+def test_action_constraints_compile_and_accept_their_forms(
+    scenario_id: str, kwargs: dict[str, object]
+) -> None:
+    """The structured-output constraint of every tool seat compiles for the transformers
+    backend, and an action written in its form is one the scenario parses."""
+    pytest.importorskip("regex")
+    from parley.arena.backends.constraints import check_constraint, matches
+    from parley.protocols.messages import Constraint
+    from parley.scenarios import make
+
+    env = make(scenario_id, **kwargs)
+    env.reset(seed=0)
+    seats = [s for s in env.possible_agents if env.constraint(s) is not None]
+    assert seats
+    for seat in seats:
+        constraint = msgspec.convert(env.constraint(seat), Constraint)
+        check_constraint(constraint)
+        schema = json.loads(constraint.json_schema)
+        final = next(iter(schema["anyOf"][1]["properties"]))
+        first_call = schema["anyOf"][0]["properties"]["tool_calls"]["items"]["anyOf"][0]
+        name = first_call["properties"]["name"]["const"]
+        params = first_call["properties"]["arguments"]["properties"]
+        arguments = {k: p["enum"][0] if "enum" in p else "x" for k, p in params.items()}
+        call_text = json.dumps({"tool_calls": [{"name": name, "arguments": arguments}]})
+        final_text = json.dumps({final: "done"})
+        for text in (call_text, final_text):
+            assert matches(constraint, text), text
+            assert isinstance(parse_turn(text), Turn)
+        assert not matches(constraint, "I think the answer is 4")
