@@ -25,7 +25,7 @@ Contracts
   sent at once and no task is created; if it suspends, it continues as a task, so a slow
   handler never blocks the receive loop. Handlers therefore must not block the thread.
 * **Liveness.** Each side sends ``Heartbeat`` when it has sent nothing else to a peer for
-  ``heartbeat_interval``. A peer heard from for longer than ``peer_timeout`` (at least
+  ``heartbeat_interval``. A peer not heard from for longer than ``peer_timeout`` (at least
   2.5 of its announced heartbeat intervals) is dead: its pending requests fail with
   :class:`PeerDead` and it leaves :attr:`Endpoint.peers`. A ``Bye`` has the same effect at
   once; so does a bound socket finding the peer's connection gone when it sends to it
@@ -37,7 +37,11 @@ Contracts
 * **CURVE.** With ``BusConfig.curve_secret_key`` set, ``tcp://`` binds are CURVE servers that
   admit only ``curve_allowed_clients`` (checked by a ZAP handler), and ``tcp://`` connects
   authenticate with the server's public key ``curve_server_key``. A peer without the right
-  keys completes no handshake, so it can neither send nor receive.
+  keys completes no handshake, so it can neither send nor receive. Without keys ``tcp://``
+  is plain text: keep it on trusted networks (or 127.0.0.1).
+* **Identity.** A connecting DEALER's routing id is ``"<name>/<random hex>"``: stable across
+  ZeroMQ's automatic reconnects, new for a new process, so a restarted peer is a new
+  connection that a bound endpoint can tell from a live duplicate (it probes the old one).
 
 Bounds, and why
 ---------------
