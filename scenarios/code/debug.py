@@ -29,7 +29,11 @@ actions without a submission the episode ends with reward 0.
 Observations: the task (description, buggy code, visible tests) first, then tool results and
 the other seat's messages. ``infos[seat]["view"]``: ``task`` (index), ``name``,
 ``description``, ``code`` (the buggy module), ``visible`` (``[call, expected]`` pairs),
-``reviewer`` (bool), ``last_message``, ``tools``, ``tool_results``.
+``reviewer`` (bool), ``last_message``, ``tools``, ``tool_results``; ``infos[seat]
+["constraint"]`` is a ``json`` constraint for structured output (the tool-call form or the
+seat's final form).
+
+Each sandbox run (a tool call, the hidden tests) takes about 0.1-0.2 s inside ``step``.
 
 Rewards (both seats, on submission or at the step limit):
 

@@ -28,7 +28,9 @@ invalid move. The episode also ends after ``max_turns`` actions (no answer: rewa
 Observations: the problem and the tool list first, then the tool results.
 ``infos["solver"]["view"]`` holds ``template`` and ``quantities`` (what the text says,
 structured), ``text``, ``turns_left``, ``tools`` (OpenAI function specs) and ``tool_results``
-(the last turn's :class:`~parley.protocols.messages.ToolResult` values as dicts).
+(the last turn's :class:`~parley.protocols.messages.ToolResult` values as dicts);
+``infos["solver"]["constraint"]`` is a ``json`` constraint for structured output (the
+tool-call form or the answer form; :func:`parley.scenarios.tools.tool.action_schema`).
 
 Rewards (on the last step):
 

@@ -33,7 +33,9 @@ Observations: the user is told its goal privately and sees the assistant's messa
 assistant sees the user's messages and its tool results. ``infos[seat]["view"]``: for the user
 ``goal``, ``opening`` (a first message that states the goal) and ``last_message``; for the
 assistant ``task`` (the task index, for oracle baselines), ``last_message``, ``tools`` (OpenAI
-function specs) and ``tool_results`` (this turn's results as ToolResult dicts).
+function specs) and ``tool_results`` (this turn's results as ToolResult dicts). The
+assistant's ``infos["assistant"]["constraint"]`` is a ``json`` constraint for structured
+output (the tool-call form or the message form).
 
 Reward (both seats, when the episode ends by ``###STOP###`` or after ``max_steps`` actions):
 
