@@ -27,7 +27,7 @@ def _run_tests(code: str) -> str:
     return json.dumps({"tool_calls": [{"name": "run_tests", "arguments": {"code": code}}]})
 
 
-class DebugOracle(ScriptedAgent):  # type: ignore[misc]
+class DebugOracle(ScriptedAgent):
     """Checks the reference fix (tests, or the reviewer), then submits it."""
 
     name = "debug-oracle"
@@ -46,7 +46,7 @@ class DebugOracle(ScriptedAgent):  # type: ignore[misc]
         return json.dumps({"submit": fixed})
 
 
-class DebugNaive(ScriptedAgent):  # type: ignore[misc]
+class DebugNaive(ScriptedAgent):
     """Submits the module unchanged: scores only the hidden tests the bug does not break."""
 
     name = "debug-naive"
@@ -55,7 +55,7 @@ class DebugNaive(ScriptedAgent):  # type: ignore[misc]
         return json.dumps({"submit": str(_view(observation).get("code", ""))})
 
 
-class DebugReviewer(ScriptedAgent):  # type: ignore[misc]
+class DebugReviewer(ScriptedAgent):
     """Runs the visible tests on the coder's latest draft and reports the summary line."""
 
     name = "debug-reviewer"

@@ -37,7 +37,7 @@ def _two_places(value: Fraction) -> str:
     return f"{Decimal(round_to(value, 2).numerator) / Decimal(round_to(value, 2).denominator):.2f}"
 
 
-class CalcOracle(ScriptedAgent):  # type: ignore[misc]
+class CalcOracle(ScriptedAgent):
     """Runs the reference tool chain one call per turn, then answers (solves every problem)."""
 
     name = "calc-oracle"
@@ -70,7 +70,7 @@ _ROUGH = {
 }
 
 
-class CalcNaive(ScriptedAgent):  # type: ignore[misc]
+class CalcNaive(ScriptedAgent):
     """Answers at once, in its head: rounded conversion factors, no tools."""
 
     name = "calc-naive"
@@ -84,7 +84,7 @@ class CalcNaive(ScriptedAgent):  # type: ignore[misc]
 # --- retail-desk ---------------------------------------------------------------------------
 
 
-class RetailUser(ScriptedAgent):  # type: ignore[misc]
+class RetailUser(ScriptedAgent):
     """The scripted customer: states its request, confirms once when asked, then stops."""
 
     name = "retail-user"
@@ -105,7 +105,7 @@ class RetailUser(ScriptedAgent):  # type: ignore[misc]
         return "Thank you, that is all. ###STOP###"
 
 
-class RetailOracle(ScriptedAgent):  # type: ignore[misc]
+class RetailOracle(ScriptedAgent):
     """Performs the task's reference actions through the tools and states the required facts."""
 
     name = "retail-oracle"
@@ -131,7 +131,7 @@ _ORDER_ID = re.compile(r"#W\d+")
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 
 
-class RetailNaive(ScriptedAgent):  # type: ignore[misc]
+class RetailNaive(ScriptedAgent):
     """Looks up the first order the customer names and reads it out; never changes anything.
 
     Solves the status questions only: the contrast to :class:`RetailOracle`.

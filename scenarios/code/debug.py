@@ -173,7 +173,7 @@ class DebugState:
     last_results: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
 
-class CodeDebug(Scenario):  # type: ignore[misc]
+class CodeDebug(Scenario):
     """Fix a buggy function, scored by hidden tests in the sandbox; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {

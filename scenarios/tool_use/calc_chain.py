@@ -290,7 +290,7 @@ class CalcState:
     last_results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
-class CalcChain(Scenario):  # type: ignore[misc]
+class CalcChain(Scenario):
     """Word problems solved with calculator tools; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {

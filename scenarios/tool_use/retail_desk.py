@@ -214,7 +214,7 @@ class DeskState:
     ended: bool = False
 
 
-class RetailDesk(Scenario):  # type: ignore[misc]
+class RetailDesk(Scenario):
     """Customer service with tools over SQLite; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {

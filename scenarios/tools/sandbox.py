@@ -76,7 +76,7 @@ _UNSHARE = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-chi
 _UID_BASE, _UID_SPAN = 200_000, 800_000
 
 
-class SandboxError(ParleyError):  # type: ignore[misc]  # mypy cannot follow the editable parley.* mapping
+class SandboxError(ParleyError):
     """The sandbox itself failed (could not start or set up); not the code's fault."""
 
 

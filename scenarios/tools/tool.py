@@ -419,7 +419,8 @@ def parse_turn(text: str, *, turn: int = 0, max_calls: int = 8) -> Turn | str:
         args = raw.get("arguments", {})
         if not isinstance(args, str):
             args = json.dumps(args)
-        call_id = raw.get("id") if isinstance(raw.get("id"), str) else f"call_{turn}_{i}"
+        given = raw.get("id")
+        call_id = given if isinstance(given, str) else f"call_{turn}_{i}"
         calls.append(ToolCall(call_id=call_id, name=raw["name"], arguments=args))
     return Turn(calls, obj)
 
