@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from parley.protocols.errors import ConfigError, ParleyError
-from parley.protocols.messages import GenerateRequest, GenerateResult, WeightUpdate
+from parley.protocols.messages import Constraint, GenerateRequest, GenerateResult, WeightUpdate
 
 __all__ = [
     "Backend",
@@ -151,9 +151,16 @@ class Backend(ABC):
         if not 0 < p.top_p <= 1:
             raise BackendError(f"params.top_p must be in (0, 1], got {p.top_p}")
         if request.constraint is not None:
-            from parley.arena.backends.constraints import check_constraint
+            self.check_constraint(request.constraint)
 
-            check_constraint(request.constraint)
+    def check_constraint(self, constraint: Constraint) -> None:
+        """Raise :class:`BackendError` if this backend cannot enforce ``constraint``.
+
+        The default accepts what :mod:`parley.arena.backends.constraints` compiles.
+        """
+        from parley.arena.backends.constraints import check_constraint
+
+        check_constraint(constraint)
 
     async def __aenter__(self) -> Backend:
         return self

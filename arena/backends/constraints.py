@@ -142,7 +142,11 @@ def check_constraint(constraint: Constraint) -> None:
 
 
 def matches(constraint: Constraint, text: str) -> bool:
-    """Whether ``text`` satisfies ``constraint`` (what a valid completion looks like)."""
+    """Whether ``text`` satisfies ``constraint`` (what a valid completion looks like).
+
+    For a JSON schema outside the subset :func:`json_schema_to_regex` compiles, only
+    "is valid JSON" is checked (parley does not depend on a JSON Schema validator).
+    """
     if constraint.type == "choice":
         return text in constraint.choices
     if constraint.type == "json":
@@ -150,6 +154,11 @@ def matches(constraint: Constraint, text: str) -> bool:
             json.loads(text)
         except json.JSONDecodeError:
             return False
+        try:
+            pattern = constraint_regex(constraint)
+        except BackendError:
+            return True
+        return _regex_module().fullmatch(pattern, text) is not None
     return _regex_module().fullmatch(constraint_regex(constraint), text) is not None
 
 
