@@ -176,7 +176,13 @@ async def test_messages_before_hello_get_hello_required(server: Endpoint) -> Non
         reply = msgpack.unpackb(await asyncio.to_thread(raw.recv))
         assert reply["body"]["code"] == "hello_required"
         assert reply["reply_to"] == 5
+        # A message of a schema version this endpoint does not speak is refused by name.
+        raw.send(msgpack.packb({"body": {"kind": "ok"}, "id": 6, "expects_reply": True, "v": 2}))
+        reply = msgpack.unpackb(await asyncio.to_thread(raw.recv))
+        assert reply["body"]["code"] == "unsupported_version"
+        assert reply["reply_to"] == 6
         assert server.peers == []
+        assert server.stats.bad_messages == 1
     finally:
         raw.close()
         ctx.term()
