@@ -19,8 +19,9 @@ import pytest
 
 from parley.arena.run_config import RunConfig
 from parley.arena.runner import run
+from parley.protocols.bus import BusConfig
 from parley.protocols.messages import Action, Observation
-from tests.arena.test_runner import FAST_BUS, HERE, SCENARIO, TargetAgent
+from tests.arena.test_runner import HERE, SCENARIO, TargetAgent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,17 +38,26 @@ class DyingAgent(TargetAgent):
         return await super().act(observation)
 
 
+# Heartbeats: in the kill test both sides beat every 0.2 s and give up after 2 s, so the
+# death is seen long before the 20 s act timeout; the other tests keep the defaults (5 s),
+# so that a loaded machine stalling a process for a moment cannot fake a death.
+KILL_BUS = BusConfig(heartbeat_interval=0.2, peer_timeout=2.0, request_timeout=5.0)
+
 _JOIN = """
 import asyncio, sys
 from parley.arena.agent_host import join_arena
 from parley.arena.agent_specs import load_object
 from parley.protocols.bus import BusConfig
-bus = BusConfig(heartbeat_interval=HEARTBEAT, peer_timeout=PEER_TIMEOUT)
+beat, timeout = float(sys.argv[3]), float(sys.argv[4])
+bus = BusConfig(heartbeat_interval=beat, peer_timeout=timeout)
 asyncio.run(join_arena(sys.argv[1], {"b": load_object(sys.argv[2])}, bus=bus,
                        connect_timeout=30))
-""".replace("HEARTBEAT", repr(FAST_BUS.heartbeat_interval)).replace(
-    "PEER_TIMEOUT", repr(FAST_BUS.peer_timeout)
-)  # the remote side beats as fast as the arena expects, so a death is seen in 0.5 s
+"""
+
+
+def _join_argv(agent: str, bus: BusConfig) -> list[str]:
+    beat, timeout = str(bus.heartbeat_interval), str(bus.peer_timeout)
+    return [sys.executable, "-c", _JOIN, "ADDRESS", agent, beat, timeout]
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
@@ -60,7 +70,15 @@ def _steps(out: Path) -> list[Any]:
     return [(r["episode"], r["steps"], r["metrics"], r["status"]) for r in rows]
 
 
-def _remote_run(out: Path, listen: str, argv: list[str], *, concurrency: int = 2, **kw: Any) -> Any:
+def _remote_run(
+    out: Path,
+    listen: str,
+    argv: list[str],
+    *,
+    concurrency: int = 2,
+    bus: BusConfig | None = None,
+    **kw: Any,
+) -> Any:
     procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(address: str) -> None:
@@ -71,7 +89,7 @@ def _remote_run(out: Path, listen: str, argv: list[str], *, concurrency: int = 2
         listen=listen, out=str(out), progress=False, **{"join_timeout": 30.0, **kw},
     )  # fmt: skip
     try:
-        result = run(config, bus=FAST_BUS, on_listen=spawn)
+        result = run(config, bus=bus, on_listen=spawn)
         # The arena said goodbye on closing: the remote agent leaves by itself.
         status = procs[0].wait(timeout=20)
         stderr = procs[0].stderr.read().decode() if procs[0].stderr else ""
@@ -101,7 +119,7 @@ def test_remote_agent_over_ipc_with_the_parley_agent_command(tmp_path: Path) -> 
 
 @pytest.mark.timeout(90)
 def test_remote_agent_over_tcp_with_join_arena(tmp_path: Path) -> None:
-    argv = [sys.executable, "-c", _JOIN, "ADDRESS", f"{HERE}:TargetAgent"]
+    argv = _join_argv(f"{HERE}:TargetAgent", BusConfig())
     result, proc = _remote_run(tmp_path, "tcp://127.0.0.1:0", argv)
     assert proc.returncode == 0
     assert result.endpoint.startswith("tcp://127.0.0.1:")
@@ -116,7 +134,7 @@ def test_remote_agent_over_tcp_with_join_arena(tmp_path: Path) -> None:
 def test_a_remote_agent_killed_mid_episode_fails_that_episode_and_the_run_goes_on(
     tmp_path: Path,
 ) -> None:
-    argv = [sys.executable, "-c", _JOIN, "ADDRESS", "tests.arena.test_remote:DyingAgent"]
+    argv = _join_argv("tests.arena.test_remote:DyingAgent", KILL_BUS)
     # One episode at a time: the 5th action of seat b falls in episode 1 (b acts 3 times
     # per episode). Nobody rejoins after the kill: later episodes wait join_timeout, fail.
     result, proc = _remote_run(
@@ -124,6 +142,7 @@ def test_a_remote_agent_killed_mid_episode_fails_that_episode_and_the_run_goes_o
         f"ipc://{tmp_path}/a.sock",
         argv,
         concurrency=1,
+        bus=KILL_BUS,
         act_timeout=20.0,
         join_timeout=6.0,
     )

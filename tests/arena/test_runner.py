@@ -26,7 +26,6 @@ from parley.arena.run_config import RunConfig, load_run_config
 from parley.arena.runner import EpisodePlan, Runner, derive_seed, plan_episodes, run
 from parley.arena.stats import mean_ci, pass_hat_k
 from parley.arena.summary import summarize
-from parley.protocols.bus import BusConfig
 from parley.protocols.errors import BusError, ConfigError
 from parley.protocols.messages import Action, Observation, TokenRecord
 from parley.scenarios import register
@@ -145,8 +144,6 @@ register(
     override=True,
 )
 
-FAST_BUS = BusConfig(heartbeat_interval=0.1, peer_timeout=0.5, request_timeout=5.0)
-
 
 def _config(tmp_path: Path | None = None, **kw: Any) -> RunConfig:
     base: dict[str, Any] = {"scenario": SCENARIO, "episodes": 4, "progress": False}
@@ -263,7 +260,7 @@ def test_an_agent_that_hangs_or_raises_fails_its_episode_and_the_run_goes_on(
     tmp_path: Path, bad: type[Agent], kind: str
 ) -> None:
     config = _config(tmp_path, episodes=4, concurrency=1, act_timeout=0.5)
-    result = run(config, agents={"b": _nth_instance(1, bad)}, bus=FAST_BUS)
+    result = run(config, agents={"b": _nth_instance(1, bad)})
     assert [r.failed == "" for r in result.records] == [True, False, True, True]
     reason = result.records[1].failed
     assert reason.startswith(f"b: {kind}: ")
