@@ -100,7 +100,7 @@ def test_tools_report_and_bad_actions_are_invalid() -> None:
     observations, _, _, _, infos = env.step({"coder": json.dumps({"tool_calls": calls})})
     text = observations["coder"]
     assert "exit code 1\nstdout:\n42\n" in text
-    assert "OSError" in text  # no network in the sandbox
+    assert "PermissionError" in text  # no network in the sandbox
     assert "1/2 visible tests passed" in text
     assert "FAIL digit_sum(123) == 6: returned 5" in text
     _, _, _, _, infos = env.step({"coder": json.dumps({"comment": "hi"})})

@@ -230,3 +230,48 @@ def test_concurrent_runs_do_not_mix(sandbox: Sandbox) -> None:
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda i: sandbox.run(f"print({i} * 2)"), range(8)))
     assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(8)]
+
+
+def test_seccomp_program_jumps_stay_inside_the_program() -> None:
+    from parley.scenarios.tools._sandbox_child import RET, seccomp_program
+
+    program = seccomp_program()
+    assert program[-1][0] == RET  # falls through to a verdict
+    for i, (code, jt, jf, _k) in enumerate(program):
+        if code != RET:
+            assert i + 1 + max(jt, jf) < len(program)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is x86_64 only")
+def test_seccomp_refuses_namespaces_ptrace_and_inet_but_not_threads_or_fork(
+    sandbox: Sandbox,
+) -> None:
+    code = (
+        "import ctypes, os, socket, subprocess, threading\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())\n"
+        "print('ptrace', libc.ptrace(0, 0, 0, 0), ctypes.get_errno())\n"
+        "try:\n"
+        "    socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+        "except PermissionError:\n"
+        "    print('inet6 refused')\n"
+        "a, b = socket.socketpair()\n"
+        "t = threading.Thread(target=print, args=('thread',))\n"
+        "t.start()\n"
+        "t.join()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(7)\n"
+        "print('child', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+        "print('exec', subprocess.run(['/usr/bin/true']).returncode)\n"
+    )
+    result = sandbox.run(code)
+    assert result.ok, result.stderr
+    assert result.stdout.splitlines() == [
+        "unshare -1 1",
+        "ptrace -1 1",
+        "inet6 refused",
+        "thread",
+        "child 7",
+        "exec 0",
+    ]
