@@ -288,11 +288,18 @@ class Endpoint:
         """Names of the peers currently connected and alive."""
         return [name for name, link in self._links.items() if link.alive]
 
-    def on(self, body_type: type[Body], handler: Handler) -> None:
-        """Handle messages whose body is a ``body_type`` (replacing an earlier handler)."""
+    def on(self, body_type: type[Body], handler: Handler, *, task: bool = False) -> None:
+        """Handle messages whose body is a ``body_type`` (replacing an earlier handler).
+
+        The handler starts inline, in the receive loop, and moves into a task at its first
+        suspending ``await`` (see "Handlers run eagerly"). Code that needs to run inside a
+        task from its first line (``asyncio.timeout``, ``asyncio.TaskGroup``,
+        ``asyncio.current_task``) works after that first ``await``; or pass ``task=True``
+        to start the handler in its own task (one more event-loop round per message).
+        """
         if body_type in (Hello, Heartbeat, Bye, Subscribe):
             raise ConfigError(f"{body_type.__name__} is handled by the bus itself")
-        self._handlers[body_type] = handler
+        self._handlers[body_type] = _in_task(handler) if task else handler
 
     async def bind(self, address: str) -> str:
         """Listen on ``address`` (``tcp://127.0.0.1:0`` picks a port); returns the address."""
@@ -421,15 +428,18 @@ class Endpoint:
                 count += 1
         return count
 
-    def subscribe(self, channel: str, handler: Handler) -> asyncio.Future[None]:
+    def subscribe(
+        self, channel: str, handler: Handler, *, task: bool = False
+    ) -> asyncio.Future[None]:
         """Receive broadcasts whose channel starts with ``channel`` (``""``: all of them).
 
         Returns a future that is done once every peer connected now has acknowledged; peers
-        that connect later learn the subscription from this endpoint's ``Hello``.
+        that connect later learn the subscription from this endpoint's ``Hello``. ``task``
+        is as for :meth:`on`.
         """
         self._start()
         known = {prefix for prefix, _ in self._subs}
-        self._subs.append((channel, handler))
+        self._subs.append((channel, _in_task(handler) if task else handler))
         if channel in known:
             return self._done_future()
         return self._announce(Subscribe(channels=[channel]))
@@ -841,8 +851,15 @@ class Endpoint:
 
     def _handler_failed(self, env: Envelope, exc: Exception) -> Error:
         self.stats.handler_errors += 1
-        log.warning("%s: handler for %s from %s failed: %r", self.name, env.kind, env.sender, exc)
-        return Error(code="handler_failed", message=f"{type(exc).__name__}: {exc}")
+        message = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, RuntimeError) and "inside a task" in str(exc):
+            message += (
+                " (this handler needs a task before its first await: register it with task=True)"
+            )
+        log.warning(
+            "%s: handler for %s from %s failed: %s", self.name, env.kind, env.sender, message
+        )
+        return Error(code="handler_failed", message=message)
 
     def _deliver_broadcast(self, env: Envelope) -> None:
         delivered = False
@@ -1112,6 +1129,16 @@ class Endpoint:
         fut: asyncio.Future[None] = self._loop.create_future()
         fut.set_result(None)
         return fut
+
+
+def _in_task(handler: Handler) -> Handler:
+    """``handler``, made to suspend at once so that all of its body runs inside a task."""
+
+    async def in_task(env: Envelope) -> Body | None:
+        await asyncio.sleep(0)
+        return await handler(env)
+
+    return in_task
 
 
 class _KeyList:

@@ -180,3 +180,21 @@ async def test_overload_and_bad_handler_results_are_errors(pair: tuple[Endpoint,
     with pytest.raises(RemoteError) as info:
         await asyncio.wait_for(client.request("arena", ToolCall(call_id="1", name="x")), 5)
     assert info.value.code == "handler_failed"
+
+
+async def test_handlers_that_need_a_task_from_the_start(pair: tuple[Endpoint, Endpoint]) -> None:
+    """Inline handlers have no current task before their first await: the failure says
+    what to do, and ``task=True`` gives the handler a task from its first line."""
+    server, client = pair
+
+    async def guarded(env: Envelope) -> Action:
+        async with asyncio.timeout(5), asyncio.TaskGroup() as group:
+            group.create_task(asyncio.sleep(0))
+        return Action(agent="a", text="done")
+
+    server.on(Observation, guarded)
+    with pytest.raises(RemoteError, match="task=True"):
+        await asyncio.wait_for(client.request("arena", Observation(agent="a", text="")), 5)
+    server.on(Observation, guarded, task=True)
+    reply = await asyncio.wait_for(client.request("arena", Observation(agent="a", text="")), 5)
+    assert reply == Action(agent="a", text="done")
