@@ -1059,6 +1059,11 @@ class Endpoint:
         beat = self._codec.encode(Envelope(body=Heartbeat(), sender=self.name))
         while True:
             await asyncio.sleep(period)
+            for sock in list(self._socks):
+                # Read what is waiting first: after the loop was blocked for a while, a
+                # peer's heartbeats may sit unread, and a silent-looking peer is not dead.
+                # This also covers a descriptor edge that was missed.
+                self._drain(sock)
             now = self._now = self._loop.time()
             for sock in list(self._socks):
                 links = list(sock.links.values()) if sock.router else [sock.link]
@@ -1071,7 +1076,6 @@ class Endpoint:
                         self._try_send(link, beat)
                     elif not link.alive and not sock.router:
                         self._start_rehello(link)
-                self._wake(sock)  # backstop: re-check the socket even if an edge was missed
 
     def _peer_died(self, link: _Link, reason: str) -> None:
         if not link.alive:
