@@ -435,21 +435,30 @@ class InferencePool:
         self._queued += 1
         lane.put(item)
         timeout = request.timeout or self.config.default_timeout
+        # A timer rather than asyncio.wait_for: the bus may run this handler inline, outside
+        # a task, where asyncio.timeout (what wait_for uses from Python 3.12) cannot work.
+        timer = loop.call_later(timeout, self._expire, lane, item, timeout) if timeout else None
         try:
-            if timeout > 0:
-                return await asyncio.wait_for(item.future, timeout)
             return await item.future
-        except TimeoutError:
-            self.stats.timeouts += 1
-            raise PoolError(
-                "timeout",
-                f"no result within {timeout:g} s (policy {request.policy!r}); raise the "
-                "request's timeout or lower the load on the pool",
-            ) from None
         finally:
-            if not item.future.done():
+            if timer is not None:
+                timer.cancel()
+            if not item.future.done():  # the caller went away (cancelled): drop the request
                 item.future.cancel()
             lane.discard(item)
+
+    def _expire(self, lane: _Lane, item: _Pending, timeout: float) -> None:
+        if item.future.done():
+            return
+        self.stats.timeouts += 1
+        item.future.set_exception(
+            PoolError(
+                "timeout",
+                f"no result within {timeout:g} s (policy {item.request.policy!r}); raise the "
+                "request's timeout or lower the load on the pool",
+            )
+        )
+        lane.discard(item)
 
     def _unqueue(self, item: _Pending) -> None:
         if item.waiting:
