@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 from pathlib import Path
@@ -61,7 +62,7 @@ def test_exit_code_and_exception_are_reported(sandbox: Sandbox) -> None:
 def test_infinite_loop_is_stopped_by_the_cpu_limit(sandbox: Sandbox) -> None:
     result = sandbox.run("while True:\n    pass")
     assert result.ended_by == "cpu"
-    assert result.cpu_seconds >= 1.9
+    assert result.signal == signal.SIGXCPU
 
 
 def test_sleeping_forever_is_stopped_by_the_wall_clock() -> None:
