@@ -43,6 +43,13 @@ class _Version(msgspec.Struct):
     v: int = SCHEMA_VERSION
 
 
+def _unsupported(version: int) -> ProtocolError:
+    return ProtocolError(
+        f"unsupported schema version {version}; this peer speaks {SCHEMA_VERSION}",
+        code="unsupported_version",
+    )
+
+
 class Codec:
     """Encodes envelopes into frames and decodes frames back, enforcing size limits."""
 
@@ -72,13 +79,11 @@ class Codec:
         except (TypeError, ValueError, OverflowError) as exc:
             self._out_frames = []
             raise ProtocolError(f"cannot encode {type(envelope.body).__name__}: {exc}") from exc
-        if self._out_frames:  # arrays went out of band
-            frames: list[Frame] = [head, *self._out_frames]
-            self._out_frames = []
-            size = sum(len(f) for f in frames)
-        else:  # the common case, kept short: one frame
-            frames = [head]
-            size = len(head)
+        if not self._out_frames and len(head) <= self.max_message_bytes:
+            return [head]  # the common case, kept short: one frame within the limit
+        frames: list[Frame] = [head, *self._out_frames]
+        self._out_frames = []
+        size = sum(len(f) for f in frames)
         if size > self.max_message_bytes:
             raise ProtocolError(
                 f"message of {size} bytes exceeds the limit of {self.max_message_bytes}; "
@@ -105,43 +110,46 @@ class Codec:
 
     def decode(self, frames: Sequence[Frame]) -> Envelope:
         """The envelope in ``frames``; raises ``ProtocolError`` with a reason otherwise."""
-        count = len(frames)
-        if count == 1:  # the common case, kept short: no array frames to account for
-            head = frames[0]
-            size = len(head)
-        elif count == 0:
+        if len(frames) != 1:
+            return self._decode_frames(frames)
+        # The common case, kept short: one frame, no out-of-band arrays to account for.
+        head = frames[0]
+        if len(head) > self.max_message_bytes:
+            raise ProtocolError(
+                f"message of {len(head)} bytes exceeds the limit of {self.max_message_bytes}"
+            )
+        try:
+            envelope: Envelope = self._decoder.decode(head)
+        except (msgspec.DecodeError, ValueError, TypeError) as exc:
+            raise ProtocolError(self._explain(head, exc)) from exc
+        if envelope.v != SCHEMA_VERSION:
+            raise _unsupported(envelope.v)
+        return envelope
+
+    def _decode_frames(self, frames: Sequence[Frame]) -> Envelope:
+        """``decode`` for messages with array frames (or none at all)."""
+        if not frames:
             raise ProtocolError("empty message: expected at least the envelope frame")
-        else:
-            head = frames[0]
-            size = sum(len(f) for f in frames)
+        size = sum(len(f) for f in frames)
         if size > self.max_message_bytes:
             raise ProtocolError(
                 f"message of {size} bytes exceeds the limit of {self.max_message_bytes}"
             )
-        if count == 1:
-            try:
-                envelope: Envelope = self._decoder.decode(head)
-            except (msgspec.DecodeError, ValueError, TypeError) as exc:
-                raise ProtocolError(self._explain(head, exc)) from exc
-            used = 0
-        else:
-            self._in_frames = frames  # read by _dec_hook for out-of-band arrays
-            self._used_frames = 0
-            try:
-                envelope = self._decoder.decode(head)
-            except (msgspec.DecodeError, ValueError, TypeError) as exc:
-                raise ProtocolError(self._explain(head, exc)) from exc
-            finally:
-                self._in_frames = ()  # do not keep large buffers alive
-            used = self._used_frames
+        head = frames[0]
+        self._in_frames = frames  # read by _dec_hook for out-of-band arrays
+        self._used_frames = 0
+        try:
+            envelope: Envelope = self._decoder.decode(head)
+        except (msgspec.DecodeError, ValueError, TypeError) as exc:
+            raise ProtocolError(self._explain(head, exc)) from exc
+        finally:
+            self._in_frames = ()  # do not keep large buffers alive
         if envelope.v != SCHEMA_VERSION:
+            raise _unsupported(envelope.v)
+        if self._used_frames != len(frames) - 1:
             raise ProtocolError(
-                f"unsupported schema version {envelope.v}; this peer speaks {SCHEMA_VERSION}",
-                code="unsupported_version",
-            )
-        if used != count - 1:
-            raise ProtocolError(
-                f"frame count mismatch: {count} frames, envelope references {used} array frames"
+                f"frame count mismatch: {len(frames)} frames, envelope references "
+                f"{self._used_frames} array frames"
             )
         return envelope
 

@@ -307,26 +307,27 @@ async def _throughput_bus(transport: str, size: int, count: int, ctx: Any) -> fl
     return count / (finished - t0)
 
 
-class _BareChat(msgspec.Struct):
-    """The codec reference: the same content as an envelope around a chat, untagged."""
+class _BareChat(msgspec.Struct, omit_defaults=True):
+    """The codec reference: the same content as an envelope around a chat, with the same
+    field names and default omission, but untagged and without the codec's checks."""
 
     sender: str
     text: str
-    to: list[str]
-    channel: str
+    to: list[str] = msgspec.field(default_factory=list)
+    channel: str = "public"
 
 
-class _Bare(msgspec.Struct):
+class _Bare(msgspec.Struct, omit_defaults=True):
     body: _BareChat
-    sender: str
-    id: int
-    reply_to: int
-    expects_reply: bool
-    to: list[str]
-    channel: str
-    episode: str
-    turn: int
-    v: int
+    sender: str = ""
+    id: int = 0
+    reply_to: int = 0
+    expects_reply: bool = False
+    to: list[str] = msgspec.field(default_factory=list)
+    channel: str = ""
+    episode: str = ""
+    turn: int = 0
+    v: int = 1
 
 
 def _codec_times(size: int, count: int) -> tuple[float, float]:
@@ -336,7 +337,7 @@ def _codec_times(size: int, count: int) -> tuple[float, float]:
     text = "x" * size
     codec = Codec()
     env = Envelope(body=Chat(sender="alice", text=text), sender="alice", id=7, episode="e1")
-    bare = _Bare(_BareChat("alice", text, [], "public"), "alice", 7, 0, False, [], "", "e1", 0, 1)
+    bare = _Bare(body=_BareChat(sender="alice", text=text), sender="alice", id=7, episode="e1")
     enc = msgspec.msgpack.Encoder()
     dec = msgspec.msgpack.Decoder(_Bare)
 
