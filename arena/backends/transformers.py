@@ -13,8 +13,10 @@ Loads a checkpoint by path or hub id with ``AutoModelForCausalLM`` / ``AutoToken
 - rows that finish leave the batch (their KV-cache rows are dropped), so a long row does
   not make short ones pay for forward passes.
 
-Generation runs in a worker thread (``asyncio.to_thread``) under a lock: the event loop
-stays free, and weight updates happen between batches. Cancelling a ``generate`` call
+Generation runs in one dedicated worker thread under a lock: the event loop stays free,
+weight updates happen between batches, and torch always computes on the same OS thread
+(each new thread would start another OpenMP team, whose warm-up and spinning cost
+seconds on a small, busy CPU). Cancelling a ``generate`` call
 stops its decoding loop at the next step.
 """
 
@@ -25,6 +27,7 @@ import dataclasses
 import inspect
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +78,9 @@ class TransformersBackend(Backend):
     ``model`` and tokenizer (e.g. a trainer sharing its model in-process).
     ``max_batch_rows`` caps the rows (requests x n) decoded together; larger batches are
     split. ``seed`` seeds the draws of requests that carry no seed of their own.
+    ``num_threads``: torch intra-op threads of the decoding thread only (the setting is
+    per thread, so the rest of the process keeps its own); default 1 for models under
+    50 M parameters on the CPU, torch's default otherwise.
     """
 
     kind = "transformers"
@@ -86,13 +92,22 @@ class TransformersBackend(Backend):
         *,
         max_batch_rows: int = 256,
         seed: int = 0,
+        num_threads: int | None = None,
     ) -> None:
         super().__init__()
         self.model = model.eval()
+        if num_threads is None:
+            # Small models gain nothing from intra-op parallelism and lose a lot to it on
+            # a busy CPU (threads wait for each other at every op); big ones need it.
+            size = sum(p.numel() for p in model.parameters())
+            small = size < 50_000_000 and _on_cpu(model)
+            num_threads = 1 if small else torch.get_num_threads()
+        self.num_threads = num_threads
         self._tokenizer = tokenizer
         self.max_batch_rows = max_batch_rows
         self._rng = np.random.default_rng(seed)
         self._lock = asyncio.Lock()
+        self._executor = _torch_thread(num_threads)
         self._closed = False
         self.device = next(model.parameters()).device
         width = int(model.get_output_embeddings().weight.shape[0])
@@ -116,6 +131,7 @@ class TransformersBackend(Backend):
         dtype: str = "auto",
         max_batch_rows: int = 256,
         seed: int = 0,
+        num_threads: int | None = None,
         tokenizer: str | None = None,
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
@@ -144,11 +160,18 @@ class TransformersBackend(Backend):
                     "and weights (e.g. one made by `parley model tiny DIR`) or a hub id "
                     "available offline"
                 ) from exc
-            backend = cls(hf_model.to(device), tok, max_batch_rows=max_batch_rows, seed=seed)
-            backend._warm_up()
-            return backend
+            return cls(
+                hf_model.to(device),
+                tok,
+                max_batch_rows=max_batch_rows,
+                seed=seed,
+                num_threads=num_threads,
+            )
 
-        return await asyncio.to_thread(load)
+        backend = await asyncio.to_thread(load)
+        # Warm up on the decoding thread itself: its first forward passes pay the set-up.
+        await asyncio.get_running_loop().run_in_executor(backend._executor, backend._warm_up)
+        return backend
 
     # --- Backend surface ---------------------------------------------------------------
 
@@ -183,8 +206,8 @@ class TransformersBackend(Backend):
         async with self._lock:
             version = self.policy_version
             cancel = threading.Event()
-            work = asyncio.ensure_future(
-                asyncio.to_thread(self._generate_sync, list(requests), cancel)
+            work = asyncio.get_running_loop().run_in_executor(
+                self._executor, self._generate_sync, list(requests), cancel
             )
             try:
                 prompts, rows = await asyncio.shield(work)
@@ -197,13 +220,16 @@ class TransformersBackend(Backend):
 
     async def update_weights(self, update: WeightUpdate) -> None:
         async with self._lock:
-            await asyncio.to_thread(self._load_weights, update)
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._load_weights, update
+            )
             self.policy_version = update.version
 
     async def close(self) -> None:
         async with self._lock:
             self._closed = True
             self.model = None
+            self._executor.shutdown(wait=False)
 
     # --- weights -----------------------------------------------------------------------
 
@@ -406,6 +432,21 @@ class TransformersBackend(Backend):
             )
             for r, prompt, c in zip(requests, prompts, completions, strict=True)
         ]
+
+
+def _on_cpu(model: Any) -> bool:
+    """Whether ``model``'s parameters live on the CPU."""
+    return bool(next(model.parameters()).device.type == "cpu")
+
+
+def _torch_thread(num_threads: int) -> ThreadPoolExecutor:
+    """The one thread a backend runs torch on, with its own intra-op thread count."""
+    return ThreadPoolExecutor(
+        max_workers=1,
+        thread_name_prefix="parley-torch",
+        initializer=torch.set_num_threads,
+        initargs=(num_threads,),
+    )
 
 
 def _top_p(logp: Any, top_p: Any) -> Any:
