@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import tempfile
@@ -77,7 +78,9 @@ def _bad_frames(rng: random.Random, good: bytes) -> list[bytes]:
     return [good, rng.randbytes(10)]  # an array frame that nothing refers to
 
 
-async def test_ten_thousand_bad_frames_rejected_while_serving(server: Endpoint) -> None:
+async def test_ten_thousand_bad_frames_rejected_while_serving(
+    server: Endpoint, caplog: pytest.LogCaptureFixture
+) -> None:
     """Each bad message gets an Error(bad_message); interleaved good requests all succeed."""
     server.on(Observation, _echo)
     address = await server.bind(_ipc())
@@ -139,6 +142,8 @@ async def test_ten_thousand_bad_frames_rejected_while_serving(server: Endpoint) 
         assert (errors, replies) == (10_000, len(batches))
         assert server.stats.bad_messages == 10_000
         assert set(server.peers) == {"alice", "raw"}
+        crashes = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert crashes == [], "the receive loop hit an unexpected error"
     finally:
         raw.close()
         ctx.term()
