@@ -71,13 +71,14 @@ _ROUGH = {
 
 
 class CalcNaive(ScriptedAgent):
-    """Answers at once, in its head: rounded conversion factors, no tools."""
+    """Answers at once, in its head: whole-number quantities, rounded factors, no tools."""
 
     name = "calc-naive"
 
     def decide(self, observation: Observation) -> str:
         view = _view(observation)
-        rough = _ROUGH.get(str(view.get("template")), "0").format(*view.get("quantities", []))
+        whole = [str(round(float(q))) for q in view.get("quantities", [])]
+        rough = _ROUGH.get(str(view.get("template")), "0").format(*whole)
         return json.dumps({"answer": _two_places(evaluate(rough))})
 
 

@@ -50,7 +50,7 @@ def test_oracle_solves_every_problem_and_naive_does_not() -> None:
     oracle = [_success(CalcOracle(), seed) for seed in seeds]
     naive = [_success(CalcNaive(), seed) for seed in seeds]
     assert oracle == [1.0] * len(seeds)
-    assert sum(naive) < len(seeds) / 2
+    assert sum(naive) < len(seeds) / 4
 
 
 def test_tool_errors_and_invalid_actions_come_back_in_the_observation() -> None:
