@@ -7,6 +7,17 @@ DEALER socket per remote endpoint), in any combination, over ``inproc://``, ``ip
 encoded by :class:`~parley.protocols.codec.Codec`; ``protocols/PROTOCOL.md`` documents the
 wire format for implementers in other languages.
 
+Example::
+
+    async with Endpoint("arena") as arena, Endpoint("alice") as alice:
+        async def act(env: Envelope) -> Action:
+            return Action(agent="alice", text="I accept")
+
+        alice.on(Observation, act)
+        address = await arena.bind("ipc:///tmp/parley-arena")  # or tcp://127.0.0.1:0
+        await alice.connect(address)  # returns "arena"
+        action = await arena.request("alice", Observation(agent="alice", text="Offer?"))
+
 Contracts
 ---------
 * **Handshake.** ``connect`` sends ``Hello`` and returns the remote name once the remote's
