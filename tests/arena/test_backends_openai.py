@@ -244,3 +244,51 @@ async def test_unknown_models_and_weight_updates_are_refused_clearly(server: Ser
         assert client.policy_version == 0
     finally:
         await client.close()
+
+
+async def test_against_the_pools_http_front(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """End to end: openai backend -> parley's OpenAI front -> pool -> transformers."""
+    http = pytest.importorskip("parley.arena.http")
+    from parley.arena.pool import InferencePool
+
+    served = await load_backend("transformers", str(tiny_model_dir))
+    direct = await load_backend("transformers", str(tiny_model_dir))
+    async with InferencePool({"tiny": served}) as pool:
+        runner, url = await http.serve_http(pool)
+        client = await load_backend(
+            "openai",
+            "tiny",
+            base_url=url,
+            tokenizer=str(tiny_model_dir),
+            update_url=url + "/weights",
+        )
+        try:
+            prompt = client.tokenizer.encode_chat([{"role": "user", "content": "deal?"}])
+            reqs = [
+                GenerateRequest(
+                    prompt_token_ids=prompt,
+                    params=SamplingParams(temperature=1.0, max_tokens=10, n=2, seed=3),
+                ),
+                GenerateRequest(
+                    prompt_token_ids=prompt,
+                    params=SamplingParams(temperature=1.0, max_tokens=10, seed=4),
+                    constraint=Constraint(type="choice", choices=["accept", "deny"]),
+                ),
+            ]
+            via_front = await client.generate(reqs)
+            expected = await direct.generate(reqs)
+            for h, d in zip(via_front, expected, strict=True):
+                assert [c.token_ids for c in h.completions] == [c.token_ids for c in d.completions]
+                assert h.prompt_token_ids == prompt
+            assert via_front[1].completions[0].text in ("accept", "deny")
+
+            from safetensors.torch import save_file
+
+            zeros = {"model.norm.weight": served.model.model.norm.weight.detach() * 0}
+            save_file(zeros, tmp_path / "model.safetensors")
+            await client.update_weights(WeightUpdate(policy="tiny", version=3, path=str(tmp_path)))
+            assert served.policy_version == client.policy_version == 3
+        finally:
+            await client.close()
+            await runner.cleanup()
+    await direct.close()
