@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-COMMANDS: tuple[str, ...] = ("list", "bench", "model", "run", "agent")
+COMMANDS: tuple[str, ...] = ("list", "bench", "model", "run", "agent", "serve")
 """Modules of ``parley.arena.commands``, in the order ``parley --help`` lists them."""
 
 

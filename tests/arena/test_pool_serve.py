@@ -1,0 +1,76 @@
+"""``parley serve`` in its own process; an arena and the openai client connect to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from parley.arena.cli import main
+
+pytest.importorskip("torch")
+
+
+def _read_line(proc: subprocess.Popen[str], prefix: str, timeout: float) -> str:
+    """The first stdout line starting with ``prefix``, within ``timeout`` seconds."""
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if not sel.select(left):
+            break
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith(prefix):
+            return line[len(prefix) :].strip()
+    raise AssertionError(f"parley serve printed no {prefix!r} line within {timeout} s")
+
+
+@pytest.fixture
+def served(tiny_model_dir: Path) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
+    cmd = [sys.executable, "-m", "parley.arena.cli", "serve", "--model", str(tiny_model_dir)]
+    cmd += ["--listen", "tcp://127.0.0.1:0", "--http", "127.0.0.1:0", "--policy", "tiny"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        address = _read_line(proc, "pool listening on ", 90)
+        url = _read_line(proc, "openai api on ", 10)
+        yield address, url, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.timeout(300)
+def test_an_arena_uses_a_served_pool(
+    served: tuple[str, str, subprocess.Popen[str]], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    address, url, proc = served
+    agents = f"llm:{tiny_model_dir}?policy=tiny&max_tokens=6,scripted"
+    status = main(
+        [
+            *("run", "negotiation/deal-or-no-deal-v0", "--agents", agents, "--pool", address),
+            *("--episodes", "2", "--no-progress", "--out", str(tmp_path), "-s", "max_turns=2"),
+        ]
+    )
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert status == 0
+    assert summary["episodes"]["ok"] == 2
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+    reply = client.completions.create(model="tiny", prompt="deal", max_tokens=3)
+    assert len(reply.choices) == 1
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 0
