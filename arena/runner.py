@@ -28,7 +28,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -215,7 +215,10 @@ class Runner:
         summary: dict[str, Any] = summarize(records, trials=self.config.trials)
         summary["scenario"] = self.config.scenario
         summary["agents"] = dict(self.specs)
-        summary["config"] = _plain(asdict(self.config))
+        # Not asdict(): it deep-copies, and agent_options may hold live objects (a pool).
+        summary["config"] = _plain(
+            {f.name: getattr(self.config, f.name) for f in fields(self.config)}
+        )
         steps = summary["agent_steps"]
         summary["timing"] = {
             "wall_s": round(wall, 3),
