@@ -69,13 +69,16 @@ class Codec:
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
         self._decoder = msgspec.msgpack.Decoder(Envelope, dec_hook=self._dec_hook)
         self._version_decoder = msgspec.msgpack.Decoder(_Version)
+        # Bound once: the per-message path is short enough for attribute lookups to show.
+        self._encode = self._encoder.encode
+        self._decode = self._decoder.decode
 
     # --- encoding -------------------------------------------------------------------
 
     def encode(self, envelope: Envelope) -> list[Frame]:
         """Frames for ``envelope``; raises ``ProtocolError`` if it cannot be sent."""
         try:
-            head = self._encoder.encode(envelope)
+            head = self._encode(envelope)
         except (TypeError, ValueError, OverflowError) as exc:
             self._out_frames = []
             raise ProtocolError(f"cannot encode {type(envelope.body).__name__}: {exc}") from exc
@@ -119,7 +122,7 @@ class Codec:
                 f"message of {len(head)} bytes exceeds the limit of {self.max_message_bytes}"
             )
         try:
-            envelope: Envelope = self._decoder.decode(head)
+            envelope: Envelope = self._decode(head)
         except (msgspec.DecodeError, ValueError, TypeError) as exc:
             raise ProtocolError(self._explain(head, exc)) from exc
         if envelope.v != SCHEMA_VERSION:
