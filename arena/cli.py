@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-COMMANDS: tuple[str, ...] = ("list", "bench", "model", "run", "agent", "serve", "demo")
+COMMANDS: tuple[str, ...] = ("list", "bench", "model", "run", "agent", "train", "serve", "demo")
 """Modules of ``parley.arena.commands``, in the order ``parley --help`` lists them."""
 
 

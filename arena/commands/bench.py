@@ -9,6 +9,7 @@ BENCHES: dict[str, str] = {
     "bus": "parley.arena.bench.bus",
     "env": "parley.arena.bench.env",
     "sandbox": "parley.arena.bench.sandbox",
+    "sampler": "parley.arena.bench.sampler",
 }
 """Benchmark name -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``."""
 

@@ -1,0 +1,1 @@
+"""Multi-agent policy-gradient trainers: advantages, the PG update, weight sync, the loop."""

@@ -1,0 +1,157 @@
+"""Advantage estimators for multi-agent policy gradient: GRPO, Dr. GRPO, RLOO, REINFORCE.
+
+Every estimator maps the rewards of one batch of samples, and the group each sample
+belongs to, to one advantage per sample (list in, list out, same order)::
+
+    rewards (N,)  groups (N,)  ->  advantages (N,)
+
+- ``grpo``: ``(r - mean_g) / (std_g + eps)`` within each group (Shao et al. 2024).
+- ``dr_grpo``: ``r - mean_g`` — no division by the std, which up-weights groups that are
+  almost solved or almost failed (Liu et al. 2025, "Understanding R1-Zero-like training").
+- ``rloo``: ``r - mean of the *other* samples of the group`` (Ahmadian et al. 2024); a
+  sample alone in its group gets 0.
+- ``reinforce``: ``r - b_g`` with ``b_g`` a moving average of past rewards of group ``g``
+  (decay 0.95), updated *after* the batch is scored, so a sample never baselines itself.
+  With grouping by role this is SPIRAL's role-conditioned baseline for self-play.
+
+The group of a sample comes from a grouping function (:data:`GROUPINGS`) over its
+:class:`SampleKey`: by prompt (samples of the same scenario seed and seat compete with
+each other), by role, or by (agent, turn) as in AT-GRPO. Variants are small functions
+picked from dicts (STYLE.md #11), not string flags tested inside one class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "ESTIMATORS",
+    "GROUPINGS",
+    "BaselineState",
+    "SampleKey",
+    "compute_advantages",
+]
+
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class SampleKey:
+    """What a grouping function may look at: where one decision came from."""
+
+    role: str
+    """The seat (agent name) that made the decision."""
+    turn: int = 0
+    """The turn of the episode the decision was made on."""
+    prompt: str = ""
+    """Identifies the situation: scenario seed (plus seat) — episodes of the same seed
+    start from the same state, so their returns are comparable."""
+
+
+@dataclass
+class BaselineState:
+    """Moving-average baselines that outlive one batch (for ``reinforce``)."""
+
+    decay: float = 0.95
+    """Weight of the old value in ``b <- decay * b + (1 - decay) * mean(batch rewards)``."""
+    values: dict[Hashable, float] = field(default_factory=dict)
+    """Current baseline per group; a group seen for the first time starts at its batch mean."""
+
+
+Estimator = Callable[[np.ndarray, list[Hashable], BaselineState], np.ndarray]
+
+
+def _group_index(groups: Sequence[Hashable]) -> tuple[np.ndarray, int]:
+    """``groups`` as dense integer ids (N,) and the number of distinct groups G."""
+    ids: dict[Hashable, int] = {}
+    index = np.array([ids.setdefault(g, len(ids)) for g in groups], dtype=np.int64)
+    return index, len(ids)
+
+
+def _group_mean(rewards: np.ndarray, index: np.ndarray, n_groups: int) -> np.ndarray:
+    sums = np.bincount(index, weights=rewards, minlength=n_groups)  # (G,)
+    counts = np.bincount(index, minlength=n_groups)  # (G,)
+    mean: np.ndarray = sums[index] / counts[index]  # (N,)
+    return mean
+
+
+def grpo(rewards: np.ndarray, groups: list[Hashable], state: BaselineState) -> np.ndarray:
+    index, n = _group_index(groups)
+    mean = _group_mean(rewards, index, n)  # (N,)
+    var = _group_mean((rewards - mean) ** 2, index, n)  # (N,) population variance
+    out: np.ndarray = (rewards - mean) / (np.sqrt(var) + EPS)
+    return out
+
+
+def dr_grpo(rewards: np.ndarray, groups: list[Hashable], state: BaselineState) -> np.ndarray:
+    index, n = _group_index(groups)
+    out: np.ndarray = rewards - _group_mean(rewards, index, n)
+    return out
+
+
+def rloo(rewards: np.ndarray, groups: list[Hashable], state: BaselineState) -> np.ndarray:
+    index, n = _group_index(groups)
+    sums = np.bincount(index, weights=rewards, minlength=n)[index]  # (N,)
+    counts = np.bincount(index, minlength=n)[index]  # (N,)
+    others = np.where(counts > 1, (sums - rewards) / np.maximum(counts - 1, 1), rewards)
+    out: np.ndarray = rewards - others
+    return out
+
+
+def reinforce(rewards: np.ndarray, groups: list[Hashable], state: BaselineState) -> np.ndarray:
+    index, n = _group_index(groups)
+    mean = _group_mean(rewards, index, n)  # (N,)
+    baseline = np.array([state.values.get(g, m) for g, m in zip(groups, mean, strict=True)])
+    advantages: np.ndarray = rewards - baseline
+    for g, m in dict(zip(groups, mean, strict=True)).items():  # update after scoring
+        old = state.values.get(g, m)
+        state.values[g] = state.decay * old + (1.0 - state.decay) * m
+    return advantages
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "reinforce": reinforce,
+}
+"""Estimator name -> function ``(rewards, groups, state) -> advantages``."""
+
+GROUPINGS: dict[str, Callable[[SampleKey], Hashable]] = {
+    "prompt": lambda k: (k.role, k.prompt),
+    "role": lambda k: k.role,
+    "agent_turn": lambda k: (k.role, k.turn),
+    "batch": lambda k: "",
+}
+"""Grouping name -> the group of a sample: same prompt (and seat), same role, same
+(agent, turn), or the whole batch as one group."""
+
+
+def compute_advantages(
+    rewards: Sequence[float],
+    keys: Sequence[SampleKey],
+    *,
+    estimator: str = "grpo",
+    grouping: str = "role",
+    state: BaselineState | None = None,
+) -> np.ndarray:
+    """Advantages (N,) of ``rewards`` (N,) grouped by ``grouping`` over ``keys`` (N,).
+
+    ``state`` carries ``reinforce``'s moving averages from batch to batch (pass the same
+    object every call); the other estimators ignore it.
+    """
+    if estimator not in ESTIMATORS:
+        raise KeyError(f"unknown estimator {estimator!r}; choose one of {sorted(ESTIMATORS)}")
+    if grouping not in GROUPINGS:
+        raise KeyError(f"unknown grouping {grouping!r}; choose one of {sorted(GROUPINGS)}")
+    if len(rewards) != len(keys):
+        raise ValueError(f"{len(rewards)} rewards but {len(keys)} keys")
+    r = np.asarray(rewards, dtype=np.float64)  # (N,)
+    if r.size == 0:
+        return r
+    group_of = GROUPINGS[grouping]
+    groups = [group_of(k) for k in keys]
+    return ESTIMATORS[estimator](r, groups, state if state is not None else BaselineState())
