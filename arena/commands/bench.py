@@ -7,6 +7,7 @@ from typing import Any
 
 BENCHES: dict[str, str] = {
     "bus": "parley.arena.bench.bus",
+    "pool": "parley.arena.bench.pool",
     "env": "parley.arena.bench.env",
     "sandbox": "parley.arena.bench.sandbox",
     "sampler": "parley.arena.bench.sampler",

@@ -1,0 +1,202 @@
+"""Inference pool throughput with 32 concurrent agents beside the bare backend, as ratios.
+
+On the tiny model (built if absent; ``--model`` for another), in one run:
+
+* **sequential**: the backend called with one request at a time (what agents without a
+  pool would get): generated tokens/s;
+* **direct batch**: one ``backend.generate`` call with all the agents' prompts (the best
+  batching can do): generated tokens/s;
+* **pool**: ``--agents`` agents, each with its own prompt, asking the pool over the bus
+  (``inproc://``, through :class:`~parley.agents.llm.BusPoolClient`) ``--rounds`` times one
+  after the other, all agents at once: generated tokens/s, wall clock from the first request
+  to the last answer.
+
+Ratios: ``batched_ratio_vs_sequential`` = pool ÷ sequential (target >= 6) and
+``pool_ratio_vs_direct_batch`` = pool ÷ direct batch (target >= 0.8). Requests are seeded
+and use temperature 1 with ``--max-tokens`` tokens at most; tokens/s counts the tokens
+actually generated. Each figure is the best of ``--repeat`` measurements (load on a shared
+machine only slows things down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+TARGETS = {
+    "batched_ratio_vs_sequential": (">=", 6.0),
+    "pool_ratio_vs_direct_batch": (">=", 0.8),
+}
+
+_TOPICS = ("hats", "books", "balls", "a fair split", "the last offer", "trust", "time", "value")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
+    parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
+    parser.add_argument("--agents", type=int, default=32, help="concurrent agents")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request")
+    parser.add_argument("--rounds", type=int, default=2, help="requests per agent (pool)")
+    parser.add_argument(
+        "--sequential-requests",
+        type=int,
+        default=8,
+        help="requests timed one at a time (tokens/s does not depend on how many)",
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="measurements; the best is kept")
+    parser.add_argument("--device", default="cpu", help="transformers device")
+
+
+def _requests(tokenizer: Any, agents: int, max_tokens: int, round_: int = 0) -> list[Any]:
+    from parley.protocols.messages import GenerateRequest, SamplingParams
+
+    out = []
+    for i in range(agents):
+        chat = [
+            {"role": "system", "content": f"You are agent {i} in a negotiation."},
+            {"role": "user", "content": f"Round {round_}: make an offer about {_TOPICS[i % 8]}."},
+        ]
+        params = SamplingParams(max_tokens=max_tokens, seed=1000 * round_ + i, temperature=1.0)
+        out.append(GenerateRequest(prompt_token_ids=tokenizer.encode_chat(chat), params=params))
+    return out
+
+
+def _tokens(results: list[Any]) -> int:
+    return sum(len(c.token_ids) for r in results for c in r.completions)
+
+
+async def _sequential(backend: Any, requests: list[Any]) -> float:
+    started = time.perf_counter()
+    tokens = 0
+    for r in requests:
+        tokens += _tokens(await backend.generate([r]))
+    return tokens / (time.perf_counter() - started)
+
+
+async def _direct(backend: Any, requests: list[Any]) -> float:
+    started = time.perf_counter()
+    tokens = _tokens(await backend.generate(requests))
+    return tokens / (time.perf_counter() - started)
+
+
+async def _through_pool(backend: Any, args: argparse.Namespace) -> tuple[float, float]:
+    """Tokens/s of ``args.agents`` agents asking the pool over the bus; mean batch size."""
+    import zmq.asyncio
+
+    from parley.agents.llm import BusPoolClient
+    from parley.arena.pool import POOL_ENDPOINT, InferencePool, PoolConfig
+    from parley.protocols.bus import Endpoint
+
+    rounds = [
+        _requests(backend.tokenizer, args.agents, args.max_tokens, k) for k in range(args.rounds)
+    ]
+    config = PoolConfig(max_batch_size=args.agents, max_wait=0.02)
+    ctx = zmq.asyncio.Context()
+    try:
+        async with (
+            InferencePool({"default": backend}, config, owns_backends=False) as pool,
+            Endpoint(POOL_ENDPOINT, context=ctx) as server,
+            Endpoint("bench-agents", context=ctx) as agents_ep,
+        ):
+            pool.serve(server)
+            await agents_ep.connect(await server.bind("inproc://bench-pool"), timeout=10)
+            client = BusPoolClient(agents_ep, POOL_ENDPOINT, timeout=600)
+
+            async def agent(i: int) -> int:
+                tokens = 0
+                for k in range(args.rounds):  # one request after the other, like turns
+                    tokens += _tokens([await client.generate(rounds[k][i])])
+                return tokens
+
+            started = time.perf_counter()
+            tokens = sum(await asyncio.gather(*(agent(i) for i in range(args.agents))))
+            wall = time.perf_counter() - started
+            return tokens / wall, pool.stats.mean_batch_size
+    finally:
+        ctx.term()
+
+
+async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    from parley.arena.backends import load_backend
+    from parley.arena.commands.demo import ensure_tiny_model
+
+    model = ensure_tiny_model(args.model)
+    options: dict[str, Any] = {"device": args.device} if args.backend == "transformers" else {}
+    backend = await load_backend(args.backend, str(model), **options)
+    try:
+        batch = _requests(backend.tokenizer, args.agents, args.max_tokens)
+        await backend.generate(batch[:4])  # warm-up: first-call costs are not throughput
+        best: dict[str, float] = {"sequential": 0.0, "direct_batch": 0.0, "pool": 0.0}
+        mean_batch = 0.0
+        task = progress.add_task("pool bench", total=3 * args.repeat)
+        for _ in range(args.repeat):  # interleaved, so drifting load hits every path alike
+            best["sequential"] = max(
+                best["sequential"], await _sequential(backend, batch[: args.sequential_requests])
+            )
+            progress.advance(task)
+            best["direct_batch"] = max(best["direct_batch"], await _direct(backend, batch))
+            progress.advance(task)
+            rate, batch_size = await _through_pool(backend, args)
+            if rate > best["pool"]:
+                best["pool"], mean_batch = rate, batch_size
+            progress.advance(task)
+    finally:
+        await backend.close()
+    return {
+        "backend": args.backend,
+        "model": str(model),
+        "agents": args.agents,
+        "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
+        "sequential_tokens_per_s": round(best["sequential"], 1),
+        "direct_batch_tokens_per_s": round(best["direct_batch"], 1),
+        "pool_tokens_per_s": round(best["pool"], 1),
+        "pool_mean_batch_size": round(mean_batch, 2),
+        "batched_ratio_vs_sequential": round(best["pool"] / best["sequential"], 3),
+        "pool_ratio_vs_direct_batch": round(best["pool"] / best["direct_batch"], 3),
+        "targets": {k: f"{op} {v}" for k, (op, v) in TARGETS.items()},
+    }
+
+
+def _meets(value: float, op: str, target: float) -> bool:
+    return value >= target if op == ">=" else value <= target
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; print tables (or JSON with ``--json``). Missed targets show red
+    (and in the JSON); the exit status is 0 either way, as for the other benches."""
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    err = Console(stderr=True)
+    with Progress(console=err, transient=True) as progress:
+        result = asyncio.run(_bench(args, progress))
+    result["targets_met"] = all(_meets(result[k], op, v) for k, (op, v) in TARGETS.items())
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    table = Table(title=f"inference pool, {args.backend}, {args.agents} agents")
+    table.add_column("path")
+    table.add_column("tokens/s", justify="right")
+    table.add_row("backend, one request at a time", f"{result['sequential_tokens_per_s']:,.0f}")
+    table.add_row("backend, one batched call", f"{result['direct_batch_tokens_per_s']:,.0f}")
+    table.add_row(
+        f"pool over the bus (mean batch {result['pool_mean_batch_size']})",
+        f"{result['pool_tokens_per_s']:,.0f}",
+    )
+    ratios = Table(title="ratios")
+    ratios.add_column("ratio")
+    ratios.add_column("value", justify="right")
+    ratios.add_column("target", justify="right")
+    for key, (op, target) in TARGETS.items():
+        ok = "green" if _meets(result[key], op, target) else "red"
+        ratios.add_row(key, f"[{ok}]{result[key]:.2f}[/{ok}]", f"{op} {target}")
+    out = Console()
+    out.print(table)
+    out.print(ratios)
+    return 0
