@@ -6,7 +6,8 @@ In one run, for 200 B and 4 KB payloads over one transport (``ipc`` by default):
   REQ/REP (the echo servers run in a spawned process; over ``inproc`` in a thread);
 * one-way throughput: ``Endpoint.send`` vs raw sync PUSH/PULL that msgpack-encodes and
   decodes every message (receiver in another process; time from first send to last receipt);
-* codec: ``Codec`` envelope encode+decode vs a bare ``msgspec.Struct`` of the same content.
+* codec: ``Codec`` envelope encode+decode vs bare ``msgspec.Struct`` s of the same content
+  (they encode to the very same bytes; the difference is the union tag and the codec's checks).
 
 Each figure is the best of ``--repeat`` rounds that interleave ours and the reference (load
 on a shared machine only slows things down). Ratios combine the 200 B and 4 KB figures
