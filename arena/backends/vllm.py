@@ -111,13 +111,16 @@ class VLLMBackend(Backend):
             **(engine_args or {}),
         }
         try:
-            engine = AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**args))
+            # ~20-50 s of start-up off the event loop, so bus heartbeats keep flowing.
+            engine = await asyncio.to_thread(
+                AsyncLLM.from_engine_args, vllm.AsyncEngineArgs(**args)
+            )
         except (OSError, ValueError, RuntimeError) as exc:
             raise BackendError(
                 f"vLLM could not start on {model!r}: {exc}. Check the path, that the "
                 "head size is >= 32 on CPU, and VLLM_CPU_KVCACHE_SPACE"
             ) from exc
-        tok = load_tokenizer(tokenizer or model)
+        tok = await asyncio.to_thread(load_tokenizer, tokenizer or model)
         return cls(engine, tok, max_model_len=int(engine.model_config.max_model_len))
 
     # --- Backend surface ---------------------------------------------------------------
