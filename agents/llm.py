@@ -129,14 +129,20 @@ class BusPoolClient:
         cls,
         address: str,
         *,
-        name: str = "llm-agents",
+        name: str = "",
         timeout: float | None = None,  # noqa: ASYNC109 - also the client's per-request bound
         context: Any = None,
     ) -> BusPoolClient:
-        """A client on a new endpoint ``name`` connected to the pool at ``address``."""
+        """A client on a new endpoint connected to the pool at ``address``.
+
+        ``name`` defaults to a unique ``llm-agents-XXXXXXXX``: the pool refuses a second
+        live peer with a name it already knows, and many arenas may share one pool.
+        """
+        import uuid
+
         from parley.protocols.bus import Endpoint
 
-        endpoint = Endpoint(name, context=context)
+        endpoint = Endpoint(name or f"llm-agents-{uuid.uuid4().hex[:8]}", context=context)
         try:
             peer = await endpoint.connect(address, timeout=timeout)
         except BaseException:
