@@ -224,6 +224,17 @@ class TokenVocab:
                 base = tokenizer.encode("a", add_special_tokens=False)
                 self.bytes[i] = tokenizer.decode([*base, i])[len(tokenizer.decode(base)) :].encode()
         self._candidates = [i for i, b in enumerate(self.bytes) if b]
+        # Tokens grouped by their first byte when it is ASCII (a whole character): if the
+        # text plus that character cannot match, no token of the group can (one test
+        # rules out a whole group); tokens starting with a non-ASCII byte are tested alone.
+        self._by_first: dict[str, list[int]] = {}
+        self._other: list[int] = []
+        for i in self._candidates:
+            first = self.bytes[i][0]  # type: ignore[index]
+            if first < 0x80:
+                self._by_first.setdefault(chr(first), []).append(i)
+            else:
+                self._other.append(i)
         self._cache: OrderedDict[tuple[str, bytes], np.ndarray] = OrderedDict()
 
     def encode(self, text: str) -> list[int]:
@@ -238,9 +249,16 @@ class TokenVocab:
             self._cache.move_to_end(key)
             return mask
         mask = np.zeros(self.size, dtype=bool)
-        for i in self._candidates:
-            mask[i] = _can_continue(pattern, prefix + self.bytes[i])  # type: ignore[operator]
         done = _split_utf8(prefix)
+        if done is not None and not done[1]:
+            candidates = list(self._other)
+            for char, group in self._by_first.items():
+                if pattern.fullmatch(done[0] + char, partial=True) is not None:
+                    candidates += group
+        else:
+            candidates = self._candidates
+        for i in candidates:
+            mask[i] = _can_continue(pattern, prefix + self.bytes[i])  # type: ignore[operator]
         if done is not None and not done[1] and pattern.fullmatch(done[0]) is not None:
             mask[self.eos_id] = True
         self._cache[key] = mask
