@@ -61,7 +61,7 @@ import dataclasses
 import json
 import re
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, final
 
 import numpy as np
@@ -77,6 +77,7 @@ CHARSET: str = "".join(chr(code) for code in range(32, 127)) + "\n"
 
 _STATE_MAX_LENGTH = 1 << 24
 _OUTSIDE_CHARSET = re.compile(r"[^\x20-\x7e\n]")
+_DEFAULT_PROMPT = "Your move."
 _ADDRESS = re.compile(r"^\s*@([A-Za-z0-9_,]+)\s*:?\s*", re.DOTALL)
 
 
@@ -164,10 +165,23 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
             seat: Text(self.max_action_length, min_length=0, charset=CHARSET) for seat in seats
         }
         self.state_space = Text(_STATE_MAX_LENGTH, min_length=0, charset=CHARSET)
-        self._others = {seat: [a for a in seats if a != seat] for seat in seats}
         self.turn = 0
-        self.events: list[Event] = []
-        self._inbox: dict[str, list[str]] = {}
+        # The event log: hooks append plain tuples (a named tuple costs ~10x more to build);
+        # ``events`` turns them into Events when read.
+        self._events: list[Event] = []
+        self._raw_events: list[tuple[int, str, str, str, tuple[str, ...]]] = []
+        # One inbox list per seat for the instance's life (emptied in place, never replaced),
+        # so that ``say`` can keep the bound ``append`` of every other seat's inbox.
+        self._inbox: dict[str, list[str]] = {seat: [] for seat in seats}
+        self._deliver = {
+            seat: tuple(self._inbox[other].append for other in seats if other != seat)
+            for seat in seats
+        }
+        # Hooks left as the base defines them are not called per seat and step (same result).
+        cls = type(self)
+        self._own_prompt = cls.prompt is not Scenario.prompt
+        self._own_view = cls.view is not Scenario.view
+        self._own_constraint = cls.constraint is not Scenario.constraint
         self._step_components: dict[str, dict[str, float]] = {}
         self._totals: dict[str, dict[str, float]] = {}
         self._invalid: dict[str, str] = {}
@@ -202,7 +216,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
 
     def prompt(self, agent: str) -> str:
         """The last line of an acting seat's observation: what to do now and how."""
-        return "Your move."
+        return _DEFAULT_PROMPT
 
     def constraint(self, agent: str) -> dict[str, Any] | None:
         """Structured-output constraint for an LLM in this seat now (Constraint fields)."""
@@ -226,6 +240,20 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ machinery for hooks
 
+    @property
+    def events(self) -> list[Event]:
+        """The episode's record so far, oldest first (the same list all episode long)."""
+        raw = self._raw_events
+        if raw:
+            self._events.extend(map(Event._make, raw))
+            raw.clear()
+        return self._events
+
+    @events.setter
+    def events(self, value: list[Event]) -> None:
+        self._raw_events.clear()
+        self._events = value
+
     @final
     def tell(self, agent: str, text: str) -> None:
         """Add a line to ``agent``'s next observation (private notice from the scenario)."""
@@ -234,23 +262,23 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     @final
     def announce(self, text: str) -> None:
         """Add a line to every seat's next observation and to the public record."""
-        self.events.append(Event(self.turn, "notice", "", text))
+        self._raw_events.append((self.turn, "notice", "", text, ()))
         for agent in self.possible_agents:
             self._inbox[agent].append(text)
 
     @final
     def say(self, sender: str, text: str, to: Sequence[str] | None = None) -> None:
         """Deliver ``sender``'s message: to everyone else (``to=None``) or privately to ``to``."""
-        inbox = self._inbox
         if to is None:
-            self.events.append(Event(self.turn, "message", sender, text, ()))
+            self._raw_events.append((self.turn, "message", sender, text, ()))
             line = f"{sender}: {text}"
-            for agent in self._others[sender]:
-                inbox[agent].append(line)
+            for deliver in self._deliver[sender]:
+                deliver(line)
             return
         recipients = tuple(to)
-        self.events.append(Event(self.turn, "message", sender, text, recipients))
+        self._raw_events.append((self.turn, "message", sender, text, recipients))
         line = f"{sender} (private to {','.join(recipients)}): {text}"
+        inbox = self._inbox
         for agent in recipients:
             if agent != sender:
                 inbox[agent].append(line)
@@ -297,8 +325,10 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
             self.rng = np.random.default_rng(seed)
         self.agents = list(self.possible_agents)
         self.turn = 0
-        self.events = []
-        self._inbox = {agent: [] for agent in self.agents}
+        self._events = []  # a fresh list: a caller may still hold the last episode's
+        self._raw_events = []
+        for lines in self._inbox.values():
+            lines.clear()
         self._totals = {agent: {} for agent in self.agents}
         self._step_components = {}
         self._invalid = {}
@@ -306,8 +336,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._done = False
         self._truncated = False
         self.new_episode(self.rng)
-        observations, infos = self._observe(set(self.acting()))
-        return observations, infos
+        return self._observe(set(self.acting()), False)
 
     @final
     def step(
@@ -324,35 +353,53 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         An acting seat missing from ``actions`` plays ``""`` (usually an invalid move).
         Stepping a finished episode returns empty dicts.
         """
-        if not self.agents:
+        agents = self.agents
+        if not agents:
             return {}, {}, {}, {}, {}
-        self._step_components = {}  # filled lazily by reward(); most steps pay nobody
-        self._invalid = {}
-        check, play = self._check, self.play
+        # Last step's dicts went out in its infos: replace them, never clear them. Most steps
+        # pay nobody and see no invalid move, so most steps allocate neither.
+        if self._step_components:
+            self._step_components = {}
+        if self._invalid:
+            self._invalid = {}
+        play, limit = self.play, self.max_action_length
         for agent in self.acting():
             if self._done:
                 break
             action = actions.get(agent, "")
-            reason = check(agent, action)
-            if reason is None:
+            # The common case (a one-line printable ASCII str that fits) is decided here at C
+            # speed; anything else goes through _check, which names what is wrong.
+            if (
+                type(action) is str
+                and len(action) <= limit
+                and action.isascii()
+                and action.isprintable()
+            ):
                 reason = play(agent, action)
+            else:
+                reason = self._check(agent, action)
+                if reason is None:
+                    reason = play(agent, action)
             if reason is not None:
                 self._record_invalid(agent, reason)
-        if not self._done:
+        done = self._done
+        if not done:
             self.resolve()
-        self.turn += 1
-        if not self._done and self.max_cycles is not None and self.turn >= self.max_cycles:
+            done = self._done
+        self.turn = turn = self.turn + 1
+        if not done and self.max_cycles is not None and turn >= self.max_cycles:
             self._truncated = True
-        ended = self._done or self._truncated
-        acting = set() if ended else set(self.acting())
-        observations, infos = self._observe(acting)
+        truncated = self._truncated and not done
+        ended = done or truncated
+        observations, infos = self._observe(() if ended else set(self.acting()), ended)
+        rewards = dict.fromkeys(agents, 0.0)
         paid = self._step_components
-        rewards = dict.fromkeys(self.agents, 0.0)
-        for agent, comps in paid.items():
-            if agent in rewards:
-                rewards[agent] = float(sum(comps.values()))
-        terminations = dict.fromkeys(self.agents, self._done)
-        truncations = dict.fromkeys(self.agents, self._truncated and not self._done)
+        if paid:
+            for agent, comps in paid.items():
+                if agent in rewards:
+                    rewards[agent] = float(sum(comps.values()))
+        terminations = dict.fromkeys(agents, done)
+        truncations = dict.fromkeys(agents, truncated)
         if ended:
             self.agents = []
         return observations, rewards, terminations, truncations, infos
@@ -410,44 +457,49 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     def _record_invalid(self, agent: str, reason: str) -> None:
         self._invalid[agent] = reason
         self._invalid_count += 1
-        self.events.append(Event(self.turn, "invalid", agent, reason, (agent,)))
+        self._raw_events.append((self.turn, "invalid", agent, reason, (agent,)))
         self._inbox[agent].append(f"Invalid move: {reason}")
         self.reward(agent, "invalid", -self.invalid_penalty)
 
-    def _observe(self, acting: set[str]) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-        # Hot path (every step, every seat): attribute lookups are hoisted out of the loop.
+    def _observe(
+        self, acting: Collection[str], ended: bool
+    ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        # Hot path (every step, every seat): lookups are hoisted out of the loop, and hooks
+        # the subclass left as the base defines them are not called.
         observations: dict[str, str] = {}
         infos: dict[str, dict[str, Any]] = {}
-        ended = self._done or self._truncated
         limit, turn = self.max_observation_length, self.turn
         paid, invalid, inbox = self._step_components, self._invalid, self._inbox
-        view, prompt, constraint_of = self.view, self.prompt, self.constraint
+        prompt = self.prompt if self._own_prompt else None
+        view = self.view if self._own_view else None
+        constraint_of = self.constraint if self._own_constraint else None
         for agent in self.agents:
             lines = inbox[agent]
-            to_act = agent in acting
-            if to_act:
-                lines.append(prompt(agent))
-                # The runner delivers only acting seats' observations: keep the others' lines
-                # until the seat is next asked, so an LLM never misses a message.
-                inbox[agent] = []
-            elif ended:
-                lines = [*lines, "The episode is over."]
-            text = "\n".join(lines)
+            if agent in acting:
+                to_act = True
+                lines.append(_DEFAULT_PROMPT if prompt is None else prompt(agent))
+                text = "\n".join(lines)
+                # Emptied only when the seat is asked: the runner delivers only acting seats'
+                # observations, so the others keep their lines until their turn (an LLM never
+                # misses a message).
+                lines.clear()
+            else:
+                to_act = False
+                text = "\n".join([*lines, "The episode is over."] if ended else lines)
             observations[agent] = text if len(text) <= limit else self._fit(text)
-            # "components" is a fresh dict per step (step() replaces them): safe to hand out.
-            info: dict[str, Any] = {
+            # "components" dicts are fresh per step (step() replaces them): safe to hand out.
+            infos[agent] = info = {
                 "to_act": to_act,
                 "turn": turn,
-                "components": paid.get(agent) or {},
-                "view": view(agent),
+                "components": (paid.get(agent) or {}) if paid else {},
+                "view": {} if view is None else view(agent),
             }
-            if agent in invalid:
+            if invalid and agent in invalid:
                 info["invalid"] = invalid[agent]
-            if to_act:
+            if to_act and constraint_of is not None:
                 constraint = constraint_of(agent)
                 if constraint is not None:
                     info["constraint"] = constraint
-            infos[agent] = info
         return observations, infos
 
     def _fit(self, text: str) -> str:
