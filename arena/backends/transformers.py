@@ -185,10 +185,10 @@ class TransformersBackend(Backend):
 
     def validate(self, request: GenerateRequest) -> None:
         super().validate(request)
-        ids = request.prompt_token_ids
-        if ids and not all(0 <= t < self._vocab.size for t in ids):
+        ids = request.prompt_token_ids or self._tokenizer.encode(request.prompt)
+        if not all(0 <= t < self._vocab.size for t in ids):
             raise BackendError(f"prompt_token_ids outside the vocabulary [0, {self._vocab.size})")
-        if ids and len(ids) >= self._context:
+        if len(ids) >= self._context:
             raise BackendError(
                 f"prompt of {len(ids)} tokens does not fit the context of {self._context}; "
                 "shorten the prompt"
@@ -215,6 +215,8 @@ class TransformersBackend(Backend):
                 cancel.set()
                 # The thread stops at its next step; keep the lock until it has.
                 await asyncio.wait([work])
+                if not work.cancelled():
+                    work.exception()  # retrieved: it is the expected _Cancelled
                 raise
         return self._results(requests, prompts, rows, version)
 

@@ -245,6 +245,7 @@ async def test_bad_weight_updates_change_nothing(backend: TransformersBackend) -
         GenerateRequest(prompt="x", params=SamplingParams(n=0)),
         GenerateRequest(prompt="x", params=SamplingParams(top_p=0)),
         GenerateRequest(prompt_token_ids=[10**6]),
+        GenerateRequest(prompt="hat " * 3000),  # longer than the 2048-token context
         GenerateRequest(prompt="x", constraint=Constraint(type="choice")),
         GenerateRequest(prompt="x", constraint=Constraint(type="regex", pattern="(")),
         GenerateRequest(
