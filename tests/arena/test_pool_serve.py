@@ -20,8 +20,11 @@ from parley.arena.cli import main
 pytest.importorskip("torch")
 
 
-def _read_line(proc: subprocess.Popen[str], prefix: str, timeout: float) -> str:
-    """The first stdout line starting with ``prefix``, within ``timeout`` seconds."""
+def _read_line(proc: subprocess.Popen[bytes], prefix: str, timeout: float) -> str:
+    """The first stdout line starting with ``prefix``, within ``timeout`` seconds.
+
+    stdout is unbuffered (``bufsize=0``), so ``select`` sees every byte not yet read.
+    """
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -29,7 +32,7 @@ def _read_line(proc: subprocess.Popen[str], prefix: str, timeout: float) -> str:
     while (left := deadline - time.monotonic()) > 0:
         if not sel.select(left):
             break
-        line = proc.stdout.readline()
+        line = proc.stdout.readline().decode()
         if not line:
             break
         if line.startswith(prefix):
@@ -38,11 +41,11 @@ def _read_line(proc: subprocess.Popen[str], prefix: str, timeout: float) -> str:
 
 
 @pytest.fixture
-def served(tiny_model_dir: Path) -> Iterator[tuple[str, str, subprocess.Popen[str]]]:
+def served(tiny_model_dir: Path) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
     cmd = [sys.executable, "-m", "parley.arena.cli", "serve", "--model", str(tiny_model_dir)]
     cmd += ["--listen", "tcp://127.0.0.1:0", "--http", "127.0.0.1:0", "--policy", "tiny"]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        cmd, stdout=subprocess.PIPE, bufsize=0, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
     try:
         address = _read_line(proc, "pool listening on ", 90)
@@ -56,7 +59,7 @@ def served(tiny_model_dir: Path) -> Iterator[tuple[str, str, subprocess.Popen[st
 
 @pytest.mark.timeout(300)
 def test_an_arena_uses_a_served_pool(
-    served: tuple[str, str, subprocess.Popen[str]], tiny_model_dir: Path, tmp_path: Path
+    served: tuple[str, str, subprocess.Popen[bytes]], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     address, url, proc = served
     agents = f"llm:{tiny_model_dir}?policy=tiny&max_tokens=6,scripted"
