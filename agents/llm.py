@@ -23,6 +23,7 @@ the episode as failed, never as a reward of 0.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -206,8 +207,7 @@ class LLMAgentConfig:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
 
     def replace(self, **changes: Any) -> LLMAgentConfig:
-        import dataclasses
-
+        """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
 
 
