@@ -28,7 +28,7 @@ install: $(STAMP)
 install-vllm: $(VLLM)
 
 demo: $(STAMP)
-	$(BIN)/parley bench bus
+	$(BIN)/parley demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
