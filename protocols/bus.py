@@ -89,7 +89,7 @@ import os
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import msgspec
 import zmq
@@ -106,6 +106,7 @@ from parley.protocols.errors import (
 )
 from parley.protocols.messages import (
     SCHEMA_VERSION,
+    AnyBody,
     Body,
     Bye,
     Envelope,
@@ -119,6 +120,16 @@ from parley.protocols.messages import (
 __all__ = ["BusConfig", "BusStats", "Endpoint", "Handler"]
 
 log = logging.getLogger(__name__)
+
+
+def _any(body: Body) -> AnyBody:
+    """``body`` as the envelope's union type, for the type checker.
+
+    The public API takes any :class:`Body`; a subclass outside the protocol's union still
+    encodes, and the receiver refuses it with ``bad_message`` when it decodes.
+    """
+    return cast("AnyBody", body)
+
 
 Handler = Callable[[Envelope], Awaitable[Body | None]]
 """``async def handler(env) -> Body | None``: answers requests, receives one-way sends."""
@@ -407,7 +418,12 @@ class Endpoint:
         assert loop is not None  # _live_link found a link, so the endpoint is started
         rid = next(self._ids)
         env = Envelope(
-            body=body, sender=self.name, id=rid, expects_reply=True, episode=episode, turn=turn
+            body=_any(body),
+            sender=self.name,
+            id=rid,
+            expects_reply=True,
+            episode=episode,
+            turn=turn,
         )
         frames = self._encode(env)
         fut: asyncio.Future[Body] = loop.create_future()
@@ -427,13 +443,17 @@ class Endpoint:
     async def send(self, peer: str, body: Body, *, episode: str = "", turn: int = 0) -> None:
         """Send ``body`` to ``peer`` without waiting for an answer (order kept per peer)."""
         link = self._live_link(peer)
-        frames = self._encode(Envelope(body=body, sender=self.name, episode=episode, turn=turn))
+        frames = self._encode(
+            Envelope(body=_any(body), sender=self.name, episode=episode, turn=turn)
+        )
         if not self._send_now(link, frames):
             await self._send_later(link, frames, self.config.request_timeout)
 
     async def publish(self, channel: str, body: Body, *, episode: str = "", turn: int = 0) -> int:
         """Send ``body`` on ``channel`` to every peer subscribed to it; returns how many."""
-        env = Envelope(body=body, sender=self.name, channel=channel, episode=episode, turn=turn)
+        env = Envelope(
+            body=_any(body), sender=self.name, channel=channel, episode=episode, turn=turn
+        )
         frames = self._encode(env)
         count = 0
         for link in list(self._links.values()):
@@ -989,7 +1009,9 @@ class Endpoint:
             self._wake(sock)
 
     def _answer(self, sock: _Sock, rid: bytes | None, env: Envelope, body: Body) -> None:
-        reply = Envelope(body=body, sender=self.name, reply_to=env.id if env.expects_reply else 0)
+        reply = Envelope(
+            body=_any(body), sender=self.name, reply_to=env.id if env.expects_reply else 0
+        )
         self._raw_send(sock, rid, self._codec.encode(reply))
 
     def _reply(self, link: _Link, env: Envelope, body: Body | None) -> None:
@@ -1000,7 +1022,7 @@ class Endpoint:
                 code="handler_failed",
                 message=f"handler returned {type(body).__name__}, not a message body",
             )
-        reply = Envelope(body=body, sender=self.name, reply_to=env.id, episode=env.episode)
+        reply = Envelope(body=_any(body), sender=self.name, reply_to=env.id, episode=env.episode)
         try:
             frames = self._codec.encode(reply)
         except ProtocolError as exc:

@@ -12,7 +12,7 @@ from parley.protocols.messages import Action, Observation
 __all__ = ["ScriptedAgent"]
 
 
-class ScriptedAgent(Agent):  # type: ignore[misc]
+class ScriptedAgent(Agent):
     """An agent whose move is a synchronous function of its observation.
 
     Subclasses override :meth:`decide` (and :meth:`new_episode` for per-episode memory).

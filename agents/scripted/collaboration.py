@@ -33,7 +33,7 @@ def encode(obj: list[int], n_values: int, vocab: str, length: int) -> str:
     return "".join(reversed(letters))
 
 
-class CodeSpeaker(ScriptedAgent):  # type: ignore[misc]
+class CodeSpeaker(ScriptedAgent):
     name = "code-speaker"
 
     def decide(self, observation: Observation) -> str:
@@ -43,7 +43,7 @@ class CodeSpeaker(ScriptedAgent):  # type: ignore[misc]
         return encode(view["target"], view["n_values"], view["vocab"], view["message_length"])
 
 
-class CodeListener(ScriptedAgent):  # type: ignore[misc]
+class CodeListener(ScriptedAgent):
     name = "code-listener"
 
     def decide(self, observation: Observation) -> str:
@@ -56,7 +56,7 @@ class CodeListener(ScriptedAgent):  # type: ignore[misc]
         return "1"
 
 
-class FactSharer(ScriptedAgent):  # type: ignore[misc]
+class FactSharer(ScriptedAgent):
     name = "fact-sharer"
     share = True
 

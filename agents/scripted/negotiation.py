@@ -29,7 +29,7 @@ def _value(take: Counts, values: Counts) -> int:
     return sum(t * v for t, v in zip(take, values, strict=True))
 
 
-class DealNegotiator(ScriptedAgent):  # type: ignore[misc]
+class DealNegotiator(ScriptedAgent):
     """Concedes from 10 points down to ``floor``; the deal is the last proposal on the table.
 
     Both sides claim the last proposal: the proposer claims what it proposed to take, the
@@ -87,7 +87,7 @@ class DealNegotiator(ScriptedAgent):  # type: ignore[misc]
         return "book={} hat={} ball={} / book={} hat={} ball={}".format(*take, *rest)
 
 
-class Trader(ScriptedAgent):  # type: ignore[misc]
+class Trader(ScriptedAgent):
     """Offers 2 of its cheaper resource for 1 of its dearer; accepts gains of 10 or more."""
 
     name = "trader"
@@ -113,7 +113,7 @@ class Trader(ScriptedAgent):  # type: ignore[misc]
         return f"How about this? [Offer: I give 2 {cheap}; You give 1 {dear}]"
 
 
-class PieBargainer(ScriptedAgent):  # type: ignore[misc]
+class PieBargainer(ScriptedAgent):
     """The stationary subgame-perfect strategy of closed-rule Baron-Ferejohn bargaining.
 
     As proposer: offer ``delta/n`` (rounded up to 6 decimals) to ``q - 1`` other players

@@ -142,7 +142,7 @@ class ProfileState:
     phase: str = "talk"  # talk -> vote -> done
 
 
-class HiddenProfile(Scenario):  # type: ignore[misc]
+class HiddenProfile(Scenario):
     """A hidden-profile team decision; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {

@@ -94,7 +94,7 @@ class RefState:
     phase: str = "speak"  # speak -> listen -> done
 
 
-class Referential(Scenario):  # type: ignore[misc]
+class Referential(Scenario):
     """Lazaridou et al.'s referential game; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {

@@ -198,7 +198,7 @@ class DealState:
     scores: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-class DealOrNoDeal(Scenario):  # type: ignore[misc]
+class DealOrNoDeal(Scenario):
     """Lewis et al. (2017) multi-issue bargaining; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {

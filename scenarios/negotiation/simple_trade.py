@@ -122,7 +122,7 @@ class TradeState:
     outcome: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-class SimpleTrade(Scenario):  # type: ignore[misc]
+class SimpleTrade(Scenario):
     """SPIRAL's SimpleNegotiation; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {

@@ -110,7 +110,7 @@ class PieState:
     agreed: bool = False
 
 
-class SplitThePie(Scenario):  # type: ignore[misc]
+class SplitThePie(Scenario):
     """Baron-Ferejohn closed-rule bargaining; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
