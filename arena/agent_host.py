@@ -79,6 +79,8 @@ class AgentHost:
                 f"{type(agent).__name__}.act returned {type(action).__name__}, not an Action"
             )
         # The seat is the runner's to name; an agent may leave ``agent`` empty or stale.
+        if type(action) is Action and action.agent == obs.agent:
+            return action  # as the runner would rebuild it: no copy
         return Action(agent=obs.agent, text=action.text, tokens=action.tokens)
 
     def _new_agent(self, obs: Observation) -> Agent:

@@ -56,7 +56,7 @@ from parley.protocols.errors import (
     RemoteError,
     RequestTimeout,
 )
-from parley.protocols.messages import Action, Observation, TurnRecord
+from parley.protocols.messages import Action, Body, Observation, TurnRecord
 from parley.protocols.messages import Trajectory as TrajectoryMsg
 from parley.scenarios import make
 from parley.scenarios import spec as scenario_spec
@@ -354,63 +354,74 @@ class Runner:
         self, requests: Mapping[str, Observation], episode: str, turn: int
     ) -> dict[str, Action]:
         """Every acting seat's action; raises :class:`_EpisodeFailed` naming a failure."""
+        arena = self._arena
+        if arena is None:
+            raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
         seats = list(requests)
-        calls = [self._request(seat, requests[seat], episode, turn) for seat in seats]
+        peers, timeout = self._peers, self.config.act_timeout
+        # One look at the peer list per step (it is built on every read), not one per seat.
+        live = arena.peers
+        missing = [seat for seat in seats if peers[seat] not in live]
+        if missing:
+            await self._join(arena, missing)
+        results: list[Body | BaseException] = []
         if self.config.pipeline:
-            # gather() wraps each call in a task: all requests go out before any is awaited.
-            results: list[Action | BaseException] = await asyncio.gather(
-                *calls, return_exceptions=True
+            # gather() wraps each request in a task: all go out before any reply is awaited.
+            # The bus's own coroutines go in directly (no wrapper frame per request).
+            results = list(
+                await asyncio.gather(
+                    *(
+                        arena.request(
+                            peers[seat], requests[seat], timeout=timeout, episode=episode, turn=turn
+                        )
+                        for seat in seats
+                    ),
+                    return_exceptions=True,
+                )
             )
         else:
-            results = []
-            for call in calls:
+            for seat in seats:
                 try:
-                    results.append(await call)
-                except _EpisodeFailed as exc:
+                    reply = await arena.request(
+                        peers[seat], requests[seat], timeout=timeout, episode=episode, turn=turn
+                    )
+                except (BusError, ProtocolError) as exc:
                     results.append(exc)
+                    break  # the episode has failed: ask nobody else
+                results.append(reply)
+                if not isinstance(reply, Action):
                     break
-            for call in calls[len(results) :]:
-                call.close()  # never started: close the coroutine object quietly
         actions: dict[str, Action] = {}
         failures = []
         for seat, result in zip(seats, results, strict=False):
-            if isinstance(result, _EpisodeFailed):
-                failures.append(str(result))
-            elif isinstance(result, BaseException):
-                raise result
-            else:
+            if isinstance(result, Action):
                 actions[seat] = result
+            else:
+                failures.append(_failure(seat, result))
         if failures:
             raise _EpisodeFailed("; ".join(failures))
         return actions
 
-    async def _request(self, seat: str, body: Observation, episode: str, turn: int) -> Action:
-        arena = self._arena
-        if arena is None:
-            raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
-        peer = self._peers[seat]
-        if peer not in arena.peers:
-            try:
-                await arena.wait_for_peer(peer, timeout=self.config.join_timeout)
-            except RequestTimeout as exc:
-                raise _EpisodeFailed(f"{seat}: not_joined: {exc}") from exc
-        try:
-            reply = await arena.request(
-                peer, body, timeout=self.config.act_timeout, episode=episode, turn=turn
+    async def _join(self, arena: Endpoint, seats: Sequence[str]) -> None:
+        """Wait up to ``join_timeout`` for the peers of ``seats`` (remote seats join late);
+        raises :class:`_EpisodeFailed` naming every seat whose peer did not come."""
+        peers = sorted({self._peers[seat] for seat in seats})
+        waits = [arena.wait_for_peer(peer, timeout=self.config.join_timeout) for peer in peers]
+        outcomes = await asyncio.gather(*waits, return_exceptions=True)
+        absent: dict[str, BaseException] = {}
+        for peer, outcome in zip(peers, outcomes, strict=True):
+            if isinstance(outcome, RequestTimeout):
+                absent[peer] = outcome
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        if absent:
+            raise _EpisodeFailed(
+                "; ".join(
+                    f"{seat}: not_joined: {absent[self._peers[seat]]}"
+                    for seat in seats
+                    if self._peers[seat] in absent
+                )
             )
-        except RequestTimeout as exc:
-            raise _EpisodeFailed(f"{seat}: timeout: {exc}") from exc
-        except PeerDead as exc:
-            raise _EpisodeFailed(f"{seat}: peer_dead: {exc}") from exc
-        except RemoteError as exc:
-            raise _EpisodeFailed(f"{seat}: agent_error: {exc.remote_message}") from exc
-        except BusError as exc:
-            raise _EpisodeFailed(f"{seat}: bus_error: {exc}") from exc
-        except ProtocolError as exc:  # e.g. infos holding a value msgpack cannot carry
-            raise _EpisodeFailed(f"{seat}: protocol_error: {exc}") from exc
-        if not isinstance(reply, Action):
-            raise _EpisodeFailed(f"{seat}: bad_reply: expected an action, got {type(reply)}")
-        return reply
 
     async def _notify_end(self, episode: _Episode, asked: set[str]) -> None:
         """Tell every seat that was asked something that its episode is over (one-way)."""
@@ -537,6 +548,27 @@ class _Episode:
             invalid_moves=self.invalid_moves,
             agents_s=self.agents_s,
         )
+
+
+def _failure(seat: str, result: object) -> str:
+    """The recorded reason of a request that did not bring an action back.
+
+    Bus and protocol failures (and a reply that is not an action) fail the episode; any
+    other exception is a runner bug and is raised.
+    """
+    if isinstance(result, RequestTimeout):
+        return f"{seat}: timeout: {result}"
+    if isinstance(result, PeerDead):
+        return f"{seat}: peer_dead: {result}"
+    if isinstance(result, RemoteError):
+        return f"{seat}: agent_error: {result.remote_message}"
+    if isinstance(result, BusError):
+        return f"{seat}: bus_error: {result}"
+    if isinstance(result, ProtocolError):  # e.g. infos holding a value msgpack cannot carry
+        return f"{seat}: protocol_error: {result}"
+    if isinstance(result, BaseException):
+        raise result
+    return f"{seat}: bad_reply: expected an action, got {type(result)}"
 
 
 def _seat_specs(config: RunConfig, seats: Sequence[str]) -> dict[str, str]:
