@@ -1,0 +1,107 @@
+"""The Scenario machinery's fast paths agree with its plain rules: checks, event log, inboxes."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parley.scenarios.base import Event, Scenario
+
+
+class Room(Scenario):  # type: ignore[misc]
+    """All seats act while ``all_act``; "@seat text" is private, "x..." is rejected."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "test/room-v0",
+        "render_modes": ["ansi"],
+        "is_parallelizable": True,
+    }
+    max_action_length = 20
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(["a", "b", "c"], **kwargs)
+        self.all_act = True
+
+    def new_episode(self, rng: np.random.Generator) -> None:
+        self.announce("welcome")
+
+    def acting(self) -> list[str]:
+        return list(self.agents) if self.all_act else ["a"]
+
+    def play(self, agent: str, action: str) -> str | None:
+        if action.startswith("x"):
+            return "no x"
+        if action.startswith("@"):
+            self.say(agent, action[3:], to=[action[1]])
+        else:
+            self.say(agent, action)
+        return None
+
+    def system_prompt(self, agent: str) -> str:
+        return "Talk."
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=25))
+def test_an_action_is_invalid_exactly_when_the_action_space_refuses_it(action: str) -> None:
+    env = Room()
+    env.reset(seed=0)
+    _, _, _, _, infos = env.step({"a": "y" + action, "b": "ok", "c": "ok"})
+    move = "y" + action
+    assert ("invalid" in infos["a"]) == (not env.action_space("a").contains(move))
+    assert "invalid" not in infos["b"]
+
+
+def test_non_string_and_subclassed_string_actions() -> None:
+    class Text(str):
+        pass
+
+    env = Room()
+    env.reset(seed=0)
+    _, _, _, _, infos = env.step({"a": 5, "b": Text("fine"), "c": "two\nlines"})
+    assert infos["a"]["invalid"] == "action must be a string, got int"
+    assert "invalid" not in infos["b"]
+    assert "invalid" not in infos["c"]
+
+
+def test_event_log_is_complete_and_in_order_whenever_read() -> None:
+    env = Room()
+    env.reset(seed=0)
+    first = env.events
+    env.step({"a": "hi", "b": "@c psst", "c": "xbad"})
+    assert env.events is first  # one list all episode, filled as it is read
+    assert env.events == [
+        Event(0, "notice", "", "welcome"),
+        Event(0, "message", "a", "hi"),
+        Event(0, "message", "b", "psst", ("c",)),
+        Event(0, "invalid", "c", "no x", ("c",)),
+    ]
+    env.step({"a": "again", "b": "x", "c": "ok"})
+    assert [(e.turn, e.kind, e.sender) for e in env.events[4:]] == [
+        (1, "message", "a"),
+        (1, "invalid", "b"),
+        (1, "message", "c"),
+    ]
+    env.reset(seed=1)
+    assert env.events == [Event(0, "notice", "", "welcome")]
+    assert env.events is not first
+    assert len(first) == 7  # the last episode's log is left as it was
+
+
+def test_a_seat_not_asked_keeps_its_lines_until_it_is() -> None:
+    env = Room()
+    observations, _ = env.reset(seed=0)
+    assert observations["b"] == "welcome\nYour move."
+    env.all_act = False
+    observations, _, _, _, infos = env.step({"a": "one", "b": "ignored"})
+    assert infos["b"]["to_act"] is False
+    assert observations["b"] == "a: one"
+    observations, _, _, _, _ = env.step({"a": "four"})
+    assert observations["b"] == "a: one\na: four"
+    env.all_act = True
+    observations, _, _, _, _ = env.step({"a": "five", "b": "six", "c": "seven"})
+    assert observations["b"] == "a: one\na: four\na: five\nc: seven\nYour move."
+    assert observations["a"] == "b: six\nc: seven\nYour move."
