@@ -368,6 +368,16 @@ async def run_training(config: TrainConfig) -> TrainResult:
                     stage_start = time.perf_counter()
                     reading = await _reading_stage(stage, policies, trainer, sync)
                     progress.update(bar, advance=stage.max_updates, description=stage.name)
+                    for i, accuracy in enumerate(reading):
+                        row = {
+                            "update": len(history) + 1,
+                            "stage": stage.name,
+                            "stage_update": i + 1,
+                            "reading_accuracy": accuracy,
+                            "wall_s": round(time.perf_counter() - started, 3),
+                        }
+                        history.append(row)
+                        logger.log(row)
                     summaries.append(_stage_summary(stage, reading, stage_start, 0, 0))
                     continue
                 trainer.set_trainable(stage.train)

@@ -1,18 +1,19 @@
-"""Reading warm start: teach a tiny random model to read a numbered list, before any RL.
+"""Reading warm start: teach a tiny random model to read its prompt, before any RL.
 
 Why: a randomly initialised tiny LM cannot *read*. In the referential game the listener
 must find, among numbered lines, the one its partner's message refers to and answer that
-line's number — a two-step lookup (match a line, copy its number) that such a model has to
-discover from scratch. By RL alone the listener sits at chance for hundreds of updates (a
-plateau of ~10^4 episodes before the lookup circuit forms; see ``examples/referential.md``).
-Real LLMs arrive able to read; this gives the tiny one the same starting point.
+line's number (match a line, copy its number); the speaker must pick the target out of a
+list of distractors. Such a model has to discover those circuits from scratch, and by RL
+with one bit of reward per episode it sits at chance for hundreds of updates (measured in
+``examples/referential.md``). Real LLMs arrive able to read; this gives the tiny one a
+similar starting point.
 
-What it is: supervised next-token training on a *generic* lookup task — "Find: green",
-then numbered lines of attribute words, answer the number of the line that says "green".
-It never contains a message, a code or anything of the game's reward: the names are
-literal, so nothing about *which code means which object* is learned here. The RL stages
-that follow still have to invent (speaker) and understand (listener) the code from the
-shared reward alone.
+What it is: supervised next-token training on *generic* exercises with literal names —
+``lookup`` ("Find: green", numbered lines, answer the number of the line that says
+"green") and ``repeat`` (answer the item named "Target" among "Others"). Neither contains
+a message, a code or the game's reward: nothing about *which code means which object* is
+learned here. The RL stages that follow still have to invent (speaker) and understand
+(listener) the code from the shared reward alone.
 
 :func:`pretrain_reading` trains a ``transformers`` causal LM in place and returns its
 accuracy curve (fraction of the batch answered right, per step).
@@ -27,7 +28,7 @@ import numpy as np
 
 from parley.protocols.errors import require
 
-__all__ = ["lookup_example", "pretrain_reading"]
+__all__ = ["TASKS", "lookup_example", "pretrain_reading", "repeat_example"]
 
 
 def _words() -> list[str]:
@@ -43,9 +44,10 @@ def lookup_example(
     min_items: int = 2,
     max_items: int = 6,
     max_words: int = 2,
+    question: str = "",
 ) -> tuple[str, str]:
     """One (user text, answer) pair: find an item among numbered lines of 1..max_words
-    words each."""
+    words each (``question`` replaces the closing ``Pick 1-N:`` line)."""
     n = int(rng.integers(min_items, max_items + 1))
     size = int(rng.integers(1, max_words + 1))
     items: list[str] = []
@@ -55,7 +57,29 @@ def lookup_example(
             items.append(item)
     target = int(rng.integers(n))
     lines = "\n".join(f"{i + 1} {item}" for i, item in enumerate(items))
-    return f"Find: {items[target]}\n{lines}\nPick 1-{n}:", str(target + 1)
+    return f"Find: {items[target]}\n{lines}\n{question or f'Pick 1-{n}:'}", str(target + 1)
+
+
+def repeat_example(
+    rng: np.random.Generator,
+    words: Sequence[str],
+    *,
+    min_items: int = 2,
+    max_items: int = 6,
+    max_words: int = 1,
+    question: str = "Repeat the target:",
+) -> tuple[str, str]:
+    """One (user text, answer) pair: repeat the item named "Target" among the others."""
+    n = int(rng.integers(min_items, max_items + 1))
+    items = [str(w) for w in rng.choice(list(words), size=n, replace=False)]
+    others = ", ".join(items[1:])
+    return f"Target: {items[0]}\nOthers: {others}\n{question}", items[0]
+
+
+TASKS = {"lookup": lookup_example, "repeat": repeat_example}
+"""Warm-start task name -> example maker ``(rng, words, ...) -> (text, answer)``:
+``lookup`` reads a numbered list (listener-like), ``repeat`` names the target among
+distractors (speaker-like)."""
 
 
 def pretrain_reading(
@@ -72,14 +96,17 @@ def pretrain_reading(
     min_items: int = 2,
     max_items: int = 6,
     max_words: int = 2,
+    task: str = "lookup",
+    question: str = "",
 ) -> list[float]:
     """Train ``model`` on :func:`lookup_example` answers for up to ``steps`` steps.
 
     ``tokenizer`` is a :class:`~parley.arena.backends.tokenizer.HFChatTokenizer` (prompts
     go through the chat template, as the LLM agent sends them). ``words`` (default: every
     attribute word of the referential scenario), ``min_items``..``max_items`` lines of
-    1..``max_words`` words shape the lists. Stops early when the
-    mean accuracy of the last 10 steps reaches ``target``. Returns accuracy per step.
+    1..``max_words`` words shape the lists; ``task`` picks the exercise (:data:`TASKS`)
+    and ``question`` replaces its closing line. Stops early when the mean accuracy of the
+    last 10 steps reaches ``target``. Returns accuracy per step.
     """
     torch: Any = require("torch", "train")
     rng = np.random.default_rng(seed)
@@ -92,8 +119,9 @@ def pretrain_reading(
     for _ in range(steps):
         rows, answers = [], []
         for _ in range(batch_size):
-            text, answer = lookup_example(
-                rng, words, min_items=min_items, max_items=max_items, max_words=max_words
+            options: dict[str, Any] = {"question": question} if question else {}
+            text, answer = TASKS[task](
+                rng, words, min_items=min_items, max_items=max_items, max_words=max_words, **options
             )
             messages = [{"role": "user", "content": text}]
             if system_prompt:
