@@ -1071,6 +1071,10 @@ class Endpoint:
                     delay = min(delay * 2, 0.1)
             finally:
                 link.pending.pop(rid, None)
+                if fut.done() and not fut.cancelled():
+                    # close() may fail this future while the handshake is being cancelled:
+                    # mark its exception as seen, or asyncio logs it as never retrieved.
+                    fut.exception()
         reply = fut.result()  # raises RemoteError on a refusal
         if not isinstance(reply, Hello):
             raise BusError(f"expected Hello from {link.sock.address}, got {type(reply).__name__}")
