@@ -2,9 +2,10 @@
 
 Workload (the same for both paths): self-play of ``negotiation/simple-trade-v0`` by the
 tiny model (``parley model tiny``) through the in-process pool, one shared policy for both
-seats, free-text actions of up to ``--max-tokens`` tokens — the random model stops at a
-random point, so episodes differ in length. Each update trains on ``--batch`` episodes
-(REINFORCE with per-role baselines) and pushes the weights to the pool.
+seats, free-text actions. Episode lengths vary: each agent of each episode draws its
+token budget uniformly from ``--min-tokens``..``--max-tokens`` (a random tiny model rarely
+stops by itself, so the budget sets the length). Each update trains on ``--batch``
+episodes (REINFORCE with per-role baselines) and pushes the weights to the pool.
 
 - ``sync``: play a batch of episodes (all at once), wait for the slowest, train, push.
 - ``async``: :class:`~parley.arena.sampler.AsyncSampler` with staleness S = 1 keeps
@@ -25,13 +26,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 SCENARIO = "negotiation/simple-trade-v0"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=16, help="episodes per update")
     parser.add_argument("--updates", type=int, default=4, help="timed updates per path")
-    parser.add_argument("--max-tokens", type=int, default=24, help="most tokens per action")
+    parser.add_argument("--min-tokens", type=int, default=2, help="fewest tokens per action")
+    parser.add_argument("--max-tokens", type=int, default=32, help="most tokens per action")
     parser.add_argument("--max-turns", type=int, default=6, help="turns per trade episode")
     parser.add_argument("--repeats", type=int, default=1, help="runs per path (best kept)")
     parser.add_argument("--model", default="", help="model directory (default: build tiny)")
@@ -54,7 +58,16 @@ async def _setup(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     pool = await InferencePool({"shared": policy.backend}, PoolConfig(max_batch_size=256)).start()
     log = ConstraintLog()
     agent = AgentConfig(temperature=1.0, max_tokens=args.max_tokens, max_prompt_tokens=384)
-    factory = _llm_factory(pool, "shared", policy.backend.tokenizer, "", agent, log)
+    base = _llm_factory(pool, "shared", policy.backend.tokenizer, "", agent, log)
+    rng = np.random.default_rng(0)
+
+    def factory() -> Any:
+        # A fresh token budget per agent per episode: episodes of different lengths.
+        llm = base()
+        budget = int(rng.integers(args.min_tokens, args.max_tokens + 1))
+        llm.config = llm.config.replace(max_tokens=budget)
+        return llm
+
     run_config = RunConfig(
         scenario=SCENARIO,
         scenario_kwargs={"max_turns": args.max_turns},
@@ -143,7 +156,8 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bench": "sampler",
         "workload": f"{SCENARIO} self-play, tiny model, batch {args.batch} episodes, "
-        f"max_tokens {args.max_tokens}, {args.updates} updates",
+        f"max_tokens {args.min_tokens}-{args.max_tokens} per agent, {args.max_turns} turns, "
+        f"{args.updates} updates",
         "sync_samples_per_s": round(best_sync, 2),
         "async_samples_per_s": round(best_async, 2),
         "async_ratio_vs_sync": round(best_async / best_sync, 3) if best_sync else None,

@@ -18,11 +18,11 @@ def test_self_play_simple_trade_logs_per_role_metrics(tiny_model_dir: Path, tmp_
     config = load_train_config(
         data={
             "scenario": "negotiation/simple-trade-v0",
-            "scenario_kwargs": {"max_turns": 4},
+            "scenario_kwargs": {"max_turns": 2},
             "model": str(tiny_model_dir),
             "policies": ["shared"],
-            "agent": {"max_tokens": 12, "system_prompt": True},
-            "sampler": {"batch_size": 8, "staleness": 1, "concurrency": 16},
+            "agent": {"max_tokens": 6, "system_prompt": True},
+            "sampler": {"batch_size": 4, "staleness": 1, "concurrency": 8},
             "pg": {"estimator": "reinforce", "grouping": "role", "lr": 1e-4},
             "stages": [
                 {
