@@ -45,9 +45,11 @@ def lookup_example(
     max_items: int = 6,
     max_words: int = 2,
     question: str = "",
+    query: str = "Find",
 ) -> tuple[str, str]:
     """One (user text, answer) pair: find an item among numbered lines of 1..max_words
-    words each (``question`` replaces the closing ``Pick 1-N:`` line)."""
+    words each (``question`` replaces the closing ``Pick 1-N:`` line, ``query`` the word
+    before the item looked for)."""
     n = int(rng.integers(min_items, max_items + 1))
     size = int(rng.integers(1, max_words + 1))
     items: list[str] = []
@@ -57,7 +59,8 @@ def lookup_example(
             items.append(item)
     target = int(rng.integers(n))
     lines = "\n".join(f"{i + 1} {item}" for i, item in enumerate(items))
-    return f"Find: {items[target]}\n{lines}\n{question or f'Pick 1-{n}:'}", str(target + 1)
+    text = f"{query}: {items[target]}\n{lines}\n{question or f'Pick 1-{n}:'}"
+    return text, str(target + 1)
 
 
 def repeat_example(
@@ -68,6 +71,7 @@ def repeat_example(
     max_items: int = 6,
     max_words: int = 1,
     question: str = "Repeat the target:",
+    query: str = "",
 ) -> tuple[str, str]:
     """One (user text, answer) pair: repeat the item named "Target" among the others."""
     n = int(rng.integers(min_items, max_items + 1))
@@ -98,6 +102,7 @@ def pretrain_reading(
     max_words: int = 2,
     task: str = "lookup",
     question: str = "",
+    query: str = "",
 ) -> list[float]:
     """Train ``model`` on :func:`lookup_example` answers for up to ``steps`` steps.
 
@@ -105,8 +110,9 @@ def pretrain_reading(
     go through the chat template, as the LLM agent sends them). ``words`` (default: every
     attribute word of the referential scenario), ``min_items``..``max_items`` lines of
     1..``max_words`` words shape the lists; ``task`` picks the exercise (:data:`TASKS`)
-    and ``question`` replaces its closing line. Stops early when the mean accuracy of the
-    last 10 steps reaches ``target``. Returns accuracy per step.
+    and ``question`` replaces its closing line (``query``: the lookup's first word).
+    Stops early when the mean accuracy of the last 10 steps reaches ``target``. Returns
+    accuracy per step.
     """
     torch: Any = require("torch", "train")
     rng = np.random.default_rng(seed)
@@ -120,6 +126,8 @@ def pretrain_reading(
         rows, answers = [], []
         for _ in range(batch_size):
             options: dict[str, Any] = {"question": question} if question else {}
+            if query:
+                options["query"] = query
             text, answer = TASKS[task](
                 rng, words, min_items=min_items, max_items=max_items, max_words=max_words, **options
             )
