@@ -93,7 +93,7 @@ async def evaluate_team(
         scenario=config.scenario,
         scenario_kwargs=dict(config.scenario_kwargs),
         agents={
-            seat: spec if str(spec) == "scripted" else f"llm:{spec}{query}"
+            seat: "scripted" if str(spec) == "scripted" else f"llm:{spec}{query}"
             for seat, spec in (("speaker", speaker), ("listener", listener))
         },
         episodes=episodes,
