@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,17 +199,25 @@ class ConstraintLog:
     """Remembers the constraint of each generate request, keyed by (policy, prompt ids).
 
     The trainer needs it to rebuild the legal-token masks the backend decoded under;
-    trajectories carry the tokens but not the constraint. Entries are removed on lookup.
+    trajectories carry the tokens but not the constraint. The same prompt always comes
+    with the same constraint (the scenario derives both from one observation), and many
+    episodes share prompts, so entries are kept (not consumed); the oldest are dropped
+    beyond ``capacity``.
     """
 
-    def __init__(self) -> None:
-        self._by_prompt: dict[tuple[str, tuple[int, ...]], Constraint | None] = {}
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._by_prompt: OrderedDict[tuple[str, tuple[int, ...]], Constraint | None] = OrderedDict()
 
     def note(self, request: GenerateRequest) -> None:
-        self._by_prompt[(request.policy, tuple(request.prompt_token_ids))] = request.constraint
+        key = (request.policy, tuple(request.prompt_token_ids))
+        self._by_prompt[key] = request.constraint
+        self._by_prompt.move_to_end(key)
+        while len(self._by_prompt) > self.capacity:
+            self._by_prompt.popitem(last=False)
 
-    def pop(self, policy: str, prompt_ids: Sequence[int]) -> Constraint | None:
-        return self._by_prompt.pop((policy, tuple(prompt_ids)), None)
+    def get(self, policy: str, prompt_ids: Sequence[int]) -> Constraint | None:
+        return self._by_prompt.get((policy, tuple(prompt_ids)))
 
     def __len__(self) -> int:
         return len(self._by_prompt)
@@ -260,7 +269,7 @@ def samples_from_record(
         for i, turn in enumerate(trajectory.turns):
             reward = shaped[trajectory.agent] if shaped is not None else to_go[i]
             for tokens in turn.tokens:
-                constraint = log.pop(tokens.policy, tokens.prompt_token_ids) if log else None
+                constraint = log.get(tokens.policy, tokens.prompt_token_ids) if log else None
                 out.append(
                     Sample(
                         policy=tokens.policy,

@@ -404,8 +404,9 @@ async def run_training(config: TrainConfig) -> TrainResult:
                 sampler_config = dataclasses.replace(
                     config.sampler, seed=config.sampler.seed + 1000 * len(summaries)
                 )
+                # The sampler counts this stage's updates from 0: its staleness budget
+                # (S + version + 1) * batch_size is relative to the stage's start.
                 sampler = AsyncSampler(runner, sampler_config)
-                sampler.version = trainer.version
                 learners = {
                     seat
                     for seat, spec in stage.agents.items()
@@ -432,8 +433,8 @@ async def run_training(config: TrainConfig) -> TrainResult:
                             metrics = await asyncio.to_thread(trainer.step, samples)
                             for name in stage.train:
                                 await sync.push(name, trainer.version, trainer.state_tensors(name))
-                        sampler.publish(trainer.version)
                         updates += 1
+                        sampler.publish(updates)
                         episodes_done += len(batch.records)
                         curve.append(value)
                         row = {
@@ -445,7 +446,7 @@ async def run_training(config: TrainConfig) -> TrainResult:
                             "failed": len(batch.failures),
                             "samples": len(samples),
                             "stale_mean": float(
-                                np.mean([trainer.version - 1 - v for v in batch.started_versions])
+                                np.mean([updates - 1 - v for v in batch.started_versions])
                             )
                             if batch.started_versions
                             else 0.0,
