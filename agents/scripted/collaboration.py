@@ -2,7 +2,8 @@
 
 * :class:`CodeSpeaker` / :class:`CodeListener` - referential: a fixed code, the target's
   index in mixed radix written in base ``vocab_size`` (lossless whenever
-  ``vocab_size ** message_length >= n_values ** n_attributes``).
+  ``vocab_size ** message_length >= n_values ** n_attributes``). The listener answers by
+  number or by name, as the scenario's ``answer`` option asks.
 * :class:`FactSharer` - hidden-profile: shares all its facts in the first round, then counts
   every distinct fact it has seen and votes for the best option (reaches 100%).
 * :class:`FactHoarder` - hidden-profile: never talks and votes from its own facts alone,
@@ -16,6 +17,7 @@ from typing import Any
 from parley.agents.scripted.base import ScriptedAgent
 from parley.protocols.messages import Observation
 from parley.scenarios.collaboration.hidden_profile import Fact, parse_facts, tally
+from parley.scenarios.collaboration.referential import describe
 
 __all__ = ["CodeListener", "CodeSpeaker", "FactHoarder", "FactSharer", "encode"]
 
@@ -52,7 +54,9 @@ class CodeListener(ScriptedAgent):
         for number, obj in enumerate(candidates, start=1):
             code = encode(obj, view["n_values"], view["vocab"], view["message_length"])
             if code == view.get("message"):
-                return str(number)
+                return describe(tuple(obj)) if view.get("answer") == "name" else str(number)
+        if view.get("answer") == "name" and candidates:
+            return describe(tuple(candidates[0]))
         return "1"
 
 

@@ -6,8 +6,15 @@ for the speaker. Objects are tuples of ``n_attributes`` attributes with ``n_valu
 each (``n_values ** n_attributes`` objects; 16 by default). ``n_candidates`` distinct objects
 are drawn, one is the target. The speaker sees the target and the others and sends a message
 of exactly ``message_length`` letters from the first ``vocab_size`` letters of the alphabet.
-The listener sees the message and the candidates shuffled, and picks one by its number.
-Both get reward 1 if the pick is the target, else 0: chance is ``1 / n_candidates``.
+The listener sees the message and the candidates shuffled, and picks one: by its number
+(``answer="number"``, the default) or by its description (``answer="name"``). Both get
+reward 1 if the pick is the target, else 0: chance is ``1 / n_candidates``.
+
+Why ``answer="name"``: with numbers the listener's job is a two-step lookup (map the
+message to an object, then find that object's line number), a circuit a random tiny model
+must discover from one bit of reward. Answering by name makes it a direct mapping
+(message -> name), still restricted to the ``K`` candidates shown, so chance is unchanged
+(``examples/referential.md`` has the measured difference).
 
 Seats: ``speaker`` (acts on step 1), ``listener`` (acts on step 2).
 
@@ -16,16 +23,20 @@ Actions:
 ===========  =================================================================
 speaker      ``ab`` - ``message_length`` letters from the vocabulary (constraint:
              "choice" over all messages when there are at most 256, else "regex")
-listener     ``1`` ... ``K`` - the candidate's number (constraint: "choice")
+listener     ``answer="number"``: ``1`` ... ``K`` - the candidate's number;
+             ``answer="name"``: the candidate's description, e.g. ``red circle``
+             (constraint: "choice" over the ``K`` shown candidates either way)
 ===========  =================================================================
 
 An invalid message reaches the listener as ``-``; an invalid pick counts as wrong.
 
 Observations (speaker): ``Target: red circle`` / ``Others: blue square`` / the message
-format. (listener): ``Message: ab`` / ``1 blue square`` / ``2 red circle`` / ``Pick 1-2.``
+format. (listener, ``answer="number"``): ``Message: ab`` / ``1 blue square`` /
+``2 red circle`` / ``Pick 1-2:``; (listener, ``answer="name"``): ``Message: ab`` /
+``Candidates: blue square, red circle`` / ``Pick one:``.
 ``infos[seat]["view"]`` holds value indices: ``target`` and ``others`` (speaker),
-``candidates`` in shown order and ``message`` (listener), plus ``vocab``, ``message_length``
-and ``n_values``.
+``candidates`` in shown order and ``message`` (listener), plus ``vocab``, ``message_length``,
+``n_values`` and ``answer``.
 
 Rewards (on the last step):
 
@@ -39,8 +50,9 @@ invalid     -``invalid_penalty`` per invalid move (default 0.0)
 Metrics: ``success`` (the pick was right), ``chance`` (``1 / n_candidates``).
 
 Arguments: ``n_candidates`` (2), ``n_attributes`` (2, at most 4), ``n_values`` (4, at
-most 8), ``vocab_size`` (8, at most 26), ``message_length`` (2), ``invalid_penalty``,
-``max_cycles``, ``render_mode``.
+most 8), ``vocab_size`` (8, at most 26), ``message_length`` (2), ``answer``
+(``"number"`` or ``"name"``: how the listener names its pick; default ``"number"``),
+``invalid_penalty``, ``max_cycles``, ``render_mode``.
 
     >>> env = make("collaboration/referential-v0", n_candidates=4)
 
@@ -69,6 +81,7 @@ ATTRIBUTES: tuple[tuple[str, ...], ...] = (
 )
 """Attribute value names; an object is one value index per attribute."""
 SEATS = ("speaker", "listener")
+ANSWERS = ("number", "name")
 MAX_CHOICES = 256
 
 Obj = tuple[int, ...]
@@ -111,6 +124,7 @@ class Referential(Scenario):
         n_values: int = 4,
         vocab_size: int = 8,
         message_length: int = 2,
+        answer: str = "number",
         *,
         invalid_penalty: float | None = None,
         max_cycles: int | None = None,
@@ -125,6 +139,9 @@ class Referential(Scenario):
             raise ConfigError(f"n_candidates must be 2..{n_values**n_attributes}")
         if not 2 <= vocab_size <= 26 or not 1 <= message_length <= 16:
             raise ConfigError("need 2 <= vocab_size <= 26 and 1 <= message_length <= 16")
+        if answer not in ANSWERS:
+            raise ConfigError(f"answer must be one of {ANSWERS}, not {answer!r}")
+        self.answer = answer
         self.k, self.n_attributes, self.n_values = n_candidates, n_attributes, n_values
         self.vocab = string.ascii_lowercase[:vocab_size]
         self.message_length = message_length
@@ -147,26 +164,43 @@ class Referential(Scenario):
             valid = len(text) == self.message_length and all(ch in self.vocab for ch in text)
             self.s.message, self.s.phase = (text if valid else "-"), "listen"
             self.tell("listener", f"Message: {self.s.message}")
-            for number, obj in enumerate(self.s.candidates, start=1):
-                self.tell("listener", f"{number} {describe(obj)}")
+            if self.answer == "name":
+                names = ", ".join(describe(obj) for obj in self.s.candidates)
+                self.tell("listener", f"Candidates: {names}")
+            else:
+                for number, obj in enumerate(self.s.candidates, start=1):
+                    self.tell("listener", f"{number} {describe(obj)}")
             if valid:
                 return None
             return f"the message must be {self.message_length} letters from '{self.vocab}'"
-        pick = int(text) - 1 if text.isdigit() and 1 <= int(text) <= self.k else None
+        pick = self._parse_pick(text)
         self.s.pick, self.s.phase = pick, "done"
         success = float(pick == self.s.target)
         for seat in SEATS:
             self.reward(seat, "task", success)
         self.finish()
-        return None if pick is not None else f"answer with one number from 1 to {self.k}"
+        if pick is not None:
+            return None
+        if self.answer == "name":
+            return "answer with one of the candidates' descriptions"
+        return f"answer with one number from 1 to {self.k}"
+
+    def _parse_pick(self, text: str) -> int | None:
+        """The picked candidate's index, or None when ``text`` names none."""
+        if self.answer == "name":
+            names = [describe(obj) for obj in self.s.candidates]
+            return names.index(text) if text in names else None
+        return int(text) - 1 if text.isdigit() and 1 <= int(text) <= self.k else None
 
     def prompt(self, agent: str) -> str:
         if agent == "speaker":
             return f"Message ({self.message_length} letters from {self.vocab}):"
-        return f"Pick 1-{self.k}:"
+        return "Pick one:" if self.answer == "name" else f"Pick 1-{self.k}:"
 
     def constraint(self, agent: str) -> dict[str, Any] | None:
         if agent == "listener":
+            if self.answer == "name":
+                return {"type": "choice", "choices": [describe(c) for c in self.s.candidates]}
             return {"type": "choice", "choices": [str(i) for i in range(1, self.k + 1)]}
         if len(self.vocab) ** self.message_length <= MAX_CHOICES:
             return {"type": "choice", "choices": messages(self.vocab, self.message_length)}
@@ -174,7 +208,7 @@ class Referential(Scenario):
 
     def view(self, agent: str) -> dict[str, Any]:
         common = {"vocab": self.vocab, "message_length": self.message_length}
-        common["n_values"] = self.n_values
+        common["n_values"], common["answer"] = self.n_values, self.answer
         if agent == "speaker":
             target = self.s.candidates[self.s.target]
             others = [list(c) for i, c in enumerate(self.s.candidates) if i != self.s.target]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from parley.agents.scripted.base import ScriptedAgent
+from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Observation
 from parley.scenarios import make
 from parley.scenarios.conformance import baseline_agents, play_episode
@@ -64,3 +65,32 @@ def test_large_message_spaces_use_a_regex_constraint() -> None:
         "type": "regex",
         "pattern": "[abcdefghijklmnopqrstuvwxyz]{3}",
     }
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_name_answers_scripted_code_succeeds_and_guessing_is_chance(k: int) -> None:
+    kwargs = {"n_candidates": k, "answer": "name"}
+    assert _success(lambda: None, 100, **kwargs) == 1.0
+
+    def agents() -> dict[str, object]:
+        return {**baseline_agents(ID, ["speaker"]), "listener": Guesser()}
+
+    assert abs(_success(agents, 300, **kwargs) - 1 / k) < 0.1
+
+
+def test_name_answers_observation_constraint_and_invalid_pick() -> None:
+    env = make(ID, n_candidates=3, n_attributes=1, answer="name")
+    env.reset(seed=0)
+    obs, _, _, _, infos = env.step({"speaker": "ab", "listener": ""})
+    names = infos["listener"]["constraint"]["choices"]
+    assert obs["listener"] == f"Message: ab\nCandidates: {', '.join(names)}\nPick one:"
+    assert infos["listener"]["view"]["answer"] == "name"
+    assert len(set(names)) == 3
+    _, rewards, _, _, infos = env.step({"speaker": "", "listener": "1"})
+    assert "invalid" in infos["listener"]  # a number is no name
+    assert rewards == {"speaker": 0.0, "listener": 0.0}
+
+
+def test_unknown_answer_mode_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="answer"):
+        make(ID, answer="letter")
