@@ -32,11 +32,11 @@ SCENARIO = "negotiation/simple-trade-v0"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch", type=int, default=16, help="episodes per update")
-    parser.add_argument("--updates", type=int, default=4, help="timed updates per path")
+    parser.add_argument("--batch", type=int, default=8, help="episodes per update")
+    parser.add_argument("--updates", type=int, default=3, help="timed updates per path")
     parser.add_argument("--min-tokens", type=int, default=2, help="fewest tokens per action")
     parser.add_argument("--max-tokens", type=int, default=32, help="most tokens per action")
-    parser.add_argument("--max-turns", type=int, default=6, help="turns per trade episode")
+    parser.add_argument("--max-turns", type=int, default=4, help="turns per trade episode")
     parser.add_argument("--repeats", type=int, default=1, help="runs per path (best kept)")
     parser.add_argument("--model", default="", help="model directory (default: build tiny)")
 
