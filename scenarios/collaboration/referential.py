@@ -30,10 +30,11 @@ listener     ``answer="number"``: ``1`` ... ``K`` - the candidate's number;
 
 An invalid message reaches the listener as ``-``; an invalid pick counts as wrong.
 
-Observations (speaker): ``Target: red circle`` / ``Others: blue square`` / the message
-format. (listener, ``answer="number"``): ``Message: ab`` / ``1 blue square`` /
-``2 red circle`` / ``Pick 1-2:``; (listener, ``answer="name"``): ``Message: ab`` /
-``Candidates: blue square, red circle`` / ``Pick one:``.
+Observations (speaker): ``Target: red circle`` / ``Others: blue square`` (unless
+``show_others=False``) / the message format. (listener, ``answer="number"``):
+``Message: ab`` / ``1 blue square`` / ``2 red circle`` / ``Pick 1-2:``; (listener,
+``answer="name"``): ``Message: ab`` / ``Candidates: blue square, red circle`` /
+``Pick one:``.
 ``infos[seat]["view"]`` holds value indices: ``target`` and ``others`` (speaker),
 ``candidates`` in shown order and ``message`` (listener), plus ``vocab``, ``message_length``,
 ``n_values`` and ``answer``.
@@ -52,7 +53,10 @@ Metrics: ``success`` (the pick was right), ``chance`` (``1 / n_candidates``).
 Arguments: ``n_candidates`` (2), ``n_attributes`` (2, at most 4), ``n_values`` (4, at
 most 8), ``vocab_size`` (8, at most 26), ``message_length`` (2), ``answer``
 (``"number"`` or ``"name"``: how the listener names its pick; default ``"number"``),
-``invalid_penalty``, ``max_cycles``, ``render_mode``.
+``show_others`` (True: the speaker also sees the distractors; False: the target alone,
+Lewis's signalling game - a fixed code needs only the target, and the shorter prompt is
+what lets a tiny model learn it fast), ``invalid_penalty``, ``max_cycles``,
+``render_mode``.
 
     >>> env = make("collaboration/referential-v0", n_candidates=4)
 
@@ -125,6 +129,7 @@ class Referential(Scenario):
         vocab_size: int = 8,
         message_length: int = 2,
         answer: str = "number",
+        show_others: bool = True,
         *,
         invalid_penalty: float | None = None,
         max_cycles: int | None = None,
@@ -141,7 +146,7 @@ class Referential(Scenario):
             raise ConfigError("need 2 <= vocab_size <= 26 and 1 <= message_length <= 16")
         if answer not in ANSWERS:
             raise ConfigError(f"answer must be one of {ANSWERS}, not {answer!r}")
-        self.answer = answer
+        self.answer, self.show_others = answer, bool(show_others)
         self.k, self.n_attributes, self.n_values = n_candidates, n_attributes, n_values
         self.vocab = string.ascii_lowercase[:vocab_size]
         self.message_length = message_length
@@ -153,7 +158,8 @@ class Referential(Scenario):
         self.s = RefState(candidates=candidates, target=int(rng.integers(self.k)))
         others = [describe(c) for i, c in enumerate(candidates) if i != self.s.target]
         self.tell("speaker", f"Target: {describe(candidates[self.s.target])}")
-        self.tell("speaker", f"Others: {', '.join(others)}")
+        if self.show_others:
+            self.tell("speaker", f"Others: {', '.join(others)}")
 
     def acting(self) -> list[str]:
         return {"speak": ["speaker"], "listen": ["listener"]}.get(self.s.phase, [])

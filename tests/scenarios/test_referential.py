@@ -94,3 +94,12 @@ def test_name_answers_observation_constraint_and_invalid_pick() -> None:
 def test_unknown_answer_mode_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="answer"):
         make(ID, answer="letter")
+
+
+def test_show_others_false_hides_the_distractors_from_the_speaker() -> None:
+    env = make(ID, n_candidates=4, n_attributes=1, answer="name", show_others=False)
+    obs, infos = env.reset(seed=0)
+    assert obs["speaker"].startswith("Target: ")
+    assert "Others" not in obs["speaker"]
+    assert len(infos["speaker"]["view"]["others"]) == 3  # scripted agents still know them
+    assert _success(lambda: None, 50, n_candidates=4, answer="name", show_others=False) == 1.0
