@@ -1,12 +1,14 @@
-"""A short training demo, then an arena of the trained model vs the untrained one.
+"""A short training demo, then an arena of the trained team vs the untrained one.
 
-:func:`train_demo` is what ``make demo`` / ``parley demo`` can call. It runs the part of
-the referential recipe that learns within minutes on a 2-core CPU (see
-``examples/referential.md``): K = 2 candidates, the speaker (tiny random model) gets the
-generic naming warm start, then learns the code by RL against the scripted listener,
-through the real path. Then it plays evaluation episodes of the untrained and of the
-trained speaker (both as ``llm:`` agents loading checkpoints, like ``parley run``) with the
-scripted listener, and returns both success rates (chance: 0.5).
+:func:`train_demo` is what ``make demo`` / ``parley demo`` can call. It runs the recipe of
+``examples/referential.yaml`` (see ``examples/referential.md``): K = 4 candidates (8
+one-word objects, one-letter messages, the listener answers by name, the speaker sees the
+target alone), two tiny random models, no warm start; the listener learns the scripted
+speaker's code by RL, the speaker learns to talk to that trained listener, then both train
+together - about 1.5-3 minutes on a 2-core CPU, through the real path. Then it plays
+evaluation episodes of the untrained team and of the trained team (all ``llm:`` agents
+loading checkpoints, like ``parley run``, greedy) and returns both success rates
+(chance: 1 / K).
 """
 
 from __future__ import annotations
@@ -21,55 +23,60 @@ from parley.arena.trainers.loop import TrainResult, load_train_config, run_train
 __all__ = ["DemoResult", "demo_config", "evaluate_team", "train_demo"]
 
 SCENARIO = "collaboration/referential-v0"
-WORDS = ["red", "blue", "green", "yellow"]
-LETTERS = "abcdefgh"
 
 
-def demo_config(out: str | Path, *, model: str = "tiny", k: int = 2, scale: float = 1.0) -> Any:
-    """The demo's :class:`~parley.arena.trainers.loop.TrainConfig` (``scale`` multiplies
-    every stage's update budget)."""
+def demo_config(out: str | Path, *, model: str = "tiny", k: int = 4, scale: float = 1.0) -> Any:
+    """The demo's :class:`~parley.arena.trainers.loop.TrainConfig`: ``k`` = 4 is the
+    recipe of ``examples/referential.yaml``, ``k`` = 2 its smaller version (4 objects,
+    batches of 64; the learning test's). ``scale`` multiplies every stage's update budget.
+    """
 
     def n(updates: int) -> int:
         return max(1, int(updates * scale))
 
+    objects = 8 if k > 2 else 4
+    batch = 128 if k > 2 else 64
     return load_train_config(
         data={
             "scenario": SCENARIO,
             "scenario_kwargs": {
                 "n_candidates": k,
                 "n_attributes": 1,
-                "n_values": len(WORDS),
-                "vocab_size": len(WORDS),
+                "n_values": objects,
+                "vocab_size": objects,
                 "message_length": 1,
+                "answer": "name",
+                "show_others": False,
             },
             "model": model,
-            "policies": ["speaker"],
-            "agent": {"temperature": 1.0, "max_tokens": 2, "system_prompt": False},
-            "sampler": {"batch_size": 64, "staleness": 0, "concurrency": 64},
-            "pg": {"estimator": "grpo", "grouping": "role", "lr": 3e-3},
+            "policies": ["speaker", "listener"],
+            "agent": {"temperature": 1.0, "max_tokens": 4, "system_prompt": False},
+            "sampler": {"batch_size": batch, "staleness": 0, "concurrency": batch},
+            "pg": {"estimator": "grpo", "grouping": "role", "lr": 1e-3},
             "threads": 2,
             "stages": [
                 {
-                    "name": "naming",
-                    "kind": "reading",
-                    "train": ["speaker"],
-                    "max_updates": n(100),
-                    "target": 0.97,
-                    "reading": {
-                        "task": "repeat",
-                        "question": f"Message (1 letters from {LETTERS[: len(WORDS)]}):",
-                        "words": WORDS,
-                        "min_items": k,
-                        "max_items": k,
-                        "max_words": 1,
-                    },
+                    "name": "listener",
+                    "agents": {"speaker": "scripted", "listener": "policy:listener"},
+                    "train": ["listener"],
+                    "max_updates": n(300),
+                    "target": 0.95,
+                    "window": 10,
                 },
                 {
                     "name": "speaker",
-                    "agents": {"speaker": "policy:speaker", "listener": "scripted"},
+                    "agents": {"speaker": "policy:speaker", "listener": "policy:listener"},
                     "train": ["speaker"],
-                    "max_updates": n(600),
-                    "target": 0.9,
+                    "max_updates": n(300),
+                    "target": 0.85,
+                    "window": 10,
+                },
+                {
+                    "name": "joint",
+                    "agents": {"speaker": "policy:speaker", "listener": "policy:listener"},
+                    "train": ["speaker", "listener"],
+                    "max_updates": n(150),
+                    "target": 0.95,
                     "window": 10,
                 },
             ],
@@ -80,31 +87,73 @@ def demo_config(out: str | Path, *, model: str = "tiny", k: int = 2, scale: floa
 
 
 async def evaluate_team(
-    speaker: str | Path, listener: str | Path, config: Any, *, episodes: int = 200, seed: int = 1
+    speaker: str | Path,
+    listener: str | Path,
+    config: Any,
+    *,
+    episodes: int = 200,
+    seed: int = 1,
+    temperature: float = 0.0,
 ) -> float:
-    """Success rate of ``llm:speaker`` + ``llm:listener`` (greedy) over ``episodes``;
-    ``"scripted"`` for either seat plays its scripted baseline."""
-    from parley.arena.llm_spec import close_shared_pools
+    """Success rate of a speaker and a listener (checkpoint directories; ``"scripted"``
+    for a seat's scripted baseline) over ``episodes`` arena episodes, greedy by default.
+
+    The LLM seats get exactly the prompts they were trained on: the scenario's system
+    prompt only when ``config.agent.system_prompt`` is set (``parley run --agents llm:...``
+    always sends it, so it would evaluate a model trained without one on a prompt it never
+    saw).
+    """
+    from parley.agents.llm import LLMAgent, LLMAgentConfig
+    from parley.arena.backends.tokenizer import load_tokenizer
+    from parley.arena.backends.transformers import TransformersBackend
+    from parley.arena.pool import InferencePool, PoolConfig
     from parley.arena.run_config import RunConfig
     from parley.arena.runner import Runner
+    from parley.protocols.errors import require
+    from parley.scenarios import make
 
-    query = "?temperature=0&max_tokens=2"
+    transformers: Any = require("transformers", "train")
+    seats = {"speaker": str(speaker), "listener": str(listener)}
+    llm_seats = {seat: path for seat, path in seats.items() if path != "scripted"}
+    env = make(config.scenario, **config.scenario_kwargs)
+    env.reset(seed=0)
+    system = {seat: str(env.system_prompt(seat)) for seat in llm_seats}
+    env.close()
+    backends, tokenizers = {}, {}
+    for seat, path in llm_seats.items():
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
+        tokenizers[seat] = load_tokenizer(path)
+        backends[seat] = TransformersBackend(model, tokenizers[seat], max_batch_rows=256)
+    pool = await InferencePool(backends, PoolConfig(max_batch_size=256, max_wait=0.002)).start()
+
+    def factory(seat: str) -> Any:
+        agent_config = LLMAgentConfig(
+            policy=seat,
+            temperature=temperature,
+            max_tokens=config.agent.max_tokens,
+            request_timeout=0.0,
+        )
+        prompt = system[seat] if config.agent.system_prompt else ""
+
+        def make_agent() -> Any:
+            return LLMAgent(pool, tokenizers[seat], system_prompt=prompt, config=agent_config)
+
+        return make_agent
+
     run_config = RunConfig(
         scenario=config.scenario,
         scenario_kwargs=dict(config.scenario_kwargs),
-        agents={
-            seat: "scripted" if str(spec) == "scripted" else f"llm:{spec}{query}"
-            for seat, spec in (("speaker", speaker), ("listener", listener))
-        },
+        agents={seat: f"llm:{seat}" if seat in llm_seats else "scripted" for seat in seats},
         episodes=episodes,
         concurrency=64,
         seed=seed,
         progress=False,
     )
     try:
-        result = await Runner(run_config).run()
+        agents = {seat: factory(seat) for seat in llm_seats}
+        result = await Runner(run_config, agents=agents).run()
     finally:
-        await close_shared_pools()
+        await pool.close()
     ok = [r.metrics["success"] for r in result.records if "success" in r.metrics]
     return float(sum(ok) / len(ok)) if ok else 0.0
 
@@ -118,13 +167,17 @@ class DemoResult:
     trained_success: float
 
 
-async def train_demo(out: str | Path, *, model: str = "tiny", scale: float = 1.0) -> DemoResult:
-    """Train the demo team into ``out``, then evaluate untrained vs trained."""
-    config = demo_config(out, model=model, scale=scale)
+async def train_demo(
+    out: str | Path, *, model: str = "tiny", k: int = 4, scale: float = 1.0
+) -> DemoResult:
+    """Train the demo team into ``out``, then evaluate the untrained team (both seats
+    playing the initial weights) vs the trained one (both checkpoints)."""
+    config = demo_config(out, model=model, k=k, scale=scale)
     result = await run_training(config)
     base = Path(out) / "base" / "seed0" if model == "tiny" else Path(model)
-    untrained = await evaluate_team(base, "scripted", config)
-    trained = await evaluate_team(result.checkpoints["speaker"], "scripted", config)
+    untrained = await evaluate_team(base, base, config)
+    checkpoints = result.checkpoints
+    trained = await evaluate_team(checkpoints["speaker"], checkpoints["listener"], config)
     return DemoResult(result, untrained, trained)
 
 
@@ -134,8 +187,8 @@ def main(out: str = "runs/demo-train") -> int:
     from rich.table import Table
 
     demo = asyncio.run(train_demo(out))
-    table = Table(title=f"{SCENARIO}, K=2, scripted listener: arena (greedy, 200 episodes)")
-    table.add_column("speaker")
+    table = Table(title=f"{SCENARIO}, K=4, speaker + listener: arena (greedy, 200 episodes)")
+    table.add_column("team")
     table.add_column("success", justify="right")
     table.add_row("untrained", f"{demo.untrained_success:.3f}")
     table.add_row("trained", f"{demo.trained_success:.3f}")
