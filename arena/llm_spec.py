@@ -22,7 +22,8 @@ agent's ``policy`` name.
 
 System prompt: the agent is told ``system_prompt(seat)`` of the scenario (taken from an
 instance the resolver makes once), unless an observation's ``info["system_prompt"]``
-overrides it.
+overrides it. ``system_prompt=none`` sends none: evaluate a policy with the prompt it was
+trained with (the referential recipe trains without one).
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ class LLMSpec:
     backend: str = "transformers"
     backend_options: tuple[tuple[str, str], ...] = ()
     pool: PoolConfig = dataclasses.field(default_factory=PoolConfig)
+    system_prompt: bool = True
+    """Tell the agent the scenario's system prompt for its seat (``system_prompt=none``: no)."""
+
+
+_SYSTEM_PROMPT_VALUES = {"scenario": True, "none": False}
 
 
 def parse_llm_spec(arg: str) -> LLMSpec:
@@ -74,8 +80,13 @@ def parse_llm_spec(arg: str) -> LLMSpec:
     pool: dict[str, str] = {}
     backend = "transformers"
     backend_options: list[tuple[str, str]] = []
+    system_prompt = True
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
-        if key in _AGENT_KEYS:
+        if key == "system_prompt":
+            if value not in _SYSTEM_PROMPT_VALUES:
+                raise ConfigError(f"system_prompt={value!r} in llm:{arg}; use scenario or none")
+            system_prompt = _SYSTEM_PROMPT_VALUES[value]
+        elif key in _AGENT_KEYS:
             agent[key] = value
         elif key in _POOL_KEYS:
             pool[key] = value
@@ -84,7 +95,7 @@ def parse_llm_spec(arg: str) -> LLMSpec:
         elif key in _BACKEND_KEYS:
             backend_options.append((key, value))
         else:
-            known = sorted(_AGENT_KEYS | _POOL_KEYS | _BACKEND_KEYS)
+            known = sorted(_AGENT_KEYS | _POOL_KEYS | _BACKEND_KEYS | {"system_prompt"})
             raise ConfigError(f"unknown key {key!r} in llm:{arg}; known keys: {known}")
     try:
         # strict=False: query values are strings; convert "0.7" -> 0.7, "32" -> 32.
@@ -92,7 +103,7 @@ def parse_llm_spec(arg: str) -> LLMSpec:
         pool_config = msgspec.convert(pool, PoolConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"bad value in llm:{arg}: {exc}") from exc
-    return LLMSpec(path, agent_config, backend, tuple(backend_options), pool_config)
+    return LLMSpec(path, agent_config, backend, tuple(backend_options), pool_config, system_prompt)
 
 
 PoolKey = tuple[str, ...]
@@ -185,7 +196,7 @@ def resolve_llm(arg: str, seat: SeatContext) -> AgentSource:
     from parley.arena.backends.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(spec.model)
-    system_prompt = _system_prompt(seat)
+    system_prompt = _system_prompt(seat) if spec.system_prompt else ""
 
     def factory() -> LLMAgent:
         return LLMAgent(client, tokenizer, system_prompt=system_prompt, config=spec.agent)

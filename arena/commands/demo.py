@@ -1,15 +1,19 @@
-"""``parley demo`` (``make demo``): tiny-model LLM agents and scripted agents in one arena.
+"""``parley demo`` (``make demo``): train a speaker-listener team by RL, then play arenas.
 
-1. Builds the tiny model (``parley model tiny``) into ``--model`` if it is not there yet
+1. Trains the referential-game team of ``examples/referential.yaml`` (K = 4 candidates,
+   two tiny random models, staged RL through the pool, the sampler and the trainer; about
+   1-3 minutes on 2 CPU cores) and plays the untrained team and the trained team in the
+   arena (:func:`parley.arena.trainers.demo.train_demo`). ``--no-train`` skips this.
+2. Builds the tiny model (``parley model tiny``) into ``--model`` if it is not there yet
    (default ``$PARLEY_CACHE/tiny-model``, ``~/.cache/parley/tiny-model``).
-2. Starts an in-process inference pool (transformers backend) on it.
-3. Plays negotiation episodes concurrently: an LLM agent in one seat, the scenario's
+3. Starts an in-process inference pool (transformers backend) on it.
+4. Plays negotiation episodes concurrently: an LLM agent in one seat, the scenario's
    scripted baseline in the other; every LLM agent of every episode asks the one pool,
    which batches their requests.
-4. Prints the run's summary table and what the pool did (requests, batches, tokens/s).
+5. Prints the run's summary table and what the pool did (requests, batches, tokens/s).
 
-The model is untrained, so its moves are mostly invalid: the point is the whole path, end
-to end on this machine. The steps are separate functions (:func:`ensure_tiny_model`,
+The negotiation model is untrained, so its moves are mostly invalid: the point is the
+whole path, end to end on this machine. The steps are separate functions (:func:`ensure_tiny_model`,
 :func:`play_arena`) so that longer demos (e.g. a short training run between two arenas)
 compose them.
 """
@@ -38,7 +42,7 @@ def default_model_dir() -> Path:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
-        help="build the tiny model and run an arena of LLM and scripted agents",
+        help="train a speaker-listener team by RL, then play LLM and scripted agents",
         description=(__doc__ or "").strip().splitlines()[0],
     )
     p.add_argument("--model", type=Path, help="model directory (built if absent)")
@@ -49,6 +53,8 @@ def add_parser(sub: Any) -> None:
         "--max-tokens", type=int, default=DemoOptions.max_tokens, help="tokens per LLM action"
     )
     p.add_argument("--seed", type=int, default=0, help="run seed")
+    p.add_argument("--out", type=Path, default=Path("runs/demo"), help="training output dir")
+    p.add_argument("--no-train", action="store_true", help="skip the training part")
     p.set_defaults(func=main)
 
 
@@ -141,6 +147,12 @@ def main(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True)
     out = Console()
+    if not args.no_train:
+        from parley.arena.trainers.demo import print_demo, train_demo
+
+        out.rule("1. RL: a speaker and a listener learn to talk (referential game, K = 4)")
+        print_demo(asyncio.run(train_demo(args.out)), out)
+        out.rule("2. An arena: a tiny LLM agent and a scripted negotiator, one batched pool")
     model_dir = ensure_tiny_model(args.model, err)
     options = DemoOptions(
         scenario=args.scenario,

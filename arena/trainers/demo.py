@@ -20,7 +20,7 @@ from typing import Any
 
 from parley.arena.trainers.loop import TrainResult, load_train_config, run_training
 
-__all__ = ["DemoResult", "demo_config", "evaluate_team", "train_demo"]
+__all__ = ["DemoResult", "demo_config", "evaluate_team", "print_demo", "train_demo"]
 
 SCENARIO = "collaboration/referential-v0"
 
@@ -181,16 +181,22 @@ async def train_demo(
     return DemoResult(result, untrained, trained)
 
 
-def main(out: str = "runs/demo-train") -> int:
-    """Run :func:`train_demo` and print the comparison."""
+def print_demo(demo: DemoResult, console: Any = None) -> None:
+    """The before/after arena table of :func:`train_demo`, plus each stage's curve ends."""
     from rich.console import Console
     from rich.table import Table
 
-    demo = asyncio.run(train_demo(out))
+    console = console or Console()
     table = Table(title=f"{SCENARIO}, K=4, speaker + listener: arena (greedy, 200 episodes)")
     table.add_column("team")
     table.add_column("success", justify="right")
     table.add_row("untrained", f"{demo.untrained_success:.3f}")
     table.add_row("trained", f"{demo.trained_success:.3f}")
-    Console().print(table)
+    table.add_row("chance", "0.250")
+    console.print(table)
+
+
+def main(out: str = "runs/demo-train") -> int:
+    """Run :func:`train_demo` and print the comparison."""
+    print_demo(asyncio.run(train_demo(out)))
     return 0

@@ -41,7 +41,7 @@ def test_demo_plays_llm_and_scripted_agents(
     status = main(
         [
             *("demo", "--model", str(tiny_model_dir), "--episodes", "2"),
-            *("--max-turns", "1", "--max-tokens", "4"),
+            *("--max-turns", "1", "--max-tokens", "4", "--no-train"),
         ]
     )
     out = capsys.readouterr().out
