@@ -147,6 +147,9 @@ def main(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True)
     out = Console()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per checkpoint load drowns the demo's own
     if not args.no_train:
         from parley.arena.trainers.demo import print_demo, train_demo
 
