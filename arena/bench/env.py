@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # --- the two envs: same routing, with and without parley's scenario machinery --------------
 
 
-class Broadcast(Scenario):  # type: ignore[misc]
+class Broadcast(Scenario):
     """Every seat acts every step; each action goes to every other seat's next observation."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -92,7 +92,7 @@ class Broadcast(Scenario):  # type: ignore[misc]
         return "Say one line to everyone."
 
 
-class BareBroadcast(ParallelEnv[str, str, str]):  # type: ignore[misc]
+class BareBroadcast(ParallelEnv[str, str, str]):  # type: ignore[misc]  # pettingzoo is untyped
     """The same routing as :class:`Broadcast` with plain dicts: the reference path."""
 
     metadata: ClassVar[dict[str, Any]] = {"name": "bare-broadcast", "render_modes": []}
@@ -131,7 +131,7 @@ class BareBroadcast(ParallelEnv[str, str, str]):  # type: ignore[misc]
         return observations, rewards, terminations, truncations, infos
 
 
-class Chatter(Agent):  # type: ignore[misc]
+class Chatter(Agent):
     """Says one fixed-shape line per turn (what a scripted agent costs, roughly nothing)."""
 
     async def act(self, observation: Observation) -> Action:

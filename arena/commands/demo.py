@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,10 @@ def main(args: argparse.Namespace) -> int:
     out = Console()
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # a bar per checkpoint load drowns the demo's own
+    # A bar per checkpoint load drowns the demo's own. (Typed here: some transformers
+    # releases leave this function unannotated.)
+    disable_hf_bars: Callable[[], None] = hf_logging.disable_progress_bar
+    disable_hf_bars()
     if not args.no_train:
         from parley.arena.trainers.demo import print_demo, train_demo
 
