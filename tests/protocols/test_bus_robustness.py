@@ -103,6 +103,9 @@ async def test_ten_thousand_bad_frames_rejected_while_serving(
         assert (await asyncio.to_thread(_hello, raw, "raw"))["body"]["kind"] == "hello"
 
         def attack() -> tuple[int, int]:
+            # Read each batch's answers before sending the next: sending all 10,100 first
+            # exceeds the sockets' high-water marks, where ZeroMQ may drop answers by
+            # design, and the count would depend on the machine's load.
             errors = replies = 0
             for i, batch in enumerate(batches):
                 for frames in batch:
@@ -117,14 +120,14 @@ async def test_ten_thousand_bad_frames_rejected_while_serving(
                         }
                     )
                 )
-            while errors + replies < 10_000 + len(batches):
-                message = msgpack.unpackb(raw.recv())
-                kind = message["body"]["kind"]
-                if kind == "error":
-                    assert message["body"]["code"] == "bad_message"
-                    errors += 1
-                elif kind == "action":
-                    replies += 1
+                while errors + replies < (i + 1) * (len(batch) + 1):
+                    message = msgpack.unpackb(raw.recv())
+                    kind = message["body"]["kind"]
+                    if kind == "error":
+                        assert message["body"]["code"] == "bad_message"
+                        errors += 1
+                    elif kind == "action":
+                        replies += 1
             return errors, replies
 
         attacker = asyncio.create_task(asyncio.to_thread(attack))
