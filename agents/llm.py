@@ -10,7 +10,7 @@ chat, which is known to break convergence.
 The pool is anything with ``async generate(GenerateRequest) -> GenerateResult``
 (:class:`PoolClient`): :class:`BusPoolClient` asks the pool over the bus (the endpoint
 named ``"pool"``, in this process over ``inproc://`` or in another one over ``ipc://`` /
-``tcp://``), and ``parley.arena.pool.InferencePool`` itself is one (in-process, no bus).
+``tcp://``), and ``parley.arena.inference.pool.InferencePool`` itself is one (in-process, no bus).
 
 Constraints: when the scenario puts ``infos[agent]["constraint"]`` (the fields of
 :class:`~parley.protocols.messages.Constraint`) in the observation's ``info``, the request

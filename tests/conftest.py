@@ -11,6 +11,6 @@ import pytest
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama + tokenizer (``parley model tiny``), built once per test session."""
     pytest.importorskip("torch")
-    from parley.arena.models.tiny import build_tiny_model
+    from parley.arena.inference.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -172,7 +172,7 @@ REMOTE_NAME = "bench-agents"
 
 def _serve_agents(address: str, n_agents: int) -> None:
     """Child process: host every seat's agent on one endpoint and join the arena."""
-    from parley.arena.agent_host import join_arena
+    from parley.arena.run.agent_host import join_arena
 
     seats: dict[str, Any] = {f"agent_{i}": Chatter for i in range(n_agents)}
     names = dict.fromkeys(seats, REMOTE_NAME)
@@ -181,9 +181,9 @@ def _serve_agents(address: str, n_agents: int) -> None:
 
 def _runner_rates(args: argparse.Namespace, *, pipeline: bool, ipc: bool) -> tuple[float, float]:
     """(agent steps per second of round-trip time, per second of episode time)."""
-    from parley.arena.agent_specs import AgentSource, RemoteSeat
-    from parley.arena.run_config import RunConfig
-    from parley.arena.runner import Runner
+    from parley.arena.run.agent_specs import AgentSource, RemoteSeat
+    from parley.arena.run.config import RunConfig
+    from parley.arena.run.runner import Runner
 
     seats = [f"agent_{i}" for i in range(args.agents)]
     config = RunConfig(

@@ -88,7 +88,7 @@ async def _through_pool(backend: Any, args: argparse.Namespace) -> tuple[float, 
     import zmq.asyncio
 
     from parley.agents.llm import BusPoolClient
-    from parley.arena.pool import POOL_ENDPOINT, InferencePool, PoolConfig
+    from parley.arena.inference.pool import POOL_ENDPOINT, InferencePool, PoolConfig
     from parley.protocols.bus import Endpoint
 
     rounds = [
@@ -121,8 +121,8 @@ async def _through_pool(backend: Any, args: argparse.Namespace) -> tuple[float, 
 
 
 async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
-    from parley.arena.backends import load_backend
-    from parley.arena.commands.demo import ensure_tiny_model
+    from parley.arena.inference.backends import load_backend
+    from parley.arena.inference.models.tiny import ensure_tiny_model
 
     model = ensure_tiny_model(args.model)
     options: dict[str, Any] = {"device": args.device} if args.backend == "transformers" else {}

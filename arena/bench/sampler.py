@@ -8,7 +8,7 @@ stops by itself, so the budget sets the length). Each update trains on ``--batch
 episodes (REINFORCE with per-role baselines) and pushes the weights to the pool.
 
 - ``sync``: play a batch of episodes (all at once), wait for the slowest, train, push.
-- ``async``: :class:`~parley.arena.sampler.AsyncSampler` with staleness S = 1 keeps
+- ``async``: :class:`~parley.arena.training.sampler.AsyncSampler` with staleness S = 1 keeps
   episodes running while the trainer works on the previous batch (in a worker thread).
 
 ``async_ratio_vs_sync`` = trained decisions per second of ``async`` / of ``sync``
@@ -42,13 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _setup(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
-    from parley.arena.pool import InferencePool, PoolConfig
-    from parley.arena.run_config import RunConfig
-    from parley.arena.runner import Runner
-    from parley.arena.sampler import ConstraintLog
-    from parley.arena.trainers.loop import AgentConfig, _llm_factory, _load_policies
-    from parley.arena.trainers.pg import PGConfig, PolicyGradientTrainer
-    from parley.arena.trainers.sync import InProcessSync
+    from parley.arena.inference.pool import InferencePool, PoolConfig
+    from parley.arena.run.config import RunConfig
+    from parley.arena.run.runner import Runner
+    from parley.arena.training.loop import AgentConfig, _llm_factory, _load_policies
+    from parley.arena.training.pg import PGConfig, PolicyGradientTrainer
+    from parley.arena.training.sampler import ConstraintLog
+    from parley.arena.training.sync import InProcessSync
 
     class _Cfg:  # the two fields _load_policies reads
         max_batch_size = 256
@@ -92,8 +92,8 @@ async def _setup(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
 
 
 async def _sync_path(parts: dict[str, Any], args: argparse.Namespace, seed: int) -> float:
-    from parley.arena.runner import EpisodePlan
-    from parley.arena.sampler import samples_from_record
+    from parley.arena.run.runner import EpisodePlan
+    from parley.arena.training.sampler import samples_from_record
 
     runner, trainer, sync, log = parts["runner"], parts["trainer"], parts["sync"], parts["log"]
     n_samples, started = 0, 0.0
@@ -116,7 +116,7 @@ async def _sync_path(parts: dict[str, Any], args: argparse.Namespace, seed: int)
 
 
 async def _async_path(parts: dict[str, Any], args: argparse.Namespace, seed: int) -> float:
-    from parley.arena.sampler import AsyncSampler, SamplerConfig, samples_from_record
+    from parley.arena.training.sampler import AsyncSampler, SamplerConfig, samples_from_record
 
     runner, trainer, sync, log = parts["runner"], parts["trainer"], parts["sync"], parts["log"]
     config = SamplerConfig(
@@ -141,7 +141,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(args.model) if args.model else None
         if model_dir is None:
-            from parley.arena.models.tiny import build_tiny_model
+            from parley.arena.inference.models.tiny import build_tiny_model
 
             model_dir = build_tiny_model(Path(tmp) / "tiny")
         parts = await _setup(args, model_dir)

@@ -330,7 +330,7 @@ def encode_turn(calls: Sequence[ToolCall] = (), **fields: Any) -> str:
     return json.dumps(obj)
 
 
-# Keywords every structured-output backend compiles (see arena/backends/constraints.py).
+# Keywords every structured-output backend compiles (see arena/inference/backends/constraints.py).
 _CONSTRAINT_KEYS = frozenset(
     {"type", "properties", "items", "enum", "const", "anyOf", "oneOf", "minItems", "maxItems"}
 )

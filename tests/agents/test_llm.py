@@ -16,8 +16,8 @@ from parley.protocols.bus import Endpoint
 from parley.protocols.messages import Constraint, GenerateRequest, Observation, SamplingParams
 
 pytest.importorskip("torch")
-from parley.arena.backends.transformers import TransformersBackend
-from parley.arena.pool import InferencePool, PoolConfig
+from parley.arena.inference.backends.transformers import TransformersBackend
+from parley.arena.inference.pool import InferencePool, PoolConfig
 
 pytestmark = pytest.mark.timeout(120)
 

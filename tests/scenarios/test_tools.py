@@ -189,7 +189,7 @@ def test_action_constraints_compile_and_accept_their_forms(
     """The structured-output constraint of every tool seat compiles for the transformers
     backend, and an action written in its form is one the scenario parses."""
     pytest.importorskip("regex")
-    from parley.arena.backends.constraints import check_constraint, matches
+    from parley.arena.inference.backends.constraints import check_constraint, matches
     from parley.protocols.messages import Constraint
     from parley.scenarios import make
 

@@ -1,0 +1,87 @@
+"""``parley agent --connect ENDPOINT --seat SEAT --agent module:Class``: join a running arena.
+
+The arena (``parley run ... --agents ...,remote --listen tcp://127.0.0.1:5555``) prints
+the address to connect to and waits for an endpoint named ``agent-SEAT``. This command
+connects one, answers the seat's observations in every episode of the run with a fresh
+agent per episode, and exits when the arena closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from rich.console import Console
+
+from parley.protocols.errors import BusError, ConfigError
+
+__all__ = ["add_parser"]
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "agent",
+        help="join a running arena and play a seat",
+        description="Connect to an arena started with `parley run ... --listen ADDRESS` whose "
+        "seat is given as `remote`, and play that seat until the run ends.",
+    )
+    p.add_argument("--connect", required=True, metavar="ENDPOINT", help="the arena's address")
+    p.add_argument("--seat", required=True, help="the seat to play (a scenario agent name)")
+    p.add_argument(
+        "--agent",
+        default="scripted",
+        help="agent spec: module:Class, scripted (needs --scenario), llm:PATH, ...",
+    )
+    p.add_argument("--scenario", default="", help="scenario id (for the `scripted` spec)")
+    p.add_argument("--name", help="bus name to join as (default agent-SEAT)")
+    p.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for the arena to answer"
+    )
+    p.add_argument(
+        "-o",
+        "--agent-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option for the agent-spec resolver (VALUE read as YAML); repeatable",
+    )
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Play the seat; exit status 2 for a bad spec, 1 when no arena answered."""
+    from parley.arena.cli.run import parse_assignments
+    from parley.arena.run.agent_host import join_arena
+    from parley.arena.run.agent_specs import RemoteSeat, SeatContext, resolve_agent_spec
+
+    err = Console(stderr=True)
+    try:
+        baseline = ""
+        if args.scenario:
+            from parley.scenarios import spec
+
+            baselines = spec(args.scenario).baselines
+            baseline = baselines.get(args.seat, baselines.get("*", ""))
+        seat = SeatContext(
+            scenario=args.scenario,
+            seat=args.seat,
+            baseline=baseline,
+            options=parse_assignments(args.agent_option, "--agent-option"),
+        )
+        source = resolve_agent_spec(args.agent, seat)
+        if isinstance(source, RemoteSeat):
+            raise ConfigError("an agent cannot be `remote` itself: give module:Class")
+    except ConfigError as exc:
+        err.print(f"[red]parley agent: {exc}[/red]")
+        return 2
+    names = {args.seat: args.name} if args.name else None
+    err.print(f"joining {args.connect} as seat {args.seat} ({args.agent})")
+    try:
+        asyncio.run(join_arena(args.connect, {args.seat: source}, names=names,
+                               connect_timeout=args.wait))  # fmt: skip
+    except BusError as exc:
+        err.print(f"[red]parley agent: {exc}[/red]")
+        return 1
+    err.print("the arena closed; done")
+    return 0

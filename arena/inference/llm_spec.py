@@ -1,0 +1,204 @@
+"""``llm:PATH[?key=value&...]`` agent specs: seats played by a model through the pool.
+
+``parley run SCENARIO --agents llm:models/tiny,scripted`` plays the first seat with an
+:class:`~parley.agents.llm.LLMAgent` on the model at ``models/tiny``. Where the pool is:
+
+- ``agent_options["pool"]`` (``parley run --pool ADDRESS``) is a bus address
+  (``tcp://host:5557``, ``ipc:///tmp/pool``) of a pool started by ``parley serve``: the
+  agents of this process share one bus client connected there.
+- ``agent_options["pool"]`` is an object with ``async generate(request)`` (an
+  :class:`~parley.arena.inference.pool.InferencePool`, a client): the agents use it directly.
+- Otherwise an in-process pool is started on first use, with the backend named by
+  ``backend=`` (default ``transformers``) loading ``PATH``. Seats and runs in the same event
+  loop that name the same model and backend share it, so their requests batch together.
+  :func:`close_shared_pools` closes those pools (the CLI commands call it at the end).
+
+Query keys (all optional): ``policy``, ``temperature``, ``top_p``, ``max_tokens``,
+``max_prompt_tokens``, ``request_timeout`` (fields of
+:class:`~parley.agents.llm.LLMAgentConfig`), ``backend`` (``transformers`` / ``vllm`` /
+``openai``), ``device`` (transformers backend), ``max_batch_size`` and ``max_wait`` (fields
+of :class:`~parley.arena.inference.pool.PoolConfig`). The in-process pool serves the model under the
+agent's ``policy`` name.
+
+System prompt: the agent is told ``system_prompt(seat)`` of the scenario (taken from an
+instance the resolver makes once), unless an observation's ``info["system_prompt"]``
+overrides it. ``system_prompt=none`` sends none: evaluate a policy with the prompt it was
+trained with (the referential recipe trains without one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any
+from urllib.parse import parse_qsl
+
+import msgspec
+
+from parley.agents.llm import (
+    BusPoolClient,
+    LLMAgent,
+    LLMAgentConfig,
+    PoolClient,
+)
+from parley.arena.inference.pool import InferencePool, PoolConfig
+from parley.arena.run.agent_specs import AgentSource, SeatContext
+from parley.protocols.errors import ConfigError
+from parley.protocols.messages import GenerateRequest, GenerateResult
+
+__all__ = ["resolve_llm", "parse_llm_spec", "LLMSpec", "close_shared_pools", "shared_pool"]
+
+_POOL_KEYS = {"max_batch_size", "max_wait"}
+_BACKEND_KEYS = {"backend", "device"}
+_AGENT_KEYS = {f.name for f in dataclasses.fields(LLMAgentConfig)} - {"stop"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMSpec:
+    """A parsed ``llm:`` spec."""
+
+    model: str
+    agent: LLMAgentConfig
+    backend: str = "transformers"
+    backend_options: tuple[tuple[str, str], ...] = ()
+    pool: PoolConfig = dataclasses.field(default_factory=PoolConfig)
+    system_prompt: bool = True
+    """Tell the agent the scenario's system prompt for its seat (``system_prompt=none``: no)."""
+
+
+_SYSTEM_PROMPT_VALUES = {"scenario": True, "none": False}
+
+
+def parse_llm_spec(arg: str) -> LLMSpec:
+    """Parse the text after ``llm:`` (``PATH`` and an optional ``?key=value&...``)."""
+    path, _, query = arg.partition("?")
+    if not path:
+        raise ConfigError("an llm agent spec needs a model: llm:PATH (a Hugging Face model dir)")
+    agent: dict[str, str] = {}
+    pool: dict[str, str] = {}
+    backend = "transformers"
+    backend_options: list[tuple[str, str]] = []
+    system_prompt = True
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+        if key == "system_prompt":
+            if value not in _SYSTEM_PROMPT_VALUES:
+                raise ConfigError(f"system_prompt={value!r} in llm:{arg}; use scenario or none")
+            system_prompt = _SYSTEM_PROMPT_VALUES[value]
+        elif key in _AGENT_KEYS:
+            agent[key] = value
+        elif key in _POOL_KEYS:
+            pool[key] = value
+        elif key == "backend":
+            backend = value
+        elif key in _BACKEND_KEYS:
+            backend_options.append((key, value))
+        else:
+            known = sorted(_AGENT_KEYS | _POOL_KEYS | _BACKEND_KEYS | {"system_prompt"})
+            raise ConfigError(f"unknown key {key!r} in llm:{arg}; known keys: {known}")
+    try:
+        # strict=False: query values are strings; convert "0.7" -> 0.7, "32" -> 32.
+        agent_config = msgspec.convert(agent, LLMAgentConfig, strict=False)
+        pool_config = msgspec.convert(pool, PoolConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"bad value in llm:{arg}: {exc}") from exc
+    return LLMSpec(path, agent_config, backend, tuple(backend_options), pool_config, system_prompt)
+
+
+PoolKey = tuple[str, ...]
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[PoolKey, _Started]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class _Started:
+    """A pool (or client) being started or started in one event loop."""
+
+    def __init__(self, start: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        self.task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(start())
+
+
+async def shared_pool(key: PoolKey, start: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """The object ``start()`` makes, made once per ``key`` per event loop."""
+    per_loop = _SHARED.setdefault(asyncio.get_running_loop(), {})
+    started = per_loop.get(key)
+    if started is None or (started.task.done() and started.task.exception() is not None):
+        started = per_loop[key] = _Started(start)
+    return await asyncio.shield(started.task)
+
+
+async def close_shared_pools() -> None:
+    """Close the pools and clients :func:`resolve_llm` started in the running loop."""
+    per_loop = _SHARED.pop(asyncio.get_running_loop(), {})
+    for started in per_loop.values():
+        if started.task.done() and started.task.exception() is None:
+            await started.task.result().close()
+        else:
+            started.task.cancel()
+
+
+class _LazyPool:
+    """A :class:`PoolClient` that starts (or connects to) the shared pool on first use."""
+
+    def __init__(self, key: PoolKey, start: Callable[[], Coroutine[Any, Any, PoolClient]]) -> None:
+        self._key = key
+        self._start = start
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        client: PoolClient = await shared_pool(self._key, self._start)
+        return await client.generate(request)
+
+
+def _pool_client(spec: LLMSpec, option: Any) -> PoolClient:
+    if option is not None and not isinstance(option, str):
+        if not isinstance(option, PoolClient):
+            raise ConfigError(
+                f"agent_options['pool'] must be a bus address or have async generate(); "
+                f"got {type(option).__name__}"
+            )
+        return option
+    if isinstance(option, str) and option:
+        address = option
+
+        async def connect() -> PoolClient:
+            return await BusPoolClient.connect(address, timeout=30.0)
+
+        return _LazyPool(("bus", address), connect)
+
+    async def start() -> PoolClient:
+        from parley.arena.inference.backends import load_backend
+
+        backend = await load_backend(spec.backend, spec.model, **dict(spec.backend_options))
+        return await InferencePool({spec.agent.policy: backend}, spec.pool).start()
+
+    key = ("local", spec.backend, spec.model, spec.agent.policy, repr(spec.backend_options))
+    return _LazyPool(key, start)
+
+
+def _system_prompt(seat: SeatContext) -> str:
+    """The scenario's ``system_prompt(seat)``, from one instance made for the purpose."""
+    from parley.scenarios import make
+
+    env = make(seat.scenario)
+    try:
+        env.reset(seed=0)
+        prompt = getattr(env, "system_prompt", None)
+        return str(prompt(seat.seat)) if callable(prompt) else ""
+    finally:
+        env.close()
+
+
+def resolve_llm(arg: str, seat: SeatContext) -> AgentSource:
+    """The ``llm`` agent kind (:data:`parley.arena.run.agent_specs.AGENT_KINDS`)."""
+    spec = parse_llm_spec(arg)
+    client = _pool_client(spec, seat.options.get("pool"))
+    from parley.arena.inference.backends.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(spec.model)
+    system_prompt = _system_prompt(seat) if spec.system_prompt else ""
+
+    def factory() -> LLMAgent:
+        return LLMAgent(client, tokenizer, system_prompt=system_prompt, config=spec.agent)
+
+    return factory

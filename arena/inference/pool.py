@@ -1,0 +1,519 @@
+"""The inference pool: one service that batches the generate requests of every agent.
+
+Every LLM agent of every running episode sends :class:`GenerateRequest` messages to one
+pool (over the bus under the endpoint name ``"pool"``, or in-process through
+:meth:`InferencePool.generate`). The pool routes each request by ``request.policy`` to the
+:class:`~parley.arena.inference.backends.base.Backend` serving that policy and runs the requests in
+batches, because batching across agents is the largest performance lever there is.
+
+Scheduling, per backend (a *lane*):
+
+- **Static batching** (transformers, HTTP): calls are serialised. When the first request
+  arrives the lane waits up to :attr:`PoolConfig.max_wait` for more, then hands up to
+  :attr:`PoolConfig.max_batch_size` requests to one ``generate`` call. Requests that arrive
+  while a batch runs form the next batch, which starts as soon as the running one ends.
+- **Continuous batching** (``backend.continuous_batching``, vLLM): the engine schedules
+  concurrent calls itself, so the pool submits every request at once as its own call (at
+  most :attr:`PoolConfig.max_in_flight` at a time) and the engine batches them token by
+  token.
+
+Guarantees (the contract the agents and the HTTP front rely on):
+
+- Every request gets exactly one answer: a :class:`GenerateResult`, or an error with a
+  machine-readable code (:class:`PoolError` in-process, an ``Error`` body on the bus).
+- ``request.timeout`` (or :attr:`PoolConfig.default_timeout` when it is 0) bounds the wait:
+  when it passes the request is answered ``Error(code="timeout")``; if it had not started
+  it is dropped from its batch; if it had, a continuous backend's call is cancelled and a
+  static batch finishes without it (its result is discarded).
+- Backpressure: at most :attr:`PoolConfig.max_queue` requests wait (not yet started) across
+  all policies; one more is refused at once with ``Error(code="overloaded",
+  retryable=True)``. Callers back off and retry (:class:`parley.agents.llm.BusPoolClient`
+  does).
+- Every result carries the version of the weights that produced it. A
+  :class:`WeightUpdate` for a policy is applied by its backend's ``update_weights`` between
+  batches (a static lane finishes its running batch first), which sets the version.
+
+Error codes: ``timeout``, ``overloaded`` (retryable), ``unknown_policy``, ``bad_request``,
+``backend_failed`` (retryable when the backend says so), ``stale_weights``, ``closed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from parley.protocols.errors import ConfigError, ParleyError
+from parley.protocols.messages import Error, GenerateRequest, GenerateResult, Ok, WeightUpdate
+
+if TYPE_CHECKING:
+    from parley.arena.inference.backends.base import Backend, ChatTokenizer
+    from parley.protocols.bus import Endpoint
+    from parley.protocols.messages import Envelope
+
+__all__ = ["PoolConfig", "PoolError", "PoolStats", "InferencePool", "POOL_ENDPOINT"]
+
+POOL_ENDPOINT = "pool"
+"""The bus endpoint name the pool serves under."""
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """How the pool batches, queues and times out. Validated at construction."""
+
+    max_batch_size: int = 32
+    """Most requests in one ``generate`` call of a static-batching backend."""
+
+    max_wait: float = 0.005
+    """Seconds a static lane waits, after its oldest waiting request arrived, for more
+    requests to fill a batch. Longer gives bigger batches under light load; it adds at most
+    this much latency. A full batch never waits."""
+
+    max_queue: int = 1024
+    """Most requests waiting (received, not yet started) across all policies. One more is
+    refused with ``Error(code="overloaded", retryable=True)``."""
+
+    default_timeout: float = 0.0
+    """Seconds a request may wait for its result when its own ``timeout`` is 0; 0 means no
+    limit (the bus request timeout of the caller still applies)."""
+
+    max_in_flight: int = 256
+    """Continuous-batching backends: most requests submitted to the engine at once."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_wait < 0:
+            raise ConfigError(f"max_wait must be >= 0 seconds, got {self.max_wait}")
+        if self.max_queue < 1:
+            raise ConfigError(f"max_queue must be >= 1, got {self.max_queue}")
+        if self.default_timeout < 0:
+            raise ConfigError(f"default_timeout must be >= 0, got {self.default_timeout}")
+        if self.max_in_flight < 1:
+            raise ConfigError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+
+
+class PoolError(ParleyError):
+    """The pool could not answer a request; ``code`` is the wire ``Error`` code."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+    def to_message(self) -> Error:
+        """This error as the ``Error`` body the bus sends back."""
+        return Error(code=self.code, message=self.message, retryable=self.retryable)
+
+
+@dataclass
+class PoolStats:
+    """Counters since the pool started (read them; the pool only adds)."""
+
+    requests: int = 0
+    completed: int = 0
+    generated_tokens: int = 0
+    backend_calls: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+    timeouts: int = 0
+    overloaded: int = 0
+    failed: int = 0
+    weight_updates: int = 0
+
+    @property
+    def mean_batch_size(self) -> float:
+        return sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else 0.0
+
+
+@dataclass(eq=False)
+class _Pending:
+    """One request between receipt and answer."""
+
+    request: GenerateRequest
+    future: asyncio.Future[GenerateResult]
+    arrived: float
+    waiting: bool = True  # counted in the pool's queue (received, not started, not answered)
+    task: asyncio.Task[None] | None = None  # continuous lanes: the call running it
+
+
+class _Gate:
+    """Many generate calls or one weight update at a time; a waiting update goes first."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._active = 0
+        self._updating = False
+        self._waiting_updates = 0
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._updating and not self._waiting_updates)
+            self._active += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        async with self._cond:
+            self._waiting_updates += 1
+            try:
+                await self._cond.wait_for(lambda: not self._updating and self._active == 0)
+            finally:
+                self._waiting_updates -= 1
+            self._updating = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._updating = False
+                self._cond.notify_all()
+
+
+class _Lane:
+    """The queue and the scheduler of one backend (shared by the policies it serves)."""
+
+    def __init__(self, backend: Backend, pool: InferencePool) -> None:
+        self.backend = backend
+        self.pool = pool
+        self.queue: deque[_Pending] = deque()
+        self.gate = _Gate()
+        self._wake = asyncio.Event()
+        self._in_flight = asyncio.Semaphore(pool.config.max_in_flight)
+        self._calls: set[asyncio.Task[None]] = set()
+        self.worker: asyncio.Task[None] | None = None
+
+    @property
+    def continuous(self) -> bool:
+        return bool(getattr(self.backend, "continuous_batching", False))
+
+    def start(self) -> None:
+        if self.worker is None:
+            loop = self._static_loop() if not self.continuous else self._continuous_loop()
+            self.worker = asyncio.get_running_loop().create_task(loop)
+
+    def put(self, item: _Pending) -> None:
+        self.queue.append(item)
+        self._wake.set()
+
+    def pop(self) -> _Pending:
+        item = self.queue.popleft()
+        self.pool._unqueue(item)
+        return item
+
+    def discard(self, item: _Pending) -> None:
+        """Forget a request that was answered early (timeout, cancel); drop it if waiting."""
+        if item.waiting:
+            self.pool._unqueue(item)
+            with contextlib.suppress(ValueError):
+                self.queue.remove(item)
+        if item.task is not None and not item.task.done():
+            item.task.cancel()
+
+    async def _next_item(self) -> None:
+        while not self.queue:
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _static_loop(self) -> None:
+        cfg = self.pool.config
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._next_item()
+            # Wait for more requests until the batch is full or the oldest waited max_wait.
+            deadline = self.queue[0].arrived + cfg.max_wait
+            while len(self.queue) < cfg.max_batch_size and (left := deadline - loop.time()) > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), left)
+            batch: list[_Pending] = []
+            while self.queue and len(batch) < cfg.max_batch_size:
+                item = self.pop()
+                if not item.future.done():  # answered already (timeout, cancel): drop it
+                    batch.append(item)
+            if batch:
+                await self._run(batch)
+
+    async def _continuous_loop(self) -> None:
+        while True:
+            await self._next_item()
+            await self._in_flight.acquire()
+            item = self.pop() if self.queue else None
+            if item is None or item.future.done():
+                self._in_flight.release()
+                continue
+            item.task = asyncio.get_running_loop().create_task(self._run_one(item))
+            self._calls.add(item.task)
+            item.task.add_done_callback(self._calls.discard)
+
+    async def _run_one(self, item: _Pending) -> None:
+        try:
+            await self._run([item])
+        finally:
+            self._in_flight.release()
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        """One backend call for ``batch``; answers every future that is still open."""
+        pool = self.pool
+        pool.stats.backend_calls += 1
+        pool.stats.batch_sizes.append(len(batch))
+        try:
+            async with self.gate.shared():
+                results = await self.backend.generate([p.request for p in batch])
+        except asyncio.CancelledError:
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(PoolError("cancelled", "the request was cancelled"))
+            raise
+        except Exception as exc:  # any backend failure becomes an answer
+            retryable = bool(getattr(exc, "retryable", False))
+            err = PoolError(
+                "backend_failed",
+                f"the {type(self.backend).__name__} backend failed on a batch of "
+                f"{len(batch)}: {type(exc).__name__}: {exc}",
+                retryable=retryable,
+            )
+            pool.stats.failed += sum(not p.future.done() for p in batch)
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(err)
+            return
+        if len(results) != len(batch):
+            err = PoolError(
+                "backend_failed",
+                f"{type(self.backend).__name__} returned {len(results)} results for "
+                f"{len(batch)} requests (backend bug: list in, list out, same order)",
+            )
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(err)
+            return
+        for p, result in zip(batch, results, strict=True):
+            if not p.future.done():
+                pool.stats.completed += 1
+                pool.stats.generated_tokens += sum(len(c.token_ids) for c in result.completions)
+                p.future.set_result(result)
+
+    async def close(self) -> None:
+        tasks = [t for t in (self.worker, *self._calls) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+
+class InferencePool:
+    """Batches generate requests onto backends, one backend per policy name.
+
+    Use it in-process (``await pool.generate(request)``) or on the bus
+    (``pool.serve(endpoint)`` registers the handlers). Start it with :meth:`start` (or
+    ``async with``); :meth:`close` answers everything still waiting with ``closed`` and
+    closes the backends if ``owns_backends``.
+    """
+
+    def __init__(
+        self,
+        backends: Mapping[str, Backend],
+        config: PoolConfig | None = None,
+        *,
+        owns_backends: bool = True,
+    ) -> None:
+        if not backends:
+            raise ConfigError("an InferencePool needs at least one policy -> backend")
+        self.config = config or PoolConfig()
+        self.stats = PoolStats()
+        self.owns_backends = owns_backends
+        self._backends: dict[str, Backend] = dict(backends)
+        self._lanes: dict[int, _Lane] = {}
+        self._queued = 0
+        self._closed = False
+        self._started = False
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> InferencePool:
+        """Start one scheduler per backend; idempotent."""
+        if not self._started:
+            for backend in self._backends.values():
+                self._lane(backend)
+            self._started = True
+        return self
+
+    async def __aenter__(self) -> InferencePool:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop scheduling, answer every open request with ``closed``; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for lane in self._lanes.values():
+            await lane.close()
+            while lane.queue:
+                item = lane.pop()
+                if not item.future.done():
+                    item.future.set_exception(PoolError("closed", "the pool was closed"))
+        if self.owns_backends:
+            for backend in {id(b): b for b in self._backends.values()}.values():
+                await backend.close()
+
+    # --- policies ---------------------------------------------------------------------
+
+    @property
+    def policies(self) -> dict[str, int]:
+        """Policy name -> current weights version."""
+        return {name: b.policy_version for name, b in self._backends.items()}
+
+    def backend(self, policy: str) -> Backend:
+        """The backend serving ``policy``; :class:`PoolError` ``unknown_policy`` if none."""
+        try:
+            return self._backends[policy]
+        except KeyError:
+            raise PoolError(
+                "unknown_policy",
+                f"no policy {policy!r} in this pool; it serves: {', '.join(self._backends)}",
+            ) from None
+
+    def tokenizer(self, policy: str) -> ChatTokenizer:
+        """The tokenizer of ``policy``'s model (for building prompts in-process)."""
+        return self.backend(policy).tokenizer
+
+    def add_policy(self, name: str, backend: Backend) -> None:
+        """Serve ``name`` with ``backend`` from now on (several names may share one)."""
+        if name in self._backends:
+            raise ConfigError(f"policy {name!r} is already served by this pool")
+        self._backends[name] = backend
+        if self._started:
+            self._lane(backend)
+
+    def _lane(self, backend: Backend) -> _Lane:
+        lane = self._lanes.get(id(backend))
+        if lane is None:
+            lane = self._lanes[id(backend)] = _Lane(backend, self)
+            lane.start()
+        return lane
+
+    # --- requests ---------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Answer one request (batched with whatever else is waiting).
+
+        Raises :class:`PoolError` with the codes listed in the module docstring.
+        """
+        if self._closed:
+            raise PoolError("closed", "the pool is closed")
+        await self.start()
+        self.stats.requests += 1
+        backend = self.backend(request.policy)
+        try:
+            backend.validate(request)
+        except ParleyError as exc:
+            raise PoolError("bad_request", str(exc)) from None
+        if self._queued >= self.config.max_queue:
+            self.stats.overloaded += 1
+            raise PoolError(
+                "overloaded",
+                f"the pool has {self._queued} requests waiting (max_queue="
+                f"{self.config.max_queue}); retry after a short backoff",
+                retryable=True,
+            )
+        lane = self._lane(backend)
+        loop = asyncio.get_running_loop()
+        item = _Pending(request, loop.create_future(), loop.time())
+        self._queued += 1
+        lane.put(item)
+        timeout = request.timeout or self.config.default_timeout
+        # A timer rather than asyncio.wait_for: the bus may run this handler inline, outside
+        # a task, where asyncio.timeout (what wait_for uses from Python 3.12) cannot work.
+        timer = loop.call_later(timeout, self._expire, lane, item, timeout) if timeout else None
+        try:
+            return await item.future
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if not item.future.done():  # the caller went away (cancelled): drop the request
+                item.future.cancel()
+            lane.discard(item)
+
+    def _expire(self, lane: _Lane, item: _Pending, timeout: float) -> None:
+        if item.future.done():
+            return
+        self.stats.timeouts += 1
+        item.future.set_exception(
+            PoolError(
+                "timeout",
+                f"no result within {timeout:g} s (policy {item.request.policy!r}); raise the "
+                "request's timeout or lower the load on the pool",
+            )
+        )
+        lane.discard(item)
+
+    def _unqueue(self, item: _Pending) -> None:
+        if item.waiting:
+            item.waiting = False
+            self._queued -= 1
+
+    async def update_weights(self, update: WeightUpdate) -> int:
+        """Apply ``update`` to its policy's backend between batches; returns the version.
+
+        Raises :class:`PoolError` ``stale_weights`` when ``update.version`` is not newer
+        than the version being served, ``unknown_policy``, or ``backend_failed``.
+        """
+        backend = self.backend(update.policy)
+        if update.version <= backend.policy_version:
+            raise PoolError(
+                "stale_weights",
+                f"policy {update.policy!r} already serves version {backend.policy_version}; "
+                f"an update must carry a newer version than that, got {update.version}",
+            )
+        lane = self._lane(backend)
+        # A static lane's call must not see its weights change mid-batch; a continuous
+        # backend finishes running generations on the old weights itself.
+        gate = contextlib.nullcontext() if lane.continuous else lane.gate.exclusive()
+        async with gate:
+            try:
+                await backend.update_weights(update)
+            except Exception as exc:  # reported to the trainer as an Error
+                raise PoolError(
+                    "backend_failed",
+                    f"updating {update.policy!r} to version {update.version} failed: "
+                    f"{type(exc).__name__}: {exc}",
+                ) from exc
+        self.stats.weight_updates += 1
+        version: int = backend.policy_version
+        return version
+
+    # --- bus --------------------------------------------------------------------------
+
+    def serve(self, endpoint: Endpoint) -> None:
+        """Answer ``GenerateRequest`` and ``WeightUpdate`` requests arriving at ``endpoint``
+        (name it :data:`POOL_ENDPOINT` so agents find it)."""
+        endpoint.on(GenerateRequest, self._on_generate)
+        endpoint.on(WeightUpdate, self._on_weights)
+
+    async def _on_generate(self, env: Envelope) -> GenerateResult | Error:
+        assert isinstance(env.body, GenerateRequest)  # the bus dispatches by body type
+        try:
+            return await self.generate(env.body)
+        except PoolError as exc:
+            return exc.to_message()
+
+    async def _on_weights(self, env: Envelope) -> Ok | Error:
+        assert isinstance(env.body, WeightUpdate)
+        try:
+            await self.update_weights(env.body)
+        except PoolError as exc:
+            return exc.to_message()
+        return Ok()

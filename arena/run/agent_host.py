@@ -1,0 +1,146 @@
+"""Agent hosting: a bus endpoint that answers each ``Observation`` with its agent's ``Action``.
+
+The runner reaches every agent through the bus. In-process agents live in an
+:class:`AgentHost` on an ``inproc://`` endpoint of the runner's own process; a remote agent
+(``parley agent --connect ... --seat ...``) is the very same :class:`AgentHost` in another
+process. One host serves any number of concurrent episodes: it keeps one agent instance per
+``(episode id, seat)``, created on the first observation of that pair and reset with the
+seed the runner put in ``Observation.info["agent_seed"]``.
+
+Episode end: the arena sends each seat it asked anything a one-way ``Observation`` with
+``terminated`` (or ``truncated``) set; the host then closes the agent and forgets it.
+``info["failed"]`` holds the reason when the episode failed. An ``act`` still running then
+(an agent that hung past the arena's timeout) is not cancelled: ``act`` runs inside the
+bus's request handler, eagerly, so that a scripted agent answers without creating a task;
+:meth:`Agent.close` should make it return, and closing the endpoint cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import zmq
+
+from parley.agents.base import Agent
+from parley.arena.run.agent_specs import AgentFactory, remote_peer_name
+from parley.protocols.bus import BusConfig, Endpoint
+from parley.protocols.errors import ConfigError
+from parley.protocols.messages import Action, Body, Envelope, Observation
+
+__all__ = ["AgentHost", "AGENT_SEED_KEY", "FAILED_KEY", "join_arena"]
+
+AGENT_SEED_KEY = "agent_seed"
+"""``Observation.info`` key with the seed the agent of this seat and episode resets with."""
+FAILED_KEY = "failed"
+"""``Observation.info`` key of an end-of-episode notice: why the episode failed."""
+
+
+class AgentHost:
+    """Plays the seats in ``factories`` for every episode that asks, on ``endpoint``.
+
+    Registers an ``Observation`` handler on ``endpoint`` at construction; the endpoint's
+    owner binds or connects it. An agent that raises makes the request answer with an
+    ``Error`` (the runner fails that episode); other episodes are unaffected.
+    """
+
+    def __init__(self, endpoint: Endpoint, factories: Mapping[str, AgentFactory]) -> None:
+        self.endpoint = endpoint
+        self._factories = dict(factories)
+        self._agents: dict[tuple[str, str], Agent] = {}
+        endpoint.on(Observation, self._on_observation)
+
+    @property
+    def seats(self) -> list[str]:
+        """The seats this host plays."""
+        return sorted(self._factories)
+
+    @property
+    def live_agents(self) -> int:
+        """Agent instances currently held (one per seat of each unfinished episode)."""
+        return len(self._agents)
+
+    async def _on_observation(self, envelope: Envelope) -> Body | None:
+        obs = envelope.body
+        if not isinstance(obs, Observation):  # the bus dispatches by type; be explicit
+            raise TypeError(f"expected an observation, got {type(obs).__name__}")
+        key = (envelope.episode, obs.agent)
+        if obs.terminated or obs.truncated:
+            await self._end(key)
+            return None
+        agent = self._agents.get(key)
+        if agent is None:
+            agent = self._new_agent(obs)
+            self._agents[key] = agent
+        action = await agent.act(obs)
+        if not isinstance(action, Action):
+            raise TypeError(
+                f"{type(agent).__name__}.act returned {type(action).__name__}, not an Action"
+            )
+        # The seat is the runner's to name; an agent may leave ``agent`` empty or stale.
+        if type(action) is Action and action.agent == obs.agent:
+            return action  # as the runner would rebuild it: no copy
+        return Action(agent=obs.agent, text=action.text, tokens=action.tokens)
+
+    def _new_agent(self, obs: Observation) -> Agent:
+        factory = self._factories.get(obs.agent)
+        if factory is None:
+            raise ConfigError(
+                f"this agent host plays seats {self.seats}, not {obs.agent!r}; "
+                f"start one with --seat {obs.agent}"
+            )
+        agent = factory()
+        seed = obs.info.get(AGENT_SEED_KEY)
+        agent.reset(seed if isinstance(seed, int) else None)
+        return agent
+
+    async def _end(self, key: tuple[str, str]) -> None:
+        agent = self._agents.pop(key, None)
+        if agent is not None:
+            await agent.close()
+
+    async def close(self) -> None:
+        """Close every agent still held (the endpoint's owner closes the endpoint)."""
+        for key in list(self._agents):
+            await self._end(key)
+
+
+async def join_arena(
+    address: str,
+    seats: Mapping[str, AgentFactory],
+    *,
+    names: Mapping[str, str] | None = None,
+    bus: BusConfig | None = None,
+    context: zmq.Context[Any] | None = None,
+    connect_timeout: float | None = None,
+    poll_interval: float = 0.2,
+) -> None:
+    """Play ``seats`` in the arena bound at ``address`` until the arena goes away.
+
+    Seats are served by endpoints named ``names[seat]``, or ``agent-SEAT`` (the name the
+    runner waits for with a plain ``remote`` spec); seats given the same name share one
+    endpoint (match them with ``remote:NAME`` specs). Each endpoint serves every episode of
+    its seats. Returns when the arena has closed (it says ``Bye``) or stopped answering
+    heartbeats; raises :class:`~parley.protocols.errors.RequestTimeout` when no arena
+    answers within ``connect_timeout`` seconds.
+    """
+    groups: dict[str, dict[str, AgentFactory]] = {}
+    for seat, factory in seats.items():
+        name = (names or {}).get(seat, remote_peer_name(seat))
+        groups.setdefault(name, {})[seat] = factory
+    joined: list[tuple[Endpoint, AgentHost, str]] = []
+    try:
+        for name, factories in groups.items():
+            endpoint = Endpoint(name, config=bus, context=context)
+            host = AgentHost(endpoint, factories)
+            joined.append((endpoint, host, ""))
+            arena = await endpoint.connect(address, timeout=connect_timeout)
+            joined[-1] = (endpoint, host, arena)
+        # The bus has no "peer left" event to await; polling its peer list is cheap enough.
+        while all(arena in endpoint.peers for endpoint, _, arena in joined):  # noqa: ASYNC110
+            await asyncio.sleep(poll_interval)
+    finally:
+        for endpoint, host, _ in joined:
+            await host.close()
+            await endpoint.close()

@@ -1,0 +1,149 @@
+"""Agent specs: the strings that say who plays a seat (``--agents scripted,remote``).
+
+One function, :func:`resolve_agent_spec`, turns a spec into either an
+:data:`AgentFactory` (a zero-argument callable making a fresh :class:`Agent`; the runner
+calls it once per seat per episode) or a :class:`RemoteSeat` (the seat is played by an
+agent in another process that joins the arena over the bus).
+
+=================  ===================================================================
+spec               who plays
+=================  ===================================================================
+``scripted``       the seat's baseline from the scenario registry (``spec.baselines``)
+``module:Class``   ``Class()`` imported from ``module`` (any :class:`Agent` subclass)
+``remote``         a remote agent named ``agent-SEAT`` (``parley agent --seat SEAT``)
+``remote:NAME``    a remote agent whose endpoint is named ``NAME``
+``KIND:ARG``       the resolver registered under ``KIND`` in :data:`AGENT_KINDS`
+=================  ===================================================================
+
+Extending: add ``"KIND": "module:function"`` to :data:`AGENT_KINDS` (imported lazily, so a
+heavy resolver costs nothing until used), or call :func:`register_agent_kind`. A resolver
+is ``resolver(arg: str, seat: SeatContext) -> AgentFactory | RemoteSeat``; ``arg`` is the
+text after ``KIND:``. ``llm:PATH`` is meant to be served this way by ``parley.agents.llm``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from parley.agents.base import Agent
+from parley.protocols.errors import ConfigError
+
+__all__ = [
+    "AGENT_KINDS",
+    "AgentFactory",
+    "AgentSource",
+    "RemoteSeat",
+    "Resolver",
+    "SeatContext",
+    "load_object",
+    "register_agent_kind",
+    "remote_peer_name",
+    "resolve_agent_spec",
+]
+
+AgentFactory = Callable[[], Agent]
+"""Makes a fresh agent for one seat of one episode."""
+
+
+@dataclass(frozen=True)
+class RemoteSeat:
+    """The seat is played by the bus peer named ``peer`` (another process or host)."""
+
+    peer: str
+
+
+AgentSource = AgentFactory | RemoteSeat
+
+
+@dataclass(frozen=True)
+class SeatContext:
+    """What a resolver may need to know about the seat it builds an agent for."""
+
+    scenario: str
+    """Scenario id the run plays."""
+    seat: str
+    """The seat (PettingZoo agent name)."""
+    baseline: str = ""
+    """The seat's scripted baseline as ``"module:Class"`` ("" when the scenario has none)."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """``RunConfig.agent_options``: free-form settings for resolvers (pool address, ...)."""
+
+
+Resolver = Callable[[str, SeatContext], AgentSource]
+
+
+def remote_peer_name(seat: str) -> str:
+    """Default bus name of the remote agent that plays ``seat``."""
+    return f"agent-{seat}"
+
+
+def load_object(ref: str) -> Any:
+    """Import ``"package.module:attr"`` and return the attribute."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{ref!r} is not of the form 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} (from {ref!r}): {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise ConfigError(f"module {module_name!r} has no attribute {attr!r}") from exc
+
+
+def agent_class_factory(ref: str) -> AgentFactory:
+    """A factory calling ``Class()`` for ``ref = "module:Class"``, checked to be an Agent."""
+    cls = load_object(ref)
+    if not (isinstance(cls, type) and issubclass(cls, Agent)):
+        raise ConfigError(f"{ref} is not a subclass of parley.agents.base.Agent")
+    factory: AgentFactory = cls
+    return factory
+
+
+def _scripted(arg: str, seat: SeatContext) -> AgentSource:
+    if not seat.baseline:
+        raise ConfigError(
+            f"scenario {seat.scenario} registers no scripted baseline for seat {seat.seat!r}; "
+            "give an agent spec such as module:Class for that seat"
+        )
+    return agent_class_factory(seat.baseline)
+
+
+def _remote(arg: str, seat: SeatContext) -> AgentSource:
+    return RemoteSeat(arg or remote_peer_name(seat.seat))
+
+
+AGENT_KINDS: dict[str, str | Resolver] = {
+    "scripted": _scripted,
+    "remote": _remote,
+    "llm": "parley.arena.inference.llm_spec:resolve_llm",
+}
+"""Spec kind -> resolver, or ``"module:function"`` naming one (imported on first use)."""
+
+
+def register_agent_kind(kind: str, resolver: str | Resolver) -> None:
+    """Make ``KIND:ARG`` specs resolve through ``resolver``."""
+    if not kind.isidentifier():
+        raise ConfigError(f"agent kind must be an identifier, got {kind!r}")
+    AGENT_KINDS[kind] = resolver
+
+
+def resolve_agent_spec(spec: str, seat: SeatContext) -> AgentSource:
+    """Who plays ``seat`` for ``spec``; raises :class:`ConfigError` with the fix."""
+    spec = spec.strip()
+    kind, _, arg = spec.partition(":")
+    if kind in AGENT_KINDS:
+        resolver = AGENT_KINDS[kind]
+        if isinstance(resolver, str):
+            resolver = load_object(resolver)
+        return resolver(arg, seat)
+    if ":" in spec:
+        return agent_class_factory(spec)
+    raise ConfigError(
+        f"unknown agent spec {spec!r} for seat {seat.seat!r}; use one of "
+        f"{sorted(AGENT_KINDS)} (optionally KIND:ARG) or module:Class"
+    )

@@ -1,0 +1,118 @@
+"""The configuration of one arena run, as a typed dataclass loadable from YAML.
+
+``parley run --config run.yaml`` reads a YAML mapping whose keys are the fields of
+:class:`RunConfig`; options given on the command line override the file::
+
+    scenario: negotiation/deal-or-no-deal-v0
+    scenario_kwargs: {max_turns: 10}
+    agents: [scripted, my_pkg.bots:Greedy]     # or {alice: scripted, bob: remote}
+    episodes: 100
+    trials: 1
+    seed: 0
+    concurrency: 16
+    out: runs/dond
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from parley.protocols.errors import ConfigError
+
+__all__ = ["RunConfig", "load_run_config"]
+
+
+@dataclass
+class RunConfig:
+    """Everything that decides what a run plays; validated at construction."""
+
+    scenario: str
+    """Registered scenario id, ``family/name-vN``."""
+    scenario_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments passed to ``parley.scenarios.make``."""
+    agents: list[str] | dict[str, str] | None = None
+    """Agent spec per seat: a list in seat order, or a mapping seat -> spec; seats left out
+    play their scripted baseline. Specs: ``scripted``, ``module:Class``, ``remote``,
+    ``llm:PATH`` (see :mod:`parley.arena.run.agent_specs`)."""
+    episodes: int = 10
+    """Number of tasks (distinct episode seeds) to play."""
+    trials: int = 1
+    """Times each task is played; with more than one, pass^k is reported for k = 1..trials."""
+    seed: int = 0
+    """Run seed: every episode and agent seed is derived from it, so a run is reproducible."""
+    concurrency: int = 8
+    """Episodes played at the same time."""
+    out: str | None = None
+    """Directory for ``transcripts.jsonl``, ``trajectories.jsonl``, ``timings.jsonl`` and
+    ``summary.json``; nothing is written when unset."""
+    listen: str = ""
+    """Address the arena binds (``tcp://127.0.0.1:5555``, ``ipc:///tmp/arena``); remote
+    agents connect there. Empty: a private ``inproc://`` address."""
+    act_timeout: float = 60.0
+    """Seconds an agent has to answer one observation before its episode fails."""
+    join_timeout: float = 120.0
+    """Seconds to wait for a remote agent to join its seat before an episode fails."""
+    max_steps: int = 10_000
+    """Steps after which an episode that has not ended fails (a guard against a scenario
+    that never terminates)."""
+    pipeline: bool = True
+    """Send every acting agent's observation of a step before gathering the actions.
+    False asks one agent at a time (only useful to measure what pipelining buys)."""
+    agent_options: dict[str, Any] = field(default_factory=dict)
+    """Free-form options handed to agent-spec resolvers (e.g. the inference pool address
+    for ``llm:`` agents)."""
+    progress: bool = True
+    """Show a progress bar while playing."""
+
+    def __post_init__(self) -> None:
+        if not self.scenario:
+            raise ConfigError("scenario is required: give an id such as family/name-v0")
+        for name in ("episodes", "trials", "concurrency", "max_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("act_timeout", "join_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive seconds, got {getattr(self, name)}")
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+
+_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
+
+
+def load_run_config(
+    path: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> RunConfig:
+    """A :class:`RunConfig` from a YAML file (optional) with ``overrides`` applied on top.
+
+    ``None`` values in ``overrides`` mean "not given" and keep the file's value. Unknown
+    keys and ill-typed values raise :class:`ConfigError` naming the key.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read run config {path}: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path} must hold a YAML mapping of RunConfig fields")
+        data.update(loaded or {})
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    unknown = sorted(set(data) - _FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown run config keys {unknown}; known keys: {sorted(_FIELDS)}")
+    if "scenario" not in data:
+        raise ConfigError("no scenario given: pass SCENARIO or set `scenario:` in the config")
+    try:
+        return msgspec.convert(data, RunConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"bad run config: {exc}") from exc

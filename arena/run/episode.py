@@ -1,0 +1,175 @@
+"""What one episode is: its plan (task, trial, seeds) and the log it fills as it is played.
+
+:func:`derive_seed` and :func:`plan_episodes` decide every seed of a run (see
+:mod:`parley.arena.run.runner`); :class:`EpisodeLog` accumulates one episode's transcript and
+per-seat trajectories and turns them into an :class:`~parley.arena.run.records.EpisodeRecord`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from parley.arena.run.config import RunConfig
+from parley.arena.run.records import EpisodeRecord
+from parley.protocols.messages import Action, TurnRecord
+from parley.protocols.messages import Trajectory as TrajectoryMsg
+
+__all__ = ["EpisodePlan", "EpisodeLog", "derive_seed", "plan_episodes"]
+
+
+_SCENARIO, _AGENT = 0, 1  # purpose tags of derive_seed keys
+
+
+def derive_seed(*keys: int) -> int:
+    """A 31-bit seed from integer keys, stable across platforms and numpy versions.
+
+    Callers use keys of fixed length per purpose (``SeedSequence`` ignores trailing zeros,
+    so ``(s, t)`` and ``(s, t, 0)`` would collide) and a leading purpose tag.
+    """
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0] >> 1)
+
+
+@dataclass(frozen=True)
+class EpisodePlan:
+    """One episode to play: which task, which trial, with which seeds."""
+
+    index: int
+    task: int
+    trial: int
+    seed: int
+    agent_seeds: dict[str, int]
+
+    @property
+    def episode_id(self) -> str:
+        """Unique within a run and the same for the same plan (no clock, no randomness)."""
+        return f"t{self.task:05d}-r{self.trial:02d}"
+
+
+def plan_episodes(config: RunConfig, seats: Sequence[str]) -> list[EpisodePlan]:
+    """Every episode of the run, task-major (all trials of task 0, then task 1, ...)."""
+    plans: list[EpisodePlan] = []
+    for task in range(config.episodes):
+        for trial in range(config.trials):
+            agent_seeds = {
+                seat: derive_seed(config.seed, _AGENT, task, trial, i)
+                for i, seat in enumerate(seats)
+            }
+            plans.append(
+                EpisodePlan(
+                    index=len(plans),
+                    task=task,
+                    trial=trial,
+                    seed=derive_seed(config.seed, _SCENARIO, task),
+                    agent_seeds=agent_seeds,
+                )
+            )
+    return plans
+
+
+class EpisodeLog:
+    """Accumulates one episode's transcript and per-seat trajectories as it is played."""
+
+    def __init__(
+        self, plan: EpisodePlan, scenario: str, seats: Sequence[str], specs: Mapping[str, str]
+    ) -> None:
+        self.plan = plan
+        self.scenario = scenario
+        self.seats = list(seats)
+        self.specs = dict(specs)
+        self.steps: list[dict[str, Any]] = []
+        self.trajectories = {
+            seat: TrajectoryMsg(
+                episode=plan.episode_id, scenario=scenario, agent=seat, seed=plan.seed
+            )
+            for seat in seats
+        }
+        self.metrics: dict[str, float] = {}
+        self.failed = ""
+        self.agent_steps = 0
+        self.invalid_moves = 0
+        self.agents_s = 0.0
+
+    def add_step(
+        self,
+        turn: int,
+        shown: Mapping[str, str],
+        actions: Mapping[str, Action],
+        observations: Mapping[str, str],
+        rewards: Mapping[str, float],
+        terminations: Mapping[str, bool],
+        truncations: Mapping[str, bool],
+        infos: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        self.steps.append(
+            {
+                "turn": turn,
+                "observations": {seat: shown.get(seat, "") for seat in actions},
+                "actions": {seat: action.text for seat, action in actions.items()},
+                "rewards": dict(rewards),
+                "terminations": dict(terminations),
+                "truncations": dict(truncations),
+                "infos": {seat: dict(info) for seat, info in infos.items()},
+            }
+        )
+        for seat, action in actions.items():
+            invalid = str(infos.get(seat, {}).get("invalid", ""))
+            self.agent_steps += 1
+            self.invalid_moves += bool(invalid)
+            self.trajectories[seat].turns.append(
+                TurnRecord(
+                    turn=turn,
+                    observation=shown.get(seat, ""),
+                    action=action.text,
+                    tokens=list(action.tokens),
+                    invalid=invalid,
+                )
+            )
+        for seat, reward in rewards.items():
+            trajectory = self.trajectories[seat]
+            trajectory.reward += float(reward)
+            # A reward earned on a step the seat sat out belongs to its latest decision.
+            if trajectory.turns:
+                trajectory.turns[-1].reward += float(reward)
+            components = infos.get(seat, {}).get("components", {})
+            for name, value in components.items():
+                trajectory.components[name] = trajectory.components.get(name, 0.0) + float(value)
+
+    def record(self) -> EpisodeRecord:
+        plan = self.plan
+        if self.failed:
+            self.metrics = {}
+            for trajectory in self.trajectories.values():
+                trajectory.failed = self.failed
+        transcript = {
+            "episode": plan.episode_id,
+            "index": plan.index,
+            "task": plan.task,
+            "trial": plan.trial,
+            "seed": plan.seed,
+            "agent_seeds": plan.agent_seeds,
+            "scenario": self.scenario,
+            "agents": self.specs,
+            "steps": self.steps,
+            "metrics": self.metrics,
+            "returns": {seat: t.reward for seat, t in self.trajectories.items()},
+            "status": "failed" if self.failed else "ok",
+            "failed": self.failed,
+        }
+        return EpisodeRecord(
+            index=plan.index,
+            episode=plan.episode_id,
+            task=plan.task,
+            trial=plan.trial,
+            seed=plan.seed,
+            transcript=transcript,
+            trajectories=[self.trajectories[seat] for seat in self.seats],
+            metrics=self.metrics,
+            failed=self.failed,
+            agent_steps=self.agent_steps,
+            invalid_moves=self.invalid_moves,
+            agents_s=self.agents_s,
+        )

