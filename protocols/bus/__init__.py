@@ -1,0 +1,96 @@
+"""The parley message bus: named asyncio endpoints over ZeroMQ.
+
+An :class:`Endpoint` is one named participant (an agent, the arena, the pool, a trainer).
+It may ``bind`` (a ZeroMQ ROUTER socket that many peers connect to) and ``connect`` (one
+DEALER socket per remote endpoint), in any combination, over ``inproc://``, ``ipc://`` or
+``tcp://`` with the same API. Every frame is an :class:`~parley.protocols.messages.Envelope`
+encoded by :class:`~parley.protocols.codec.Codec`; ``protocols/PROTOCOL.md`` documents the
+wire format for implementers in other languages.
+
+Example::
+
+    async with Endpoint("arena") as arena, Endpoint("alice") as alice:
+        async def act(env: Envelope) -> Action:
+            return Action(agent="alice", text="I accept")
+
+        alice.on(Observation, act)
+        address = await arena.bind("ipc:///tmp/parley-arena")  # or tcp://127.0.0.1:0
+        await alice.connect(address)  # returns "arena"
+        action = await arena.request("alice", Observation(agent="alice", text="Offer?"))
+
+Contracts
+---------
+* **Handshake.** ``connect`` sends ``Hello`` and returns the remote name once the remote's
+  ``Hello`` reply arrives. A bound endpoint refuses a name that is already connected and
+  alive (``Error(duplicate_name)``) and a peer that does not speak this schema version
+  (``Error(unsupported_version)``). Any other message from a socket that has not said
+  ``Hello`` is answered with ``Error(hello_required)``.
+* **Requests.** ``request`` returns the reply body, or raises :class:`RemoteError` (the
+  peer answered ``Error``), :class:`PeerDead` (the peer died or said ``Bye`` while the request
+  was pending) or :class:`RequestTimeout`. Every request ends in exactly one of these.
+  Either side of a connection may send requests. Handlers registered with :meth:`Endpoint.on`
+  answer them: a handler returning ``None`` replies ``Ok``; a handler raising replies
+  ``Error(handler_failed)``; an unknown kind gets ``Error(no_handler)``.
+* **Handlers run eagerly.** A handler's coroutine is started inside the receive loop; if it
+  finishes without suspending (the common case: a table lookup, a queue put) its reply is
+  sent at once and no task is created; if it suspends, it continues as a task, so a slow
+  handler never blocks the receive loop. Handlers therefore must not block the thread.
+* **Liveness.** Each side sends ``Heartbeat`` when it has sent nothing else to a peer for
+  ``heartbeat_interval``. A peer not heard from for longer than ``peer_timeout`` (at least
+  2.5 of its announced heartbeat intervals) is dead: its pending requests fail with
+  :class:`PeerDead` and it leaves :attr:`Endpoint.peers`. A ``Bye`` has the same effect at
+  once; so does a bound socket finding the peer's connection gone when it sends to it
+  (ZeroMQ's ``EHOSTUNREACH``). A connecting endpoint whose peer died keeps its socket and
+  repeats the handshake when the peer comes back (ZeroMQ reconnects by itself).
+* **Broadcast.** ``subscribe(prefix, handler)`` tells every peer (and every later peer, in
+  its ``Hello``) to forward broadcasts whose channel starts with ``prefix``; ``publish``
+  sends one copy to each peer that asked. Broadcast is one hop: an endpoint does not relay.
+* **CURVE.** With ``BusConfig.curve_secret_key`` set, ``tcp://`` binds are CURVE servers that
+  admit only ``curve_allowed_clients`` (checked by a ZAP handler), and ``tcp://`` connects
+  authenticate with the server's public key ``curve_server_key``. A peer without the right
+  keys completes no handshake, so it can neither send nor receive. Without keys ``tcp://``
+  is plain text: keep it on trusted networks (or 127.0.0.1).
+* **Identity.** A connecting DEALER's routing id is ``"<name>/<random hex>"``: stable across
+  ZeroMQ's automatic reconnects, new for a new process, so a restarted peer is a new
+  connection that a bound endpoint can tell from a live duplicate (it probes the old one).
+
+Bounds, and why
+---------------
+* ``LINGER 0`` on every socket: closing an endpoint never waits on unsent messages (a dead
+  peer must not hang shutdown). ``close()`` sends ``Bye`` first, best effort.
+* ``hwm`` (default 10,000 messages, each direction, per connection) caps what ZeroMQ
+  buffers for a slow or dead peer: with 4 KB messages ~40 MB, far above one scenario's
+  traffic yet small enough that a stuck peer cannot exhaust memory. A send that finds the
+  queue full waits (with back-off) up to the request timeout, then fails with
+  :class:`BusError`; a reply that finds it full is retried the same way in a task.
+* ``max_pending`` (10,000) bounds requests awaiting replies: past it ``request`` raises
+  :class:`BusError` at once instead of queueing without limit (the caller is outpacing the
+  peer and should await earlier replies).
+* ``max_handlers`` (1,000) bounds handler tasks running at once; beyond it requests are
+  answered ``Error(overloaded, retryable=True)`` so a flood cannot grow tasks without end.
+
+Implementation notes: each socket has one receive loop, driven by the event loop when the
+socket's descriptor turns readable; ``receive.py`` says why. ZeroMQ's descriptor is
+edge-triggered and a send can consume the edge, so a send made outside the loop queues one
+more drain for the end of the current event-loop round.
+
+Layout
+------
+One module per role; each layer of :class:`Endpoint` may use only the layers before it:
+
+====================  ====================================================================
+``config.py``         :class:`BusConfig` (timing, bounds, keys) and :class:`BusStats`
+``core.py``           the endpoint's state, connections (``_Link``, ``_Sock``), link death
+``send.py``           sending: non-blocking sends, back-off when a queue is full, replies
+``links.py``          the handshake, heartbeats and liveness of peers
+``receive.py``        the receive loop, dispatch, handlers run eagerly, bad messages
+``auth.py``           CURVE socket options and the ZAP handler that admits client keys
+``endpoint.py``       :class:`Endpoint`, the public API
+====================  ====================================================================
+"""
+
+from parley.protocols.bus.config import BusConfig, BusStats
+from parley.protocols.bus.core import Handler
+from parley.protocols.bus.endpoint import Endpoint
+
+__all__ = ["BusConfig", "BusStats", "Endpoint", "Handler"]

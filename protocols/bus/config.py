@@ -1,0 +1,76 @@
+"""Timing, bounds and CURVE keys of an endpoint, and its counters.
+
+Why each bound has the value it has is in the package docstring (``parley.protocols.bus``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parley.protocols.codec import DEFAULT_MAX_MESSAGE_BYTES
+from parley.protocols.errors import ConfigError
+
+__all__ = ["BusConfig", "BusStats"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BusConfig:
+    """Timing, bounds and keys of an :class:`Endpoint` (see the module docstring for why)."""
+
+    heartbeat_interval: float = 1.0
+    """Seconds of silence towards a peer after which a ``Heartbeat`` is sent."""
+    peer_timeout: float = 5.0
+    """Seconds without hearing from a peer after which it is declared dead."""
+    request_timeout: float = 30.0
+    """Default timeout of ``request`` (and of a send that finds the queue full)."""
+    connect_timeout: float = 10.0
+    """Default timeout of ``connect`` (handshake included)."""
+    hwm: int = 10_000
+    """ZeroMQ send and receive high-water mark, in messages, per connection."""
+    max_pending: int = 10_000
+    """Most requests awaiting a reply at once; more raise ``BusError``."""
+    max_handlers: int = 1_000
+    """Most request handlers suspended at once; more are answered ``overloaded``."""
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    """Largest message accepted or sent (all frames)."""
+    curve_public_key: bytes | None = None
+    """This endpoint's CURVE public key (Z85, from ``zmq.curve_keypair()``)."""
+    curve_secret_key: bytes | None = None
+    """This endpoint's CURVE secret key; setting it turns CURVE on for ``tcp://``."""
+    curve_server_key: bytes | None = None
+    """Public key of the endpoint that ``connect`` reaches over ``tcp://``."""
+    curve_allowed_clients: tuple[bytes, ...] | None = None
+    """Client public keys a CURVE bind admits; ``None`` admits any client key."""
+
+    def __post_init__(self) -> None:
+        for name in ("heartbeat_interval", "peer_timeout", "request_timeout", "connect_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"BusConfig.{name} must be positive, got {getattr(self, name)}")
+        for name in ("hwm", "max_pending", "max_handlers", "max_message_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"BusConfig.{name} must be at least 1, got {getattr(self, name)}")
+        if self.peer_timeout <= self.heartbeat_interval:
+            raise ConfigError(
+                f"peer_timeout ({self.peer_timeout}) must exceed heartbeat_interval "
+                f"({self.heartbeat_interval}); use at least 2.5x"
+            )
+        if (self.curve_secret_key is None) != (self.curve_public_key is None):
+            raise ConfigError("set curve_public_key and curve_secret_key together")
+
+    @property
+    def curve(self) -> bool:
+        """Whether CURVE is on for ``tcp://``."""
+        return self.curve_secret_key is not None
+
+
+@dataclass
+class BusStats:
+    """Counters of one endpoint (monotonic; read them, do not write them)."""
+
+    sent: int = 0
+    received: int = 0
+    bad_messages: int = 0
+    unhandled: int = 0
+    late_replies: int = 0
+    handler_errors: int = 0
+    dead_peers: int = 0

@@ -1,0 +1,172 @@
+"""The state every layer of :class:`~parley.protocols.bus.Endpoint` shares.
+
+A connection to a named peer is a :class:`_Link`; a ZeroMQ socket with its receive-loop
+flags is a :class:`_Sock` (a bound ROUTER holds many links, a connecting DEALER one).
+:class:`_Core` holds the endpoint's tables and the few operations every layer needs: find a
+live link, declare one dead (failing its pending requests), expire a request, start a task.
+The layers build on it in this order: ``send`` ← ``links`` ← ``receive`` ← ``endpoint``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import zmq
+import zmq.backend as _zmq_backend
+
+from parley.protocols.bus.config import BusConfig, BusStats
+from parley.protocols.codec import Codec
+from parley.protocols.errors import BusError, ConfigError, PeerDead, RequestTimeout
+from parley.protocols.messages import AnyBody, Body, Envelope
+
+log = logging.getLogger("parley.protocols.bus")
+
+
+def _any(body: Body) -> AnyBody:
+    """``body`` as the envelope's union type, for the type checker.
+
+    The public API takes any :class:`Body`; a subclass outside the protocol's union still
+    encodes, and the receiver refuses it with ``bad_message`` when it decodes.
+    """
+    return cast("AnyBody", body)
+
+
+Handler = Callable[[Envelope], Awaitable[Body | None]]
+"""``async def handler(env) -> Body | None``: answers requests, receives one-way sends."""
+
+
+# The hot path calls pyzmq's Cython socket methods directly with plain-int options: the
+# Python wrappers and enum conversions cost about as much again as the calls themselves.
+_send = _zmq_backend.Socket.send
+_recv = _zmq_backend.Socket.recv
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+
+
+@dataclass(eq=False)
+class _Link:
+    """One live (or dead, for a connecting socket) connection to a named peer."""
+
+    sock: _Sock
+    rid: bytes | None
+    name: str = ""
+    alive: bool = False
+    last_heard: float = 0.0
+    last_sent: float = 0.0
+    timeout: float = 0.0
+    subscriptions: set[str] = field(default_factory=set)
+    pending: dict[int, asyncio.Future[Body]] = field(default_factory=dict)
+    rehello: asyncio.Task[None] | None = None
+
+
+class _Sock:
+    """A ZeroMQ socket plus its receive loop state."""
+
+    def __init__(self, z: zmq.Socket[bytes], address: str, *, router: bool) -> None:
+        self.z = z
+        self.address = address
+        self.router = router
+        self.fd: int = int(z.getsockopt(zmq.FD))
+        self.links: dict[bytes, _Link] = {}  # ROUTER: routing id -> link
+        self.link: _Link | None = None  # DEALER: the one remote peer
+        self.reading = False  # registered with the event loop
+        self.draining = False  # inside the receive loop right now
+        self.scheduled = False  # a drain is queued with call_soon
+
+
+class _Core:
+    """The endpoint's state, shared by every layer (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        config: BusConfig | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        if not name or len(name.encode()) > 200 or "\x00" in name:
+            raise ConfigError(f"endpoint name must be 1-200 bytes without NUL, got {name!r}")
+        self.name = name
+        self.config = config or BusConfig()
+        self.stats = BusStats()
+        self._own_context = context is None
+        self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
+        self._codec = Codec(max_message_bytes=self.config.max_message_bytes)
+        self._socks: list[_Sock] = []
+        self._links: dict[str, _Link] = {}
+        self._handlers: dict[type[Body], Handler] = {}
+        self._subs: list[tuple[str, Handler]] = []
+        self._ids = itertools.count(1)
+        self._n_pending = 0
+        self._n_handlers = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._peer_change: asyncio.Future[None] | None = None
+        self._auth: Any = None
+        self._closed = False
+        self._now = 0.0  # event-loop clock, read once per receive round and tick
+
+    def _live_link(self, peer: str) -> _Link:
+        link = self._links.get(peer)
+        if link is None:
+            alive = sorted(name for name, other in self._links.items() if other.alive)
+            raise BusError(
+                f"{self.name} has no peer named {peer!r} (peers: {alive}); "
+                "connect to it or wait_for_peer first"
+            )
+        if not link.alive:
+            raise PeerDead(f"peer {peer!r} is dead (no heartbeat or said goodbye)")
+        return link
+
+    def _peer_died(self, link: _Link, reason: str) -> None:
+        if not link.alive:
+            return
+        link.alive = False
+        self.stats.dead_peers += 1
+        log.info("%s: peer %s is dead: %s", self.name, link.name, reason)
+        self._fail_link(link, PeerDead(f"peer {link.name!r} is dead: {reason}"))
+        if link.rid is not None:
+            link.sock.links.pop(link.rid, None)
+            if self._links.get(link.name) is link:
+                del self._links[link.name]
+        self._peers_changed()
+
+    def _fail_link(self, link: _Link, exc: BusError) -> None:
+        pending, link.pending = link.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(type(exc)(*exc.args))
+
+    def _expire(self, link: _Link, rid: int, limit: float) -> None:
+        fut = link.pending.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(
+                RequestTimeout(f"no reply from {link.name!r} within {limit:g} s (request {rid})")
+            )
+
+    def _peers_changed(self) -> None:
+        if self._peer_change is not None and self._loop is not None:
+            fut, self._peer_change = self._peer_change, self._loop.create_future()
+            fut.set_result(None)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _wake(self, sock: _Sock) -> None:
+        """Queue a drain of ``sock`` (a no-op if one is queued already)."""
+        if not sock.scheduled and self._loop is not None:
+            sock.scheduled = True
+            self._loop.call_soon(self._drain, sock)
+
+    def _drain(self, sock: _Sock) -> None:
+        """The receive loop of ``sock``, provided by the receive layer."""
+        raise NotImplementedError

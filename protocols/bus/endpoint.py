@@ -1,0 +1,315 @@
+"""The public :class:`Endpoint`: bind, connect, request, send, publish, subscribe, close.
+
+The contracts (handshake, requests, handlers, liveness, broadcast, CURVE, identity) and the
+bounds are documented in the package docstring, :mod:`parley.protocols.bus`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Self
+
+import zmq
+
+from parley.protocols.bus.auth import curve_client, curve_server, start_authenticator
+from parley.protocols.bus.core import Handler, _any, _Link, _Sock, log
+from parley.protocols.bus.receive import _in_task, _Receiver
+from parley.protocols.errors import BusError, ConfigError, PeerDead, RequestTimeout
+from parley.protocols.messages import Body, Bye, Envelope, Heartbeat, Hello, Subscribe
+
+
+class Endpoint(_Receiver):
+    """A named participant on the bus; see the package docstring for the contracts.
+
+    ``Endpoint(name, *, config=None, context=None)``: ``context`` is the ZeroMQ context to
+    create sockets in; endpoints that talk over ``inproc://`` must share one. Without it the
+    endpoint makes (and later terminates) its own. All methods must be called from the event
+    loop that first used the endpoint.
+    """
+
+    # --- public API ------------------------------------------------------------------
+
+    @property
+    def peers(self) -> list[str]:
+        """Names of the peers currently connected and alive."""
+        return [name for name, link in self._links.items() if link.alive]
+
+    def on(self, body_type: type[Body], handler: Handler, *, task: bool = False) -> None:
+        """Handle messages whose body is a ``body_type`` (replacing an earlier handler).
+
+        The handler starts inline, in the receive loop, and moves into a task at its first
+        suspending ``await`` (see "Handlers run eagerly"). Code that needs to run inside a
+        task from its first line (``asyncio.timeout``, ``asyncio.TaskGroup``,
+        ``asyncio.current_task``) works after that first ``await``; or pass ``task=True``
+        to start the handler in its own task (one more event-loop round per message).
+        """
+        if body_type in (Hello, Heartbeat, Bye, Subscribe):
+            raise ConfigError(f"{body_type.__name__} is handled by the bus itself")
+        self._handlers[body_type] = _in_task(handler) if task else handler
+
+    async def bind(self, address: str) -> str:
+        """Listen on ``address`` (``tcp://127.0.0.1:0`` picks a port); returns the address."""
+        self._start()
+        z = self._socket(zmq.ROUTER)
+        z.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer raises instead of dropping
+        z.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnect with the same id takes over
+        if address.startswith("tcp://") and self.config.curve:
+            if self._auth is None:
+                self._auth = start_authenticator(self._ctx, self.config)
+            curve_server(z, self.config)
+        try:
+            z.bind(address)
+        except zmq.ZMQError as exc:
+            z.close(0)
+            raise BusError(f"cannot bind {address}: {exc}; is another endpoint there?") from exc
+        resolved = z.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._add_sock(_Sock(z, resolved, router=True))
+        return resolved
+
+    async def connect(
+        self,
+        address: str,
+        timeout: float | None = None,  # noqa: ASYNC109 -- per-call timeouts are the bus contract
+        *,
+        server_key: bytes | None = None,
+    ) -> str:
+        """Connect to the endpoint bound at ``address``; returns its name after ``Hello``.
+
+        ``server_key`` overrides ``BusConfig.curve_server_key`` for this ``tcp://`` address.
+        Raises :class:`RequestTimeout` when no handshake completes within ``timeout`` (no one
+        bound there, or CURVE keys that do not match), :class:`RemoteError` when refused.
+        """
+        self._start()
+        z = self._socket(zmq.DEALER)
+        z.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a connection that does not exist
+        z.setsockopt(zmq.ROUTING_ID, f"{self.name}/{os.urandom(4).hex()}".encode())
+        if address.startswith("tcp://") and self.config.curve:
+            key = server_key or self.config.curve_server_key
+            if key is None:
+                z.close(0)
+                raise ConfigError(f"CURVE is on: pass the public key of {address} (server_key)")
+            curve_client(z, self.config, key)
+        try:
+            z.connect(address)
+        except zmq.ZMQError as exc:
+            z.close(0)
+            raise BusError(f"cannot connect to {address}: {exc}") from exc
+        sock = _Sock(z, address, router=False)
+        link = _Link(sock, None)
+        sock.link = link
+        self._add_sock(sock)
+        limit = self.config.connect_timeout if timeout is None else timeout
+        try:
+            return await asyncio.wait_for(self._handshake(link), limit)
+        except TimeoutError:
+            await self._drop_sock(sock)
+            raise RequestTimeout(
+                f"no Hello from {address} within {limit:g} s: is an endpoint bound there "
+                "(and, over tcp, do the CURVE keys match)?"
+            ) from None
+        except BaseException:
+            await self._drop_sock(sock)
+            raise
+
+    async def request(
+        self,
+        peer: str,
+        body: Body,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 -- per-call timeouts are the bus contract
+        episode: str = "",
+        turn: int = 0,
+    ) -> Body:
+        """Send ``body`` to ``peer`` and return its reply body (see the module contracts)."""
+        link = self._live_link(peer)
+        if self._n_pending >= self.config.max_pending:
+            raise BusError(
+                f"{self._n_pending} requests already pending (max_pending); await earlier "
+                "replies before sending more or raise BusConfig.max_pending"
+            )
+        loop = self._loop
+        assert loop is not None  # _live_link found a link, so the endpoint is started
+        rid = next(self._ids)
+        env = Envelope(
+            body=_any(body),
+            sender=self.name,
+            id=rid,
+            expects_reply=True,
+            episode=episode,
+            turn=turn,
+        )
+        frames = self._encode(env)
+        fut: asyncio.Future[Body] = loop.create_future()
+        link.pending[rid] = fut
+        self._n_pending += 1
+        limit = self.config.request_timeout if timeout is None else timeout
+        timer = loop.call_later(limit, self._expire, link, rid, limit)
+        try:
+            if not self._send_now(link, frames):
+                await self._send_later(link, frames, limit)
+            return await fut
+        finally:
+            timer.cancel()
+            link.pending.pop(rid, None)
+            self._n_pending -= 1
+
+    async def send(self, peer: str, body: Body, *, episode: str = "", turn: int = 0) -> None:
+        """Send ``body`` to ``peer`` without waiting for an answer (order kept per peer)."""
+        link = self._live_link(peer)
+        frames = self._encode(
+            Envelope(body=_any(body), sender=self.name, episode=episode, turn=turn)
+        )
+        if not self._send_now(link, frames):
+            await self._send_later(link, frames, self.config.request_timeout)
+
+    async def publish(self, channel: str, body: Body, *, episode: str = "", turn: int = 0) -> int:
+        """Send ``body`` on ``channel`` to every peer subscribed to it; returns how many."""
+        env = Envelope(
+            body=_any(body), sender=self.name, channel=channel, episode=episode, turn=turn
+        )
+        frames = self._encode(env)
+        count = 0
+        for link in list(self._links.values()):
+            if link.alive and any(channel.startswith(p) for p in link.subscriptions):
+                try:
+                    if not self._send_now(link, frames):
+                        await self._send_later(link, frames, self.config.request_timeout)
+                except PeerDead:
+                    continue  # a dead subscriber is not the publisher's failure
+                count += 1
+        return count
+
+    def subscribe(
+        self, channel: str, handler: Handler, *, task: bool = False
+    ) -> asyncio.Future[None]:
+        """Receive broadcasts whose channel starts with ``channel`` (``""``: all of them).
+
+        Returns a future that is done once every peer connected now has acknowledged; peers
+        that connect later learn the subscription from this endpoint's ``Hello``. ``task``
+        is as for :meth:`on`.
+        """
+        self._start()
+        known = {prefix for prefix, _ in self._subs}
+        self._subs.append((channel, _in_task(handler) if task else handler))
+        if channel in known:
+            return self._done_future()
+        return self._announce(Subscribe(channels=[channel]))
+
+    def unsubscribe(self, channel: str) -> asyncio.Future[None]:
+        """Stop receiving broadcasts for the prefix ``channel`` (all its handlers)."""
+        self._start()
+        self._subs = [(p, h) for p, h in self._subs if p != channel]
+        return self._announce(Subscribe(channels=[channel], unsubscribe=True))
+
+    async def wait_for_peer(self, name: str, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Return once ``name`` is a live peer; raise :class:`RequestTimeout` after ``timeout``."""
+        self._start()
+
+        async def wait() -> None:
+            while name not in self._links or not self._links[name].alive:
+                assert self._peer_change is not None
+                await asyncio.shield(self._peer_change)
+
+        try:
+            await asyncio.wait_for(wait(), timeout)
+        except TimeoutError:
+            raise RequestTimeout(f"peer {name!r} did not connect within {timeout} s") from None
+
+    async def close(self) -> None:
+        """Say ``Bye`` to every peer, fail pending requests, close the sockets. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        bye = self._codec.encode(Envelope(body=Bye(reason="closed"), sender=self.name))
+        for link in list(self._links.values()):
+            if link.alive:
+                self._try_send(link, bye)
+            self._fail_link(link, BusError(f"endpoint {self.name} closed"))
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        if self._ticker is not None:
+            tasks.append(self._ticker)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for sock in list(self._socks):
+            self._close_sock(sock)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._own_context:
+            self._ctx.term()
+
+    async def __aenter__(self) -> Self:
+        self._start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- setup -----------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._closed:
+            raise BusError(f"endpoint {self.name} is closed; make a new one")
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._peer_change = self._loop.create_future()
+            self._ticker = self._loop.create_task(self._tick())
+
+    def _socket(self, kind: int) -> zmq.Socket[bytes]:
+        z: zmq.Socket[bytes] = zmq.Socket(self._ctx, kind)
+        z.setsockopt(zmq.LINGER, 0)
+        z.setsockopt(zmq.SNDHWM, self.config.hwm)
+        z.setsockopt(zmq.RCVHWM, self.config.hwm)
+        z.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes + 1024)
+        return z
+
+    def _add_sock(self, sock: _Sock) -> None:
+        assert self._loop is not None
+        self._socks.append(sock)
+        self._loop.add_reader(sock.fd, self._drain, sock)
+        sock.reading = True
+        self._wake(sock)  # messages may have queued before the reader was registered
+
+    async def _drop_sock(self, sock: _Sock) -> None:
+        self._close_sock(sock)
+
+    def _close_sock(self, sock: _Sock) -> None:
+        for link in [*sock.links.values(), *([sock.link] if sock.link else [])]:
+            self._fail_link(link, BusError(f"socket {sock.address} closed"))
+            if self._links.get(link.name) is link:
+                del self._links[link.name]
+        if sock in self._socks:
+            self._socks.remove(sock)
+        if sock.reading and self._loop is not None:
+            self._loop.remove_reader(sock.fd)
+            sock.reading = False
+        sock.z.close(0)
+
+    # --- subscriptions ---------------------------------------------------------------
+
+    def _announce(self, body: Subscribe) -> asyncio.Future[None]:
+        links = [link.name for link in self._links.values() if link.alive]
+        if not links:
+            return self._done_future()
+
+        async def tell_all() -> None:
+            results = await asyncio.gather(
+                *(self.request(name, body) for name in links), return_exceptions=True
+            )
+            for name, result in zip(links, results, strict=True):
+                if isinstance(result, BaseException) and not isinstance(result, PeerDead):
+                    log.warning("%s: %s did not take subscription: %r", self.name, name, result)
+
+        task = asyncio.ensure_future(tell_all())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _done_future(self) -> asyncio.Future[None]:
+        assert self._loop is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        fut.set_result(None)
+        return fut

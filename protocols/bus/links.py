@@ -1,0 +1,166 @@
+"""Liveness: the ``Hello`` handshake, heartbeats, and retrying the handshake with a peer
+that came back.
+
+The connecting side sends ``Hello`` until the bound side answers with its own; the bound side
+admits a name once (refusing a live duplicate, probing whether the old connection still
+exists). A ticker sends ``Heartbeat`` to peers that have heard nothing for a while and
+declares dead the peers not heard from within their timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import zmq
+
+from parley.protocols.bus.core import _NOBLOCK, _Link, _Sock, log
+from parley.protocols.bus.send import _Sender
+from parley.protocols.errors import BusError
+from parley.protocols.messages import SCHEMA_VERSION, Body, Envelope, Error, Heartbeat, Hello
+
+
+class _Links(_Sender):
+    """The liveness layer of an endpoint."""
+
+    def _accept_hello(self, sock: _Sock, rid: bytes | None, env: Envelope) -> None:
+        hello = env.body
+        assert isinstance(hello, Hello)
+        assert rid is not None
+        name = hello.name
+        refusal: Error | None = None
+        existing = self._links.get(name)
+        if SCHEMA_VERSION not in hello.schemas:
+            refusal = Error(
+                code="unsupported_version",
+                message=f"{self.name} speaks schema {SCHEMA_VERSION}, you offered {hello.schemas}",
+            )
+        elif not name or name == self.name:
+            refusal = Error(code="bad_name", message=f"peer name {name!r} is empty or mine")
+        elif (
+            existing is not None
+            and existing.alive
+            and not (existing.sock is sock and existing.rid == rid)
+        ):
+            if existing.rid is not None and not self._probe(existing):
+                self._peer_died(existing, f"{name} reconnected from a new socket")
+            else:
+                refusal = Error(
+                    code="duplicate_name",
+                    message=f"a peer named {name!r} is already connected to {self.name}; "
+                    "give each endpoint a unique name",
+                )
+        if refusal is not None:
+            self._answer(sock, rid, env, refusal)
+            return
+        link = sock.links.get(rid)
+        if link is None:
+            link = _Link(sock, rid, name=name)
+            sock.links[rid] = link
+        self._admit(link, hello)
+        self._answer(sock, rid, env, self._hello())
+
+    def _admit(self, link: _Link, hello: Hello) -> None:
+        assert self._loop is not None
+        link.alive = True
+        link.name = hello.name
+        link.last_heard = self._loop.time()
+        link.timeout = max(self.config.peer_timeout, 2.5 * hello.heartbeat_interval)
+        link.subscriptions = set(hello.subscriptions)
+        self._links[hello.name] = link
+        self._peers_changed()
+
+    def _probe(self, link: _Link) -> bool:
+        """Whether a ROUTER peer's connection still exists (sends it a heartbeat)."""
+        frames = self._codec.encode(Envelope(body=Heartbeat(), sender=self.name))
+        try:
+            link.sock.z.send_multipart([link.rid or b"", *frames], _NOBLOCK)
+        except zmq.Again:
+            return True  # connected but its queue is full: alive
+        except zmq.ZMQError:
+            return False
+        return True
+
+    def _hello(self) -> Hello:
+        return Hello(
+            name=self.name,
+            schemas=[SCHEMA_VERSION],
+            heartbeat_interval=self.config.heartbeat_interval,
+            subscriptions=sorted({prefix for prefix, _ in self._subs}),
+        )
+
+    async def _handshake(self, link: _Link) -> str:
+        """Send Hello until the bound side answers; admit it; return its name."""
+        assert self._loop is not None
+        delay = 0.001
+        while True:
+            rid = next(self._ids)
+            fut: asyncio.Future[Body] = self._loop.create_future()
+            link.pending[rid] = fut
+            frames = self._codec.encode(
+                Envelope(body=self._hello(), sender=self.name, id=rid, expects_reply=True)
+            )
+            try:
+                sent = self._send_now(link, frames)
+                if sent:
+                    # Wait a while for the answer, then say Hello again (the first one may
+                    # have gone to a peer that restarted in between).
+                    done, _ = await asyncio.wait([fut], timeout=max(delay * 50, 0.5))
+                    if done:
+                        break
+                else:
+                    await asyncio.sleep(delay)  # not connected yet (IMMEDIATE)
+                    delay = min(delay * 2, 0.1)
+            finally:
+                link.pending.pop(rid, None)
+                if fut.done() and not fut.cancelled():
+                    # close() may fail this future while the handshake is being cancelled:
+                    # mark its exception as seen, or asyncio logs it as never retrieved.
+                    fut.exception()
+        reply = fut.result()  # raises RemoteError on a refusal
+        if not isinstance(reply, Hello):
+            raise BusError(f"expected Hello from {link.sock.address}, got {type(reply).__name__}")
+        existing = self._links.get(reply.name)
+        if existing is not None and existing is not link and existing.alive:
+            raise BusError(f"already connected to a peer named {reply.name!r}")
+        self._admit(link, reply)
+        return str(reply.name)
+
+    def _start_rehello(self, link: _Link) -> None:
+        if (link.rehello is None or link.rehello.done()) and self._loop is not None:
+            link.rehello = self._loop.create_task(self._rehello(link))
+            self._tasks.add(link.rehello)
+            link.rehello.add_done_callback(self._tasks.discard)
+
+    async def _rehello(self, link: _Link) -> None:
+        try:
+            await asyncio.wait_for(self._handshake(link), self.config.peer_timeout)
+        except (BusError, TimeoutError) as exc:
+            log.debug("%s: handshake again with %s failed: %s", self.name, link.name, exc)
+        else:
+            log.info("%s: %s is back", self.name, link.name)
+
+    async def _tick(self) -> None:
+        """Send heartbeats, declare silent peers dead, retry handshakes with dead ones."""
+        assert self._loop is not None
+        interval = self.config.heartbeat_interval
+        period = min(interval, self.config.peer_timeout / 4) / 2
+        beat = self._codec.encode(Envelope(body=Heartbeat(), sender=self.name))
+        while True:
+            await asyncio.sleep(period)
+            for sock in list(self._socks):
+                # Read what is waiting first: after the loop was blocked for a while, a
+                # peer's heartbeats may sit unread, and a silent-looking peer is not dead.
+                # This also covers a descriptor edge that was missed.
+                self._drain(sock)
+            now = self._now = self._loop.time()
+            for sock in list(self._socks):
+                links = list(sock.links.values()) if sock.router else [sock.link]
+                for link in links:
+                    if link is None or not link.name:
+                        continue
+                    if link.alive and now - link.last_heard > link.timeout:
+                        self._peer_died(link, f"no message from {link.name} for {link.timeout:g} s")
+                    elif link.alive and now - link.last_sent >= interval:
+                        self._try_send(link, beat)
+                    elif not link.alive and not sock.router:
+                        self._start_rehello(link)
