@@ -12,6 +12,12 @@ runner, the conformance suite and the trainers rely on:
   not asked to act are ignored, and ``infos[seat]["to_act"]`` tells the runner whom to ask;
 * messages — :meth:`Scenario.say` delivers an agent's message into the recipients' next
   observations, on the public channel (everyone else) or privately (named recipients);
+* observations — every line a hook adds (:meth:`Scenario.tell`, :meth:`Scenario.say`,
+  :meth:`Scenario.announce`) is escaped into :data:`CHARSET` (``\\x00``, ``\\u00e9``,
+  ``\\ud800``), so observations always lie in their space whatever an agent smuggled in
+  through JSON escapes;
+* caller contract — ``step``'s ``actions`` must be a mapping whose keys are live seats; anything
+  else raises :class:`StepContractError` (the caller's bug, never an agent's move);
 * invalid moves — an action that is not a string, is too long, uses characters outside the
   charset, or that :meth:`Scenario.play` rejects is recorded with its reason in
   ``infos[seat]["invalid"]`` and costs ``invalid_penalty`` (component ``"invalid"``); it never
@@ -68,9 +74,9 @@ import numpy as np
 from gymnasium.spaces import Text
 from pettingzoo import ParallelEnv
 
-from parley.protocols.errors import ConfigError
+from parley.protocols.errors import ConfigError, ParleyError
 
-__all__ = ["CHARSET", "Event", "Scenario", "split_address"]
+__all__ = ["CHARSET", "Event", "Scenario", "StepContractError", "printable", "split_address"]
 
 CHARSET: str = "".join(chr(code) for code in range(32, 127)) + "\n"
 """Characters of every observation and action: printable ASCII plus newline."""
@@ -79,6 +85,28 @@ _STATE_MAX_LENGTH = 1 << 24
 _OUTSIDE_CHARSET = re.compile(r"[^\x20-\x7e\n]")
 _DEFAULT_PROMPT = "Your move."
 _ADDRESS = re.compile(r"^\s*@([A-Za-z0-9_,]+)\s*:?\s*", re.DOTALL)
+
+
+class StepContractError(ParleyError, TypeError):
+    """The caller broke ``step``'s contract (PettingZoo's parallel API): ``actions`` must be a
+    mapping from live seat names (``env.agents``) to actions."""
+
+
+def printable(text: str) -> str:
+    """``text`` with every character outside :data:`CHARSET` escaped (``\\x1b``, ``\\u00e9``).
+
+    Free for text that is already inside the charset (the common case, decided at C speed).
+    """
+    if text.isascii() and (text.isprintable() or _OUTSIDE_CHARSET.search(text) is None):
+        return text
+    return _OUTSIDE_CHARSET.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 class Event(NamedTuple):
@@ -188,6 +216,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._invalid_count = 0
         self._done = False
         self._truncated = False
+        self._live: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ override these
 
@@ -257,11 +286,12 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     @final
     def tell(self, agent: str, text: str) -> None:
         """Add a line to ``agent``'s next observation (private notice from the scenario)."""
-        self._inbox[agent].append(text)
+        self._inbox[agent].append(printable(text))
 
     @final
     def announce(self, text: str) -> None:
         """Add a line to every seat's next observation and to the public record."""
+        text = printable(text)
         self._raw_events.append((self.turn, "notice", "", text, ()))
         for agent in self.possible_agents:
             self._inbox[agent].append(text)
@@ -269,6 +299,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     @final
     def say(self, sender: str, text: str, to: Sequence[str] | None = None) -> None:
         """Deliver ``sender``'s message: to everyone else (``to=None``) or privately to ``to``."""
+        text = printable(text)
         if to is None:
             self._raw_events.append((self.turn, "message", sender, text, ()))
             line = f"{sender}: {text}"
@@ -324,6 +355,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         self.agents = list(self.possible_agents)
+        self._live = frozenset(self.agents)
         self.turn = 0
         self._events = []  # a fresh list: a caller may still hold the last episode's
         self._raw_events = []
@@ -351,11 +383,23 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         """Apply the acting seats' actions; other seats' entries are ignored.
 
         An acting seat missing from ``actions`` plays ``""`` (usually an invalid move).
-        Stepping a finished episode returns empty dicts.
+        Stepping a finished episode returns empty dicts. ``actions`` that is not a mapping, or
+        names a seat that is not live, raises :class:`StepContractError`.
         """
         agents = self.agents
+        if not isinstance(actions, Mapping):
+            raise StepContractError(
+                "step(actions): actions must be a mapping {seat: action} (PettingZoo parallel "
+                f"API), got {type(actions).__name__}"
+            )
         if not agents:
             return {}, {}, {}, {}, {}
+        if not all(seat in self._live for seat in actions):
+            unknown = sorted(str(seat) for seat in actions if seat not in self._live)
+            raise StepContractError(
+                f"step(actions): actions names seats that are not live: {unknown[:5]}; "
+                f"the live seats are env.agents = {agents}"
+            )
         # Last step's dicts went out in its infos: replace them, never clear them. Most steps
         # pay nobody and see no invalid move, so most steps allocate neither.
         if self._step_components:
@@ -455,6 +499,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         return f"action uses characters outside printable ASCII and newline: {shown!r}"
 
     def _record_invalid(self, agent: str, reason: str) -> None:
+        reason = printable(reason)
         self._invalid[agent] = reason
         self._invalid_count += 1
         self._raw_events.append((self.turn, "invalid", agent, reason, (agent,)))

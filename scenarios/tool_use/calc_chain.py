@@ -68,7 +68,14 @@ import numpy as np
 
 from parley.protocols.messages import ToolCall
 from parley.scenarios.base import Scenario
-from parley.scenarios.tools.calculator import CalcError, convert, evaluate, format_number, round_to
+from parley.scenarios.tools.calculator import (
+    CalcError,
+    convert,
+    evaluate,
+    format_number,
+    parse_number,
+    round_to,
+)
 from parley.scenarios.tools.tool import (
     ToolBox,
     ToolFailure,
@@ -353,10 +360,7 @@ class CalcChain(Scenario):
         self.s.answer = answer
         if answer is not None:
             self.s.format_ok = bool(_ANSWER.match(answer))
-            try:
-                value: Fraction | None = Fraction(answer)
-            except (ValueError, ZeroDivisionError):
-                value = None
+            value = parse_number(answer)  # bounded: Fraction("1e999999999") runs for hours
             self.s.correct = value is not None and value in accepted_answers(self.s.problem)
         self.reward(SEAT, "task", float(self.s.correct))
         self.reward(SEAT, "format", self.format_weight * self.s.format_ok)

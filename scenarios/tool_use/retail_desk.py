@@ -65,7 +65,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parley.scenarios.base import Scenario
+from parley.scenarios.base import Scenario, printable
 from parley.scenarios.tool_use.retail_db import RetailDB, dollars
 from parley.scenarios.tools.tool import (
     ToolBox,
@@ -332,7 +332,7 @@ class RetailDesk(Scenario):
         return dict(self._constraint) if agent == "assistant" else None
 
     def view(self, agent: str) -> dict[str, Any]:
-        last = self.s.last_message.get(agent, "")
+        last = printable(self.s.last_message.get(agent, ""))
         if agent == "user":
             return {"goal": self.s.task.goal, "opening": self.s.task.opening, "last_message": last}
         return {

@@ -3,7 +3,11 @@
 :func:`evaluate` parses with :mod:`ast` and walks a whitelist of nodes: numbers, ``+ - * /
 // % **``, unary ``+ -``, parentheses and the functions of :data:`FUNCTIONS`. Arithmetic is
 exact (:class:`fractions.Fraction`), so ``0.1 + 0.2`` is ``0.3``. Limits keep hostile input
-cheap: expression length, exponent size and result size are bounded.
+cheap: expression length, exponent size and result size are bounded, and every failure
+(huge literals, deep nesting, results Decimal cannot hold) is a :class:`CalcError`.
+
+:func:`parse_number` reads a number the way ``Fraction(text)`` does, in bounded time
+(``Fraction("1e999999999")`` alone runs for hours).
 
 :func:`convert` converts between units with exact factors (international definitions).
 """
@@ -11,16 +15,32 @@ cheap: expression length, exponent size and result size are bounded.
 from __future__ import annotations
 
 import ast
+import decimal
 import math
+import re
 from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 
-__all__ = ["FUNCTIONS", "UNITS", "CalcError", "convert", "evaluate", "format_number", "round_to"]
+__all__ = [
+    "FUNCTIONS",
+    "UNITS",
+    "CalcError",
+    "convert",
+    "evaluate",
+    "format_number",
+    "parse_number",
+    "round_to",
+]
 
 MAX_LENGTH = 500
 MAX_EXPONENT = 64
 MAX_DIGITS = 200
+MAX_NUMBER_EXPONENT = 1000
+"""Largest decimal exponent :func:`parse_number` expands (the value still prints: < 4,300
+digits)."""
+_EXPONENT = re.compile(r"[eE]\s*[-+]?(\d+(?:_\d+)*)")
+_FAILURES = (ArithmeticError, ValueError, RecursionError, decimal.InvalidOperation)
 
 
 class CalcError(ValueError):
@@ -36,11 +56,20 @@ def _sqrt(x: Fraction) -> Fraction:
     return Fraction(math.sqrt(x))
 
 
+def _round(x: Fraction, places: Fraction) -> Fraction:
+    if abs(places) > MAX_DIGITS:
+        raise CalcError(f"round: places must be between -{MAX_DIGITS} and {MAX_DIGITS}")
+    try:
+        return round_to(x, int(places))
+    except decimal.InvalidOperation as exc:
+        raise CalcError("round: the result has too many digits") from exc
+
+
 FUNCTIONS: dict[str, Callable[..., Fraction]] = {
     "abs": lambda x: abs(x),
     "min": lambda *xs: min(xs),
     "max": lambda *xs: max(xs),
-    "round": lambda x, n=Fraction(0): round_to(x, int(n)),
+    "round": lambda x, n=Fraction(0): _round(x, n),
     "floor": lambda x: Fraction(math.floor(x)),
     "ceil": lambda x: Fraction(math.ceil(x)),
     "sqrt": _sqrt,
@@ -76,8 +105,28 @@ def evaluate(expression: str) -> Fraction:
         raise CalcError(f"not an arithmetic expression: {exc.msg}") from exc
     try:
         return _eval(tree.body)
+    except CalcError:
+        raise
     except ZeroDivisionError as exc:
         raise CalcError("division by zero") from exc
+    except RecursionError as exc:
+        raise CalcError("the expression is nested too deeply") from exc
+    except _FAILURES as exc:  # inf/nan literals, float overflow in sqrt, Decimal limits
+        raise CalcError(f"cannot compute this ({type(exc).__name__})") from exc
+
+
+def parse_number(text: str) -> Fraction | None:
+    """``Fraction(text)`` (same grammar: ``42.16``, ``-1e3``, ``7/4``), or ``None`` when it is
+    not a number or its exponent exceeds :data:`MAX_NUMBER_EXPONENT` (such a number is 0 or
+    astronomically large, never a plausible answer)."""
+    for match in _EXPONENT.finditer(text):
+        digits = match.group(1).replace("_", "")
+        if len(digits) > 6 or int(digits) > MAX_NUMBER_EXPONENT:
+            return None
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
 
 
 def _eval(node: ast.expr) -> Fraction:
@@ -117,9 +166,15 @@ def round_to(value: Fraction, places: int) -> Fraction:
 
 
 def format_number(value: Fraction, places: int = 10) -> str:
-    """Exact decimal when it terminates within ``places`` decimals, else rounded to them."""
-    rounded = round_to(value, places)
-    text = f"{Decimal(rounded.numerator) / Decimal(rounded.denominator):f}"
+    """Exact decimal when it terminates within ``places`` decimals, else rounded to them.
+
+    Raises :class:`CalcError` for a value Decimal cannot hold to that many places.
+    """
+    try:
+        rounded = round_to(value, places)
+        text = f"{Decimal(rounded.numerator) / Decimal(rounded.denominator):f}"
+    except decimal.InvalidOperation as exc:
+        raise CalcError(f"the result has too many digits to show to {places} places") from exc
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 

@@ -22,6 +22,15 @@ One JSON object per turn; ``tool_calls`` (a list, possibly empty) and the scenar
 keys (``answer``, ``message``, ``submit``, ...) may appear together. ``arguments`` may be an
 object or a JSON string (as OpenAI's API sends it). Text around the object, such as a
 Markdown code fence, is ignored.
+
+Hostile input is bounded (:func:`load_json`, used for actions and for tool arguments): at most
+``MAX_JSON_DEPTH`` levels of nesting and integers of at most ``MAX_INT_DIGITS`` digits (where
+Python's own limit used to raise out of ``step``). Anything past a bound is not JSON to parley:
+the action is an invalid move with the reason, never an exception out of ``step``. Floats are
+parsed as Python does (``1e999`` is ``inf``, in linear time).
+Strings may hold any character JSON escapes can (``\\u0000``, lone surrogates): text that
+reaches an observation or ``infos`` goes through :func:`ascii_text` (scenarios) or the
+scenario machinery's own escaping.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ __all__ = [
     "action_schema",
     "ascii_text",
     "encode_turn",
+    "load_json",
     "parse_turn",
     "render_result",
     "result_dicts",
@@ -256,8 +266,8 @@ class ToolBox:
             known = ", ".join(self.tools) or "none"
             return _error(call, f"unknown tool {call.name!r}; available tools: {known}")
         try:
-            arguments = json.loads(call.arguments or "{}")
-        except json.JSONDecodeError as exc:
+            arguments = load_json(call.arguments or "{}")
+        except ValueError as exc:
             return _error(call, f"bad arguments: not JSON ({exc})")
         problems = validate(found.parameters, arguments)
         if problems:
@@ -270,12 +280,59 @@ class ToolBox:
             return _error(call, f"timeout: {exc or 'the tool took too long'}")
         except Exception as exc:  # a crashing tool is reported to the caller, not raised
             return _error(call, f"the tool raised {type(exc).__name__}: {exc}")
-        content = value if isinstance(value, str) else json.dumps(value, default=str)
+        try:
+            content = value if isinstance(value, str) else json.dumps(value, default=str)
+        except (ValueError, RecursionError) as exc:  # a tool result that has no JSON form
+            return _error(call, f"the tool's result has no JSON form: {exc}")
         return ToolResult(call_id=call.call_id, name=call.name, content=content)
 
 
 def _error(call: ToolCall, reason: str) -> ToolResult:
     return ToolResult(call_id=call.call_id, name=call.name, error=reason)
+
+
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects :func:`load_json` accepts (far below the depth at
+which re-encoding the value would hit Python's recursion limit inside a deep call stack)."""
+MAX_INT_DIGITS = 4300
+"""Most digits of an integer :func:`load_json` accepts: Python's default limit, fixed here so
+that an interpreter started with a higher one (``PYTHONINTMAXSTRDIGITS=0``) is bounded too."""
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text) - (text[:1] == "-")
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"an integer has {digits} digits; at most {MAX_INT_DIGITS}")
+    return int(text)
+
+
+def load_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` with bounds (module docstring); raises ``ValueError`` with the reason.
+
+    Never raises anything else for any ``str``: ``RecursionError`` from deep nesting and
+    Python's integer-size limit both come back as ``ValueError``.
+    """
+    try:
+        value = json.loads(text, parse_int=_bounded_int)
+    except RecursionError as exc:
+        raise ValueError(f"nested deeper than {max_depth} levels") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(str(exc)) from exc
+    # Depth, counted without recursion (the value is already in memory, its size bounded by
+    # the text's).
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > max_depth:
+            raise ValueError(f"nested deeper than {max_depth} levels")
+        stack.extend((child, depth + 1) for child in children)
+    return value
 
 
 def render_result(result: ToolResult) -> str:
@@ -300,9 +357,21 @@ def result_dicts(results: Sequence[ToolResult]) -> list[dict[str, Any]]:
     """Results as plain JSON values (``msgspec.to_builtins``), for ``infos``/views.
 
     Fields at their default are left out (``error`` is absent on success, ``content`` on
-    failure); ``kind`` is ``"tool_result"``, as on the wire.
+    failure); ``kind`` is ``"tool_result"``, as on the wire. Text fields go through
+    :func:`ascii_text` (a tool may echo what a caller sent: NUL, ESC, lone surrogates, which
+    the wire cannot carry and observations may not hold).
     """
-    return [msgspec.to_builtins(r) for r in results]
+    out: list[dict[str, Any]] = []
+    for result in results:
+        plain = msgspec.to_builtins(result)
+        for key in ("call_id", "name", "content", "error"):
+            if isinstance(plain.get(key), str):
+                plain[key] = ascii_text(plain[key], limit=_RESULT_LIMIT)
+        out.append(plain)
+    return out
+
+
+_RESULT_LIMIT = 20_000
 
 
 def tool_results(info: Mapping[str, Any]) -> list[ToolResult]:
@@ -405,6 +474,8 @@ _FENCE = re.compile(r"```(?:json)?\s*(\{.*\})\s*```", re.DOTALL)
 def parse_turn(text: str, *, turn: int = 0, max_calls: int = 8) -> Turn | str:
     """Parse the shared action syntax (module docstring); return a :class:`Turn` or a reason."""
     obj = _json_object(text)
+    if isinstance(obj, str):
+        return obj
     if obj is None:
         return 'the action must be one JSON object such as {"tool_calls": [...]} (see the rules)'
     raw_calls = obj.pop("tool_calls", [])
@@ -425,7 +496,8 @@ def parse_turn(text: str, *, turn: int = 0, max_calls: int = 8) -> Turn | str:
     return Turn(calls, obj)
 
 
-def _json_object(text: str) -> dict[str, Any] | None:
+def _json_object(text: str) -> dict[str, Any] | str | None:
+    """The action's JSON object; a reason (str) when one parsed but broke a bound."""
     candidates = [text.strip()]
     fenced = _FENCE.search(text)
     if fenced:
@@ -433,11 +505,14 @@ def _json_object(text: str) -> dict[str, Any] | None:
     start, end = text.find("{"), text.rfind("}")
     if 0 <= start < end:
         candidates.append(text[start : end + 1])
+    bound: str | None = None
     for candidate in candidates:
         try:
-            value = json.loads(candidate)
-        except json.JSONDecodeError:
+            value = load_json(candidate)
+        except ValueError as exc:
+            if not isinstance(exc.__cause__, json.JSONDecodeError):
+                bound = bound or f"the action's JSON is refused: {exc}"
             continue
         if isinstance(value, dict):
             return value
-    return None
+    return bound
