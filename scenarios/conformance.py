@@ -15,6 +15,13 @@ and our contract check cover it); ``parallel_seed_test`` checks one step only (w
 ``parallel_api_test`` overwrites ``env.max_cycles`` (each check builds a fresh env);
 ``render_test`` asks for ``render_mode="human"`` first (our factory maps it to ``"ansi"``).
 
+The hostile check (``hostile``) plays :data:`HOSTILE_TEXTS` and JSON built from
+:data:`HOSTILE_VALUES` (under every final key of the seat's ``json`` constraint and as every
+argument of every tool its view lists) and requires of each step: no exception, at most
+:data:`STEP_CPU_BUDGET_S` of CPU time in the stepping thread (and :data:`STEP_WALL_LIMIT_S` of
+wall time, which also covers sandboxed runs), observations inside their space, ``infos`` that
+both JSON and the wire's MessagePack can encode.
+
 The determinism check and :func:`play_episode` play the scripted baselines of the spec
 (``spec.baselines``), loaded by their ``"module:Class"`` strings.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import types
 import warnings
 from collections.abc import Callable, Sequence
@@ -48,6 +56,8 @@ __all__ = [
     "ConformanceFailure",
     "NotApplicable",
     "GARBAGE",
+    "HOSTILE_TEXTS",
+    "HOSTILE_VALUES",
     "check_scenario",
     "play_episode",
     "baseline_agents",
@@ -81,6 +91,43 @@ GARBAGE: tuple[Any, ...] = (
     ["a", "list"],
 )
 """Actions the fuzz check feeds to every seat besides random ``Text`` samples."""
+
+HOSTILE_TEXTS: tuple[str, ...] = (
+    "1e999999999",
+    "9" * 4400,
+    "\x00\x1b[2J\x7f",
+    "\ud800\udfff",
+    "caf\u00e9 \u4ea4\u6e09 \U0001f91d",
+    "<selection>\n" + "book=" + "9" * 900,
+    "[Offer: " + "9" * 900 + " Wood -> 1 Gold] [Accept]",
+    "propose: " + " ".join(["1e999999999"] * 10),
+    "[" * 999,
+    '{"tool_calls": ' + "[" * 990,
+)
+"""Raw hostile actions (some lie outside the action space: they must be invalid moves)."""
+
+HOSTILE_VALUES: tuple[str, ...] = (
+    '"1e999999999"',
+    "1e999999999",
+    '"-1E-999999999"',
+    "7" * 4301,
+    "-" + "7" * 300,
+    '"' + "9" * 900 + '"',
+    "[" * 70 + "]" * 70,
+    '{"a": ' * 70 + "1" + "}" * 70,
+    '"\\u0000\\u001b[2J\\ud800\\udfff\\u00e9\\u4ea4"',
+    '"' + "\\ud800" * 200 + '"',
+    "NaN",
+    "-Infinity",
+    "null",
+    '{"__proto__": {"x": 1}}',
+)
+"""JSON value texts the hostile check puts under every key and tool argument it finds."""
+
+STEP_CPU_BUDGET_S = 0.05
+"""Most CPU time one ``step`` may take in the stepping thread, on any action."""
+STEP_WALL_LIMIT_S = 5.0
+"""Most wall time one ``step`` may take (sandboxed tool runs wait on a child process)."""
 
 
 def _fail(message: str) -> ConformanceFailure:
@@ -233,6 +280,82 @@ def check_fuzz(scenario_id: str, episodes: int = 3) -> None:
         env.episode_metrics()
 
 
+def _final_keys(info: dict[str, Any]) -> list[str]:
+    """The final keys (``answer``, ``message``, ...) of a seat's ``json`` constraint."""
+    constraint = info.get("constraint") or {}
+    if constraint.get("type") != "json":
+        return []
+    schema = json.loads(constraint.get("json_schema") or "{}")
+    keys = [key for form in schema.get("anyOf", []) for key in form.get("properties", {})]
+    return sorted(set(keys) - {"tool_calls"})
+
+
+def _tool_params(info: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """``(tool name, parameter names)`` for every tool in a seat's view."""
+    view = info.get("view") or {}
+    out = []
+    for spec_ in view.get("tools", []) if isinstance(view, dict) else []:
+        function = spec_.get("function", {})
+        params = list(function.get("parameters", {}).get("properties", {}))
+        out.append((str(function.get("name", "")), params))
+    return out
+
+
+def hostile_actions(info: dict[str, Any]) -> list[str]:
+    """Every hostile action for a seat whose latest infos are ``info``."""
+    actions = list(HOSTILE_TEXTS)
+    for key in _final_keys(info) or ["answer", "message"]:
+        actions += [f'{{"{key}": {value}}}' for value in HOSTILE_VALUES]
+    for name, params in _tool_params(info):
+        for value in HOSTILE_VALUES:
+            args = "{" + ", ".join(f'"{p}": {value}' for p in params) + "}"
+            call = f'{{"tool_calls": [{{"name": "{name}", "arguments": {args}}}]}}'
+            actions += [call, f'{{"tool_calls": [{{"name": "{name}", "arguments": {value}}}]}}']
+    return actions
+
+
+def check_hostile(scenario_id: str) -> dict[str, float]:
+    """Hostile actions (module docstring): cheap, safe, observations in space.
+
+    Returns the largest CPU and wall time of one step, in seconds.
+    """
+    env = make(scenario_id)
+    worst = {"cpu_s": 0.0, "wall_s": 0.0}
+    _, infos = env.reset(seed=0)
+    queues = {seat: hostile_actions(infos[seat]) for seat in env.possible_agents}
+    episode, budget = 0, 4 * sum(map(len, queues.values())) + 100
+    while any(queues.values()) and budget > 0:
+        budget -= 1
+        acting = [a for a in env.agents if infos[a].get("to_act", True)]
+        actions = {a: (queues[a].pop(0) if a in acting and queues[a] else "") for a in env.agents}
+        cpu, wall = time.thread_time(), time.perf_counter()
+        try:
+            observations, _, _, _, infos = env.step(actions)
+        except Exception as exc:
+            shown = {a: v[:80] for a, v in actions.items()}
+            raise _fail(f"step raised {exc!r} on hostile actions {shown}") from exc
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+        worst = {"cpu_s": max(worst["cpu_s"], cpu), "wall_s": max(worst["wall_s"], wall)}
+        shown_action = {a: v[:80] for a, v in actions.items() if v}
+        if cpu > STEP_CPU_BUDGET_S or wall > STEP_WALL_LIMIT_S:
+            raise _fail(f"a step took {cpu:.3f} s CPU / {wall:.3f} s wall on {shown_action}")
+        _check_step_output(env, observations, infos)
+        for agent, info in infos.items():
+            try:
+                msgspec.msgpack.encode(info)
+            except (TypeError, UnicodeEncodeError, OverflowError) as exc:
+                raise _fail(f"infos[{agent!r}] cannot go on the wire: {exc}") from exc
+        if not env.agents:
+            episode += 1
+            _, infos = env.reset(seed=episode)
+        elif not any(queues[a] for a in env.agents if infos[a].get("to_act", True)):
+            # The seats asked now have nothing left to try: let them pass the turn.
+            for agent in env.agents:
+                if not queues[agent] and infos[agent].get("to_act", True):
+                    queues[agent] = [""] if any(queues.values()) else []
+    return worst
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
     "contract": check_contract,
     "parallel_api": check_parallel_api,
@@ -242,6 +365,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "max_cycles": check_max_cycles,
     "determinism": check_determinism,
     "fuzz": check_fuzz,
+    "hostile": check_hostile,
 }
 """Every conformance check, by name."""
 

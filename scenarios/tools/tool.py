@@ -28,9 +28,9 @@ Hostile input is bounded (:func:`load_json`, used for actions and for tool argum
 Python's own limit used to raise out of ``step``). Anything past a bound is not JSON to parley:
 the action is an invalid move with the reason, never an exception out of ``step``. Floats are
 parsed as Python does (``1e999`` is ``inf``, in linear time).
-Strings may hold any character JSON escapes can (``\\u0000``, lone surrogates): text that
-reaches an observation or ``infos`` goes through :func:`ascii_text` (scenarios) or the
-scenario machinery's own escaping.
+Lone surrogates (``\\ud800``, which UTF-8 cannot encode) become U+FFFD; strings may hold any
+other character (``\\u0000``, ESC): text that reaches an observation or ``infos`` goes
+through :func:`ascii_text` (scenarios) or the scenario machinery's own escaping.
 """
 
 from __future__ import annotations
@@ -318,21 +318,39 @@ def load_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise ValueError(f"nested deeper than {max_depth} levels") from exc
     except json.JSONDecodeError as exc:
         raise ValueError(str(exc)) from exc
-    # Depth, counted without recursion (the value is already in memory, its size bounded by
-    # the text's).
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    # Depth is counted, and lone surrogates replaced, without recursion (the value is in
+    # memory already, its size bounded by the text's).
+    if isinstance(value, str):
+        return _whole(value)
+    stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
         if depth > max_depth:
             raise ValueError(f"nested deeper than {max_depth} levels")
-        stack.extend((child, depth + 1) for child in children)
+        if isinstance(item, dict):
+            if not all(key.isascii() for key in item):
+                fixed = {_whole(key): child for key, child in item.items()}
+                item.clear()
+                item.update(fixed)
+            slots: Any = item.items()
+        else:
+            slots = enumerate(item)
+        for slot, child in list(slots):
+            if isinstance(child, str):
+                if not child.isascii():
+                    item[slot] = _whole(child)
+            elif isinstance(child, dict | list):
+                stack.append((child, depth + 1))
     return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _whole(text: str) -> str:
+    """``text`` with lone surrogates (``\\ud800`` in JSON) replaced by U+FFFD: they are not
+    characters, and UTF-8 (files, the sandbox, the wire) cannot encode them."""
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def render_result(result: ToolResult) -> str:

@@ -44,7 +44,7 @@ def test_load_json_keeps_what_plain_json_accepts_within_bounds() -> None:
     assert load_json(nested) is not None
     assert load_json('{"a": ' + "7" * 4300 + "}")["a"] > 0
     assert load_json('{"a": 1e999999999}') == {"a": float("inf")}
-    assert load_json('"\\ud800\\u0000"') == "\ud800\x00"
+    assert load_json('"\\ud800\\u0000\\ud83e\\udd1d"') == "\ufffd\x00\U0001f91d"
 
 
 @pytest.mark.parametrize(
