@@ -14,7 +14,13 @@ One step of one episode::
     env.step({seat: action or "" for seat in env.agents})
 
 An agent that times out, dies or raises ends its episode as *failed* with the reason
-(never scored); the run goes on. Seeds: task ``t`` is reset with
+(never scored); the run goes on. The framework's own limits never fail an episode: the bus
+bounds of the run (handlers, pending requests, high-water marks) are derived from
+``concurrency x seats`` (:func:`bus_config_for`), and a request a peer refuses as
+``overloaded`` (retryable: the agent did not see it) is sent again with exponential backoff
+until ``act_timeout`` runs out. The summary is folded record by record
+(:class:`~parley.arena.run.summary.SummaryBuilder`): a run keeps no record once written,
+unless asked to (``keep_records``). Seeds: task ``t`` is reset with
 ``derive_seed(run_seed, 0, t)``; the agent in seat ``i`` of trial ``r`` of task ``t`` with
 ``derive_seed(run_seed, 1, t, r, i)`` — so a run is reproducible and trials of one task see
 the same scenario with fresh agent randomness. Output files: :mod:`parley.arena.run.records`
@@ -25,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -47,7 +55,7 @@ from parley.arena.run.config import RunConfig
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, derive_seed, plan_episodes
 from parley.arena.run.gather import send_all_then_gather
 from parley.arena.run.records import EpisodeRecord, RecordWriter
-from parley.arena.run.summary import summarize
+from parley.arena.run.summary import SummaryBuilder
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.errors import (
     BusError,
@@ -61,7 +69,15 @@ from parley.protocols.messages import Action, Body, Observation
 from parley.scenarios import make
 from parley.scenarios import spec as scenario_spec
 
-__all__ = ["EpisodePlan", "RunResult", "Runner", "derive_seed", "plan_episodes", "run"]
+__all__ = [
+    "EpisodePlan",
+    "RunResult",
+    "Runner",
+    "bus_config_for",
+    "derive_seed",
+    "plan_episodes",
+    "run",
+]
 
 ARENA_NAME = "arena"
 """Bus name of the runner's endpoint."""
@@ -69,16 +85,59 @@ LOCAL_HOST_NAME = "arena-agents"
 """Bus name of the endpoint hosting the run's in-process agents."""
 
 
+RETRY_BACKOFF_S = 0.005
+"""First wait before sending a request refused as ``overloaded`` again; it doubles per try."""
+RETRY_BACKOFF_MAX_S = 0.5
+"""Longest wait between two tries of one request (the act timeout bounds them all)."""
+
+
+def bus_config_for(config: RunConfig, seats: int, base: BusConfig | None = None) -> BusConfig:
+    """``base`` (default :class:`BusConfig`) with bounds large enough for ``config``'s run.
+
+    An episode has at most one request per seat in flight, so ``concurrency x seats``
+    requests can be pending at the arena and suspended in the in-process agent host at once
+    (each awaiting, say, an LLM). Each bound is at least that plus a margin (one-way
+    end-of-episode notices, heartbeats), never lower than ``base``'s; the high-water mark
+    is twice it, since requests and notices share the connection.
+    """
+    base = base or BusConfig()
+    in_flight = config.concurrency * max(seats, 1) + 64
+    return dataclasses.replace(
+        base,
+        max_handlers=max(base.max_handlers, in_flight),
+        max_pending=max(base.max_pending, in_flight),
+        hwm=max(base.hwm, 2 * in_flight),
+    )
+
+
 @dataclass
 class RunResult:
-    """What :meth:`Runner.run` returns: every episode record and the summary mapping."""
+    """What :meth:`Runner.run` returns: the summary mapping and, when kept, the records."""
 
-    records: list[EpisodeRecord]
     summary: dict[str, Any]
     endpoint: str
     wall_s: float
     out: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    kept_records: list[EpisodeRecord] | None = field(default=None, repr=False)
+    """Every episode record in plan order, with ``Runner(..., keep_records=True)``."""
+
+    @property
+    def records(self) -> list[EpisodeRecord]:
+        """Every episode record in plan order; only when the runner was asked to keep them
+        (they grow with the run: read ``transcripts.jsonl`` or use the summary instead)."""
+        if self.kept_records is None:
+            raise ConfigError(
+                "this run kept no records (memory stays flat without them): pass "
+                "keep_records=True to Runner or run(), or read the summary or --out files"
+            )
+        return self.kept_records
+
+    @property
+    def failed_fraction(self) -> float:
+        """Failed episodes over all episodes (0.0 for an empty run)."""
+        episodes = self.summary["episodes"]
+        return episodes["failed"] / episodes["total"] if episodes["total"] else 0.0
 
 
 class _EpisodeFailed(Exception):
@@ -100,6 +159,9 @@ class Runner:
     ``agents`` (seat -> factory or :class:`RemoteSeat`) overrides the config's specs for
     the seats it names, for programmatic use. ``on_listen`` is called with the arena's
     bound address before any episode starts (the CLI prints it for remote agents).
+    ``bus`` is used as given for the arena and the in-process agent host; without it the
+    bounds come from :func:`bus_config_for`. ``keep_records`` makes :meth:`run` return
+    every record (``RunResult.records``); without it memory stays flat over any length.
     """
 
     def __init__(
@@ -110,14 +172,17 @@ class Runner:
         bus: BusConfig | None = None,
         console: Console | None = None,
         on_listen: Callable[[str], None] | None = None,
+        keep_records: bool = False,
     ) -> None:
         self.config = config
-        self.bus_config = bus or BusConfig()
         self.console = console or Console(stderr=True)
         self.on_listen = on_listen
+        self.keep_records = keep_records
         probe = make(config.scenario, **config.scenario_kwargs)
         self.seats: list[str] = list(probe.possible_agents)
         probe.close()
+        self.bus_config = bus or bus_config_for(config, len(self.seats))
+        self._jitter = random.Random()  # backoff jitter only: never reaches an episode
         self.specs = _seat_specs(config, self.seats)
         self.sources: dict[str, AgentSource] = {}
         for seat in self.seats:
@@ -137,33 +202,36 @@ class Runner:
     # ------------------------------------------------------------------ the run
 
     async def run(self) -> RunResult:
-        """Play every planned episode and write the output files; returns the records."""
+        """Play every planned episode and write the output files; returns the summary
+        (and the records, with ``keep_records``)."""
         plans = plan_episodes(self.config, self.seats)
         started = time.perf_counter()
-        records: list[EpisodeRecord] = []
+        kept: list[EpisodeRecord] | None = [] if self.keep_records else None
+        builder = SummaryBuilder(trials=self.config.trials)
         async with self.open() as address:
             with RecordWriter(self.config.out) as writer, self._progress(len(plans)) as advance:
-                queue: asyncio.Queue[EpisodePlan] = asyncio.Queue()
-                for plan in plans:
-                    queue.put_nowait(plan)
+                todo = iter(plans)  # shared by the workers; nothing is copied per plan
 
                 async def worker() -> None:
-                    while not queue.empty():
-                        record = await self.play(queue.get_nowait())
-                        records.append(record)
+                    for plan in todo:
+                        record = await self.play(plan)
+                        builder.add(record)
                         writer.add(record)
                         advance(record)
+                        if kept is not None:
+                            kept.append(record)
 
                 workers = min(self.config.concurrency, len(plans))
                 await asyncio.gather(*(worker() for _ in range(workers)))
-                records.sort(key=lambda r: r.index)
                 wall = time.perf_counter() - started
-                summary = self._summary(records, wall)
+                summary = self._summary(builder, wall)
                 writer.write_summary(summary)
-        return RunResult(records, summary, address, wall, self.config.out)
+        if kept is not None:
+            kept.sort(key=lambda r: r.index)
+        return RunResult(summary, address, wall, self.config.out, kept_records=kept)
 
-    def _summary(self, records: list[EpisodeRecord], wall: float) -> dict[str, Any]:
-        summary: dict[str, Any] = summarize(records, trials=self.config.trials)
+    def _summary(self, builder: SummaryBuilder, wall: float) -> dict[str, Any]:
+        summary: dict[str, Any] = builder.summary()
         summary["scenario"] = self.config.scenario
         summary["agents"] = dict(self.specs)
         # Not asdict(): it deep-copies, and agent_options may hold live objects (a pool).
@@ -173,7 +241,7 @@ class Runner:
         steps = summary["agent_steps"]
         summary["timing"] = {
             "wall_s": round(wall, 3),
-            "episodes_per_s": round(len(records) / wall, 3) if wall else None,
+            "episodes_per_s": round(builder.total / wall, 3) if wall else None,
             "agent_steps_per_s": round(steps / wall, 1) if wall else None,
         }
         return summary
@@ -304,21 +372,70 @@ class Runner:
     async def _ask(
         self, requests: Mapping[str, Observation], episode: str, turn: int
     ) -> dict[str, Action]:
-        """Every acting seat's action; raises :class:`_EpisodeFailed` naming a failure."""
+        """Every acting seat's action; raises :class:`_EpisodeFailed` naming a failure.
+
+        Requests refused as ``overloaded`` go out again after a growing, jittered wait, as
+        long as the seat's ``act_timeout`` (counted from the first send) has time left.
+        """
         arena = self._arena
         if arena is None:
             raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
-        seats = list(requests)
-        peers, timeout = self._peers, self.config.act_timeout
         # One look at the peer list per step (it is built on every read), not one per seat.
         live = arena.peers
-        missing = [seat for seat in seats if peers[seat] not in live]
+        missing = [seat for seat in requests if self._peers[seat] not in live]
         if missing:
             await self._join(arena, missing)
-        results: list[Body | BaseException] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.act_timeout
+        actions: dict[str, Action] = {}
+        todo = list(requests)
+        tries = 0
+        while True:
+            left = max(deadline - loop.time(), 1e-3)
+            results = await self._send(arena, requests, todo, left, episode, turn)
+            failures: list[str] = []
+            refused: list[str] = []
+            for seat, result in zip(todo, results, strict=False):
+                if isinstance(result, Action):
+                    actions[seat] = result
+                elif _retryable(result):
+                    refused.append(seat)
+                else:
+                    failures.append(_failure(seat, result))
+            if failures:
+                raise _EpisodeFailed("; ".join(failures))
+            # Sent one at a time, the seats after a refusal were not asked yet.
+            todo = [seat for seat in todo if seat not in actions]
+            if not todo:
+                return actions
+            tries += 1
+            wait = min(RETRY_BACKOFF_S * 2 ** (tries - 1), RETRY_BACKOFF_MAX_S)
+            wait *= 0.5 + self._jitter.random()  # spread the retries of many episodes
+            if loop.time() + wait >= deadline:
+                raise _EpisodeFailed(
+                    "; ".join(
+                        f"{seat}: timeout: still refused as overloaded after {tries} tries "
+                        f"within act_timeout={self.config.act_timeout:g} s"
+                        for seat in refused or todo
+                    )
+                )
+            await asyncio.sleep(wait)
+
+    async def _send(
+        self,
+        arena: Endpoint,
+        requests: Mapping[str, Observation],
+        seats: Sequence[str],
+        timeout: float,  # noqa: ASYNC109 -- what is left of the act timeout
+        episode: str,
+        turn: int,
+    ) -> list[Body | BaseException]:
+        """The replies (or errors) of ``seats``' requests, in order; one at a time without
+        ``pipeline``, stopping at the first request that brought no action."""
+        peers = self._peers
         if self.config.pipeline:
             # Every request goes out before any reply is awaited (no task per request).
-            results = await send_all_then_gather(
+            return await send_all_then_gather(
                 [
                     arena.request(
                         peers[seat], requests[seat], timeout=timeout, episode=episode, turn=turn
@@ -326,28 +443,19 @@ class Runner:
                     for seat in seats
                 ]
             )
-        else:
-            for seat in seats:
-                try:
-                    reply = await arena.request(
-                        peers[seat], requests[seat], timeout=timeout, episode=episode, turn=turn
-                    )
-                except (BusError, ProtocolError) as exc:
-                    results.append(exc)
-                    break  # the episode has failed: ask nobody else
-                results.append(reply)
-                if not isinstance(reply, Action):
-                    break
-        actions: dict[str, Action] = {}
-        failures = []
-        for seat, result in zip(seats, results, strict=False):
-            if isinstance(result, Action):
-                actions[seat] = result
-            else:
-                failures.append(_failure(seat, result))
-        if failures:
-            raise _EpisodeFailed("; ".join(failures))
-        return actions
+        results: list[Body | BaseException] = []
+        for seat in seats:
+            try:
+                reply = await arena.request(
+                    peers[seat], requests[seat], timeout=timeout, episode=episode, turn=turn
+                )
+            except (BusError, ProtocolError) as exc:
+                results.append(exc)
+                break  # the episode has failed or must wait: ask nobody else now
+            results.append(reply)
+            if not isinstance(reply, Action):
+                break
+        return results
 
     async def _join(self, arena: Endpoint, seats: Sequence[str]) -> None:
         """Wait up to ``join_timeout`` for the peers of ``seats`` (remote seats join late);
@@ -390,6 +498,13 @@ class Runner:
             # A peer that died between the check and the send cannot be told; that is fine.
             with contextlib.suppress(BusError):
                 await arena.send(peer, body, episode=episode.plan.episode_id)
+
+
+def _retryable(result: object) -> bool:
+    """Whether the peer refused the request before its agent saw it, asking for a retry."""
+    if getattr(result, "retryable", False):
+        return True
+    return isinstance(result, RemoteError) and result.code == "overloaded"
 
 
 def _failure(seat: str, result: object) -> str:

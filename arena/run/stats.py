@@ -7,10 +7,11 @@ Pure functions over plain numbers, so the summary of a run can be recomputed fro
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
-__all__ = ["MeanCI", "mean_ci", "pass_hat_k", "pass_hat_k_curve"]
+__all__ = ["MeanCI", "Moments", "PassHatK", "mean_ci", "pass_hat_k", "pass_hat_k_curve"]
 
 # Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom; beyond 30 the
 # normal quantile 1.96 is within 4% (no scipy dependency for one table).
@@ -41,17 +42,68 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+_SCALE = 1074
+"""Every finite double is a multiple of 2**-1074 (the smallest subnormal)."""
+
+
+class Moments:
+    """Count, sum and sum of squares of a stream of numbers, held exactly.
+
+    Every float is a multiple of 2**-1074, so both sums are kept as exact integers: the result
+    does not depend on the order values were added in (concurrent episodes finish in any
+    order) and equals what the whole list would give. Memory stays a few integers however
+    many values are added.
+    """
+
+    __slots__ = ("_nonfinite", "_squares", "_sum", "n")
+
+    def __init__(self, values: Iterable[float] = ()) -> None:
+        self.n = 0
+        self._sum = 0  # sum of the values x 2**_SCALE: an exact integer
+        self._squares = 0  # sum of the squares x 2**(2 * _SCALE)
+        self._nonfinite = 0.0  # sum of the NaN and infinite values, which no integer holds
+        for value in values:
+            self.add(value)
+
+    def add(self, value: float) -> None:
+        """Count one more value."""
+        self.n += 1
+        if math.isfinite(value):
+            # value = num / 2**k with k <= _SCALE, so both shifts are exact (and fast ints).
+            num, den = float(value).as_integer_ratio()
+            shift = _SCALE - den.bit_length() + 1
+            self._sum += num << shift
+            self._squares += (num * num) << (2 * shift)
+        else:
+            self._nonfinite += value
+
+    def mean_ci(self) -> MeanCI:
+        """Mean with a 95% t-interval half-width (sample variance, ``n - 1``).
+
+        The mean is the correctly rounded sum divided by ``n`` (as ``math.fsum(values) /
+        n``); the variance is computed exactly and rounded once. A NaN or infinite value
+        makes the mean NaN or infinite and the interval NaN.
+        """
+        n = self.n
+        if n == 0:
+            return MeanCI(math.nan, math.nan, 0)
+        if self._nonfinite:
+            return MeanCI(self._nonfinite, math.nan, n)
+        mean = float(Fraction(self._sum, 1 << _SCALE)) / n
+        if n == 1:
+            return MeanCI(mean, math.nan, 1)
+        spread = n * self._squares - self._sum * self._sum  # n (n-1) var x 2**(2 * _SCALE)
+        try:
+            var = float(Fraction(spread, n * (n - 1) << (2 * _SCALE)))
+        except OverflowError:  # values near the float limit: their variance is not a float
+            var = math.inf
+        t = _T_975[n - 2] if n - 1 <= len(_T_975) else 1.96
+        return MeanCI(mean, t * math.sqrt(var / n), n)
+
+
 def mean_ci(values: Sequence[float]) -> MeanCI:
     """Mean of ``values`` with a 95% t-interval half-width (sample std, ``n - 1``)."""
-    n = len(values)
-    if n == 0:
-        return MeanCI(math.nan, math.nan, 0)
-    mean = math.fsum(values) / n
-    if n == 1:
-        return MeanCI(mean, math.nan, 1)
-    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    t = _T_975[n - 2] if n - 1 <= len(_T_975) else 1.96
-    return MeanCI(mean, t * math.sqrt(var / n), n)
+    return Moments(values).mean_ci()
 
 
 def pass_hat_k(successes: Sequence[int], trials: Sequence[int], k: int) -> float:
@@ -75,3 +127,53 @@ def pass_hat_k_curve(per_task: Mapping[int, Sequence[float]], max_k: int) -> dic
     successes = [sum(1 for s in values if s >= 0.5) for values in per_task.values()]
     trials = [len(values) for values in per_task.values()]
     return {k: pass_hat_k(successes, trials, k) for k in range(1, max_k + 1)}
+
+
+class PassHatK:
+    """pass^k for k = 1..``max_k`` built one episode at a time, in any order.
+
+    A task is folded into the running sums once all ``max_k`` of its trials are in (failed
+    ones included), so only tasks with trials still playing are held: memory follows the
+    episodes in flight, not the length of the run. Equals :func:`pass_hat_k_curve` over
+    the same episodes.
+    """
+
+    def __init__(self, max_k: int) -> None:
+        if max_k < 1:
+            raise ValueError(f"max_k must be at least 1, got {max_k}")
+        self.max_k = max_k
+        self._open: dict[int, list[int]] = {}  # task -> [trials in, valid trials, successes]
+        self._sums = [Fraction(0)] * max_k  # exact sum of C(c, k) / C(n, k) over tasks
+        self._counts = [0] * max_k  # tasks with at least k valid trials
+        self.tasks = 0
+        """Tasks with at least one valid ``success`` value (folded or still open)."""
+
+    def add(self, task: int, success: float | None) -> None:
+        """One trial of ``task``: its ``success`` value, or ``None`` (failed, or no metric)."""
+        state = self._open.setdefault(task, [0, 0, 0])
+        state[0] += 1
+        if success is not None:
+            if state[1] == 0:
+                self.tasks += 1
+            state[1] += 1
+            state[2] += success >= 0.5
+        if state[0] >= self.max_k:
+            self._fold(self._open.pop(task))
+
+    def _fold(self, state: list[int]) -> None:
+        _, n, c = state
+        for k in range(1, min(n, self.max_k) + 1):
+            self._sums[k - 1] += Fraction(math.comb(c, k) / math.comb(n, k))
+            self._counts[k - 1] += 1
+
+    def curve(self) -> dict[int, float]:
+        """pass^k for k = 1..max_k (NaN where no task had k valid trials)."""
+        sums, counts = list(self._sums), list(self._counts)
+        for _, n, c in self._open.values():  # tasks whose trials did not all run
+            for k in range(1, min(n, self.max_k) + 1):
+                sums[k - 1] += Fraction(math.comb(c, k) / math.comb(n, k))
+                counts[k - 1] += 1
+        return {
+            k: float(sums[k - 1]) / counts[k - 1] if counts[k - 1] else math.nan
+            for k in range(1, self.max_k + 1)
+        }

@@ -1,6 +1,8 @@
 """The summary of a run: metrics as mean ± 95% CI, failures, invalid-move rate, pass^k.
 
-:func:`summarize` turns episode records into the ``summary.json`` mapping;
+:class:`SummaryBuilder` folds episode records into the ``summary.json`` mapping one at a
+time (the runner's path: memory stays flat however long the run); :func:`summarize` does
+the same for a list of records;
 :func:`summary_table` renders that mapping as a rich table. Failed episodes are counted
 and their reasons listed, but never enter a metric: an infrastructure failure is not a
 score of 0.
@@ -8,56 +10,108 @@ score of 0.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Sequence
+import heapq
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
 from parley.arena.run.records import EpisodeRecord
-from parley.arena.run.stats import mean_ci, pass_hat_k_curve
+from parley.arena.run.stats import Moments, PassHatK
 
-__all__ = ["SUCCESS_METRIC", "summarize", "summary_table"]
+__all__ = ["MAX_LISTED_FAILURES", "SUCCESS_METRIC", "SummaryBuilder", "summarize", "summary_table"]
 
 SUCCESS_METRIC = "success"
 """The 0/1 episode metric pass^k is computed from."""
 
 
-def summarize(records: Sequence[EpisodeRecord], *, trials: int) -> dict[str, Any]:
+MAX_LISTED_FAILURES = 1_000
+"""Failed episodes listed one by one in ``summary["failures"]``; the rest are counted in
+``failures_not_listed`` (their reasons stay in ``transcripts.jsonl``)."""
+
+
+class SummaryBuilder:
+    """The summary of a run built one record at a time, in any order, in bounded memory.
+
+    Holds exact sums per metric and seat (:class:`Moments`), counters, at most
+    :data:`MAX_LISTED_FAILURES` failures, and the pass^k state of tasks with trials still
+    playing, never the records: a run of a million episodes summarises in the memory of a
+    few. :meth:`summary` equals :func:`summarize` over the same records.
+    """
+
+    def __init__(self, *, trials: int) -> None:
+        self.trials = trials
+        self.total = 0
+        self.failed = 0
+        self.agent_steps = 0
+        self.invalid_moves = 0
+        self._metrics: dict[str, Moments] = {}
+        self._returns: dict[str, Moments] = {}
+        # The earliest failures in plan order: a heap of (-index, episode, reason).
+        self._failures: list[tuple[int, str, str]] = []
+        self._failure_kinds: Counter[str] = Counter()
+        self._pass = PassHatK(trials)
+
+    def add(self, record: EpisodeRecord) -> None:
+        """Count ``record`` (ok or failed); keeps nothing that refers to it."""
+        self.total += 1
+        self.agent_steps += record.agent_steps
+        self.invalid_moves += record.invalid_moves
+        if record.failed:
+            self.failed += 1
+            self._failure_kinds[_kind(record.failed)] += 1
+            entry = (-record.index, record.episode, record.failed)
+            if len(self._failures) < MAX_LISTED_FAILURES:
+                heapq.heappush(self._failures, entry)
+            else:  # keep the earliest in plan order, as a sorted list of all would
+                heapq.heappushpop(self._failures, entry)
+            self._pass.add(record.task, None)
+            return
+        for name, value in record.metrics.items():
+            self._metrics.setdefault(name, Moments()).add(value)
+        for trajectory in record.trajectories:
+            self._returns.setdefault(trajectory.agent, Moments()).add(trajectory.reward)
+        self._pass.add(record.task, record.metrics.get(SUCCESS_METRIC))
+
+    def summary(self) -> dict[str, Any]:
+        """The ``summary.json`` content so far (timings excluded; callers add them)."""
+        steps = self.agent_steps
+        listed = sorted(self._failures, reverse=True)
+        summary: dict[str, Any] = {
+            "episodes": {
+                "total": self.total,
+                "ok": self.total - self.failed,
+                "failed": self.failed,
+            },
+            "metrics": {
+                name: self._metrics[name].mean_ci().as_dict() for name in sorted(self._metrics)
+            },
+            "returns": {
+                seat: self._returns[seat].mean_ci().as_dict() for seat in sorted(self._returns)
+            },
+            "agent_steps": steps,
+            "invalid_moves": self.invalid_moves,
+            "invalid_move_rate": self.invalid_moves / steps if steps else None,
+            "failures": [{"episode": episode, "reason": reason} for _, episode, reason in listed],
+            "failure_kinds": dict(self._failure_kinds),
+        }
+        if self.failed > len(listed):
+            summary["failures_not_listed"] = self.failed - len(listed)
+        if SUCCESS_METRIC in self._metrics:
+            curve = self._pass.curve()
+            summary["pass_hat_k"] = {str(k): v for k, v in curve.items()}
+            summary["pass_hat_k_tasks"] = self._pass.tasks
+        return summary
+
+
+def summarize(records: Iterable[EpisodeRecord], *, trials: int) -> dict[str, Any]:
     """The ``summary.json`` content for ``records`` (timings excluded; callers add them)."""
-    ok = [r for r in records if not r.failed]
-    failed = [r for r in records if r.failed]
-    names = sorted({name for r in ok for name in r.metrics})
-    metrics = {
-        name: mean_ci([r.metrics[name] for r in ok if name in r.metrics]).as_dict()
-        for name in names
-    }
-    returns: dict[str, list[float]] = defaultdict(list)
-    for r in ok:
-        for trajectory in r.trajectories:
-            returns[trajectory.agent].append(trajectory.reward)
-    agent_steps = sum(r.agent_steps for r in records)
-    invalid = sum(r.invalid_moves for r in records)
-    summary: dict[str, Any] = {
-        "episodes": {"total": len(records), "ok": len(ok), "failed": len(failed)},
-        "metrics": metrics,
-        "returns": {seat: mean_ci(v).as_dict() for seat, v in sorted(returns.items())},
-        "agent_steps": agent_steps,
-        "invalid_moves": invalid,
-        "invalid_move_rate": invalid / agent_steps if agent_steps else None,
-        "failures": [{"episode": r.episode, "reason": r.failed} for r in failed],
-        "failure_kinds": dict(Counter(_kind(r.failed) for r in failed)),
-    }
-    if SUCCESS_METRIC in names:
-        per_task: dict[int, list[float]] = defaultdict(list)
-        for r in ok:
-            if SUCCESS_METRIC in r.metrics:
-                per_task[r.task].append(r.metrics[SUCCESS_METRIC])
-        curve = pass_hat_k_curve(per_task, trials)
-        summary["pass_hat_k"] = {str(k): v for k, v in curve.items()}
-        summary["pass_hat_k_tasks"] = len(per_task)
-    return summary
+    builder = SummaryBuilder(trials=trials)
+    for record in records:
+        builder.add(record)
+    return builder.summary()
 
 
 def _kind(reason: str) -> str:

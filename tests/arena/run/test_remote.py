@@ -89,7 +89,7 @@ def _remote_run(
         listen=listen, out=str(out), progress=False, **{"join_timeout": 30.0, **kw},
     )  # fmt: skip
     try:
-        result = run(config, bus=bus, on_listen=spawn)
+        result = run(config, bus=bus, on_listen=spawn, keep_records=True)
         # The arena said goodbye on closing: the remote agent leaves by itself.
         status = procs[0].wait(timeout=20)
         stderr = procs[0].stderr.read().decode() if procs[0].stderr else ""

@@ -158,7 +158,7 @@ def _config(tmp_path: Path | None = None, **kw: Any) -> RunConfig:
 
 @pytest.mark.timeout(30)
 def test_scripted_run_plays_every_episode_and_writes_the_files(tmp_path: Path) -> None:
-    result = run(_config(tmp_path, episodes=5, concurrency=3))
+    result = run(_config(tmp_path, episodes=5, concurrency=3), keep_records=True)
     assert [r.failed for r in result.records] == [""] * 5
     assert result.summary["metrics"]["success"]["mean"] == 1.0
     assert result.summary["episodes"] == {"total": 5, "ok": 5, "failed": 0}
@@ -194,7 +194,9 @@ def test_trajectories_are_trajectory_structs_with_token_records(tmp_path: Path) 
 
 @pytest.mark.timeout(30)
 def test_invalid_moves_are_counted_not_failures(tmp_path: Path) -> None:
-    result = run(_config(tmp_path, episodes=6, agents=[f"{HERE}:NoisyAgent", "scripted"]))
+    result = run(
+        _config(tmp_path, episodes=6, agents=[f"{HERE}:NoisyAgent", "scripted"]), keep_records=True
+    )
     summary = result.summary
     assert summary["episodes"]["failed"] == 0
     invalid = sum(r.invalid_moves for r in result.records)
@@ -260,7 +262,7 @@ def test_an_agent_that_hangs_or_raises_fails_its_episode_and_the_run_goes_on(
     tmp_path: Path, bad: type[Agent], kind: str
 ) -> None:
     config = _config(tmp_path, episodes=4, concurrency=1, act_timeout=0.5)
-    result = run(config, agents={"b": _nth_instance(1, bad)})
+    result = run(config, agents={"b": _nth_instance(1, bad)}, keep_records=True)
     assert [r.failed == "" for r in result.records] == [True, False, True, True]
     reason = result.records[1].failed
     assert reason.startswith(f"b: {kind}: ")
@@ -281,7 +283,9 @@ def test_an_agent_that_hangs_or_raises_fails_its_episode_and_the_run_goes_on(
 
 @pytest.mark.timeout(30)
 def test_infos_the_bus_cannot_carry_fail_the_episode_not_the_run(tmp_path: Path) -> None:
-    result = run(_config(tmp_path, episodes=2, scenario_kwargs={"weird_info_at": 2}))
+    result = run(
+        _config(tmp_path, episodes=2, scenario_kwargs={"weird_info_at": 2}), keep_records=True
+    )
     assert [r.failed.split(": ")[:2] for r in result.records] == [["a", "protocol_error"]] * 2
     steps = json.loads((tmp_path / "transcripts.jsonl").read_text().splitlines()[0])["steps"]
     assert steps[1]["infos"]["a"]["weird"] == "<unserializable object>"
