@@ -14,6 +14,7 @@ A :class:`Codec` is not thread-safe: give each socket (each event loop) its own.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
@@ -23,7 +24,14 @@ import numpy as np
 from parley.protocols.errors import ProtocolError
 from parley.protocols.messages import SCHEMA_VERSION, Envelope
 
-__all__ = ["Codec", "Frame", "DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_ZERO_COPY_BYTES"]
+__all__ = [
+    "Codec",
+    "Frame",
+    "Head",
+    "salvage_head",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_ZERO_COPY_BYTES",
+]
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 """Largest accepted message (all frames together); larger ones are refused both ways."""
@@ -48,6 +56,11 @@ def _unsupported(version: int) -> ProtocolError:
         f"unsupported schema version {version}; this peer speaks {SCHEMA_VERSION}",
         code="unsupported_version",
     )
+
+
+# What decoding hostile bytes may raise; all of it becomes a ProtocolError. RecursionError:
+# maps or lists nested ~1,000 deep exhaust the interpreter's recursion limit.
+_DECODE_ERRORS = (msgspec.DecodeError, ValueError, TypeError, RecursionError)
 
 
 class Codec:
@@ -79,7 +92,7 @@ class Codec:
         """Frames for ``envelope``; raises ``ProtocolError`` if it cannot be sent."""
         try:
             head = self._encode(envelope)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             self._out_frames = []
             raise ProtocolError(f"cannot encode {type(envelope.body).__name__}: {exc}") from exc
         if not self._out_frames and len(head) <= self.max_message_bytes:
@@ -123,7 +136,7 @@ class Codec:
             )
         try:
             envelope: Envelope = self._decode(head)
-        except (msgspec.DecodeError, ValueError, TypeError) as exc:
+        except _DECODE_ERRORS as exc:
             raise ProtocolError(self._explain(head, exc)) from exc
         if envelope.v != SCHEMA_VERSION:
             raise _unsupported(envelope.v)
@@ -143,7 +156,7 @@ class Codec:
         self._used_frames = 0
         try:
             envelope: Envelope = self._decoder.decode(head)
-        except (msgspec.DecodeError, ValueError, TypeError) as exc:
+        except _DECODE_ERRORS as exc:
             raise ProtocolError(self._explain(head, exc)) from exc
         finally:
             self._in_frames = ()  # do not keep large buffers alive
@@ -160,8 +173,10 @@ class Codec:
         """A reason for a failed decode, naming the version when that is the cause."""
         try:
             version = self._version_decoder.decode(head).v
-        except (msgspec.DecodeError, ValueError, TypeError):
+        except _DECODE_ERRORS:
             version = SCHEMA_VERSION
+        if isinstance(exc, RecursionError):
+            return "malformed message: nested too deeply (over ~900 levels of maps or lists)"
         if version != SCHEMA_VERSION:
             return f"unsupported schema version {version}; this peer speaks {SCHEMA_VERSION}"
         return f"malformed message: {exc}"
@@ -197,3 +212,107 @@ class Codec:
         if len(buffer) != expected:
             raise ValueError(f"array buffer has {len(buffer)} bytes, shape needs {expected}")
         return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+class Head(msgspec.Struct):
+    """The envelope fields a receiver salvages from a message it cannot decode, so that it
+    can still answer the request (``reply_to``) or fail the right pending request."""
+
+    id: int = 0
+    reply_to: int = 0
+    expects_reply: bool = False
+
+
+_head_decoder = msgspec.msgpack.Decoder(Head)
+_SALVAGE_SCAN_BYTES = 64 * 1024  # hostile nesting is skipped by hand, up to this far
+
+
+def salvage_head(frame: Frame) -> Head:
+    """The request bookkeeping of a malformed envelope, or an empty :class:`Head`.
+
+    Never raises. A map nested too deeply for the decoder is walked without recursion, for
+    at most the first 64 KiB, so a hostile message costs bounded time.
+    """
+    try:
+        return _head_decoder.decode(frame)
+    except RecursionError:
+        return _scan_head(bytes(frame[:_SALVAGE_SCAN_BYTES]))
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return Head()
+
+
+# MessagePack type bytes -> (bytes of a length field or fixed payload, kind). Kinds:
+# "len" a length-prefixed str/bin, "ext" length-prefixed with a type byte, "fix" a fixed
+# payload, "arr"/"map" a container whose count is in the length field.
+_WIDE = {
+    0xC4: (1, "len"), 0xC5: (2, "len"), 0xC6: (4, "len"),  # bin
+    0xD9: (1, "len"), 0xDA: (2, "len"), 0xDB: (4, "len"),  # str
+    0xC7: (1, "ext"), 0xC8: (2, "ext"), 0xC9: (4, "ext"),  # ext
+    0xCA: (4, "fix"), 0xCB: (8, "fix"),  # float
+    0xCC: (1, "fix"), 0xCD: (2, "fix"), 0xCE: (4, "fix"), 0xCF: (8, "fix"),  # uint
+    0xD0: (1, "fix"), 0xD1: (2, "fix"), 0xD2: (4, "fix"), 0xD3: (8, "fix"),  # int
+    0xD4: (2, "fix"), 0xD5: (3, "fix"), 0xD6: (5, "fix"), 0xD7: (9, "fix"), 0xD8: (17, "fix"),
+    0xDC: (2, "arr"), 0xDD: (4, "arr"), 0xDE: (2, "map"), 0xDF: (4, "map"),
+}  # fmt: skip
+
+
+def _skip(data: bytes, pos: int) -> int:
+    """The position after the MessagePack value at ``pos``, walked without recursion."""
+    todo = 1  # values still to skip
+    while todo:
+        todo -= 1
+        t = data[pos]
+        pos += 1
+        if t <= 0x7F or t >= 0xE0 or t in (0xC0, 0xC2, 0xC3):
+            continue  # fixint, nil, false, true
+        if 0x80 <= t <= 0x8F:
+            todo += 2 * (t & 0x0F)
+        elif 0x90 <= t <= 0x9F:
+            todo += t & 0x0F
+        elif 0xA0 <= t <= 0xBF:
+            pos += t & 0x1F
+        else:
+            width, kind = _WIDE[t]  # KeyError on 0xC1 (never used): malformed
+            if kind == "fix":
+                pos += width
+                continue
+            count = int.from_bytes(data[pos : pos + width], "big")
+            pos += width
+            if kind == "len":
+                pos += count
+            elif kind == "ext":
+                pos += count + 1
+            else:
+                todo += count * (2 if kind == "map" else 1)
+        if pos > len(data):
+            raise IndexError("truncated")
+    return pos
+
+
+def _scan_head(data: bytes) -> Head:
+    """:class:`Head` from the top-level map in ``data``, skipping every other value."""
+    fields: dict[str, Any] = {}
+    # Truncated at the scan limit, or malformed further on: keep what was found.
+    with contextlib.suppress(IndexError, KeyError, msgspec.DecodeError):
+        _read_head_fields(data, fields)
+    try:
+        return msgspec.convert(fields, Head)
+    except msgspec.ValidationError:
+        return Head()
+
+
+def _read_head_fields(data: bytes, fields: dict[str, Any]) -> None:
+    t = data[0]
+    if 0x80 <= t <= 0x8F:
+        count, pos = t & 0x0F, 1
+    elif t == 0xDE:
+        count, pos = int.from_bytes(data[1:3], "big"), 3
+    else:
+        return
+    for _ in range(count):
+        key_end = _skip(data, pos)
+        key = msgspec.msgpack.decode(data[pos:key_end])
+        value_end = _skip(data, key_end)
+        if key in ("id", "reply_to", "expects_reply"):
+            fields[key] = msgspec.msgpack.decode(data[key_end:value_end])
+        pos = value_end

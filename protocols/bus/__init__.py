@@ -41,7 +41,9 @@ Contracts
   :class:`PeerDead` and it leaves :attr:`Endpoint.peers`. A ``Bye`` has the same effect at
   once; so does a bound socket finding the peer's connection gone when it sends to it
   (ZeroMQ's ``EHOSTUNREACH``). A connecting endpoint whose peer died keeps its socket and
-  repeats the handshake when the peer comes back (ZeroMQ reconnects by itself).
+  repeats the handshake when the peer comes back (ZeroMQ reconnects by itself). Silence
+  counts only while the local event loop runs on time (time it was stalled is credited to
+  every peer), and peers over ``inproc://`` (in this process) never die of silence.
 * **Broadcast.** ``subscribe(prefix, handler)`` tells every peer (and every later peer, in
   its ``Hello``) to forward broadcasts whose channel starts with ``prefix``; ``publish``
   sends one copy to each peer that asked. Broadcast is one hop: an endpoint does not relay.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -25,6 +26,7 @@ from parley.protocols.errors import BusError, ConfigError, PeerDead, RequestTime
 from parley.protocols.messages import AnyBody, Body, Envelope
 
 log = logging.getLogger("parley.protocols.bus")
+_LOG_PERIOD = 1.0  # seconds between two warnings of one kind about bad peers
 
 
 def _any(body: Body) -> AnyBody:
@@ -71,6 +73,7 @@ class _Sock:
         self.z = z
         self.address = address
         self.router = router
+        self.inproc = address.startswith("inproc://")  # peers in this process
         self.fd: int = int(z.getsockopt(zmq.FD))
         self.links: dict[bytes, _Link] = {}  # ROUTER: routing id -> link
         self.link: _Link | None = None  # DEALER: the one remote peer
@@ -111,6 +114,23 @@ class _Core:
         self._auth: Any = None
         self._closed = False
         self._now = 0.0  # event-loop clock, read once per receive round and tick
+        self._log_gate: dict[str, tuple[float, int]] = {}  # kind -> (last logged, suppressed)
+
+    def _log_limited(self, kind: str, message: str, *args: Any, exc_info: bool = False) -> None:
+        """Log a warning about a bad peer at most once per second per ``kind``.
+
+        A hostile or broken peer can make every message it sends go wrong; logging each one
+        (with a traceback) would let it fill the disk and slow the receive loop.
+        """
+        now = time.monotonic()
+        last, suppressed = self._log_gate.get(kind, (-_LOG_PERIOD, 0))
+        if now - last < _LOG_PERIOD:
+            self._log_gate[kind] = (last, suppressed + 1)
+            return
+        self._log_gate[kind] = (now, 0)
+        if suppressed:
+            message += f" ({suppressed} more like it in the last {now - last:.0f} s not logged)"
+        log.warning(message, *args, exc_info=exc_info)
 
     def _live_link(self, peer: str) -> _Link:
         link = self._links.get(peer)

@@ -140,13 +140,23 @@ class _Links(_Sender):
             log.info("%s: %s is back", self.name, link.name)
 
     async def _tick(self) -> None:
-        """Send heartbeats, declare silent peers dead, retry handshakes with dead ones."""
+        """Send heartbeats, declare silent peers dead, retry handshakes with dead ones.
+
+        Silence counts only while this event loop runs on time. When the ticker wakes late
+        (the process was stalled: a loaded host, a VM pause, a long synchronous stretch),
+        the lateness is credited to every link: peers in this process were stalled too, and
+        remote peers' heartbeats sat unread. Peers over ``inproc://`` live in this process
+        and never die of silence; they leave by ``Bye`` or by closing their socket.
+        """
         assert self._loop is not None
         interval = self.config.heartbeat_interval
         period = min(interval, self.config.peer_timeout / 4) / 2
         beat = self._codec.encode(Envelope(body=Heartbeat(), sender=self.name))
+        last = self._loop.time()
         while True:
             await asyncio.sleep(period)
+            woke = self._loop.time()
+            stall, last = max(0.0, woke - last - period), woke
             for sock in list(self._socks):
                 # Read what is waiting first: after the loop was blocked for a while, a
                 # peer's heartbeats may sit unread, and a silent-looking peer is not dead.
@@ -158,7 +168,9 @@ class _Links(_Sender):
                 for link in links:
                     if link is None or not link.name:
                         continue
-                    if link.alive and now - link.last_heard > link.timeout:
+                    if stall:
+                        link.last_heard = min(now, link.last_heard + stall)
+                    if link.alive and not sock.inproc and now - link.last_heard > link.timeout:
                         self._peer_died(link, f"no message from {link.name} for {link.timeout:g} s")
                     elif link.alive and now - link.last_sent >= interval:
                         self._try_send(link, beat)

@@ -16,12 +16,11 @@ import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import Any
 
-import msgspec
 import zmq
 
 from parley.protocols.bus.core import _NOBLOCK, Handler, _Link, _recv, _Sock, log
 from parley.protocols.bus.links import _Links
-from parley.protocols.codec import Frame
+from parley.protocols.codec import Frame, Head, salvage_head
 from parley.protocols.errors import ProtocolError, RemoteError
 from parley.protocols.messages import (
     Body,
@@ -35,17 +34,6 @@ from parley.protocols.messages import (
 )
 
 _BATCH = 2000  # messages read per receive-loop round before yielding to other tasks
-
-
-class _Head(msgspec.Struct):
-    """The envelope fields a receiver salvages from an undecodable message."""
-
-    id: int = 0
-    reply_to: int = 0
-    expects_reply: bool = False
-
-
-_salvage = msgspec.msgpack.Decoder(_Head)
 
 
 @types.coroutine
@@ -129,7 +117,14 @@ class _Receiver(_Links):
         try:
             self._dispatch(sock, rid, link, env)
         except Exception:  # a bug in dispatch must not end the receive loop
-            log.exception("%s: failed to dispatch a %s from %s", self.name, env.kind, env.sender)
+            self._log_limited(
+                "dispatch",
+                "%s: failed to dispatch a %s from %s",
+                self.name,
+                env.kind,
+                env.sender,
+                exc_info=True,
+            )
 
     def _dispatch(self, sock: _Sock, rid: bytes | None, link: _Link | None, env: Envelope) -> None:
         body = env.body
@@ -204,21 +199,16 @@ class _Receiver(_Links):
         exc: ProtocolError,
     ) -> None:
         self.stats.bad_messages += 1
-        if self.stats.bad_messages <= 10 or self.stats.bad_messages % 1000 == 0:
-            who = link.name if link is not None else repr(rid)
-            log.warning(
-                "%s: bad message #%d from %s: %s",
-                self.name,
-                self.stats.bad_messages,
-                who,
-                exc.reason,
-            )
-        head = _Head()
-        if frames:
-            try:
-                head = _salvage.decode(frames[0])
-            except (msgspec.DecodeError, ValueError, TypeError):
-                head = _Head()
+        who = link.name if link is not None else repr(rid)
+        self._log_limited(
+            "bad_message",
+            "%s: bad message #%d from %s: %s",
+            self.name,
+            self.stats.bad_messages,
+            who,
+            exc.reason[:500],
+        )
+        head = salvage_head(frames[0]) if frames else Head()
         if link is not None and head.reply_to:
             fut = link.pending.pop(head.reply_to, None)
             if fut is not None and not fut.done():

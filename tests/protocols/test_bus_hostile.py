@@ -1,0 +1,126 @@
+"""The bus against hostile peers: deep nesting, log floods (issue 11 §6)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import tempfile
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from parley.protocols.bus import BusConfig, Endpoint
+from parley.protocols.codec import Codec
+from parley.protocols.errors import ProtocolError
+from parley.protocols.messages import Action, Envelope, Observation
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = BusConfig(heartbeat_interval=0.1, peer_timeout=0.6, request_timeout=5.0)
+
+
+def _ipc() -> str:
+    return f"ipc://{tempfile.gettempdir()}/parley-test-{os.urandom(4).hex()}"
+
+
+def _nested_observation(depth: int, request_id: int) -> bytes:
+    """An observation request whose ``info`` nests ``depth`` maps (msgpack by hand: the
+    msgpack library itself refuses to pack that deep)."""
+    head = msgpack.packb({"id": request_id, "expects_reply": True, "sender": "raw"})
+    assert head[0] == 0x83  # fixmap of 3: add "body" as a 4th entry
+    body = (
+        b"\x84"
+        + msgpack.packb("kind")
+        + msgpack.packb("observation")
+        + msgpack.packb("agent")
+        + msgpack.packb("raw")
+        + msgpack.packb("text")
+        + msgpack.packb("t")
+        + msgpack.packb("info")
+        + b"\x81\xa1a" * depth
+        + b"\x80"
+    )
+    return b"\x84" + head[1:] + msgpack.packb("body") + body
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_codec_refuses_deep_nesting_as_a_protocol_error(depth: int) -> None:
+    with pytest.raises(ProtocolError, match="nested too deeply"):
+        Codec().decode([_nested_observation(depth, 1)])
+
+
+async def test_deeply_nested_messages_get_bad_message_and_bounded_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A flood of deeply nested requests: each is answered ``bad_message`` with its id, the
+    receive loop keeps serving a good peer, and the log gets a few lines, not thousands."""
+
+    async def echo(env: Envelope) -> Action:
+        assert isinstance(env.body, Observation)
+        return Action(agent=env.body.agent, text=env.body.text)
+
+    server = Endpoint("arena", config=FAST)
+    client = Endpoint("alice", config=FAST)
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 10_000
+    try:
+        server.on(Observation, echo)
+        address = await server.bind(_ipc())
+        await client.connect(address)
+        raw.connect(address)
+        hello = {"body": {"kind": "hello", "name": "raw"}, "id": 1, "expects_reply": True}
+        raw.send(msgpack.packb(hello))
+        assert msgpack.unpackb(await asyncio.to_thread(raw.recv))["body"]["kind"] == "hello"
+
+        def attack(n: int) -> list[dict[str, Any]]:
+            for i in range(n):
+                raw.send(_nested_observation(5_000, 100 + i))
+            return [msgpack.unpackb(raw.recv()) for _ in range(n)]
+
+        with caplog.at_level(logging.WARNING, logger="parley.protocols.bus"):
+            attacker = asyncio.create_task(asyncio.to_thread(attack, 2_000))
+            answers = await asyncio.gather(
+                *(
+                    client.request("arena", Observation(agent="alice", text=str(i)))
+                    for i in range(200)
+                )
+            )
+            replies = await asyncio.wait_for(attacker, 30)
+        assert [a.text for a in answers if isinstance(a, Action)] == [str(i) for i in range(200)]
+        assert [r["body"]["code"] for r in replies] == ["bad_message"] * 2_000
+        assert sorted(r["reply_to"] for r in replies) == list(range(100, 2_100))
+        assert "nested too deeply" in replies[0]["body"]["message"]
+        assert server.stats.bad_messages == 2_000
+        warnings = [r for r in caplog.records if r.name.startswith("parley.protocols.bus")]
+        assert 1 <= len(warnings) <= 15, f"{len(warnings)} log lines for 2,000 bad messages"
+        assert not any(r.levelno >= logging.ERROR for r in caplog.records)
+    finally:
+        raw.close()
+        ctx.term()
+        await client.close()
+        await server.close()
+
+
+def test_salvage_head_never_raises_and_finds_the_id_past_deep_nesting() -> None:
+    from parley.protocols.codec import Head, salvage_head
+
+    assert salvage_head(_nested_observation(100_000, 42)).id == 42  # id before the body
+    deep_first = (  # the body first, as parley's own encoder orders fields
+        b"\x82"
+        + msgpack.packb("body")
+        + b"\x81\xa1a" * 3_000
+        + b"\x80"
+        + msgpack.packb("id")
+        + msgpack.packb(7)
+    )
+    assert salvage_head(deep_first).id == 7
+    rng = random.Random(3)
+    for _ in range(2_000):
+        junk = rng.randbytes(rng.randrange(0, 64))
+        assert isinstance(salvage_head(junk), Head)
+        assert isinstance(salvage_head(deep_first[: rng.randrange(len(deep_first))]), Head)
