@@ -64,16 +64,14 @@ Version history: v0 — first version.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import secrets
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from parley.scenarios.base import Scenario
 from parley.scenarios.code.debug_tasks import TASKS, DebugTask
+from parley.scenarios.code.harness import TestRun, run_tests
 from parley.scenarios.tools.sandbox import Sandbox, SandboxLimits
 from parley.scenarios.tools.tool import (
     ToolBox,
@@ -85,78 +83,7 @@ from parley.scenarios.tools.tool import (
     tool,
 )
 
-__all__ = ["HARNESS", "CodeDebug", "TestRun", "run_tests"]
-
-HARNESS = r"""
-import json, os, signal, sys
-_eval, _repr, _type, _write = eval, repr, type, os.write
-TESTS = json.loads(%r)
-TAG = %r
-PLAIN = (bool, int, float, str, type(None))
-
-def plain(x):
-    if _type(x) in PLAIN:
-        return True
-    if _type(x) in (list, tuple, set):
-        return all(plain(i) for i in x)
-    if _type(x) is dict:
-        return all(plain(k) and plain(v) for k, v in x.items())
-    return False
-
-def alarm(signum, frame):
-    raise TimeoutError("the test took longer than 1 s")
-
-signal.signal(signal.SIGALRM, alarm)
-results = []
-try:
-    import solution
-    namespace, failure = dict(vars(solution)), ""
-except BaseException as exc:
-    namespace, failure = None, "the module failed to import: %%s: %%s" %% (_type(exc).__name__, exc)
-for call, expected in TESTS:
-    if namespace is None:
-        results.append([False, failure])
-        continue
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 1.0)
-        got = _eval(call, dict(namespace))
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        ok = plain(got) and got == _eval(expected, {})
-        results.append([bool(ok), "returned " + _repr(got)[:200]])
-    except BaseException as exc:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        results.append([False, ("raised %%s: %%s" %% (_type(exc).__name__, exc))[:200]])
-sys.stdout.flush()
-_write(1, (TAG + json.dumps(results) + "\n").encode())
-os._exit(0)
-"""
-"""The test runner put next to the code as ``main.py`` (stdlib only; runs in the sandbox)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TestRun:
-    """Results of running tests: one ``(passed, detail)`` per test, or why none ran."""
-
-    results: tuple[tuple[bool, str], ...]
-    problem: str = ""
-
-    @property
-    def passed(self) -> int:
-        return sum(ok for ok, _ in self.results)
-
-
-def run_tests(sandbox: Sandbox, code: str, tests: Sequence[tuple[str, str]]) -> TestRun:
-    """Run ``tests`` against ``code`` (saved as ``solution.py``) in ``sandbox``."""
-    tag = f"<<parley-results-{secrets.token_hex(8)}>>"
-    harness = HARNESS % (json.dumps([list(t) for t in tests]), tag)
-    run = sandbox.run(harness, files={"solution.py": code})
-    for line in reversed(run.stdout.splitlines()):
-        if line.startswith(tag):
-            raw = json.loads(line[len(tag) :])
-            return TestRun(tuple((bool(ok), str(detail)) for ok, detail in raw))
-    failed = tuple((False, "not run") for _ in tests)
-    reason = f"the tests did not finish (ended by {run.ended_by}): {run.stderr[-300:]}"
-    return TestRun(failed, reason)
+__all__ = ["CodeDebug", "TestRun", "run_tests"]
 
 
 @dataclasses.dataclass
