@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -56,6 +58,8 @@ from parley.protocols.messages import (
 )
 
 __all__ = ["OpenAIFront", "serve_http"]
+
+_log = logging.getLogger(__name__)
 
 _STATUS = {
     "bad_request": (400, "invalid_request_error"),
@@ -113,9 +117,13 @@ class OpenAIFront:
         except PoolError as exc:
             status, kind = _STATUS.get(exc.code, (500, "server_error"))
             code = "model_not_found" if exc.code == "unknown_policy" else exc.code
-            return _error(status, exc.message, kind, code)
+            return _error(status, exc.message, kind, code, exc.param)
         except web.HTTPException as exc:
             return _error(exc.status, exc.reason or "", "invalid_request_error", str(exc.status))
+        except Exception as exc:  # a bug must still answer in OpenAI's shape, and say so
+            _log.exception("internal error on %s", request.path)
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            return _error(500, message, "server_error", "internal_error")
 
     # --- endpoints --------------------------------------------------------------------
 
@@ -139,11 +147,19 @@ class OpenAIFront:
         if not isinstance(messages, list) or not messages:
             raise _BadRequest("messages must be a non-empty list", "messages")
         chat = [_chat_message(m, i) for i, m in enumerate(messages)]
-        prompt_ids = self.pool.tokenizer(model).encode_chat(chat)
+        tokenizer = self.pool.tokenizer(model)
+        try:
+            prompt_ids = tokenizer.encode_chat(chat)
+        except Exception as exc:  # jinja errors of the model's own template: the input's fault
+            raise _BadRequest(
+                f"the model's chat template cannot render these messages: {exc}", "messages"
+            ) from exc
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
         gen = self._request(model, body, prompt_ids=prompt_ids, max_tokens=limit, chat=True)
-        result = await self.pool.generate(gen)
-        want_logprobs = bool(body.get("logprobs"))
+        result = await self._generate(gen, chat=True)
+        _check_finished([result])
+        asked = body.get("logprobs")
+        want_logprobs = False if asked is None else _bool(asked, "logprobs")
         choices: list[Json] = []
         for i, c in enumerate(result.completions):
             choice: Json = {
@@ -176,7 +192,8 @@ class OpenAIFront:
             else self._request(model, body, prompt=p, max_tokens=limit)
             for p in prompts
         ]
-        results = await asyncio.gather(*(self.pool.generate(r) for r in requests))
+        results = await asyncio.gather(*(self._generate(r, chat=False) for r in requests))
+        _check_finished(results)
         want_logprobs = body.get("logprobs") is not None
         choices: list[Json] = []
         for result in results:
@@ -215,6 +232,15 @@ class OpenAIFront:
 
     # --- pieces -----------------------------------------------------------------------
 
+    async def _generate(self, request: GenerateRequest, *, chat: bool) -> GenerateResult:
+        """The pool's answer; a bad prompt is blamed on the HTTP field that made it."""
+        try:
+            return await self.pool.generate(request)
+        except PoolError as exc:
+            if exc.param in ("prompt", "prompt_token_ids"):
+                exc.param = "messages" if chat else "prompt"
+            raise
+
     def _request(
         self,
         model: str,
@@ -229,6 +255,7 @@ class OpenAIFront:
             raise _BadRequest("stream is not supported; send stream=false", "stream")
         if body.get("tools"):
             raise _BadRequest("tools are not supported by the pool front", "tools")
+        _check_unsupported(body, chat=chat)
         n = _int(body.get("n", 1), "n")
         if _int(body.get("best_of") or n, "best_of") != n:
             raise _BadRequest("best_of other than n is not supported", "best_of")
@@ -301,7 +328,88 @@ def _per_choice(results: Sequence[GenerateResult]) -> list[tuple[GenerateResult,
 
 
 def _finish(c: Completion) -> str:
+    """OpenAI's finish reason; only called on completions :func:`_check_finished` passed."""
     return "length" if c.finish_reason == "length" else "stop"
+
+
+def _check_finished(results: Sequence[GenerateResult]) -> None:
+    """A completion that ended in an error is an error response, never ``"stop"``."""
+    for r in results:
+        for c in r.completions:
+            if c.finish_reason not in ("stop", "length"):
+                raise PoolError(
+                    "backend_failed",
+                    f"a completion ended with {c.finish_reason!r} after {len(c.token_ids)} "
+                    "tokens (e.g. a constraint that no token could continue); nothing was "
+                    "returned",
+                )
+
+
+def _check_unsupported(body: Json, *, chat: bool) -> None:
+    """Refuse OpenAI / vLLM sampling fields the pool cannot apply, unless they are at the
+    value that changes nothing (a harness sending ``frequency_penalty: 0`` still works);
+    each is range-checked first, so a malformed value gets the precise message."""
+    for name, lo, hi, neutral in _NEUTRAL_FIELDS:
+        value = body.get(name)
+        if value is None:
+            continue
+        number = _float(value, name)
+        if not lo <= number <= hi:
+            raise _BadRequest(f"{name} must be in [{lo:g}, {hi:g}], got {value!r}", name)
+        if number not in neutral:
+            raise _BadRequest(
+                f"{name} is not supported by the pool; leave it out or send "
+                f"{' or '.join(f'{v:g}' for v in neutral)}",
+                name,
+            )
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict) or not all(
+            isinstance(k, str) and k.isdigit() and _is_finite(v) and -100 <= v <= 100
+            for k, v in bias.items()
+        ):
+            raise _BadRequest(
+                "logit_bias must map token ids (strings of digits) to numbers in [-100, 100]",
+                "logit_bias",
+            )
+        if bias:
+            raise _BadRequest("logit_bias is not supported by the pool; send {}", "logit_bias")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if not chat:
+            raise _BadRequest("top_logprobs is a chat field; use logprobs here", "top_logprobs")
+        if not 0 <= _int(top, "top_logprobs") <= 20:
+            raise _BadRequest(f"top_logprobs must be in [0, 20], got {top}", "top_logprobs")
+        if top > 0:
+            raise _BadRequest(
+                "top_logprobs > 0 is not supported: the pool returns the sampled token's "
+                "logprob only (logprobs=true, top_logprobs=0)",
+                "top_logprobs",
+            )
+    if not chat and body.get("logprobs") is not None:
+        logprobs = _int(body["logprobs"], "logprobs")
+        if not 0 <= logprobs <= 5:
+            raise _BadRequest(f"logprobs must be in [0, 5], got {logprobs}", "logprobs")
+
+
+_NEUTRAL_FIELDS: tuple[tuple[str, float, float, tuple[float, ...]], ...] = (
+    # (field, lowest, highest, values that change nothing): OpenAI's and vLLM's ranges.
+    ("top_k", -1, 1 << 31, (-1, 0)),
+    ("presence_penalty", -2, 2, (0,)),
+    ("frequency_penalty", -2, 2, (0,)),
+    ("repetition_penalty", 0.01, 100, (1,)),
+    ("min_p", 0, 1, (0,)),
+    ("min_tokens", 0, 1 << 31, (0,)),
+)
+
+
+def _is_finite(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range (JSON has no bound on integers)
+        return False
 
 
 async def _json_body(request: web.Request) -> Json:
@@ -327,9 +435,15 @@ def _int(value: Any, name: str) -> int:
     return value
 
 
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise _BadRequest(f"{name} must be true or false, got {value!r}", name)
+    return value
+
+
 def _float(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _BadRequest(f"{name} must be a number, got {value!r}", name)
+    if not _is_finite(value):
+        raise _BadRequest(f"{name} must be a finite number, got {value!r:.80}", name)
     return float(value)
 
 

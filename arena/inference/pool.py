@@ -29,6 +29,11 @@ Guarantees (the contract the agents and the HTTP front rely on):
   all policies; one more is refused at once with ``Error(code="overloaded",
   retryable=True)``. Callers back off and retry (:class:`parley.agents.llm.BusPoolClient`
   does).
+- One request never fails another: requests are checked on receipt
+  (:meth:`Backend.validate <parley.arena.inference.backends.base.Backend.validate>`, every
+  field's range) and a bad one is answered ``bad_request`` naming the field; if a batch
+  fails anyway, its members are retried one by one, so only the failing request gets
+  ``backend_failed``.
 - Every result carries the version of the weights that produced it. A
   :class:`WeightUpdate` for a policy is applied by its backend's ``update_weights`` between
   batches (a static lane finishes its running batch first), which sets the version.
@@ -97,13 +102,20 @@ class PoolConfig:
 
 
 class PoolError(ParleyError):
-    """The pool could not answer a request; ``code`` is the wire ``Error`` code."""
+    """The pool could not answer a request; ``code`` is the wire ``Error`` code.
 
-    def __init__(self, code: str, message: str, *, retryable: bool = False) -> None:
+    ``param`` names the request field at fault for ``bad_request`` (``"seed"``, ``"stop"``,
+    ...; the HTTP front reports it as OpenAI's ``param``), None otherwise.
+    """
+
+    def __init__(
+        self, code: str, message: str, *, retryable: bool = False, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.retryable = retryable
+        self.param = param
 
     def to_message(self) -> Error:
         """This error as the ``Error`` body the bus sends back."""
@@ -122,6 +134,9 @@ class PoolStats:
     timeouts: int = 0
     overloaded: int = 0
     failed: int = 0
+    bad_requests: int = 0
+    isolated_batches: int = 0
+    """Failed batches whose members were retried one by one."""
     weight_updates: int = 0
 
     @property
@@ -274,11 +289,19 @@ class _Lane:
                     p.future.set_exception(PoolError("cancelled", "the request was cancelled"))
             raise
         except Exception as exc:  # any backend failure becomes an answer
+            if len(batch) > 1:
+                # One request must never fail another: retry each member on its own, so
+                # only the request(s) that make the backend fail get the error.
+                pool.stats.isolated_batches += 1
+                for p in batch:
+                    if not p.future.done():
+                        await self._run([p])
+                return
             retryable = bool(getattr(exc, "retryable", False))
             err = PoolError(
                 "backend_failed",
-                f"the {type(self.backend).__name__} backend failed on a batch of "
-                f"{len(batch)}: {type(exc).__name__}: {exc}",
+                f"the {type(self.backend).__name__} backend failed on this request: "
+                f"{type(exc).__name__}: {exc}",
                 retryable=retryable,
             )
             pool.stats.failed += sum(not p.future.done() for p in batch)
@@ -420,7 +443,13 @@ class InferencePool:
         try:
             backend.validate(request)
         except ParleyError as exc:
-            raise PoolError("bad_request", str(exc)) from None
+            self.stats.bad_requests += 1
+            raise PoolError("bad_request", str(exc), param=getattr(exc, "field", None)) from None
+        except Exception as exc:  # a validator bug must still answer, and name itself
+            self.stats.bad_requests += 1
+            raise PoolError(
+                "bad_request", f"the request could not be checked: {type(exc).__name__}: {exc}"
+            ) from exc
         if self._queued >= self.config.max_queue:
             self.stats.overloaded += 1
             raise PoolError(

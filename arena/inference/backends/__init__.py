@@ -11,7 +11,15 @@ from parley.arena.inference.backends.base import (
     Backend,
     BackendError,
     ChatTokenizer,
+    RequestError,
     load_backend,
 )
 
-__all__ = ["Backend", "BackendError", "ChatTokenizer", "BACKENDS", "load_backend"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "RequestError",
+    "ChatTokenizer",
+    "BACKENDS",
+    "load_backend",
+]

@@ -25,9 +25,12 @@ Request semantics shared by every backend:
 - ``constraint`` restricts the output (choice / regex / JSON schema); see
   :mod:`parley.arena.inference.backends.constraints` for what each backend supports.
 
-Invalid requests (empty prompt, prompt longer than the context, malformed constraint) are
-rejected by :meth:`Backend.validate` with a :class:`BackendError` that says what to change;
-the pool calls it on receipt, so one bad request never fails a whole batch.
+Invalid requests (a field out of range, an empty prompt, a prompt longer than the context,
+a malformed or unsatisfiable constraint) are rejected by :meth:`Backend.validate` with a
+:class:`RequestError` that names the field and says what to change
+(:mod:`~parley.arena.inference.backends.limits` lists every range); the pool calls it on
+receipt, so one bad request never reaches a batch, and if a batch fails anyway the pool
+retries its members one by one, so one request never fails another.
 """
 
 from __future__ import annotations
@@ -38,13 +41,15 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from parley.arena.inference.backends.constraints import check_constraint
-from parley.arena.inference.backends.errors import BackendError
+from parley.arena.inference.backends.errors import BackendError, RequestError
+from parley.arena.inference.backends.limits import check_request
 from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Constraint, GenerateRequest, GenerateResult, WeightUpdate
 
 __all__ = [
     "Backend",
     "BackendError",
+    "RequestError",
     "ChatTokenizer",
     "BACKENDS",
     "load_backend",
@@ -127,21 +132,19 @@ class Backend(ABC):
     def validate(self, request: GenerateRequest) -> None:
         """Raise :class:`BackendError` (not retryable) if ``request`` cannot be served.
 
-        The default checks the fields every backend needs; backends add their own limits.
+        The default checks every field's range
+        (:func:`~parley.arena.inference.backends.limits.check_request`) and the constraint
+        (:meth:`check_constraint`), raising :class:`RequestError` naming the field;
+        backends add their own limits (vocabulary, context).
         """
-        p = request.params
-        if not request.prompt_token_ids and not request.prompt:
-            raise BackendError("empty prompt: set prompt or prompt_token_ids")
-        if p.n < 1:
-            raise BackendError(f"params.n must be >= 1, got {p.n}")
-        if p.max_tokens < 1:
-            raise BackendError(f"params.max_tokens must be >= 1, got {p.max_tokens}")
-        if p.temperature < 0:
-            raise BackendError(f"params.temperature must be >= 0, got {p.temperature}")
-        if not 0 < p.top_p <= 1:
-            raise BackendError(f"params.top_p must be in (0, 1], got {p.top_p}")
+        check_request(request)
         if request.constraint is not None:
-            self.check_constraint(request.constraint)
+            try:
+                self.check_constraint(request.constraint)
+            except RequestError:
+                raise
+            except BackendError as exc:
+                raise RequestError("constraint", str(exc)) from exc
 
     def check_constraint(self, constraint: Constraint) -> None:
         """Raise :class:`BackendError` if this backend cannot enforce ``constraint``.

@@ -10,13 +10,22 @@ A :class:`~parley.protocols.messages.Constraint` says what text a completion may
   extended to a full match (``regex`` partial matching); end-of-sequence is allowed iff
   the text is already a full match. Cost: one partial match per vocabulary entry per new
   prefix (cached), fine for small vocabularies, slow for 100k+ ones - use vLLM there.
-- ``json``: a JSON Schema compiled to a regex by :func:`json_schema_to_regex`. Supported:
-  ``enum``, ``const``, ``type`` string / integer / number / boolean / null, ``object``
-  with ``properties`` (every property emitted, in schema order, ``json.dumps`` spacing:
-  ``{"a": 1, "b": "x"}``), ``array`` of ``items`` (``minItems``/``maxItems`` honoured),
-  ``anyOf``/``oneOf``. Not supported (rejected with a :class:`BackendError`): ``$ref``,
-  ``pattern``, optional properties, ``additionalProperties``, numeric bounds. vLLM's
-  structured outputs accept full JSON Schema; this subset is the transformers backend's.
+- ``json``: a JSON Schema compiled to a regex by :func:`json_schema_to_regex`, the same
+  regex on every backend (vLLM gets it as a regex constraint), so outputs look alike
+  everywhere: every property emitted, in schema order, ``json.dumps`` spacing
+  (``{"a": 1, "b": "x"}``). Constraints are complete or refused: the compiler honours
+  every keyword it accepts (:data:`SUPPORTED_KEYWORDS`: ``type`` (or a list of types),
+  ``enum``, ``const``, ``anyOf``, ``oneOf`` with disjoint alternatives, string
+  ``minLength``/``maxLength``, object ``properties``/``required``/``additionalProperties``,
+  array ``items``/``minItems``/``maxItems``, annotations) and refuses any other keyword
+  (``pattern``, ``format``, numeric bounds, ``$ref``, ...) with a :class:`BackendError`
+  listing what is supported, rather than ignoring it.
+
+Unsatisfiable constraints are errors, not empty outputs: no choices, an empty ``enum`` or
+``anyOf``, ``minItems`` > ``maxItems``, a regex that no text can start to match. The
+transformers backend also refuses a constraint that allows no first token of its
+vocabulary. A constrained completion cut by ``max_tokens`` finishes ``"length"`` (its text
+does not satisfy the constraint); only one that satisfies it finishes ``"stop"``.
 
 This module imports no torch: masks are numpy arrays over the vocabulary.
 """
@@ -38,6 +47,7 @@ from parley.protocols.messages import Constraint
 __all__ = [
     "check_constraint",
     "constraint_regex",
+    "SUPPORTED_KEYWORDS",
     "json_schema_to_regex",
     "matches",
     "TokenVocab",
@@ -45,10 +55,40 @@ __all__ = [
     "make_matchers",
 ]
 
-_STRING = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
+# One character of a JSON string: a plain character, a short escape, or a \u escape of a
+# non-surrogate (so each regex repetition is one code point, as minLength/maxLength count).
+_CHAR = (
+    r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u([0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}))'
+)
+_STRING = '"' + _CHAR + '*"'
 _INTEGER = r"-?(0|[1-9][0-9]*)"
 _NUMBER = _INTEGER + r"(\.[0-9]+)?([eE][+-]?[0-9]+)?"
-_UNSUPPORTED = ("$ref", "pattern", "additionalProperties", "minimum", "maximum", "format")
+_SIMPLE = {
+    "string": _STRING,
+    "integer": _INTEGER,
+    "number": _NUMBER,
+    "boolean": "(true|false)",
+    "null": "null",
+}
+
+# The JSON Schema keywords the compiler honours exactly; any other keyword is refused.
+_ANNOTATIONS = frozenset(
+    {"title", "description", "$schema", "$id", "$comment", "examples", "default", "deprecated"}
+)
+_GENERIC = frozenset({"type", "enum", "const", "anyOf", "oneOf"})
+_BY_TYPE: dict[str, frozenset[str]] = {
+    "string": frozenset({"minLength", "maxLength"}),
+    "object": frozenset({"properties", "required", "additionalProperties"}),
+    "array": frozenset({"items", "minItems", "maxItems"}),
+}
+SUPPORTED_KEYWORDS = sorted(_ANNOTATIONS | _GENERIC | frozenset().union(*_BY_TYPE.values()))
+"""Every JSON Schema keyword :func:`json_schema_to_regex` accepts."""
+_SUPPORTED_HINT = (
+    "supported: type (string, integer, number, boolean, null, object, array or a list of "
+    "them), enum, const, anyOf, oneOf (disjoint alternatives), string minLength/maxLength, "
+    "object properties/required/additionalProperties (every property is emitted, in schema "
+    "order), array items/minItems/maxItems, and annotations (title, description, ...)"
+)
 
 
 def _regex_module() -> Any:
@@ -62,7 +102,10 @@ def _regex_module() -> Any:
 def json_schema_to_regex(schema: dict[str, Any] | str) -> str:
     """A regex whose full matches are exactly the JSON texts this backend emits for ``schema``.
 
-    Raises :class:`BackendError` naming the first unsupported keyword.
+    Every text it matches is valid under ``schema`` (whitespace and key order fixed:
+    ``json.dumps`` spacing, properties in schema order). Raises :class:`BackendError` naming
+    the first keyword it cannot honour (with the list of supported ones) or saying why the
+    schema cannot be satisfied.
     """
     if isinstance(schema, str):
         try:
@@ -71,47 +114,161 @@ def json_schema_to_regex(schema: dict[str, Any] | str) -> str:
             raise BackendError(f"json_schema is not valid JSON: {exc}") from exc
     if not isinstance(schema, dict):
         raise BackendError("a JSON schema must be an object")
-    return _schema(schema)
+    return _schema(schema, "#")
 
 
-def _schema(s: dict[str, Any]) -> str:
-    for key in _UNSUPPORTED:
-        if key in s:
+def _count(s: dict[str, Any], key: str, where: str) -> int | None:
+    value = s.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BackendError(f"{where}: {key} must be a non-negative integer, got {value!r}")
+    if value > 10_000:
+        raise BackendError(f"{where}: {key} above 10000 is not supported, got {value}")
+    return value
+
+
+def _bounds(s: dict[str, Any], lo_key: str, hi_key: str, where: str) -> tuple[int, int | None]:
+    lo, hi = _count(s, lo_key, where) or 0, _count(s, hi_key, where)
+    if hi is not None and lo > hi:
+        raise BackendError(f"{where}: {lo_key} {lo} > {hi_key} {hi}: no value can satisfy it")
+    return lo, hi
+
+
+def _types(s: dict[str, Any], where: str) -> list[str]:
+    kind = s.get("type")
+    kinds = kind if isinstance(kind, list) else [] if kind is None else [kind]
+    if kind is not None and not kinds:
+        raise BackendError(f"{where}: an empty type list cannot be satisfied")
+    for k in kinds:
+        if k not in _SIMPLE and k not in ("object", "array"):
+            raise BackendError(f"{where}: type {k!r} is not supported; {_SUPPORTED_HINT}")
+    return kinds
+
+
+def _schema(s: Any, where: str) -> str:
+    if not isinstance(s, dict):
+        raise BackendError(f"{where}: a schema must be an object, got {json.dumps(s)[:40]}")
+    kinds = _types(s, where)
+    allowed = _ANNOTATIONS | _GENERIC | frozenset().union(*(_BY_TYPE.get(k, ()) for k in kinds))
+    for key in s:
+        if key not in allowed:
             raise BackendError(
-                f"JSON schema keyword {key!r} is not supported by this backend's constraint "
-                "compiler; use the vllm backend or simplify the schema"
+                f"{where}: JSON schema keyword {key!r} is not supported (it would be ignored, "
+                f"so outputs could break it); {_SUPPORTED_HINT}"
             )
-    if "enum" in s:
-        return "(" + "|".join(re.escape(json.dumps(v)) for v in s["enum"]) + ")"
-    if "const" in s:
-        return re.escape(json.dumps(s["const"]))
+    if "enum" in s or "const" in s:
+        return _values(s, kinds, where)
     for key in ("anyOf", "oneOf"):
         if key in s:
-            return "(" + "|".join(_schema(sub) for sub in s[key]) + ")"
-    kind = s.get("type")
+            if kinds or len([k for k in s if k not in _ANNOTATIONS]) > 1:
+                raise BackendError(f"{where}: {key} beside other keywords is not supported")
+            subs = s[key]
+            if not isinstance(subs, list) or not subs:
+                raise BackendError(f"{where}: an empty {key} cannot be satisfied")
+            if key == "oneOf":
+                _check_disjoint(subs, where)
+            return (
+                "("
+                + "|".join(_schema(sub, f"{where}/{key}/{i}") for i, sub in enumerate(subs))
+                + ")"
+            )
+    if not kinds:
+        raise BackendError(
+            f"{where}: the schema needs a type, enum, const or anyOf; {_SUPPORTED_HINT}"
+        )
+    return "(" + "|".join(_typed(s, k, where) for k in kinds) + ")"
+
+
+def _typed(s: dict[str, Any], kind: str, where: str) -> str:
     if kind == "object":
         props: dict[str, Any] = s.get("properties", {})
-        parts = [re.escape(json.dumps(name)) + ": " + _schema(sub) for name, sub in props.items()]
+        if not isinstance(props, dict):
+            raise BackendError(f"{where}: properties must be an object")
+        required = s.get("required", [])
+        missing = [r for r in required if r not in props] if isinstance(required, list) else [0]
+        if missing:
+            raise BackendError(
+                f"{where}: required must list names from properties (every property is "
+                f"emitted); not there: {missing}"
+            )
+        parts = [
+            re.escape(json.dumps(name)) + ": " + _schema(sub, f"{where}/properties/{name}")
+            for name, sub in props.items()
+        ]
         return r"\{" + ", ".join(parts) + r"\}"
     if kind == "array":
-        item = _schema(s.get("items", {"type": "string"}))
-        lo, hi = int(s.get("minItems", 0)), s.get("maxItems")
-        if hi is not None and int(hi) == 0:
+        item = _schema(s.get("items", {"type": "string"}), f"{where}/items")
+        lo, hi = _bounds(s, "minItems", "maxItems", where)
+        if hi == 0:
             return r"\[\]"
-        upper = "" if hi is None else str(int(hi) - 1)
-        more = f"{{{max(lo - 1, 0)},{upper}}}"
+        more = f"{{{max(lo - 1, 0)},{'' if hi is None else hi - 1}}}"
         body = f"{item}(, {item}){more}"
         return r"\[" + (body if lo > 0 else f"({body})?") + r"\]"
-    simple = {
-        "string": _STRING,
-        "integer": _INTEGER,
-        "number": _NUMBER,
-        "boolean": "(true|false)",
-        "null": "null",
-    }
-    if isinstance(kind, str) and kind in simple:
-        return simple[kind]
-    raise BackendError(f"JSON schema {json.dumps(s)[:80]} has no supported 'type'/'enum'/'const'")
+    if kind == "string" and ("minLength" in s or "maxLength" in s):
+        lo, hi = _bounds(s, "minLength", "maxLength", where)
+        return f'"{_CHAR}{{{lo},{"" if hi is None else hi}}}"'
+    return _SIMPLE[kind]
+
+
+_JSON_TYPE = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
+
+
+def _type_of(value: Any) -> str:
+    return (
+        "object"
+        if isinstance(value, dict)
+        else "array"
+        if isinstance(value, list)
+        else _JSON_TYPE[type(value)]
+    )
+
+
+def _values(s: dict[str, Any], kinds: list[str], where: str) -> str:
+    values = [s["const"]] if "const" in s else s["enum"]
+    if not isinstance(values, list):
+        raise BackendError(f"{where}: enum must be a list")
+    if "const" in s and "enum" in s and s["const"] not in s["enum"]:
+        raise BackendError(f"{where}: const is not in enum: no value can satisfy both")
+    if kinds:  # enum beside type: every value must have one of the types
+        ok = set(kinds) | ({"integer"} if "number" in kinds else set())
+        values = [
+            v
+            for v in values
+            if _type_of(v) in ok
+            or (_type_of(v) == "number" and "integer" in ok and float(v).is_integer())
+        ]
+    if not values:
+        raise BackendError(
+            f"{where}: an empty enum (or none of its values of the given type) cannot be satisfied"
+        )
+    return "(" + "|".join(re.escape(json.dumps(v)) for v in values) + ")"
+
+
+def _check_disjoint(subs: list[Any], where: str) -> None:
+    """oneOf means exactly one alternative matches; an alternation means at least one.
+
+    They agree when no output can match two alternatives: each alternative is reduced to
+    the JSON types it can produce (or its constants), and those must not overlap."""
+    seen: set[str] = set()
+    for sub in subs:
+        if isinstance(sub, dict) and ("const" in sub or "enum" in sub):
+            values = [sub["const"]] if "const" in sub else list(sub.get("enum") or [])
+            keys = {json.dumps(v, sort_keys=True) for v in values}
+            keys |= {"type:" + _type_of(v) for v in values}
+            clash = bool(keys & seen)
+        else:
+            kinds = set(_types(sub, where)) if isinstance(sub, dict) else set()
+            if "number" in kinds:
+                kinds.add("integer")
+            keys = {"type:" + k for k in kinds or {"*"}}
+            clash = bool(keys & seen) or "type:*" in seen or ("type:*" in keys and bool(seen))
+        if clash:
+            raise BackendError(
+                f"{where}: oneOf alternatives that may overlap are not supported (an output "
+                "could match two of them); use anyOf, or make them distinct types or constants"
+            )
+        seen |= keys
 
 
 def constraint_regex(constraint: Constraint) -> str:
@@ -134,11 +291,15 @@ def check_constraint(constraint: Constraint) -> None:
     if constraint.type == "json" and not constraint.json_schema:
         raise BackendError("a json constraint needs json_schema (a JSON Schema as a string)")
     try:
-        _regex_module().compile(constraint_regex(constraint))
+        pattern = _regex_module().compile(constraint_regex(constraint))
     except Exception as exc:  # regex.error has no stable public base class across versions
         if isinstance(exc, BackendError):
             raise
         raise BackendError(f"constraint pattern does not compile: {exc}") from exc
+    if pattern.fullmatch("", partial=True) is None:
+        raise BackendError(
+            f"the {constraint.type} constraint cannot be satisfied: no text can match it"
+        )
 
 
 def matches(constraint: Constraint, text: str) -> bool:

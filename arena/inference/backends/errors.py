@@ -1,11 +1,11 @@
-"""The one error every inference backend raises (kept apart so that ``base`` and
+"""The errors inference backends raise (kept apart so that ``base``, ``limits`` and
 ``constraints`` need not import each other)."""
 
 from __future__ import annotations
 
 from parley.protocols.errors import ParleyError
 
-__all__ = ["BackendError"]
+__all__ = ["BackendError", "RequestError"]
 
 
 class BackendError(ParleyError):
@@ -18,3 +18,12 @@ class BackendError(ParleyError):
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class RequestError(BackendError):
+    """A request field is out of range or malformed; ``field`` names it (``"seed"``,
+    ``"stop"``, ``"constraint"``, ...) and the message gives the allowed range."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field

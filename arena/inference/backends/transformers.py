@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from parley.arena.inference.backends.base import Backend, BackendError
+from parley.arena.inference.backends.base import Backend, BackendError, RequestError
 from parley.arena.inference.backends.constraints import TokenMatcher, TokenVocab
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
 from parley.protocols.errors import require
@@ -187,14 +187,25 @@ class TransformersBackend(Backend):
         super().validate(request)
         ids = request.prompt_token_ids or self._tokenizer.encode(request.prompt)
         if not all(0 <= t < self._vocab.size for t in ids):
-            raise BackendError(f"prompt_token_ids outside the vocabulary [0, {self._vocab.size})")
-        if len(ids) >= self._context:
-            raise BackendError(
-                f"prompt of {len(ids)} tokens does not fit the context of {self._context}; "
-                "shorten the prompt"
+            raise RequestError(
+                "prompt_token_ids",
+                f"prompt_token_ids outside the vocabulary [0, {self._vocab.size})",
             )
-        if request.constraint is not None and self._vocab.eos_id < 0:
-            raise BackendError("constraints need a tokenizer with an eos token")
+        if len(ids) >= self._context:
+            raise RequestError(
+                "prompt",
+                f"prompt of {len(ids)} tokens does not fit the context of {self._context} "
+                "(prompt + at least one new token); shorten the prompt",
+            )
+        if request.constraint is not None:
+            if self._vocab.eos_id < 0:
+                raise RequestError("constraint", "constraints need a tokenizer with an eos token")
+            if not TokenMatcher(self._vocab, request.constraint).allowed().any():
+                raise RequestError(
+                    "constraint",
+                    "the constraint allows no first token with this model's vocabulary "
+                    "(it cannot be satisfied); check the pattern, choices or schema",
+                )
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         if self._closed:

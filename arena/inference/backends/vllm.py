@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from parley.arena.inference.backends.base import Backend, BackendError
+from parley.arena.inference.backends.base import Backend, BackendError, RequestError
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
 from parley.protocols.errors import require
 from parley.protocols.messages import (
@@ -146,12 +146,17 @@ class VLLMBackend(Backend):
 
     def validate(self, request: GenerateRequest) -> None:
         super().validate(request)
-        ids = request.prompt_token_ids
-        if ids and not all(0 <= t < self._vocab_size for t in ids):
-            raise BackendError(f"prompt_token_ids outside the vocabulary [0, {self._vocab_size})")
-        if ids and len(ids) >= self._max_len:
-            raise BackendError(
-                f"prompt of {len(ids)} tokens does not fit the context of {self._max_len}"
+        ids = request.prompt_token_ids or self._tokenizer.encode(request.prompt)
+        if not all(0 <= t < self._vocab_size for t in ids):
+            raise RequestError(
+                "prompt_token_ids",
+                f"prompt_token_ids outside the vocabulary [0, {self._vocab.size})",
+            )
+        if len(ids) >= self._max_len:
+            raise RequestError(
+                "prompt",
+                f"prompt of {len(ids)} tokens does not fit the context of {self._max_len} "
+                "(prompt + at least one new token); shorten the prompt",
             )
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
