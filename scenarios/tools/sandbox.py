@@ -152,14 +152,54 @@ def isolation() -> Isolation:
     return "rlimits"
 
 
-def _bind_paths() -> list[str]:
+def _python() -> str:
+    """The interpreter the sandbox runs: the real file behind ``sys.executable`` (a venv's
+    ``bin/python`` is a link outside the new root; the real one is bound inside, so
+    ``sys.executable`` works there)."""
+    return os.path.realpath(sys.executable)
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+@cache
+def _bind_paths() -> tuple[str, ...]:
     """Host paths visible (read-only) inside the new root: system libraries and Python."""
     paths = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"]
-    for extra in (sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))):
+    for extra in (sys.base_prefix, os.path.dirname(_python())):
         real = os.path.realpath(extra)
-        if not any(real == p or real.startswith(p + "/") for p in paths):
+        if not _under(real, paths):
             paths.append(real)
-    return [p for p in paths if os.path.lexists(p)]
+    return tuple(p for p in paths if os.path.lexists(p))
+
+
+@cache
+def _hidden_paths() -> tuple[str, ...]:
+    """Directories inside the bound paths that the code must not see, covered by empty
+    mounts: every installed-packages directory of the Python installations there (the code
+    runs with ``-I -S`` and needs none) and parley itself, with its task data and answers."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, "/usr", "/usr/local"}
+    candidates = [str(Path(__file__).resolve().parents[2])]  # the parley package's root
+    for prefix in sorted(prefixes):
+        for lib in ("lib", "lib64"):
+            for name in ("site-packages", "dist-packages"):
+                candidates += [f"{prefix}/{lib}/{version}/{name}", f"{prefix}/{lib}/python3/{name}"]
+    binds = [os.path.realpath(p) for p in _bind_paths() if not os.path.islink(p)]
+    needed = [_python(), os.path.dirname(os.__file__)]  # the interpreter and its stdlib
+    hidden: list[str] = []
+    for path in candidates:
+        real = os.path.realpath(path)
+        if (
+            os.path.isdir(real)
+            and _under(real, binds)
+            and real not in binds
+            and not any(_under(n, [real]) for n in needed)
+            and real not in hidden
+        ):
+            hidden.append(real)
+    return tuple(hidden)
 
 
 class Sandbox:
@@ -213,7 +253,8 @@ class Sandbox:
             "uid": uid,
             "gid": uid,
             "disk_mb": limits.disk_mb,
-            "binds": _bind_paths(),
+            "binds": list(_bind_paths()),
+            "hide": list(_hidden_paths()),
             "limits": {
                 "cpu": limits.cpu_seconds,
                 "memory": limits.memory_mb << 20,
@@ -222,7 +263,7 @@ class Sandbox:
                 "nofile": limits.max_open_files,
             },
         }
-        python = [sys.executable, "-I", "-S", str(_CHILD)]
+        python = [_python(), "-I", "-S", str(_CHILD)]
         if self.isolation == "rlimits":
             config.update(root=None, workdir=str(stage / "work"))
             if uid is not None:
@@ -261,8 +302,7 @@ class Sandbox:
         try:
             streams, killed_for = self._collect(proc, status_r, start)
         finally:
-            _kill_group(proc)
-            proc.wait()
+            _stop(proc)
             os.close(status_r)
         return self._result(streams, killed_for, time.monotonic() - start)
 
@@ -313,6 +353,8 @@ class Sandbox:
             report = json.loads(status_text.splitlines()[-1])
         elif killed_for is None:
             raise SandboxError(f"the sandbox ended without a report; its stderr: {stderr[-2000:]}")
+        if "setup_error" in report:
+            raise SandboxError(f"the sandbox could not set up the run: {report['setup_error']}")
         exit_code: int | None = None
         signum: int | None = None
         ended_by: EndedBy = killed_for or "exit"
@@ -324,7 +366,9 @@ class Sandbox:
             elif os.WIFSIGNALED(status):
                 signum = os.WTERMSIG(status)
             if killed_for is None:
-                if report.get("memory"):
+                # Only a run that died of its error (exit 1) can have died of MemoryError:
+                # the flag's pipe is the code's to write, but not its exit status to relabel.
+                if report.get("memory") and exit_code == 1:
                     ended_by = "memory"
                 elif signum == signal.SIGXCPU or (
                     signum == signal.SIGKILL and cpu >= self.limits.cpu_seconds
@@ -366,10 +410,29 @@ def _sandbox_uid() -> int:
     return _UID_BASE + secrets.randbelow(_UID_SPAN) if full else 65534
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the run's process group (the namespace's PID 1 takes everything else along)."""
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the run and reap it, leaving no zombie even to a caller that is a child subreaper.
+
+    The namespace's PID 1 is killed first, so that ``unshare`` (our child) reaps it and
+    exits; killing ``unshare`` first would re-parent PID 1 to the nearest subreaper, which
+    may be our caller. Then the whole process group goes (the weak mode's leftovers)."""
+    if proc.poll() is None:
+        for pid in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=2)
     with contextlib.suppress(ProcessLookupError):  # already gone
         os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """The children of ``pid`` (Linux /proc; none where it cannot be read)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def _count_processes(uid: int) -> int:
