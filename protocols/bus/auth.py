@@ -1,19 +1,27 @@
 """CURVE encryption and authentication for ``tcp://`` sockets.
 
-A CURVE bind is a CURVE server whose ZAP handler admits only the client keys in
-``BusConfig.curve_allowed_clients`` (``None`` admits any key that completes the CURVE
-handshake); a CURVE connect authenticates the server by its public key. A ZeroMQ context has
-at most one ZAP handler, so endpoints with different allowed keys need their own contexts.
+A CURVE bind is a CURVE server whose ZAP handler (:class:`ZapHandler`) admits only the
+client keys in ``BusConfig.curve_allowed_clients`` (any key only with ``curve_allow_any``); a
+CURVE connect authenticates the server by its public key. Each admitted connection carries
+its client key as the ``User-Id`` of every message, so a peer's name is bound to the key
+that said ``Hello`` (see :meth:`~parley.protocols.bus.Endpoint.set_admission`). A ZeroMQ
+context has at most one ZAP handler, so CURVE endpoints need their own contexts.
+
+Without CURVE, ``tcp://`` is plain text that anyone who can reach the port may join and
+read: :meth:`~parley.protocols.bus.Endpoint.bind` refuses a non-loopback ``tcp://`` address
+without keys unless ``BusConfig.allow_insecure_tcp`` is set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
 from typing import Any
 
 import zmq
+from zmq.utils import z85
 
 from parley.protocols.bus.config import BusConfig
+from parley.protocols.bus.core import log
 from parley.protocols.errors import ConfigError
 
 _ZAP_DOMAIN = "parley"  # the ZAP domain of CURVE binds, where the allowed client keys apply
@@ -34,32 +42,87 @@ def curve_client(z: zmq.Socket[bytes], config: BusConfig, server_key: bytes) -> 
     z.setsockopt(zmq.CURVE_PUBLICKEY, config.curve_public_key or b"")
 
 
-def start_authenticator(ctx: zmq.Context[Any], config: BusConfig) -> Any:
-    """Start the ZAP handler of ``ctx`` admitting ``config.curve_allowed_clients``."""
-    from zmq.auth import CURVE_ALLOW_ANY
-    from zmq.auth.asyncio import AsyncioAuthenticator
-
-    allowed = config.curve_allowed_clients
-    auth = AsyncioAuthenticator(ctx)
-    try:
-        auth.start()
-    except zmq.ZMQError as exc:
-        raise ConfigError(
-            "another CURVE endpoint already runs a ZAP handler in this ZeroMQ context; "
-            f"give this endpoint its own context ({exc})"
-        ) from exc
-    if allowed is None:
-        auth.configure_curve(domain="*", location=CURVE_ALLOW_ANY)
-    else:
-        auth.configure_curve_callback(domain=_ZAP_DOMAIN, credentials_provider=_KeyList(allowed))
-    return auth
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks a context's ZAP handler (RFC 27)
 
 
-class _KeyList:
-    """ZAP credentials provider admitting a fixed set of CURVE client keys."""
+class ZapHandler:
+    """The ZAP handler of one ZeroMQ context: admits the CURVE clients whose key is listed.
 
-    def __init__(self, keys: Sequence[bytes]) -> None:
-        self.keys = frozenset(keys)
+    libzmq asks it, for every new CURVE connection in the ``parley`` domain, whether the
+    client's public key may connect; the answer's user id (the key, Z85) then travels with
+    every message of that connection as its ``User-Id`` property, which the receive loop
+    uses to bind a peer's identity to its key. It runs as a reader callback on the event
+    loop and is removed from it before its socket closes, so a later handler in a new
+    context that reuses the descriptor number is never disturbed (pyzmq's
+    ``AsyncioAuthenticator`` cancels its task without waiting, and its late clean-up
+    unregistered the next handler's descriptor: a second CURVE bind admitted nobody).
+    """
 
-    def callback(self, domain: str, key: bytes) -> bool:
-        return key in self.keys
+    def __init__(self, ctx: zmq.Context[Any], config: BusConfig) -> None:
+        allowed = config.curve_allowed_clients
+        self.allowed = None if allowed is None else frozenset(_z85(k) for k in allowed)
+        self.refused = 0
+        self.sock: zmq.Socket[bytes] = zmq.Socket(ctx, zmq.REP)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        try:
+            self.sock.bind(ZAP_ENDPOINT)
+        except zmq.ZMQError as exc:
+            self.sock.close(0)
+            raise ConfigError(
+                "another CURVE endpoint already runs a ZAP handler in this ZeroMQ context; "
+                f"give this endpoint its own context ({exc})"
+            ) from exc
+        self.fd = int(self.sock.getsockopt(zmq.FD))
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(self.fd, self._serve)
+        self.loop.call_soon(self._serve)  # requests may be queued already
+
+    def _serve(self) -> None:
+        while True:  # the descriptor is edge-triggered: read until nothing is left
+            try:
+                request = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as exc:
+                log.warning("ZAP handler stopped reading: %s", exc)
+                return
+            self.sock.send_multipart(self._answer(request))
+
+    def _answer(self, request: list[bytes]) -> list[bytes]:
+        if len(request) < 6:
+            return [b"1.0", b"", b"400", b"malformed ZAP request", b"", b""]
+        version, request_id, domain, _address, _identity, mechanism, *credentials = request
+        if version != b"1.0":
+            return [b"1.0", request_id, b"400", b"unsupported ZAP version", b"", b""]
+        if mechanism != b"CURVE":
+            return [version, request_id, b"200", b"OK", b"", b""]  # not ours to judge
+        if domain.decode(errors="replace") != _ZAP_DOMAIN or len(credentials) != 1:
+            return [version, request_id, b"400", b"unknown domain", b"", b""]
+        key = z85.encode(credentials[0]).decode("ascii")
+        if self.allowed is not None and key not in self.allowed:
+            self.refused += 1
+            return [version, request_id, b"400", b"client key not allowed", b"", b""]
+        return [version, request_id, b"200", b"OK", key.encode(), b""]
+
+    def close(self) -> None:
+        """Stop answering; safe to call twice."""
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            self.fd = -1
+            self.sock.close(0)
+
+
+def _z85(key: bytes | str) -> str:
+    """A CURVE public key as its 40-character Z85 text (keys given as 32 raw bytes too)."""
+    raw = key.encode() if isinstance(key, str) else key
+    if len(raw) == 32:
+        return z85.encode(raw).decode("ascii")
+    if len(raw) != 40:
+        raise ConfigError(f"a CURVE key is 40 Z85 characters (or 32 bytes), got {len(raw)}")
+    return raw.decode("ascii")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a ``tcp://`` address binds only the loopback interface."""
+    host = address.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")

@@ -40,7 +40,12 @@ class BusConfig:
     curve_server_key: bytes | None = None
     """Public key of the endpoint that ``connect`` reaches over ``tcp://``."""
     curve_allowed_clients: tuple[bytes, ...] | None = None
-    """Client public keys a CURVE bind admits; ``None`` admits any client key."""
+    """Client public keys (Z85) a CURVE bind admits; required unless ``curve_allow_any``."""
+    curve_allow_any: bool = False
+    """Let a CURVE bind admit any client key (encryption without authentication)."""
+    allow_insecure_tcp: bool = False
+    """Let ``bind`` listen on a non-loopback ``tcp://`` address without CURVE (plain text,
+    anyone who reaches the port can connect): only on a network you trust."""
 
     def __post_init__(self) -> None:
         for name in ("heartbeat_interval", "peer_timeout", "request_timeout", "connect_timeout"):

@@ -41,6 +41,11 @@ def _any(body: Body) -> AnyBody:
 Handler = Callable[[Envelope], Awaitable[Body | None]]
 """``async def handler(env) -> Body | None``: answers requests, receives one-way sends."""
 
+Admission = Callable[[str, "str | None"], "str | None"]
+"""``policy(name, client_key) -> None | reason``: whether a peer saying ``Hello`` with
+``name`` may join; ``client_key`` is the CURVE public key (Z85) its connection authenticated
+with, ``None`` without CURVE. A reason refuses it with ``Error(not_admitted, reason)``."""
+
 
 # The hot path calls pyzmq's Cython socket methods directly with plain-int options: the
 # Python wrappers and enum conversions cost about as much again as the calls themselves.
@@ -64,6 +69,7 @@ class _Link:
     subscriptions: set[str] = field(default_factory=set)
     pending: dict[int, asyncio.Future[Body]] = field(default_factory=dict)
     rehello: asyncio.Task[None] | None = None
+    user: str | None = None  # the CURVE client key (Z85) its Hello came with
 
 
 class _Sock:
@@ -74,6 +80,8 @@ class _Sock:
         self.address = address
         self.router = router
         self.inproc = address.startswith("inproc://")  # peers in this process
+        self.curve = False  # a CURVE server: every message carries its client's key
+        self.user: str | None = None  # that key, for the message being handled
         self.fd: int = int(z.getsockopt(zmq.FD))
         self.links: dict[bytes, _Link] = {}  # ROUTER: routing id -> link
         self.link: _Link | None = None  # DEALER: the one remote peer
@@ -111,7 +119,8 @@ class _Core:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._peer_change: asyncio.Future[None] | None = None
-        self._auth: Any = None
+        self._auth: Any = None  # the ZapHandler of a CURVE bind
+        self._admission: Admission | None = None
         self._closed = False
         self._now = 0.0  # event-loop clock, read once per receive round and tick
         self._log_gate: dict[str, tuple[float, int]] = {}  # kind -> (last logged, suppressed)

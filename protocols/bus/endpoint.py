@@ -12,8 +12,8 @@ from typing import Self
 
 import zmq
 
-from parley.protocols.bus.auth import curve_client, curve_server, start_authenticator
-from parley.protocols.bus.core import Handler, _any, _Link, _Sock, log
+from parley.protocols.bus.auth import ZapHandler, curve_client, curve_server, is_loopback
+from parley.protocols.bus.core import Admission, Handler, _any, _Link, _Sock, log
 from parley.protocols.bus.receive import _in_task, _Receiver
 from parley.protocols.errors import BusError, ConfigError, PeerDead, RequestTimeout
 from parley.protocols.messages import Body, Bye, Envelope, Heartbeat, Hello, Subscribe
@@ -49,14 +49,36 @@ class Endpoint(_Receiver):
         self._handlers[body_type] = _in_task(handler) if task else handler
 
     async def bind(self, address: str) -> str:
-        """Listen on ``address`` (``tcp://127.0.0.1:0`` picks a port); returns the address."""
+        """Listen on ``address`` (``tcp://127.0.0.1:0`` picks a port); returns the address.
+
+        Over ``tcp://`` with CURVE keys in the config, only listed client keys can connect.
+        A non-loopback ``tcp://`` address without keys raises :class:`ConfigError` unless
+        ``BusConfig.allow_insecure_tcp`` is set.
+        """
         self._start()
+        tcp = address.startswith("tcp://")
+        insecure = tcp and not self.config.curve and not self.config.allow_insecure_tcp
+        if insecure and not is_loopback(address):
+            raise ConfigError(
+                f"refusing to listen on {address} without CURVE keys: anyone who can "
+                "reach it could connect and take a seat. Make keys (`parley keys new`) "
+                "and pass them, bind 127.0.0.1, or allow plain text on a network you "
+                "trust (--insecure, BusConfig.allow_insecure_tcp)"
+            )
+        curve = tcp and self.config.curve
+        if curve and self.config.curve_allowed_clients is None and not self.config.curve_allow_any:
+            raise ConfigError(
+                "a CURVE bind needs the client keys it admits (curve_allowed_clients); set "
+                "curve_allow_any=True to admit any key (encryption without authentication)"
+            )
         z = self._socket(zmq.ROUTER)
         z.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer raises instead of dropping
-        z.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnect with the same id takes over
-        if address.startswith("tcp://") and self.config.curve:
+        # No handover: a connection presenting the routing id of a live one is refused by
+        # ZeroMQ, so nobody can take over a peer's connection by copying its id.
+        z.setsockopt(zmq.ROUTER_HANDOVER, 0)
+        if curve:
             if self._auth is None:
-                self._auth = start_authenticator(self._ctx, self.config)
+                self._auth = ZapHandler(self._ctx, self.config)
             curve_server(z, self.config)
         try:
             z.bind(address)
@@ -64,8 +86,20 @@ class Endpoint(_Receiver):
             z.close(0)
             raise BusError(f"cannot bind {address}: {exc}; is another endpoint there?") from exc
         resolved = z.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._add_sock(_Sock(z, resolved, router=True))
+        sock = _Sock(z, resolved, router=True)
+        sock.curve = curve
+        self._add_sock(sock)
         return resolved
+
+    def set_admission(self, policy: Admission | None) -> None:
+        """Decide who may join: ``policy(name, client_key)`` returns ``None`` to admit a
+        ``Hello`` or a reason to refuse it (``Error(not_admitted, reason)``).
+
+        ``client_key`` is the CURVE public key (Z85) the connection authenticated with, or
+        ``None`` on a socket without CURVE; every later message of that connection is
+        checked against it, so a name, once admitted, cannot be used from another key.
+        """
+        self._admission = policy
 
     async def connect(
         self,
@@ -83,7 +117,8 @@ class Endpoint(_Receiver):
         self._start()
         z = self._socket(zmq.DEALER)
         z.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a connection that does not exist
-        z.setsockopt(zmq.ROUTING_ID, f"{self.name}/{os.urandom(4).hex()}".encode())
+        # A routing id nobody can guess: 128 random bits (see "Identity" in the package doc).
+        z.setsockopt(zmq.ROUTING_ID, f"{self.name}/{os.urandom(16).hex()}".encode())
         if address.startswith("tcp://") and self.config.curve:
             key = server_key or self.config.curve_server_key
             if key is None:
@@ -236,7 +271,7 @@ class Endpoint(_Receiver):
         for sock in list(self._socks):
             self._close_sock(sock)
         if self._auth is not None:
-            self._auth.stop()
+            self._auth.close()
             self._auth = None
         if self._own_context:
             self._ctx.term()

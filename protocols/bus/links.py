@@ -27,6 +27,7 @@ class _Links(_Sender):
         assert isinstance(hello, Hello)
         assert rid is not None
         name = hello.name
+        user = sock.user if sock.curve else None
         refusal: Error | None = None
         existing = self._links.get(name)
         if SCHEMA_VERSION not in hello.schemas:
@@ -36,6 +37,8 @@ class _Links(_Sender):
             )
         elif not name or name == self.name:
             refusal = Error(code="bad_name", message=f"peer name {name!r} is empty or mine")
+        elif self._admission is not None and (reason := self._admission(name, user)):
+            refusal = Error(code="not_admitted", message=reason)
         elif (
             existing is not None
             and existing.alive
@@ -56,6 +59,7 @@ class _Links(_Sender):
         if link is None:
             link = _Link(sock, rid, name=name)
             sock.links[rid] = link
+        link.user = user
         self._admit(link, hello)
         self._answer(sock, rid, env, self._hello())
 

@@ -82,6 +82,7 @@ class _Receiver(_Links):
         recv_bytes: Callable[[], bytes] = functools.partial(_recv, z, _NOBLOCK)
         recv_frame: Callable[[], zmq.Frame] = functools.partial(_recv, z, _NOBLOCK, False)  # type: ignore[assignment]
         router = sock.router
+        curve = sock.curve
         on_frames = self._on_frames
         try:
             for _ in range(_BATCH):
@@ -94,6 +95,8 @@ class _Receiver(_Links):
                         part = recv_frame()
                 except zmq.Again:
                     return
+                if curve:  # the key the connection authenticated with, set by ZAP
+                    sock.user = str(part.get("User-Id"))
                 frames = [part.bytes]
                 while part.more:
                     part = recv_frame()
@@ -109,6 +112,11 @@ class _Receiver(_Links):
         """Handle one received message; never raises (a bad peer must not stop the loop)."""
         self.stats.received += 1
         link = sock.link if rid is None else sock.links.get(rid)
+        if sock.curve and link is not None and link.user != sock.user:
+            # The routing id of a link that said Hello with another key: its connection
+            # is gone and a new one reuses the id. The old peer is dead; this one is new.
+            self._peer_died(link, f"{link.name}'s routing id came back with another key")
+            link = None
         try:
             env = self._codec.decode(frames)
         except ProtocolError as exc:
