@@ -140,6 +140,11 @@ async def _run(config: RunConfig, console: Console) -> Any:
 
     runner = Runner(config, console=console, on_listen=announce)
     try:
+        if isinstance(config.agent_options.get("pool"), str):
+            # Check the pool once, before any episode waits for it (fails in seconds).
+            from parley.arena.inference.llm_spec import check_llm_pools
+
+            await check_llm_pools(runner.specs, config.agent_options)
         return await runner.run()
     finally:
         # llm: agents may have started in-process pools in this event loop; close them here.

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -45,10 +45,19 @@ from parley.agents.llm import (
 )
 from parley.arena.inference.pool import InferencePool, PoolConfig
 from parley.arena.run.agent_specs import AgentSource, SeatContext
-from parley.protocols.errors import ConfigError
+from parley.protocols.errors import ConfigError, ParleyError, RemoteError, RequestTimeout
 from parley.protocols.messages import GenerateRequest, GenerateResult
 
-__all__ = ["resolve_llm", "parse_llm_spec", "LLMSpec", "close_shared_pools", "shared_pool"]
+__all__ = [
+    "resolve_llm",
+    "parse_llm_spec",
+    "LLMSpec",
+    "close_shared_pools",
+    "shared_pool",
+    "check_pool",
+    "check_llm_pools",
+    "PoolUnreachable",
+]
 
 _POOL_KEYS = {"max_batch_size", "max_wait"}
 _BACKEND_KEYS = {"backend", "device"}
@@ -150,6 +159,71 @@ class _LazyPool:
         return await client.generate(request)
 
 
+class PoolUnreachable(ConfigError):
+    """``parley run --pool ADDRESS`` cannot work: no pool answers there, or it lacks a
+    policy the agents need. The message is one line naming the address and what to start."""
+
+
+CONNECT_TIMEOUT = 30.0
+"""Seconds an episode's agents wait for the bus connection to a pool (started or not)."""
+
+
+def _connect(address: str, timeout: float) -> Callable[[], Coroutine[Any, Any, PoolClient]]:
+    async def connect() -> PoolClient:
+        return await BusPoolClient.connect(address, timeout=timeout)
+
+    return connect
+
+
+async def check_pool(
+    address: str,
+    policies: Sequence[str] = (),
+    *,
+    timeout: float = 5.0,  # noqa: ASYNC109 - the probe's own bound, not a per-call option
+) -> None:
+    """Check once that a pool answers at ``address`` and serves ``policies``.
+
+    Raises :class:`PoolUnreachable` within about ``timeout`` seconds when nothing answers
+    (instead of every episode waiting :data:`CONNECT_TIMEOUT` to fail). The connection is
+    kept: the ``llm:`` agents of this event loop use it. Each policy is probed with a
+    request the pool refuses at once (an empty prompt): ``bad_request`` means the policy
+    is there, ``unknown_policy`` that it is not.
+    """
+    try:
+        client = await shared_pool(("bus", address), _connect(address, timeout))
+    except (RequestTimeout, TimeoutError, ParleyError):
+        raise PoolUnreachable(
+            f"no inference pool answers at {address} within {timeout:g} s; start one with "
+            f"`parley serve --model MODEL --listen {address}`, or leave out --pool to load "
+            "the model in this process"
+        ) from None
+    for policy in dict.fromkeys(policies):
+        probe = GenerateRequest(policy=policy, prompt="", timeout=timeout)
+        try:
+            await asyncio.wait_for(client.generate(probe), timeout)
+        except RemoteError as exc:
+            if exc.code == "unknown_policy":
+                raise PoolUnreachable(
+                    f"the pool at {address} does not serve policy {policy!r} "
+                    f"({exc.remote_message}); start it with `parley serve --policy {policy}` "
+                    "or set policy= in the llm: spec"
+                ) from None
+        except (TimeoutError, ParleyError) as exc:
+            raise PoolUnreachable(
+                f"the pool at {address} did not answer a probe within {timeout:g} s ({exc}); "
+                "is it overloaded or stuck?"
+            ) from None
+
+
+async def check_llm_pools(specs: Mapping[str, str], options: Mapping[str, Any]) -> None:
+    """:func:`check_pool` for a run: when ``options["pool"]`` is a bus address and some
+    seat's spec (``specs``: seat -> spec) is ``llm:``, check it serves their policies."""
+    address = options.get("pool")
+    llm = [parse_llm_spec(spec[4:]) for spec in specs.values() if spec.startswith("llm:")]
+    if isinstance(address, str) and address and llm:
+        await check_pool(address, [s.agent.policy for s in llm])
+
+
 def _pool_client(spec: LLMSpec, option: Any) -> PoolClient:
     if option is not None and not isinstance(option, str):
         if not isinstance(option, PoolClient):
@@ -159,12 +233,7 @@ def _pool_client(spec: LLMSpec, option: Any) -> PoolClient:
             )
         return option
     if isinstance(option, str) and option:
-        address = option
-
-        async def connect() -> PoolClient:
-            return await BusPoolClient.connect(address, timeout=30.0)
-
-        return _LazyPool(("bus", address), connect)
+        return _LazyPool(("bus", option), _connect(option, CONNECT_TIMEOUT))
 
     async def start() -> PoolClient:
         from parley.arena.inference.backends import load_backend
@@ -195,7 +264,10 @@ def resolve_llm(arg: str, seat: SeatContext) -> AgentSource:
     client = _pool_client(spec, seat.options.get("pool"))
     from parley.arena.inference.backends.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(spec.model)
+    try:
+        tokenizer = load_tokenizer(spec.model)
+    except ParleyError as exc:
+        raise ConfigError(f"llm:{arg}: {exc}") from exc
     system_prompt = _system_prompt(seat) if spec.system_prompt else ""
 
     def factory() -> LLMAgent:

@@ -9,6 +9,7 @@ them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from parley.arena.inference.backends.base import BackendError
@@ -64,6 +65,18 @@ class HFChatTokenizer:
 def load_tokenizer(name_or_path: str, **options: Any) -> HFChatTokenizer:
     """Load a tokenizer by path or hub id (``AutoTokenizer``), padding on the left."""
     transformers: Any = require("transformers", "torch")
-    hf = transformers.AutoTokenizer.from_pretrained(name_or_path, **options)
+    if name_or_path.startswith((".", "/", "~")) and not Path(name_or_path).expanduser().exists():
+        raise BackendError(
+            f"no model directory at {name_or_path!r}; make one with `parley model tiny DIR` "
+            "or pass an existing checkpoint directory"
+        )
+    try:
+        hf = transformers.AutoTokenizer.from_pretrained(name_or_path, **options)
+    except (OSError, ValueError) as exc:  # no such directory, no files, not on the hub
+        raise BackendError(
+            f"cannot load a tokenizer from {name_or_path!r}: {str(exc).splitlines()[0]}. Pass "
+            "a model directory (e.g. one made by `parley model tiny DIR`) or a hub id "
+            "available offline"
+        ) from exc
     hf.padding_side = "left"
     return HFChatTokenizer(hf)

@@ -1,0 +1,72 @@
+"""``parley run --pool ADDRESS`` checks the pool once at start and fails in seconds."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq.asyncio
+
+from parley.arena.inference.llm_spec import PoolUnreachable, check_pool, close_shared_pools
+from parley.arena.inference.pool import POOL_ENDPOINT, InferencePool
+from parley.protocols.bus import Endpoint
+
+pytest.importorskip("torch")
+from parley.arena.inference.backends.transformers import TransformersBackend
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_run_without_a_pool_fails_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    cmd = [sys.executable, "-m", "parley.arena.cli", "run", "negotiation/deal-or-no-deal-v0"]
+    cmd += ["--agents", f"llm:{tiny_model_dir},scripted", "--pool", address]
+    cmd += ["--episodes", "60", "--concurrency", "16", "--no-progress", "--out", str(tmp_path)]
+    started = time.monotonic()
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=90, env={**os.environ, "COLUMNS": "300"}
+    )
+    took = time.monotonic() - started
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert address in lines[0]
+    assert "parley serve" in lines[0]
+    # Python start-up and imports take a few seconds on a busy 2-core machine; the check
+    # itself waits 5 s. Without it the run waited 30 s per wave of episodes.
+    assert took < 25, f"took {took:.1f} s"
+    assert not (tmp_path / "summary.json").exists()
+
+
+async def test_check_pool_finds_policies(tiny_model_dir: Path) -> None:
+    backend = await TransformersBackend.create(str(tiny_model_dir))
+    ctx = zmq.asyncio.Context()
+    try:
+        async with (
+            InferencePool({"tiny": backend}) as pool,
+            Endpoint(POOL_ENDPOINT, context=ctx) as server,
+        ):
+            pool.serve(server)
+            address = await server.bind("tcp://127.0.0.1:0")
+            await check_pool(address, ["tiny"], timeout=5)
+            with pytest.raises(PoolUnreachable, match="does not serve policy 'other'"):
+                await check_pool(address, ["tiny", "other"], timeout=5)
+            await close_shared_pools()
+        started = time.monotonic()
+        with pytest.raises(PoolUnreachable, match=f"no inference pool answers at {address}"):
+            await check_pool(address, ["tiny"], timeout=1)
+        assert time.monotonic() - started < 5
+    finally:
+        await close_shared_pools()
+        ctx.term()
