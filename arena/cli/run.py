@@ -64,6 +64,13 @@ def add_parser(sub: Any) -> None:
         help="option for agent-spec resolvers (VALUE read as YAML); repeatable",
     )
     p.add_argument("--pool", help="bus address of an inference pool for llm: agents")
+    p.add_argument(
+        "--max-failed-fraction",
+        type=float,
+        metavar="F",
+        help="fraction of episodes (0..1) allowed to fail before the exit status is 1 "
+        "(default 0: any failed episode fails the run)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print summary.json instead of a table")
     p.set_defaults(func=main)
@@ -111,6 +118,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         "act_timeout": args.act_timeout,
         "join_timeout": args.join_timeout,
         "max_steps": args.max_steps,
+        "max_failed_fraction": args.max_failed_fraction,
         "progress": False if args.no_progress else None,
     }
     config = load_run_config(args.config, overrides)
@@ -155,7 +163,8 @@ async def _run(config: RunConfig, console: Console) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the arena; exit status 1 when no episode finished, 2 on a bad configuration."""
+    """Run the arena; exit status 1 when more episodes failed than ``max_failed_fraction``
+    allows (any, by default), 2 on a bad configuration."""
     from parley.arena.run.records import encode_json
     from parley.arena.run.summary import summary_table
 
@@ -174,4 +183,12 @@ def main(args: argparse.Namespace) -> int:
         Console().print(summary_table(result.summary, title=title))
         if config.out:
             err.print(f"wrote {config.out}/transcripts.jsonl, trajectories.jsonl, summary.json")
-    return 0 if result.summary["episodes"]["ok"] else 1
+    episodes = result.summary["episodes"]
+    if result.failed_fraction > config.max_failed_fraction:
+        err.print(
+            f"[red]parley run: {episodes['failed']} of {episodes['total']} episodes failed "
+            f"({result.failed_fraction:.1%}; allowed: {config.max_failed_fraction:.1%}, "
+            "--max-failed-fraction)[/red]"
+        )
+        return 1
+    return 0

@@ -48,7 +48,10 @@ class RunConfig:
     seed: int = 0
     """Run seed: every episode and agent seed is derived from it, so a run is reproducible."""
     concurrency: int = 8
-    """Episodes played at the same time."""
+    """Episodes played at the same time. The run's bus bounds follow from it: up to
+    ``concurrency x seats`` requests may be pending and suspended in agents at once
+    (:func:`parley.arena.run.runner.bus_config_for`); a peer that still refuses a request
+    as ``overloaded`` gets it again after a backoff, within ``act_timeout``."""
     out: str | None = None
     """Directory for ``transcripts.jsonl``, ``trajectories.jsonl``, ``timings.jsonl`` and
     ``summary.json``; nothing is written when unset."""
@@ -56,7 +59,8 @@ class RunConfig:
     """Address the arena binds (``tcp://127.0.0.1:5555``, ``ipc:///tmp/arena``); remote
     agents connect there. Empty: a private ``inproc://`` address."""
     act_timeout: float = 60.0
-    """Seconds an agent has to answer one observation before its episode fails."""
+    """Seconds an agent has to answer one observation before its episode fails (retries
+    of a request refused as ``overloaded`` included)."""
     join_timeout: float = 120.0
     """Seconds to wait for a remote agent to join its seat before an episode fails."""
     max_steps: int = 10_000
@@ -70,6 +74,9 @@ class RunConfig:
     for ``llm:`` agents)."""
     progress: bool = True
     """Show a progress bar while playing."""
+    max_failed_fraction: float = 0.0
+    """Fraction of episodes (0..1) that may fail before ``parley run`` exits with status 1;
+    the default 0 means any failed episode makes the run fail."""
 
     def __post_init__(self) -> None:
         if not self.scenario:
@@ -77,6 +84,10 @@ class RunConfig:
         for name in ("episodes", "trials", "concurrency", "max_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0.0 <= self.max_failed_fraction <= 1.0:
+            raise ConfigError(
+                f"max_failed_fraction must be within 0..1, got {self.max_failed_fraction}"
+            )
         for name in ("act_timeout", "join_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive seconds, got {getattr(self, name)}")

@@ -92,16 +92,31 @@ class EpisodeRecord:
     the runner's own bookkeeping); ``timings.jsonl`` only."""
 
 
+def _lines(record: EpisodeRecord) -> tuple[bytes, bytes, bytes]:
+    """The transcript line, trajectory lines and timing line of ``record``."""
+    timing = {
+        "episode": record.episode,
+        "wall_s": round(record.wall_s, 6),
+        "agents_s": round(record.agents_s, 6),
+    }
+    return (
+        encode_json(record.transcript) + b"\n",
+        b"".join(encode_json(trajectory) + b"\n" for trajectory in record.trajectories),
+        encode_json(timing) + b"\n",
+    )
+
+
 class RecordWriter:
     """Appends episode records to the JSONL files in plan order.
 
-    Concurrent episodes finish out of order; records wait in a small buffer until every
-    earlier index has been written, so the files do not depend on scheduling.
+    Concurrent episodes finish out of order; a record's encoded lines (not the record)
+    wait in a buffer until every earlier index has been written, so the files do not
+    depend on scheduling. Without ``out`` nothing is encoded or kept.
     """
 
     def __init__(self, out: str | Path | None) -> None:
         self._next = 0
-        self._waiting: dict[int, EpisodeRecord] = {}
+        self._waiting: dict[int, tuple[bytes, bytes, bytes]] = {}
         self._files: dict[str, IO[bytes]] = {}
         self.out = Path(out) if out is not None else None
         if self.out is not None:
@@ -111,23 +126,18 @@ class RecordWriter:
 
     def add(self, record: EpisodeRecord) -> None:
         """Accept ``record``; writes it (and any it unblocks) once its turn comes."""
-        self._waiting[record.index] = record
+        if not self._files:
+            return
+        self._waiting[record.index] = _lines(record)
         while self._next in self._waiting:
             self._write(self._waiting.pop(self._next))
             self._next += 1
 
-    def _write(self, record: EpisodeRecord) -> None:
-        if not self._files:
-            return
-        self._files["transcripts"].write(encode_json(record.transcript) + b"\n")
-        for trajectory in record.trajectories:
-            self._files["trajectories"].write(encode_json(trajectory) + b"\n")
-        timing = {
-            "episode": record.episode,
-            "wall_s": round(record.wall_s, 6),
-            "agents_s": round(record.agents_s, 6),
-        }
-        self._files["timings"].write(encode_json(timing) + b"\n")
+    def _write(self, encoded: tuple[bytes, bytes, bytes]) -> None:
+        transcript, trajectories, timing = encoded
+        self._files["transcripts"].write(transcript)
+        self._files["trajectories"].write(trajectories)
+        self._files["timings"].write(timing)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """Write ``summary.json`` (indented for people; keys sorted)."""

@@ -68,6 +68,7 @@ from parley.protocols.errors import (
 from parley.protocols.messages import Action, Body, Observation
 from parley.scenarios import make
 from parley.scenarios import spec as scenario_spec
+from parley.scenarios.base import ORACLE_KEY
 
 __all__ = [
     "EpisodePlan",
@@ -183,6 +184,8 @@ class Runner:
         probe.close()
         self.bus_config = bus or bus_config_for(config, len(self.seats))
         self._jitter = random.Random()  # backoff jitter only: never reaches an episode
+        self.overloaded_retries = 0
+        """Requests a peer refused as ``overloaded`` and this runner sent again."""
         self.specs = _seat_specs(config, self.seats)
         self.sources: dict[str, AgentSource] = {}
         for seat in self.seats:
@@ -196,6 +199,13 @@ class Runner:
                 options=config.agent_options,
             )
             self.sources[seat] = resolve_agent_spec(self.specs[seat], context)
+        # Seats whose in-process agent class reads the scenario's privileged oracle data
+        # (Scenario.oracle); remote seats never get it, whatever they claim.
+        self._privileged = {
+            seat
+            for seat, source in self.sources.items()
+            if not isinstance(source, RemoteSeat) and getattr(source, "privileged", False) is True
+        }
         self._peers: dict[str, str] = {}
         self._arena: Endpoint | None = None
 
@@ -243,6 +253,7 @@ class Runner:
             "wall_s": round(wall, 3),
             "episodes_per_s": round(builder.total / wall, 3) if wall else None,
             "agent_steps_per_s": round(steps / wall, 1) if wall else None,
+            "overloaded_retries": self.overloaded_retries,
         }
         return summary
 
@@ -355,6 +366,8 @@ class Runner:
                 )
                 for seat in acting
             }
+            for seat in self._privileged.intersection(acting):
+                requests[seat].info[ORACLE_KEY] = env.oracle(seat)
             asked.update(acting)
             asked_at = time.perf_counter()
             actions = await self._ask(requests, plan.episode_id, turn)
@@ -409,6 +422,7 @@ class Runner:
             if not todo:
                 return actions
             tries += 1
+            self.overloaded_retries += len(todo)
             wait = min(RETRY_BACKOFF_S * 2 ** (tries - 1), RETRY_BACKOFF_MAX_S)
             wait *= 0.5 + self._jitter.random()  # spread the retries of many episodes
             if loop.time() + wait >= deadline:
