@@ -44,13 +44,16 @@ MAX_CHARS = 4000
 """Characters of strings (and digits of numbers) in one result beyond which it is too large."""
 MAX_DETAIL = 200
 """Characters kept of an error message or of a shown result."""
+MAX_ENCODED = 1500
+"""JSON characters of one encoded result beyond which it is too large (the results line
+shares the sandbox's stdout cap with the code's own prints)."""
 
 RUNNER = r"""
 import json, os, signal, sys
 _type, _len, _str, _repr = type, len, str, repr
 with open("calls.json") as f:
     CALLS = json.load(f)
-MAX_DEPTH, MAX_NODES, MAX_CHARS, MAX_DETAIL, MARK = @LIMITS@
+MAX_DEPTH, MAX_NODES, MAX_CHARS, MAX_DETAIL, MAX_ENCODED, MARK = @LIMITS@
 SEQUENCES = {list: "l", tuple: "t", set: "S"}
 
 class TooLarge(Exception):
@@ -118,7 +121,10 @@ for call in CALLS:
         entries.append(error("raised ", exc))
         continue
     try:
-        entries.append(["ok", encode(got, 0, [0, 0])])
+        encoded = ["ok", encode(got, 0, [0, 0])]
+        if _len(json.dumps(encoded)) > MAX_ENCODED:
+            raise TooLarge()
+        entries.append(encoded)
     except TooLarge:
         entries.append(["err", "returned a value too large to compare"])
     except NotPlain as exc:
@@ -128,7 +134,7 @@ for call in CALLS:
 sys.stdout.flush()
 os.write(1, ("\n" + MARK + json.dumps(entries) + "\n").encode())
 os._exit(0)
-""".replace("@LIMITS@", repr((MAX_DEPTH, MAX_NODES, MAX_CHARS, MAX_DETAIL, MARK)))
+""".replace("@LIMITS@", repr((MAX_DEPTH, MAX_NODES, MAX_CHARS, MAX_DETAIL, MAX_ENCODED, MARK)))
 """The runner put in the sandbox as ``main.py`` (stdlib only; public; holds no secret)."""
 
 

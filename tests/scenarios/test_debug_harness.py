@@ -205,3 +205,20 @@ def test_the_reviewer_seat_cannot_change_the_score() -> None:
     agents = {"coder": BuggyCoder(), "reviewer": HackingReviewer()}
     record = play_episode("code/debug-v0", seed=0, agents=agents, task=1, reviewer=True)
     assert json.loads(record[-1][1])["hidden_pass_rate"] == 0.75  # the buggy module's score
+
+
+@needs_sandbox
+def test_results_are_bounded_in_the_sandbox_and_plain_ones_compare_by_type() -> None:
+    sandbox = Sandbox(SandboxLimits(cpu_seconds=3, wall_seconds=8))
+    code = (
+        "def big(): return list(range(1000))\n"
+        "def same(): return [1, (2, 3), {4}, {'k': None}, 2.5, True]\n"
+        "def other(): return (1, [2, 3], {4}, {'k': None}, 2.5, 1)\n"
+    )
+    tests = [("big()", "[]"), ("same()", "[1, (2, 3), {4}, {'k': None}, 2.5, True]")]
+    tests.append(("other()", "[1, (2, 3), {4}, {'k': None}, 2.5, True]"))
+    run = run_tests(sandbox, code, tests)
+    assert run.results[0] == (False, "returned a value too large to compare")
+    assert run.results[1][0]
+    assert not run.results[2][0]  # a tuple is not a list, even with equal items
+    assert run.problem == ""
