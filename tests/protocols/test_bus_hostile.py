@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import tempfile
+import time
 from typing import Any
 
 import msgpack
@@ -82,6 +83,7 @@ async def test_deeply_nested_messages_get_bad_message_and_bounded_logs(
                 raw.send(_nested_observation(5_000, 100 + i))
             return [msgpack.unpackb(raw.recv()) for _ in range(n)]
 
+        start = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="parley.protocols.bus"):
             attacker = asyncio.create_task(asyncio.to_thread(attack, 2_000))
             answers = await asyncio.gather(
@@ -96,8 +98,10 @@ async def test_deeply_nested_messages_get_bad_message_and_bounded_logs(
         assert sorted(r["reply_to"] for r in replies) == list(range(100, 2_100))
         assert "nested too deeply" in replies[0]["body"]["message"]
         assert server.stats.bad_messages == 2_000
-        warnings = [r for r in caplog.records if r.name.startswith("parley.protocols.bus")]
-        assert 1 <= len(warnings) <= 15, f"{len(warnings)} log lines for 2,000 bad messages"
+        elapsed = time.monotonic() - start
+        warnings = [r for r in caplog.records if "bad message" in r.getMessage()]
+        # One line per second at most (and the first at once), however many arrive.
+        assert 1 <= len(warnings) <= elapsed + 2, f"{len(warnings)} lines in {elapsed:.1f} s"
         assert not any(r.levelno >= logging.ERROR for r in caplog.records)
     finally:
         raw.close()
