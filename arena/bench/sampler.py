@@ -50,8 +50,9 @@ async def _setup(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     from parley.arena.training.sampler import ConstraintLog
     from parley.arena.training.sync import InProcessSync
 
-    class _Cfg:  # the two fields _load_policies reads
+    class _Cfg:  # the fields _load_policies reads
         max_batch_size = 256
+        seed = 0
 
     policies = await _load_policies(_Cfg(), {"shared": model_dir})  # type: ignore[arg-type]
     policy = policies["shared"]
@@ -80,7 +81,7 @@ async def _setup(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     trainer = PolicyGradientTrainer(
         {"shared": policy.model},
         policy.backend.tokenizer.hf,
-        PGConfig(estimator="reinforce", grouping="role", lr=1e-4, micro_batch=64),
+        PGConfig(objective="reinforce", grouping="role", lr=1e-4, micro_batch=64),
     )
     return {
         "pool": pool,
@@ -122,7 +123,8 @@ async def _async_path(parts: dict[str, Any], args: argparse.Namespace, seed: int
     config = SamplerConfig(
         batch_size=args.batch, staleness=1, concurrency=args.batch * 2, seed=seed
     )
-    sampler = AsyncSampler(runner, config)
+    # Versions in the pool's numbering (both paths push to one pool, so they only grow).
+    sampler = AsyncSampler(runner, config, version=parts["pool"].policies["shared"])
     n_samples, started, update = 0, 0.0, 0
     async with runner.open():
         async for batch in sampler.batches(limit=args.updates + 1):
@@ -130,8 +132,9 @@ async def _async_path(parts: dict[str, Any], args: argparse.Namespace, seed: int
                 n_samples, started = 0, time.perf_counter()
             samples = [s for r in batch.records for s in samples_from_record(r, log=log)]
             await asyncio.to_thread(trainer.step, samples)  # sampling goes on meanwhile
-            await sync.push("shared", trainer.version + 1000, trainer.state_tensors("shared"))
-            sampler.publish(sampler.version + 1)
+            version = trainer.version + 1000
+            await sync.push("shared", version, trainer.state_tensors("shared"))
+            sampler.publish(version)
             n_samples += len(samples)
             update += 1
     return n_samples / (time.perf_counter() - started)

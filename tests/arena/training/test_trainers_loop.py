@@ -42,6 +42,12 @@ def test_self_play_simple_trade_logs_per_role_metrics(tiny_model_dir: Path, tmp_
     for row in rows:
         assert {"reward/player_0", "reward/player_1", "advantage_abs/player_0"} <= set(row)
         assert row["samples"] > 0
+        # The staleness bound (S = 1) per update: the max, and every episode in the histogram.
+        assert row["stale_max"] <= 1
+        assert sum(row["stale_hist"]) == 4
+        assert len(row["stale_hist"]) <= 2
+        assert row["dropped_stale"] >= 0
+        assert {"ratio_mean", "clip_frac", "optimizer_steps"} <= set(row)
         # Zero-sum game: the two roles' mean rewards mirror each other (up to invalid-move
         # penalties), which is why each role needs its own baseline.
     assert rows[-1]["update"] == 3
@@ -49,6 +55,9 @@ def test_self_play_simple_trade_logs_per_role_metrics(tiny_model_dir: Path, tmp_
     assert (checkpoint / "config.json").exists()
     assert (checkpoint / "tokenizer.json").exists()
     assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["seeds"]["run"] == 0
+    assert "dropped_stale" in summary["stages"][0]
 
 
 def test_overrides_map_onto_the_dataclasses(tmp_path: Path) -> None:

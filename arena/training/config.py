@@ -1,0 +1,238 @@
+"""The configuration of a training run (``parley train --config train.yaml``) and its seeds.
+
+:class:`TrainConfig` is what a YAML file maps onto (:func:`load_train_config`, with
+``key.sub=value`` overrides); :class:`RunSeeds` derives every seed a run uses from its one
+``seed`` (see :meth:`RunSeeds.from_config`), and the run records them in ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from parley.arena.run.episode import derive_seed
+from parley.arena.training.pg import PGConfig
+from parley.arena.training.sampler import SamplerConfig
+from parley.protocols.errors import ConfigError
+
+__all__ = [
+    "AgentConfig",
+    "RunSeeds",
+    "StageConfig",
+    "TrainConfig",
+    "load_train_config",
+]
+
+_STAGE_EPISODES = 11  # derive_seed purpose tag: a stage's sampler seed
+
+
+@dataclass
+class AgentConfig:
+    """How trained policies act (fields of :class:`~parley.agents.llm.LLMAgentConfig`)."""
+
+    temperature: float = 1.0
+    """Sampling temperature while training (the trainer divides logits by the same)."""
+    max_tokens: int = 8
+    """Most tokens per action."""
+    max_prompt_tokens: int = 512
+    """Prompt budget (oldest turns folded away)."""
+    system_prompt: bool = True
+    """Tell the model the scenario's ``system_prompt(seat)``; False sends the observation
+    alone (shorter prompts for tiny models)."""
+
+
+@dataclass
+class StageConfig:
+    """One stage of a run: who plays, who learns, when it ends."""
+
+    name: str
+    """Shown in logs and plots."""
+    train: list[str]
+    """Policies that learn in this stage (the others play frozen)."""
+    agents: dict[str, str] = field(default_factory=dict)
+    """Seat -> ``policy:NAME`` (a trained policy) or any agent spec (``scripted``, ...)."""
+    kind: str = "rl"
+    """``rl`` (policy gradient on the scenario) or ``reading`` (the generic reading warm
+    start of :mod:`parley.arena.training.warmstart`: ``max_updates`` supervised steps on
+    numbered-list lookups, no scenario, no reward)."""
+    max_updates: int = 100
+    """Stop after this many updates."""
+    target: float | None = None
+    """Stop early once the mean ``metric`` over the last ``window`` batches reaches it."""
+    reading: dict[str, Any] = field(default_factory=dict)
+    """``reading`` stages: keyword arguments of
+    :func:`~parley.arena.training.warmstart.pretrain_reading` (``words``, ``min_items``,
+    ``max_items``, ``max_words``, ``lr``, ``batch_size``)."""
+    metric: str = "success"
+    """Episode metric the stage watches (and the learning curve shows)."""
+    window: int = 5
+    """Batches averaged for the stopping rule."""
+
+
+@dataclass
+class TrainConfig:
+    """A whole training run (``parley train --config train.yaml``)."""
+
+    scenario: str
+    """Registered scenario id."""
+    stages: list[StageConfig]
+    """Run in order; each starts from the weights the previous one left."""
+    scenario_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Arguments of ``make(scenario, ...)``."""
+    model: str = "tiny"
+    """Initial weights of every policy: a Hugging Face model directory, or ``tiny`` to
+    build parley's tiny random model (``parley model tiny``) into ``OUT/base``."""
+    policies: list[str] = field(default_factory=lambda: ["default"])
+    """Names of the trained policies (one per seat, or one shared)."""
+    policy_seeds: dict[str, int] = field(default_factory=dict)
+    """With ``model: tiny``: an initialisation seed per policy (default: the run's ``seed``,
+    the same for every policy)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    pg: PGConfig = field(default_factory=PGConfig)
+    shaping: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-seat reward shaping (:class:`~parley.scenarios.shaping.ShapingConfig` fields;
+    ``"*"`` for every seat). Empty: each decision gets its raw return-to-go."""
+    max_batch_size: int = 256
+    """Pool: most requests decoded in one batch."""
+    out: str = "runs/train"
+    """Output directory."""
+    seed: int = 0
+    """The run's seed: drives every other one (:class:`RunSeeds`): the tiny models'
+    initialisation, every stage's episodes, torch and the trainer's generator. A seed set
+    explicitly (``policy_seeds``, ``sampler.seed``, ``pg.seed``) takes precedence."""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        for stage in self.stages:
+            if stage.kind not in ("rl", "reading"):
+                raise ConfigError(f"stage {stage.name!r}: kind must be 'rl' or 'reading'")
+            if stage.kind == "rl" and not stage.agents:
+                raise ConfigError(f"stage {stage.name!r}: an rl stage needs agents (seat: spec)")
+        if not self.stages:
+            raise ConfigError("a training run needs at least one stage")
+        for stage in self.stages:
+            unknown = set(stage.train) - set(self.policies)
+            if unknown:
+                raise ConfigError(
+                    f"stage {stage.name!r} trains {sorted(unknown)}, which are not in "
+                    f"policies {self.policies}"
+                )
+            for seat, spec in stage.agents.items():
+                if spec.startswith("policy:") and spec[7:] not in self.policies:
+                    raise ConfigError(f"stage {stage.name!r}: seat {seat} plays unknown {spec}")
+
+
+@dataclass(frozen=True)
+class RunSeeds:
+    """Every seed a run uses, all derived from ``TrainConfig.seed`` unless set explicitly.
+
+    - ``init``: per policy, the weight initialisation of ``model: tiny`` (``policy_seeds``
+      or the run's seed; every policy starts from the same weights unless told otherwise,
+      as they would from one checkpoint). Empty when ``model`` is a checkpoint.
+    - ``episodes``: per stage, the sampler's seed (scenario and agent seeds of every
+      episode, hence the agents' sampling seeds): ``derive_seed(base, 11, stage)`` with
+      ``base`` = ``sampler.seed`` if set, else the run's seed.
+    - ``torch``: the global torch generator, seeded before any model is loaded.
+    - ``backend``: the inference backend's draws for requests without a seed of their
+      own (LLM agents seed each request from their episode's agent seed).
+    - ``trainer``: the trainer's numpy generator (minibatch order, replay draws):
+      ``pg.seed`` if set, else the run's seed.
+    """
+
+    run: int
+    init: dict[str, int]
+    episodes: list[int]
+    torch: int
+    backend: int
+    trainer: int
+
+    @classmethod
+    def from_config(cls, config: TrainConfig) -> RunSeeds:
+        base = config.sampler.seed if config.sampler.seed is not None else config.seed
+        init = (
+            {name: config.policy_seeds.get(name, config.seed) for name in config.policies}
+            if config.model == "tiny"
+            else {}
+        )
+        return cls(
+            run=config.seed,
+            init=init,
+            episodes=[derive_seed(base, _STAGE_EPISODES, i) for i in range(len(config.stages))],
+            torch=config.seed,
+            backend=config.seed,
+            trainer=config.pg.seed if config.pg.seed is not None else config.seed,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "init": dict(self.init),
+            "episodes": list(self.episodes),
+            "torch": self.torch,
+            "backend": self.backend,
+            "trainer": self.trainer,
+        }
+
+
+def load_train_config(
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    data: Mapping[str, Any] | None = None,
+) -> TrainConfig:
+    """A :class:`TrainConfig` from YAML (or ``data``) plus ``key.sub=value`` overrides.
+
+    Override values are parsed as YAML (``pg.lr=3e-3``, ``sampler.staleness=1``,
+    ``stages.0.max_updates=20``, ``out=runs/x``).
+    """
+    raw: dict[str, Any] = dict(copy.deepcopy(data)) if data is not None else {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text())
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: a training config is a YAML mapping")
+        raw.update(loaded)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        _set_path(raw, key.split("."), yaml.safe_load(value))
+    try:
+        return msgspec.convert(raw, TrainConfig, strict=False)
+    except (msgspec.ValidationError, TypeError, ValueError) as exc:  # or a __post_init__ check
+        raise ConfigError(f"bad training config: {exc}") from exc
+
+
+def _set_path(node: Any, keys: list[str], value: Any) -> None:
+    for i, key in enumerate(keys):
+        last = i == len(keys) - 1
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise ConfigError(f"override path {'.'.join(keys)}: no list item {key}")
+            if last:
+                node[int(key)] = value
+            else:
+                node = node[int(key)]
+        else:
+            if last:
+                node[key] = value
+            else:
+                node = node.setdefault(key, {})
+
+
+def plain(value: Any) -> Any:
+    """``value`` with tuples as lists and keys as strings (for ``yaml.safe_dump``)."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value

@@ -1,0 +1,94 @@
+"""What a training run writes: ``metrics.jsonl`` (+ TensorBoard), checkpoints, the summary
+and the learning-curve plot (see :mod:`parley.arena.training.loop`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MetricsLogger", "save_checkpoints", "write_summary"]
+
+
+class MetricsLogger:
+    """metrics.jsonl (+ TensorBoard if installed), and every row logged (the history)."""
+
+    def __init__(self, out: Path) -> None:
+        self.history: list[dict[str, Any]] = []
+        self.file = (out / "metrics.jsonl").open("a", encoding="utf-8")
+        self.tb: Any = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(out / "tensorboard"))
+        except ImportError:  # tensorboard is optional
+            self.tb = None
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.history.append(row)
+        self.file.write(json.dumps(row, sort_keys=True) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key != "update":
+                    self.tb.add_scalar(key, value, row["update"])
+
+    def close(self) -> None:
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def write_summary(
+    out: Path,
+    wall: float,
+    history: list[dict[str, Any]],
+    summaries: list[dict[str, Any]],
+    seeds: Mapping[str, Any],
+) -> None:
+    """``summary.json`` (wall time, every seed the run used, one entry per stage) and the
+    learning-curve plot."""
+    summary = {"wall_s": wall, "seeds": dict(seeds), "stages": summaries}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    _plot(history, summaries, out / "learning_curve.png")
+
+
+def save_checkpoints(models: Mapping[str, Any], tokenizer: Any, out: Path) -> dict[str, Path]:
+    """Each policy's model and the tokenizer, in Hugging Face format, under
+    ``out/checkpoints/<policy>``."""
+    paths = {name: out / "checkpoints" / name for name in models}
+    for name, model in models.items():
+        model.save_pretrained(paths[name])
+        tokenizer.hf.save_pretrained(paths[name])
+    return paths
+
+
+def _plot(
+    history: Sequence[Mapping[str, Any]], summaries: Sequence[Mapping[str, Any]], path: Path
+) -> None:
+    """Learning curve: the watched metric per update, one colour per stage."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # matplotlib is in the train extra; without it, no plot
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    offset = 0
+    for summary in summaries:
+        curve = summary["curve"]
+        xs = np.arange(offset + 1, offset + len(curve) + 1)
+        ax.plot(xs, curve, label=f"{summary['stage']} ({summary['wall_s']:.0f} s)")
+        offset += len(curve)
+    ax.set_xlabel("update")
+    ax.set_ylabel("success (training batch)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
