@@ -209,7 +209,7 @@ def _runner_rates(args: argparse.Namespace, *, pipeline: bool, ipc: bool) -> tup
         config = config.replace(listen=f"ipc://{path}", join_timeout=120.0)
         agents = {seat: RemoteSeat(REMOTE_NAME) for seat in seats}
     try:
-        runner = Runner(config, agents=agents, on_listen=spawn if ipc else None)
+        runner = Runner(config, agents=agents, on_listen=spawn if ipc else None, keep_records=True)
         result = asyncio.run(runner.run())
     finally:
         for process in procs:
