@@ -267,6 +267,7 @@ class Sandbox:
         if self.isolation == "rlimits":
             config.update(root=None, workdir=str(stage / "work"))
             if uid is not None:
+                stage.chmod(0o711)  # the run's uid must pass through to its work directory
                 os.chown(stage / "work", uid, uid)
                 for path in (stage / "work").rglob("*"):
                     os.chown(path, uid, uid)
@@ -400,14 +401,35 @@ class _Streams:
 
 
 def _sandbox_uid() -> int:
-    """A uid for one run: fresh from a high range when every uid is mapped (root on the host),
-    else ``nobody`` (65534), which containers with a partial uid map still map."""
+    """An id (uid and gid) for one run, drawn at random so that concurrent runs do not share
+    a process cap: from 200,000-999,999 where the whole range is mapped (root on the host),
+    else from 20,000-65,533 where a container maps that (the usual ``0 100000 65536``),
+    else ``nobody`` (65534), shared by every run."""
+    mapped = _intersect(_id_map("/proc/self/uid_map"), _id_map("/proc/self/gid_map"))
+    for pool in ((_UID_BASE, _UID_BASE + _UID_SPAN), (20_000, 65_534)):
+        usable = _intersect(mapped, [pool])
+        total = sum(high - low for low, high in usable)
+        if total >= 1000:
+            pick = secrets.randbelow(total)
+            for low, high in usable:
+                if pick < high - low:
+                    return low + pick
+                pick -= high - low
+    return 65534
+
+
+def _id_map(path: str) -> list[tuple[int, int]]:
+    """The ids mapped in this user namespace, as ``[low, high)`` ranges."""
     try:
-        ranges = [line.split() for line in Path("/proc/self/uid_map").read_text().splitlines()]
-    except OSError:
-        ranges = []
-    full = any(int(r[0]) == 0 and int(r[2]) >= _UID_BASE + _UID_SPAN for r in ranges)
-    return _UID_BASE + secrets.randbelow(_UID_SPAN) if full else 65534
+        rows = [line.split() for line in Path(path).read_text().splitlines()]
+        return [(int(r[0]), int(r[0]) + int(r[2])) for r in rows if len(r) == 3]
+    except (OSError, ValueError):
+        return []
+
+
+def _intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    pairs = [(max(x[0], y[0]), min(x[1], y[1])) for x in a for y in b]
+    return [(low, high) for low, high in pairs if low < high]
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -84,6 +84,21 @@ for target in (os.path.dirname(sys.executable), os.path.dirname(os.__file__)):
 """
 
 
+PROBE_FORK_BOMB = r"""
+import os, time
+children = 0
+for _ in range(100):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        children += 1
+    except OSError:
+        break
+print(children)
+"""
+
+
 def _expect_syscalls_refused(out: dict[str, object]) -> None:
     for name in ("open_tree", "move_mount", "fsopen", "fspick", "mount_setattr", "mount"):
         assert out[name] == [-1, 1], (name, out[name])  # EPERM
@@ -265,6 +280,7 @@ def test_user_namespace_mode_for_real_as_an_unprivileged_user(world_readable_dir
         "pid1": PROBE_PID1,
         "write_python": PROBE_WRITE_PYTHON,
         "whoami": "import os\nprint(os.getuid(), os.getpid())",
+        "fork_bomb": PROBE_FORK_BOMB,
     }
     out = _run_probes(nobody, root, probes)
     if out["isolation"] != "userns":
@@ -275,3 +291,70 @@ def test_user_namespace_mode_for_real_as_an_unprivileged_user(world_readable_dir
     assert out["pid1"][2] == "still here\n"
     assert "wrote" not in str(out["write_python"][2])
     assert out["whoami"][2] == "0 2\n"  # root of its own user namespace, PID 2 under the reaper
+    assert int(str(out["fork_bomb"][2])) < 16  # RLIMIT_NPROC, counted in the run's namespace
+
+
+CONTAINER = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+ready_r, ready_w = os.pipe()
+go_r, go_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER
+        os._exit(3)
+    os.write(ready_w, b"x")
+    os.read(go_r, 1)
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    os.execv(sys.executable, [sys.executable, "-I", "-c", sys.argv[1]])
+os.read(ready_r, 1)
+for name in ("uid_map", "gid_map"):  # root of a container: ids 0-65535 map to 100000-165535
+    with open(f"/proc/{pid}/{name}", "w") as f:
+        f.write("0 100000 65536\\n")
+os.write(go_w, b"x")
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+CONCURRENT_RUNS = """
+import sys, threading, time
+sys.path.insert(0, {root!r})
+from parley.scenarios.tools.sandbox import Sandbox, SandboxLimits, isolation
+box = Sandbox(SandboxLimits(wall_seconds=6))
+out = {{}}
+def bomb():
+    out["bomb"] = box.run({bomb!r}).stdout.strip()
+thread = threading.Thread(target=bomb)
+thread.start()
+time.sleep(1.0)
+out["other"] = box.run({other!r}).stdout.strip()
+thread.join()
+print(isolation(), out["bomb"], out["other"])
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to write a user namespace's id map")
+def test_runs_in_a_container_with_a_partial_uid_map_do_not_share_a_process_cap(
+    world_readable_dir: Path,
+) -> None:
+    python = "/usr/bin/python3"
+    if not os.access(python, os.X_OK):
+        pytest.skip("needs a system /usr/bin/python3 that a container's root can run")
+    root = _standalone(python, world_readable_dir / "src")
+    bomb = PROBE_FORK_BOMB.replace("print(children)", "print(children, flush=True)\ntime.sleep(3)")
+    other = (
+        "import os, time\npids = []\nfor _ in range(5):\n    pid = os.fork()\n"
+        "    if pid == 0:\n        time.sleep(0.2)\n        os._exit(0)\n    pids.append(pid)\n"
+        "[os.waitpid(p, 0) for p in pids]\nprint('forked', len(pids))"
+    )
+    script = CONCURRENT_RUNS.format(root=str(root), bomb=bomb, other=other)
+    out = subprocess.run(
+        [python, "-I", "-c", CONTAINER, script], capture_output=True, text=True, timeout=60
+    )
+    if out.returncode == 3:
+        pytest.skip("the kernel refuses to create a user namespace here")
+    assert out.returncode == 0, out.stderr
+    mode, bombed, other_said = out.stdout.strip().split(maxsplit=2)
+    assert mode == "namespaces"
+    assert int(bombed) < 16
+    assert other_said == "forked 5"
