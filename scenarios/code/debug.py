@@ -47,9 +47,16 @@ invalid    -``invalid_penalty`` (0.05) per invalid move
 Metrics: ``success`` (all hidden tests pass), ``hidden_pass_rate``, ``submitted``,
 ``tool_calls``.
 
-A submission runs in the same process as the test harness, so it could tamper with the
-harness (the sandbox protects the host, not the score); results must be plain built-in
-values, which stops objects that compare equal to everything.
+The score depends only on what the submitted functions return
+(:mod:`parley.scenarios.code.harness`): the sandbox gets the submission and the test calls,
+never an expected value, the fix or a secret; it sends back each call's result as bounded
+plain data (``None``, ``bool``, ``int``, ``float``, ``str``, ``list``, ``tuple``, ``set``,
+``dict``) or the error it raised, and this process rebuilds those values and compares them
+with ``==`` to the expected ones. Whatever the code does to the harness in its own process
+(forged lines, patched builtins, exits, hostile objects) can at best claim results that an
+honest function could have returned; malformed, missing or extra results score 0 for their
+tests and never raise out of ``step``. ``tests/scenarios/test_debug_reward_hacking.py``
+attacks this with 14 exploit families.
 
 Arguments: ``task`` (None: drawn by the seed), ``reviewer`` (False), ``max_steps`` (12),
 ``invalid_penalty``, ``max_cycles``, ``render_mode``, ``allow_weak_sandbox`` (False: refuse
@@ -58,7 +65,14 @@ to run where the sandbox has no namespace isolation; also set by
 
     >>> env = make("code/debug-v0", reviewer=True)
 
-Version history: v0 — first version.
+Version history: v0 — first version. The judge moved out of the sandbox (issue 10) without
+a version bump: for a submission whose functions return plain values, each test passes
+exactly when it passed before (same calls, same 1 s per call, same limits, same ``==``);
+only hacks lose, and ``run_tests`` shows a non-plain result as ``returned a T, not a plain
+built-in value`` instead of its ``repr``. Two corners differ: a result whose encoding
+exceeds 1,500 characters counts as failed (no expected value is within a tenth of that), and
+the results line, up to ~6 KB for four tests instead of ~1 KB, shares the 20,000-byte stdout
+cap with the code's own prints.
 """
 
 from __future__ import annotations
