@@ -27,10 +27,18 @@ runner, the conformance suite and the trainers rely on:
   (re-weigh them with :mod:`parley.scenarios.shaping`).
 
 ``infos[seat]`` after every ``reset``/``step`` holds ``to_act`` (bool), ``turn`` (int),
-``components`` (dict), ``view`` (the scenario's structured private view of this seat, for
-scripted agents), and when relevant ``constraint`` (fields of
-:class:`parley.protocols.messages.Constraint`) and ``invalid`` (str). All values are plain
-JSON types, so they travel on the bus as they are.
+``components`` (dict), ``view`` (the scenario's structured view of what this seat knows, for
+scripted agents: nothing the seat may not know, no index into public answer tables), and when
+relevant ``constraint`` (fields of :class:`parley.protocols.messages.Constraint`) and
+``invalid`` (str). All values are plain
+JSON types, so they travel on the bus as they are, to remote agents too.
+
+Privileged data — the reference answer a scripted *oracle* needs — never goes in ``infos``.
+:meth:`Scenario.oracle` gives it; the runner adds it, under ``info[ORACLE_KEY]``, only to the
+observations of in-process agents whose class sets ``privileged = True`` (never to a remote
+agent). :meth:`Scenario.redraw_private` is the conformance suite's handle for proving that
+nothing private leaks: it redraws what one seat may not know, and the ``noninterference``
+check requires that seat's observations and infos to stay the same.
 
 A whole scenario, to show the hooks (register it with :func:`parley.scenarios.register`)::
 
@@ -75,14 +83,22 @@ from gymnasium.spaces import Text
 from pettingzoo import ParallelEnv
 
 from parley.protocols.errors import ConfigError, ParleyError
+from parley.scenarios.charset import CHARSET, OUTSIDE_CHARSET, printable
 
-__all__ = ["CHARSET", "Event", "Scenario", "StepContractError", "printable", "split_address"]
+__all__ = [
+    "CHARSET",
+    "ORACLE_KEY",
+    "Event",
+    "Scenario",
+    "StepContractError",
+    "printable",
+    "split_address",
+]
 
-CHARSET: str = "".join(chr(code) for code in range(32, 127)) + "\n"
-"""Characters of every observation and action: printable ASCII plus newline."""
+ORACLE_KEY = "oracle"
+"""``Observation.info`` key of :meth:`Scenario.oracle`'s data, for privileged local agents."""
 
 _STATE_MAX_LENGTH = 1 << 24
-_OUTSIDE_CHARSET = re.compile(r"[^\x20-\x7e\n]")
 _DEFAULT_PROMPT = "Your move."
 _ADDRESS = re.compile(r"^\s*@([A-Za-z0-9_,]+)\s*:?\s*", re.DOTALL)
 
@@ -90,23 +106,6 @@ _ADDRESS = re.compile(r"^\s*@([A-Za-z0-9_,]+)\s*:?\s*", re.DOTALL)
 class StepContractError(ParleyError, TypeError):
     """The caller broke ``step``'s contract (PettingZoo's parallel API): ``actions`` must be a
     mapping from live seat names (``env.agents``) to actions."""
-
-
-def printable(text: str) -> str:
-    """``text`` with every character outside :data:`CHARSET` escaped (``\\x1b``, ``\\u00e9``).
-
-    Free for text that is already inside the charset (the common case, decided at C speed).
-    """
-    if text.isascii() and (text.isprintable() or _OUTSIDE_CHARSET.search(text) is None):
-        return text
-    return _OUTSIDE_CHARSET.sub(_escape, text)
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group(0))
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 class Event(NamedTuple):
@@ -170,10 +169,12 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     ) -> None:
         if not seats or len(set(seats)) != len(seats):
             raise ConfigError(f"seats must be non-empty and distinct, got {list(seats)}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+        # "human" (the ansi text, printed) works for every scenario: PettingZoo's render_test
+        # always asks for it first.
+        modes = [*self.metadata["render_modes"], "human"]
+        if render_mode is not None and render_mode not in modes:
             raise ConfigError(
-                f"render_mode {render_mode!r} is not supported; use one of "
-                f"{self.metadata['render_modes']} or None"
+                f"render_mode {render_mode!r} is not supported; use one of {modes} or None"
             )
         if max_cycles is not None and max_cycles < 1:
             raise ConfigError(f"max_cycles must be >= 1 or None, got {max_cycles}")
@@ -262,6 +263,31 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     def metrics(self) -> dict[str, float]:
         """Scenario metrics of the finished episode; leave out a metric that is undefined."""
         return {}
+
+    def oracle(self, agent: str) -> dict[str, Any]:
+        """Privileged: what a scripted oracle in ``agent``'s seat needs and the seat may not
+        know (the reference solution), as plain JSON types; ``{}`` when there is none.
+
+        Never part of ``infos``: the runner hands it only to in-process agents whose class
+        sets ``privileged = True``, as ``Observation.info[ORACLE_KEY]``; remote agents never
+        get it.
+        """
+        return {}
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """Conformance hook: redraw in place, right after :meth:`reset`, every private datum
+        of the episode that seat ``keep`` may not know (other seats' private context, hidden
+        answers, and any id that points at them), drawing from ``rng`` and keeping all that
+        ``keep`` knows and all public state. Return ``False`` when nothing in the episode is
+        hidden from ``keep``.
+
+        The ``noninterference`` check replays the same actions on the redrawn episode and
+        requires ``keep``'s observations and infos to be identical until the episode ends.
+        Data whose consequences are public by the rules (a stock that decides whether a trade
+        goes through) is left as it is. A scenario without this hook raises
+        ``NotImplementedError`` (the check then reports "not applicable").
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not define redraw_private")
 
     def snapshot(self) -> Any:
         """The full state as a dataclass or JSON-able value (for :meth:`state`)."""
@@ -462,9 +488,16 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
 
     @final
     def render(self) -> str | None:
-        """``"ansi"``: the episode so far as text; ``None`` when ``render_mode`` is ``None``."""
+        """``"ansi"``: the episode so far as text; ``"human"``: the same text printed to stdout
+        (returns ``None``); ``None`` when ``render_mode`` is ``None``."""
         if self.render_mode is None:
             return None
+        if self.render_mode == "human":
+            print(self._render_text(), flush=True)
+            return None
+        return self._render_text()
+
+    def _render_text(self) -> str:
         lines = [f"== {self.metadata['name']}  turn {self.turn} =="]
         for event in self.events[-40:]:
             to = f" -> {','.join(event.to)}" if event.to else ""
@@ -492,9 +525,9 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
             return f"action must be a string, got {type(action).__name__}"
         if len(action) > self.max_action_length:
             return f"action is {len(action)} characters long; at most {self.max_action_length}"
-        if _OUTSIDE_CHARSET.search(action) is None:
+        if OUTSIDE_CHARSET.search(action) is None:
             return None
-        bad = sorted(set(_OUTSIDE_CHARSET.findall(action)))
+        bad = sorted(set(OUTSIDE_CHARSET.findall(action)))
         shown = "".join(bad[:10]).encode("ascii", "backslashreplace").decode("ascii")
         return f"action uses characters outside printable ASCII and newline: {shown!r}"
 

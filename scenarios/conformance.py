@@ -13,7 +13,8 @@ REFERENCES.md): the AEC ``api_test`` crashes on ``Text`` spaces (not used; the p
 and our contract check cover it); ``parallel_seed_test`` checks one step only (we run
 ``seed_test`` on ``parallel_to_aec`` factories and our own whole-episode determinism check);
 ``parallel_api_test`` overwrites ``env.max_cycles`` (each check builds a fresh env);
-``render_test`` asks for ``render_mode="human"`` first (our factory maps it to ``"ansi"``).
+``render_test`` asks for ``render_mode="human"`` first: every scenario supports it (it prints
+the ansi text), and ``render_test`` runs unmodified.
 
 The hostile check (``hostile``) plays :data:`HOSTILE_TEXTS` and JSON built from
 :data:`HOSTILE_VALUES` (under every final key of the seat's ``json`` constraint and as every
@@ -22,6 +23,11 @@ argument of every tool its view lists) and requires of each step: no exception, 
 wall time, which also covers sandboxed runs), observations inside their space, ``infos`` that
 both JSON and the wire's MessagePack can encode.
 
+The non-interference check (``noninterference``) plays the scripted baselines for each seed,
+then, for each seat ``keep``, replays the same actions on an episode of the same seed whose
+private data hidden from ``keep`` was redrawn (:meth:`Scenario.redraw_private`), and requires
+``keep``'s observations and infos to be identical on every step before the last.
+
 The determinism check and :func:`play_episode` play the scripted baselines of the spec
 (``spec.baselines``), loaded by their ``"module:Class"`` strings.
 """
@@ -29,6 +35,8 @@ The determinism check and :func:`play_episode` play the scripted baselines of th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import time
 import types
@@ -48,7 +56,7 @@ from pettingzoo.test import (
 from pettingzoo.utils.conversions import aec_to_parallel, parallel_to_aec
 
 from parley.protocols.messages import Constraint, Observation
-from parley.scenarios.base import CHARSET, Scenario
+from parley.scenarios.base import CHARSET, ORACLE_KEY, Scenario
 from parley.scenarios.registry import load_attr, make, spec
 
 __all__ = [
@@ -62,6 +70,7 @@ __all__ = [
     "play_episode",
     "baseline_agents",
     "agent_seed",
+    "oracle_info",
 ]
 
 
@@ -136,9 +145,7 @@ def _fail(message: str) -> ConformanceFailure:
 
 def _aec_factory(scenario_id: str) -> Callable[..., Any]:
     def factory(render_mode: str | None = "ansi", **kwargs: Any) -> Any:
-        # render_test asks for "human" first only to read metadata; we render as ansi.
-        mode = "ansi" if render_mode == "human" else render_mode
-        return parallel_to_aec(make(scenario_id, render_mode=mode, **kwargs))
+        return parallel_to_aec(make(scenario_id, render_mode=render_mode, **kwargs))
 
     return factory
 
@@ -217,8 +224,11 @@ def check_seed(scenario_id: str) -> None:
 
 
 def check_render(scenario_id: str) -> None:
-    """pettingzoo ``render_test`` (ansi)."""
-    render_test(_aec_factory(scenario_id))
+    """pettingzoo ``render_test``, unmodified ("human" prints, "ansi" returns the text)."""
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        render_test(_aec_factory(scenario_id))
+    if "human" in make(scenario_id).metadata["render_modes"] and not printed.getvalue():
+        raise _fail('render_mode="human" printed nothing')
 
 
 def check_state(scenario_id: str) -> None:
@@ -356,6 +366,57 @@ def check_hostile(scenario_id: str) -> dict[str, float]:
     return worst
 
 
+def check_noninterference(scenario_id: str, seeds: Sequence[int] = (0, 1, 2)) -> None:
+    """Redrawing what a seat may not know never changes what it sees (module docstring)."""
+    probe = make(scenario_id)
+    probe.reset(seed=0)
+    try:
+        hidden = [probe.redraw_private(seat, np.random.default_rng(0)) for seat in probe.agents]
+    except NotImplementedError as exc:
+        raise NotApplicable(f"the scenario defines no redraw_private hook ({exc})") from exc
+    if not any(hidden):
+        raise NotApplicable("nothing in an episode is hidden from any seat")
+    for seed in seeds:
+        trace: list[dict[str, str]] = []
+        asyncio.run(_play(scenario_id, seed, None, None, {}, trace))
+        for index, keep in enumerate(probe.possible_agents):
+            _replay_redrawn(scenario_id, seed, keep, trace, np.random.default_rng([seed, index]))
+
+
+def _replay_redrawn(
+    scenario_id: str,
+    seed: int,
+    keep: str,
+    trace: list[dict[str, str]],
+    rng: np.random.Generator,
+) -> None:
+    plain, redrawn = make(scenario_id), make(scenario_id)
+    plain.reset(seed=seed)
+    redrawn.reset(seed=seed)
+    if not redrawn.redraw_private(keep, rng):
+        return
+    for turn, actions in enumerate(trace):
+        seen = plain.step(actions)
+        if not plain.agents:
+            return  # the last step may reveal the private data (the outcome)
+        other = redrawn.step(actions)
+        if not redrawn.agents:
+            raise _fail(f"seed {seed}: redrawing what {keep} may not know ended step {turn}")
+        for name, a, b in (
+            ("observation", seen[0][keep], other[0][keep]),
+            ("infos", _canonical(seen[4][keep]), _canonical(other[4][keep])),
+        ):
+            if a != b:
+                raise _fail(
+                    f"seed {seed}, step {turn}: {keep}'s {name} depends on data it may not "
+                    f"know:\n  {str(a)[:400]}\n  {str(b)[:400]}"
+                )
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
     "contract": check_contract,
     "parallel_api": check_parallel_api,
@@ -366,6 +427,7 @@ CHECKS: dict[str, Callable[[str], None]] = {
     "determinism": check_determinism,
     "fuzz": check_fuzz,
     "hostile": check_hostile,
+    "noninterference": check_noninterference,
 }
 """Every conformance check, by name."""
 
@@ -411,6 +473,14 @@ def play_episode(
     return asyncio.run(_play(scenario_id, seed, agents, env, kwargs))
 
 
+def oracle_info(env: Scenario, agent: Any, seat: str) -> dict[str, Any]:
+    """``{ORACLE_KEY: env.oracle(seat)}`` for an agent whose class is ``privileged``, else
+    ``{}`` (the rule the runner follows for in-process agents)."""
+    if getattr(type(agent), "privileged", False) is True:
+        return {ORACLE_KEY: env.oracle(seat)}
+    return {}
+
+
 def agent_seed(seed: int, index: int) -> int:
     """The seed of the agent in seat ``index`` for an episode of ``seed``.
 
@@ -427,6 +497,7 @@ async def _play(
     agents: dict[str, Any] | None,
     env: Scenario | None,
     kwargs: dict[str, Any],
+    trace: list[dict[str, str]] | None = None,
 ) -> list[tuple[Any, ...]]:
     env = env if env is not None else make(scenario_id, **kwargs)
     agents = agents if agents is not None else baseline_agents(scenario_id, env.possible_agents)
@@ -446,11 +517,13 @@ async def _play(
                 text=observations[agent],
                 scenario=scenario_id,
                 reward=rewards.get(agent, 0.0),
-                info=infos[agent],
+                info={**infos[agent], **oracle_info(env, agents[agent], agent)},
             )
             action = await agents[agent].act(observation)
             actions[agent] = action.text
             record.append((env.turn, agent, observations[agent], action.text))
+        if trace is not None:
+            trace.append(actions)
         observations, rewards, _, _, infos = env.step(actions)
         record.append(
             (env.turn, json.dumps(rewards, sort_keys=True), json.dumps(infos, sort_keys=True))

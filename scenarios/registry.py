@@ -188,6 +188,17 @@ register(
     "agreement only when both claims add up.",
 )
 
+register(
+    "negotiation/deal-or-no-deal-v1",
+    f"{_NEG}.deal_or_no_deal:DealOrNoDealV1",
+    baselines={
+        "player_0": f"{_SCRIPTED_NEG}:DealNegotiator",
+        "player_1": f"{_SCRIPTED_NEG}:DealNegotiator",
+    },
+    description="Lewis et al. 2017 with the published context distribution; a claim whose "
+    "halves do not add up to the counts is invalid.",
+)
+
 _TOOL = "parley.scenarios.tool_use"
 _SCRIPTED_TOOL = "parley.agents.scripted.tool_use"
 
@@ -205,6 +216,16 @@ register(
     baselines={"player_0": f"{_SCRIPTED_NEG}:Trader", "player_1": f"{_SCRIPTED_NEG}:Trader"},
     description="SPIRAL's SimpleNegotiation: trade Wood and Gold; the larger gain in "
     "inventory value wins (zero-sum).",
+)
+register(
+    "negotiation/simple-trade-v1",
+    f"{_NEG}.simple_trade_v1:SimpleNegotiation",
+    baselines={
+        "player_0": f"{_SCRIPTED_NEG}:SpiralTrader",
+        "player_1": f"{_SCRIPTED_NEG}:SpiralTrader",
+    },
+    description="SPIRAL's SimpleNegotiation rule for rule ([Offer: 3 Wood -> 2 Gold], offers "
+    "persist, the first invalid move loses); randomize=True varies values and stocks.",
 )
 register(
     "negotiation/split-the-pie-v0",

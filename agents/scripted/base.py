@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import ClassVar
 
 import numpy as np
 
@@ -20,6 +21,10 @@ class ScriptedAgent(Agent):
     """
 
     name = "scripted"
+    privileged: ClassVar[bool] = False
+    """True for oracles that read the scenario's privileged data (``info["oracle"]``, see
+    :meth:`parley.scenarios.base.Scenario.oracle`). The runner adds it to the observations
+    of in-process agents of such classes only; a remote agent never receives it."""
 
     def __init__(self) -> None:
         self.rng = np.random.default_rng()

@@ -1,8 +1,9 @@
 """Scripted agents for ``code/debug-v0``: an oracle coder, a naive coder and a reviewer.
 
-The oracle looks the task up in the bundled task list (by the ``task`` index of its view)
-and acts through the scenario's tools like any agent: it runs the visible tests on the fix
-(or sends it to the reviewer), then submits it. It solves every task, which proves each
+The oracle is ``privileged``: it reads the reference fix from the scenario's oracle hook
+(``info["oracle"]``, given only to in-process agents), and acts through the scenario's tools
+like any agent: it runs the visible tests on the fix (or sends it to the reviewer), then
+submits it. It solves every task, which proves each
 bundled fix passes its hidden tests through the real sandbox path.
 """
 
@@ -12,8 +13,9 @@ import json
 from typing import Any
 
 from parley.agents.scripted.base import ScriptedAgent
+from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Observation
-from parley.scenarios.code.debug_tasks import TASKS
+from parley.scenarios.base import ORACLE_KEY
 
 __all__ = ["DebugNaive", "DebugOracle", "DebugReviewer"]
 
@@ -28,16 +30,26 @@ def _run_tests(code: str) -> str:
 
 
 class DebugOracle(ScriptedAgent):
-    """Checks the reference fix (tests, or the reviewer), then submits it."""
+    """Checks the reference fix (tests, or the reviewer), then submits it.
+
+    Privileged: reads the fix from ``info["oracle"]`` (never sent to remote agents).
+    """
 
     name = "debug-oracle"
+    privileged = True
 
     def new_episode(self) -> None:
         self.moves = 0
 
     def decide(self, observation: Observation) -> str:
         view = _view(observation)
-        fixed = TASKS[int(view.get("task", 0))].fixed
+        oracle = observation.info.get(ORACLE_KEY)
+        if not isinstance(oracle, dict) or not isinstance(oracle.get("fixed"), str):
+            raise ConfigError(
+                "DebugOracle needs the scenario's privileged oracle data; the runner gives it "
+                "only to in-process agents (it cannot play a remote seat)"
+            )
+        fixed = oracle["fixed"]
         self.moves += 1
         if self.moves == 1:
             if view.get("reviewer"):

@@ -3,8 +3,10 @@
 * :class:`DealNegotiator` — deal-or-no-deal: proposes divisions in a parseable form
   (``propose: book=1 hat=0 ball=2``, what it takes), conceding over turns, and accepts a
   partner's proposal worth at least its current target by writing ``<selection>``.
-* :class:`Trader` — simple-trade: offers trades that raise its own inventory value and
+* :class:`Trader` — simple-trade-v0: offers trades that raise its own inventory value and
   accepts offers that raise it by a margin.
+* :class:`SpiralTrader` — the same strategy in simple-trade-v1's syntax (SPIRAL's rules),
+  never making an invalid move (one loses the game there).
 * :class:`PieBargainer` — split-the-pie: the stationary subgame-perfect strategy of
   Baron-Ferejohn closed-rule bargaining.
 """
@@ -19,7 +21,7 @@ from typing import Any
 from parley.agents.scripted.base import ScriptedAgent
 from parley.protocols.messages import Observation
 
-__all__ = ["DealNegotiator", "PieBargainer", "Trader"]
+__all__ = ["DealNegotiator", "PieBargainer", "SpiralTrader", "Trader"]
 
 _PROPOSAL = re.compile(r"propose:\s*book=(\d+)\s+hat=(\d+)\s+ball=(\d+)", re.IGNORECASE)
 Counts = tuple[int, ...]
@@ -111,6 +113,40 @@ class Trader(ScriptedAgent):
         if inventory.get(cheap, 0) < 2:
             return "I have nothing more to offer. [Deny]" if pending else "Let us wait."
         return f"How about this? [Offer: I give 2 {cheap}; You give 1 {dear}]"
+
+
+class SpiralTrader(ScriptedAgent):
+    """simple-trade-v1 (SPIRAL's syntax and rules): never makes an invalid move.
+
+    Accepts a pending offer that raises its own inventory value by ``accept_gain`` or more
+    and that it can pay; otherwise, unless its own offer is still pending, offers the fewest
+    units of its cheaper resource that buy one unit of its dearer one at a gain.
+    """
+
+    name = "spiral-trader"
+    accept_gain = 10
+
+    def decide(self, observation: Observation) -> str:
+        view: dict[str, Any] = observation.info.get("view", {})
+        values: dict[str, int] = view.get("values", {})
+        stock: dict[str, int] = view.get("inventory", {})
+        pending = view.get("pending")
+        if not values:
+            return "Hello."
+        if pending is not None and view.get("pending_from_partner"):
+            gain = sum(values[r] * n for r, n in pending["get"].items())
+            gain -= sum(values[r] * n for r, n in pending["give"].items())
+            if gain >= self.accept_gain and all(
+                stock.get(r, 0) >= n for r, n in pending["give"].items()
+            ):
+                return "Deal. [Accept]"
+        elif pending is not None:
+            return "My offer stands."
+        cheap, dear = sorted(values, key=lambda r: (values[r], r))[:2]
+        units = max(1, math.ceil(values[dear] / max(values[cheap], 1)) - 1)
+        if values[dear] <= values[cheap] * units or stock.get(cheap, 0) < units:
+            return "I will wait. [Deny]" if pending else "I will wait."
+        return f"How about this? [Offer: {units} {cheap} -> 1 {dear}]"
 
 
 class PieBargainer(ScriptedAgent):

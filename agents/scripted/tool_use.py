@@ -1,8 +1,10 @@
 """Scripted agents for the tool-use scenarios: oracles that solve every task, naive contrasts.
 
 The oracles act only through the scenario's public interface (tool calls and messages in the
-documented JSON syntax); they read the structured ``view`` that the scenario gives their seat
-and rebuild the reference solution with the scenario module's pure functions. Every task an
+documented JSON syntax). :class:`CalcOracle` rebuilds the reference from its view (the problem
+it is shown); :class:`RetailOracle` needs what the assistant may not know (the customer's hidden
+goal) and is ``privileged``: it reads ``info["oracle"]``, which the runner gives only to
+in-process agents of such classes (:meth:`parley.scenarios.base.Scenario.oracle`). Every task an
 oracle solves is a task proven solvable, with a reference the scenario accepts.
 """
 
@@ -15,7 +17,9 @@ from fractions import Fraction
 from typing import Any
 
 from parley.agents.scripted.base import ScriptedAgent
+from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Observation
+from parley.scenarios.base import ORACLE_KEY
 from parley.scenarios.tool_use.calc_chain import build_problem
 from parley.scenarios.tools.calculator import evaluate, round_to
 
@@ -107,24 +111,30 @@ class RetailUser(ScriptedAgent):
 
 
 class RetailOracle(ScriptedAgent):
-    """Performs the task's reference actions through the tools and states the required facts."""
+    """Performs the task's reference actions through the tools and states the required facts.
+
+    Privileged: reads the reference from ``info["oracle"]`` (never sent to remote agents).
+    """
 
     name = "retail-oracle"
+    privileged = True
 
     def new_episode(self) -> None:
         self.done = False
 
     def decide(self, observation: Observation) -> str:
-        from parley.scenarios.tool_use.retail_desk import build_task
-
-        view = _view(observation)
-        task = build_task(int(view.get("task", 0)))
+        oracle = observation.info.get(ORACLE_KEY)
+        if not isinstance(oracle, dict) or "email" not in oracle:
+            raise ConfigError(
+                "RetailOracle needs the scenario's privileged oracle data; the runner gives it "
+                "only to in-process agents (it cannot play a remote seat)"
+            )
         if self.done:
             return json.dumps({"message": "Is there anything else I can help with today"})
         self.done = True
-        calls = [{"name": "find_customer", "arguments": {"email": task.email}}]
-        calls += [{"name": name, "arguments": args} for name, args in task.actions]
-        message = "All done. " + " ".join(task.facts) + "."
+        calls = [{"name": "find_customer", "arguments": {"email": oracle["email"]}}]
+        calls += [{"name": name, "arguments": args} for name, args in oracle["actions"]]
+        message = "All done. " + " ".join(oracle["facts"]) + "."
         return json.dumps({"tool_calls": calls, "message": message})
 
 

@@ -27,11 +27,13 @@ An object with none of these keys, or not JSON, is an invalid move. After ``max_
 actions without a submission the episode ends with reward 0.
 
 Observations: the task (description, buggy code, visible tests) first, then tool results and
-the other seat's messages. ``infos[seat]["view"]``: ``task`` (index), ``name``,
-``description``, ``code`` (the buggy module), ``visible`` (``[call, expected]`` pairs),
-``reviewer`` (bool), ``last_message``, ``tools``, ``tool_results``; ``infos[seat]
-["constraint"]`` is a ``json`` constraint for structured output (the tool-call form or the
-seat's final form).
+the other seat's messages. ``infos[seat]["view"]``: ``name``, ``description``, ``code`` (the
+buggy module), ``visible`` (``[call, expected]`` pairs), ``reviewer`` (bool),
+``last_message``, ``tools``, ``tool_results`` (no task index: with the public task table it
+would give away the hidden tests and the fix); ``infos[seat]["constraint"]`` is a ``json``
+constraint for structured output (the tool-call form or the seat's final form). Scripted
+oracles get the fix through the privileged ``oracle`` hook (``{"fixed": ...}``), which the
+runner gives only to in-process agents marked ``privileged``.
 
 Each sandbox run (a tool call, the hidden tests) takes about 0.1-0.2 s inside ``step``.
 
@@ -83,7 +85,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parley.scenarios.base import Scenario
+from parley.scenarios.base import Scenario, printable
 from parley.scenarios.code.debug_tasks import TASKS, DebugTask
 from parley.scenarios.code.harness import TestRun, run_tests
 from parley.scenarios.tools.sandbox import Sandbox, SandboxLimits
@@ -265,16 +267,27 @@ class CodeDebug(Scenario):
     def view(self, agent: str) -> dict[str, Any]:
         task = self.s.task
         return {
-            "task": self.s.index,
             "name": task.name,
             "description": task.description,
             "code": task.buggy,
             "visible": [list(t) for t in task.visible],
             "reviewer": self.has_reviewer,
-            "last_message": self.s.last_message.get(agent, ""),
+            "last_message": printable(self.s.last_message.get(agent, "")),
             "tools": self.tools.specs(),
             "tool_results": self.s.last_results.get(agent, []),
         }
+
+    def oracle(self, agent: str) -> dict[str, Any]:
+        """Privileged (see :meth:`Scenario.oracle`): the reference fix, for the coder."""
+        return {"fixed": self.s.task.fixed} if agent == "coder" else {}
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """The hidden tests, the fix and the task's index (both seats see the same task)."""
+        index = (self.s.index + 1 + int(rng.integers(len(TASKS) - 1))) % len(TASKS)
+        other = TASKS[index]
+        self.s.task = dataclasses.replace(self.s.task, fixed=other.fixed, hidden=other.hidden)
+        self.s.index = index
+        return True
 
     def system_prompt(self, agent: str) -> str:
         common = (

@@ -147,7 +147,7 @@ class HiddenProfile(Scenario):
 
     metadata: ClassVar[dict[str, Any]] = {
         "name": "collaboration/hidden-profile-v0",
-        "render_modes": ["ansi"],
+        "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
     default_invalid_penalty = 0.05
@@ -249,6 +249,29 @@ class HiddenProfile(Scenario):
             "round": self.s.round,
             "facts": self._facts_view[agent],
         }
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """Every fact the other agents hold and ``keep`` does not: new ids, options and pros
+        (the best option follows from the new facts)."""
+        own = set(self.s.held[keep])
+        used = {f.id for facts in self.s.held.values() for f in facts}
+        free = [i for i in range(1, 100) if i not in used]
+        fresh: dict[Fact, Fact] = {}
+        for seat, facts in self.s.held.items():
+            if seat == keep:
+                continue
+            for i, fact in enumerate(facts):
+                if fact in own:
+                    continue
+                if fact not in fresh:
+                    option = self.options[int(rng.integers(len(self.options)))]
+                    text = PROS[int(rng.integers(len(PROS)))]
+                    fresh[fact] = Fact(free.pop(int(rng.integers(len(free)))), option, 1, text)
+                facts[i] = fresh[fact]
+            self._facts_view[seat] = [f.as_dict() for f in facts]
+        worth = tally((f for facts in self.s.held.values() for f in facts), self.options)
+        self.s.best = max(self.options, key=lambda option: worth[option])
+        return bool(fresh)
 
     def system_prompt(self, agent: str) -> str:
         return (

@@ -116,7 +116,7 @@ class Referential(Scenario):
 
     metadata: ClassVar[dict[str, Any]] = {
         "name": "collaboration/referential-v0",
-        "render_modes": ["ansi"],
+        "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
     s: RefState
@@ -223,6 +223,19 @@ class Referential(Scenario):
             return common
         candidates = [list(c) for c in self.s.candidates]
         return {**common, "candidates": candidates, "message": self.s.message}
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """For the listener, which candidate is the target; for the speaker, where the target
+        stands in the listener's list (the others keep their order, which the speaker sees)."""
+        if self.s.phase != "speak":
+            return False
+        if keep == "listener":
+            self.s.target = (self.s.target + 1 + int(rng.integers(self.k - 1))) % self.k
+            return True
+        target = self.s.candidates.pop(self.s.target)
+        self.s.target = int(rng.integers(self.k))
+        self.s.candidates.insert(self.s.target, target)
+        return True
 
     def system_prompt(self, agent: str) -> str:
         if agent == "speaker":

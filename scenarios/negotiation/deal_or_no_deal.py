@@ -1,4 +1,4 @@
-"""negotiation/deal-or-no-deal-v0 — divide books, hats and balls (Lewis et al. 2017).
+"""negotiation/deal-or-no-deal-v1 (and v0) — divide books, hats and balls (Lewis et al. 2017).
 
 The game of "Deal or No Deal? End-to-End Learning for Negotiation Dialogues" (Lewis, Yarats,
 Dauphin, Parikh, Batra; arXiv 1706.05125), with the published context constraints.
@@ -6,8 +6,10 @@ Dauphin, Parikh, Batra; arXiv 1706.05125), with the published context constraint
 Context: three item types (book, hat, ball), each count 1-4, 5-7 items in total. Each player
 has private non-negative integer values with ``Σ count·value = 10``; every item type is worth
 something to at least one player, and at least one item type is worth something to both.
-Counts are drawn uniformly until the total is 5-7; each player's value vector is drawn
-uniformly from all vectors that sum to 10, redrawn until the pair meets the constraints.
+v1 draws the context uniformly from the 5,295 valid ones (:func:`valid_contexts`), as the
+published data is: item totals 5 / 6 / 7 in about 47 / 38 / 15 % of episodes, so scores
+compare with the paper's. v0 drew the counts uniformly until the total was 5-7, then each
+value vector uniformly (totals about 21 / 36 / 43 %).
 
 Seats: ``player_0``, ``player_1``. The first speaker is drawn at random.
 
@@ -26,7 +28,7 @@ Actions (choose phase, both players at once, independently)::
 Agreement holds iff, for every item type, the two players' "I take" numbers add up exactly
 to the count. The talk ends after ``max_turns`` messages at the latest (then both choose).
 An empty message or a malformed claim is an invalid move (a malformed claim counts as no
-agreement).
+agreement); in v1 so is a claim whose own two halves do not add up to the counts.
 
 Observations: the private context first, then the partner's messages as they come, then a
 line saying what to do. ``infos[seat]["view"]`` holds ``phase``, ``counts``, ``values``,
@@ -47,14 +49,17 @@ Metrics: ``score`` (mean of the two players' scores), ``score_player_0``, ``scor
 Arguments: ``max_turns`` (20, messages before the choice is forced), ``invalid_penalty``,
 ``max_cycles``, ``render_mode``.
 
-    >>> env = make("negotiation/deal-or-no-deal-v0", max_turns=10)
+    >>> env = make("negotiation/deal-or-no-deal-v1", max_turns=10)
 
-Version history: v0 — first version.
+Version history: v0 — first version. v1 — contexts uniform over the valid contexts (the
+published distribution); a claim whose halves do not add up to the counts is invalid. Both:
+text from the action is escaped into the observation charset (no score changes).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 from typing import Any, ClassVar
@@ -72,8 +77,11 @@ __all__ = [
     "generate_context",
     "pareto_optimal",
     "parse_claim",
+    "DealOrNoDealV1",
+    "sample_context",
     "score",
     "valid_context",
+    "valid_contexts",
     "value_vectors",
 ]
 
@@ -128,6 +136,28 @@ def generate_context(rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:
             return counts, values_a, values_b
 
 
+@functools.cache
+def valid_contexts() -> tuple[tuple[Counts, Counts, Counts], ...]:
+    """Every valid ``(counts, values_player_0, values_player_1)``, in a fixed order (5,295).
+
+    The published data (facebookresearch/end-to-end-negotiator) is uniform over these: item
+    totals 5 / 6 / 7 in about 47 / 38 / 15 % of contexts.
+    """
+    out = []
+    for counts in itertools.product(range(1, 5), repeat=3):
+        vectors = value_vectors(counts)  # type: ignore[arg-type]
+        for values_a, values_b in itertools.product(vectors, repeat=2):
+            if valid_context(counts, values_a, values_b):  # type: ignore[arg-type]
+                out.append((counts, values_a, values_b))
+    return tuple(out)  # type: ignore[arg-type]
+
+
+def sample_context(rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:
+    """One context drawn uniformly from :func:`valid_contexts` (v1; the paper's distribution)."""
+    contexts = valid_contexts()
+    return contexts[int(rng.integers(len(contexts)))]
+
+
 def score(take: Counts, values: Counts) -> int:
     """Value of the items ``take`` under ``values``."""
     return sum(t * v for t, v in zip(take, values, strict=True))
@@ -155,8 +185,13 @@ def pareto_optimal(counts: Counts, values_a: Counts, values_b: Counts, take_a: C
     return True
 
 
-def parse_claim(text: str, counts: Counts) -> tuple[Counts | None, str | None]:
-    """``(take, None)`` for a valid claim, ``(None, None)`` for "no agreement", or a reason."""
+def parse_claim(
+    text: str, counts: Counts, *, complete: bool = False
+) -> tuple[Counts | None, str | None]:
+    """``(take, None)`` for a valid claim, ``(None, None)`` for "no agreement", or a reason.
+
+    ``complete`` (v1): the claim's two halves must add up to the counts, item by item.
+    """
     if text.strip().lower() == NO_AGREEMENT:
         return None, None
     match = _CLAIM.match(text)
@@ -170,6 +205,8 @@ def parse_claim(text: str, counts: Counts) -> tuple[Counts | None, str | None]:
     for name, m, t, c in zip(ITEMS, mine, theirs, counts, strict=True):
         if m > c or t > c:
             return None, f"there are only {c} {name}(s); claims cannot exceed the count"
+        if complete and m + t != c:
+            return None, f"there are {c} {name}(s); your two halves give {m} + {t}"
     return (mine[0], mine[1], mine[2]), None
 
 
@@ -203,10 +240,12 @@ class DealOrNoDeal(Scenario):
 
     metadata: ClassVar[dict[str, Any]] = {
         "name": "negotiation/deal-or-no-deal-v0",
-        "render_modes": ["ansi"],
+        "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
     default_invalid_penalty = 0.5
+    complete_claims: ClassVar[bool] = False
+    """v1: a claim whose halves do not add up to the counts is invalid."""
     s: DealState
 
     def __init__(
@@ -228,7 +267,7 @@ class DealOrNoDeal(Scenario):
         return SEATS[1 - SEATS.index(agent)]
 
     def new_episode(self, rng: np.random.Generator) -> None:
-        counts, values_a, values_b = generate_context(rng)
+        counts, values_a, values_b = self.draw_context(rng)
         first = SEATS[int(rng.integers(2))]
         self.s = DealState(counts, {SEATS[0]: values_a, SEATS[1]: values_b}, first, first)
         for agent in SEATS:
@@ -238,6 +277,9 @@ class DealOrNoDeal(Scenario):
                 f"{first} speaks first.",
             )
 
+    def draw_context(self, rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:
+        return generate_context(rng)
+
     def acting(self) -> list[str]:
         if self.s.phase == "talk":
             return [self.s.speaker]
@@ -245,7 +287,7 @@ class DealOrNoDeal(Scenario):
 
     def play(self, agent: str, action: str) -> str | None:
         if self.s.phase == "choose":
-            take, reason = parse_claim(action, self.s.counts)
+            take, reason = parse_claim(action, self.s.counts, complete=self.complete_claims)
             self.s.claims[agent] = take
             return reason
         text = action.strip()
@@ -309,6 +351,21 @@ class DealOrNoDeal(Scenario):
             "selector": self.s.selector,
         }
 
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """The partner's values: another vector valid with ``keep``'s values and the counts."""
+        partner = self.partner(keep)
+        mine, theirs = self.s.values[keep], self.s.values[partner]
+        choices = [
+            v
+            for v in value_vectors(self.s.counts)
+            if v != theirs
+            and valid_context(self.s.counts, *((mine, v) if keep == SEATS[0] else (v, mine)))
+        ]
+        if not choices:
+            return False
+        self.s.values[partner] = choices[int(rng.integers(len(choices)))]
+        return True
+
     def system_prompt(self, agent: str) -> str:
         return (
             "You negotiate how to divide books, hats and balls with a partner. You each value "
@@ -340,3 +397,16 @@ class DealOrNoDeal(Scenario):
                 )
             )
         return out
+
+
+class DealOrNoDealV1(DealOrNoDeal):
+    """v1: contexts uniform over the valid ones, and claims must be complete divisions."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        **DealOrNoDeal.metadata,
+        "name": "negotiation/deal-or-no-deal-v1",
+    }
+    complete_claims = True
+
+    def draw_context(self, rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:
+        return sample_context(rng)

@@ -1,4 +1,4 @@
-"""negotiation/simple-trade-v0 - a two-resource trade game (SimpleNegotiation, as in SPIRAL).
+"""negotiation/simple-trade-v0 - a two-resource trade game after SPIRAL's SimpleNegotiation.
 
 The SimpleNegotiation game used by SPIRAL (arXiv 2506.24119, from TextArena): both players
 start with Wood 10 and Gold 10; ``player_0`` values Wood 5 / Gold 15, ``player_1`` values
@@ -41,7 +41,9 @@ Arguments: ``max_turns`` (10), ``invalid_penalty``, ``max_cycles``, ``render_mod
 
     >>> env = make("negotiation/simple-trade-v0", max_turns=10)
 
-Version history: v0 - first version.
+Version history: v0 - first version (kept reproducible). Its rules differ from SPIRAL's
+SimpleNegotiation (offer syntax, offers lapsing after one turn, turns lost to invalid moves,
+...): ``negotiation/simple-trade-v1`` plays SPIRAL's rules exactly.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class SimpleTrade(Scenario):
 
     metadata: ClassVar[dict[str, Any]] = {
         "name": "negotiation/simple-trade-v0",
-        "render_modes": ["ansi"],
+        "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
     default_invalid_penalty = 0.1
@@ -147,11 +149,14 @@ class SimpleTrade(Scenario):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
+        self.values: dict[str, Bundle] = {seat: dict(VALUES[seat]) for seat in SEATS}
 
     def new_episode(self, rng: np.random.Generator) -> None:
+        # Per episode, outside the state (v0's state() is unchanged); redraw_private edits it.
+        self.values = {seat: dict(VALUES[seat]) for seat in SEATS}
         self.s = TradeState({seat: dict(START) for seat in SEATS})
         for seat in SEATS:
-            values = ", ".join(f"{r} {v}" for r, v in VALUES[seat].items())
+            values = ", ".join(f"{r} {v}" for r, v in self.values[seat].items())
             self.tell(seat, f"You are {seat}. You hold {show(START)}. Your values: {values}.")
 
     def acting(self) -> list[str]:
@@ -196,8 +201,8 @@ class SimpleTrade(Scenario):
 
     def gains(self) -> dict[str, int]:
         return {
-            seat: inventory_value(self.s.inventory[seat], VALUES[seat])
-            - inventory_value(START, VALUES[seat])
+            seat: inventory_value(self.s.inventory[seat], self.values[seat])
+            - inventory_value(START, self.values[seat])
             for seat in SEATS
         }
 
@@ -237,11 +242,17 @@ class SimpleTrade(Scenario):
         return {
             "seat": agent,
             "inventory": dict(self.s.inventory[agent]),
-            "values": dict(VALUES[agent]),
+            "values": dict(self.values[agent]),
             "pending": self.pending_for(agent),
             "pending_from_partner": bool(self.s.pending and self.s.pending["from"] != agent),
             "turns_left": self.max_turns - self.s.turn_index,
         }
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """The partner's values (each player knows only its own)."""
+        partner = SEATS[1 - SEATS.index(keep)]
+        self.values[partner] = {r: int(rng.integers(1, 21)) for r in RESOURCES}
+        return True
 
     def system_prompt(self, agent: str) -> str:
         return (

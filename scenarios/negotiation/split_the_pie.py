@@ -115,7 +115,7 @@ class SplitThePie(Scenario):
 
     metadata: ClassVar[dict[str, Any]] = {
         "name": "negotiation/split-the-pie-v0",
-        "render_modes": ["ansi"],
+        "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
     default_invalid_penalty = 0.05
@@ -232,6 +232,10 @@ class SplitThePie(Scenario):
             "proposer": self.s.proposer,
             "proposal": list(self.s.proposal) if self.s.proposal is not None else None,
         }
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """Nothing is private: proposals and votes are public, proposers drawn as play goes."""
+        return False
 
     def system_prompt(self, agent: str) -> str:
         return (

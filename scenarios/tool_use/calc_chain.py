@@ -52,7 +52,11 @@ Arguments: ``max_turns`` (6), ``format_weight`` (0.1), ``invalid_penalty``, ``ma
 
     >>> env = make("tool_use/calc-chain-v0", max_turns=6)
 
-Version history: v0 — first version.
+Version history: v0 — first version. Later fixes that change no score of a finished
+episode: answers are read in bounded time (``"1e999999999"`` used to stall ``step`` for hours;
+any exponent over 1,000 is a wrong answer, as it always was); JSON nested deeper than 64 levels
+or holding integers over 4,300 digits is an invalid move (it used to raise out of ``step``);
+text from the action is escaped into the observation charset.
 """
 
 from __future__ import annotations
@@ -302,7 +306,7 @@ class CalcChain(Scenario):
 
     metadata: ClassVar[dict[str, Any]] = {
         "name": "tool_use/calc-chain-v0",
-        "render_modes": ["ansi"],
+        "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
     default_invalid_penalty = 0.1
@@ -386,6 +390,10 @@ class CalcChain(Scenario):
             "tools": self.tools.specs(),
             "tool_results": self.s.last_results,
         }
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """Nothing is hidden: the answer follows from the problem the solver is shown."""
+        return False
 
     def system_prompt(self, agent: str) -> str:
         return (

@@ -32,8 +32,12 @@ Actions:
 Observations: the user is told its goal privately and sees the assistant's messages; the
 assistant sees the user's messages and its tool results. ``infos[seat]["view"]``: for the user
 ``goal``, ``opening`` (a first message that states the goal) and ``last_message``; for the
-assistant ``task`` (the task index, for oracle baselines), ``last_message``, ``tools`` (OpenAI
-function specs) and ``tool_results`` (this turn's results as ToolResult dicts). The
+assistant ``last_message``, ``tools`` (OpenAI function specs) and ``tool_results`` (this turn's
+results as ToolResult dicts). Nothing in the assistant's infos names the task: the task tables
+are public, so an index would hand any agent the user's goal and the reference actions.
+Scripted oracles get the reference through the privileged :meth:`RetailDesk.oracle` hook
+(``email``, ``actions``, ``facts``), which the runner gives only to in-process agents marked
+``privileged``. The
 assistant's ``infos["assistant"]["constraint"]`` is a ``json`` constraint for structured
 output (the tool-call form or the message form).
 
@@ -55,7 +59,10 @@ Arguments: ``num_tasks`` (40), ``task`` (None: drawn by the seed), ``max_steps``
 
     >>> env = make("tool_use/retail-desk-v0", task=3)
 
-Version history: v0 — first version.
+Version history: v0 — first version. Later fixes that change no score: the assistant's view
+no longer holds the task index (the privileged ``oracle`` hook replaces it); JSON nested
+deeper than 64 levels or holding integers over 4,300 digits is an invalid move (it used to
+raise out of ``step``); text from agents is escaped into the observation charset.
 """
 
 from __future__ import annotations
@@ -219,7 +226,7 @@ class RetailDesk(Scenario):
 
     metadata: ClassVar[dict[str, Any]] = {
         "name": "tool_use/retail-desk-v0",
-        "render_modes": ["ansi"],
+        "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
     max_action_length = 4000
@@ -336,11 +343,29 @@ class RetailDesk(Scenario):
         if agent == "user":
             return {"goal": self.s.task.goal, "opening": self.s.task.opening, "last_message": last}
         return {
-            "task": self.s.task.index,
             "last_message": last,
             "tools": self.tools.specs(),
             "tool_results": self.s.last_results,
         }
+
+    def oracle(self, agent: str) -> dict[str, Any]:
+        """Privileged (see :meth:`Scenario.oracle`): the assistant's reference solution."""
+        if agent != "assistant":
+            return {}
+        task = self.s.task
+        actions = [[name, dict(args)] for name, args in task.actions]
+        return {"email": task.email, "actions": actions, "facts": list(task.facts)}
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """The user's task (goal, reference, facts) for the assistant; the store's database
+        for the user (only the assistant's tools read it)."""
+        other = self.s.task.index + 1 + int(rng.integers(1000))  # any other task
+        if keep == "assistant":
+            self.s.task = build_task(other)
+        else:
+            self.db = RetailDB.generate(_rng(other))
+            self.tools = ToolBox(self.db.tools())
+        return True
 
     def system_prompt(self, agent: str) -> str:
         if agent == "user":

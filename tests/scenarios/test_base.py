@@ -130,8 +130,16 @@ def test_state_is_ascii_json_in_state_space() -> None:
 
 def test_constructor_rejects_unknown_render_mode() -> None:
     with pytest.raises(ConfigError):
-        Chat(render_mode="human")
+        Chat(render_mode="rgb_array")
     assert Chat(render_mode=None).render() is None
+
+
+def test_human_render_mode_prints_the_ansi_text(capsys: pytest.CaptureFixture[str]) -> None:
+    human, ansi = Chat(render_mode="human"), Chat(render_mode="ansi")
+    for env in (human, ansi):
+        env.reset(seed=0)
+    assert human.render() is None
+    assert capsys.readouterr().out == ansi.render() + "\n"
 
 
 @pytest.mark.parametrize(

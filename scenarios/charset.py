@@ -1,0 +1,35 @@
+"""The text of observations and actions: printable ASCII plus newline, and escaping into it.
+
+Observations must lie in their ``Text`` space whatever an agent smuggles in (JSON ``\\u``
+escapes decode to NUL, ESC, non-ASCII, lone surrogates): :func:`printable` escapes every
+character outside :data:`CHARSET`, visibly and reversibly (``\\x1b``, ``\\u00e9``).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["CHARSET", "OUTSIDE_CHARSET", "printable"]
+
+CHARSET: str = "".join(chr(code) for code in range(32, 127)) + "\n"
+"""Characters of every observation and action: printable ASCII plus newline."""
+
+OUTSIDE_CHARSET = re.compile(r"[^\x20-\x7e\n]")
+"""Matches one character outside :data:`CHARSET`."""
+
+
+def printable(text: str) -> str:
+    """``text`` with every character outside :data:`CHARSET` escaped (``\\x1b``, ``\\u00e9``).
+
+    Free for text that is already inside the charset (the common case, decided at C speed).
+    """
+    if text.isascii() and (text.isprintable() or OUTSIDE_CHARSET.search(text) is None):
+        return text
+    return OUTSIDE_CHARSET.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

@@ -1,0 +1,346 @@
+"""negotiation/simple-trade-v1 - SPIRAL's SimpleNegotiation, rule for rule.
+
+The two-resource trade game SPIRAL trains on (arXiv 2506.24119; ``spiral/envs/
+SimpleNegotiation/env.py`` on TextArena 0.6.4, ``max_turns=10``, ``error_allowance=0``).
+Both players start with Wood 10 and Gold 10; ``player_0`` values Wood 5 / Gold 15,
+``player_1`` Wood 15 / Gold 5; each knows only its own values and stock. They alternate,
+``player_0`` first, for ``max_turns`` turns in total. The larger gain in inventory value wins
+(+1 / -1; equal gains draw, 0 / 0).
+
+Seats: ``player_0``, ``player_1``.
+
+Actions: any text; the whole text goes to the partner as a message. Tokens in it act:
+
+=================================  ==========================================================
+``[Offer: 3 Wood -> 2 Gold]``      offer what you give -> what you ask; ``,`` or ``and`` join
+                                   items (``[Offer: 1 Wood and 2 Gold -> 3 Wood]``); every
+                                   quantity > 0; ``I give`` / ``I offer`` may lead; plurals
+                                   ``Woods``/``Golds`` and any letter case are accepted
+``[Accept]``                       accept the partner's pending offer (the trade executes)
+``[Deny]``                         deny the partner's pending offer
+=================================  ==========================================================
+
+The rules, as SPIRAL's environment applies them each turn, in this order:
+
+1. A pending offer made to you: ``[Accept]`` executes it when both sides hold what it moves.
+   If you lack what it asks, that is an invalid move; if the offerer lacks what it offered,
+   or neither holds enough, the offer is cancelled (no fault). ``[Deny]`` clears it. A turn
+   with neither leaves it pending: an offer persists until accepted, denied or countered.
+2. ``[Accept]`` while your own offer is pending is an invalid move; ``[Accept]`` or
+   ``[Deny]`` with nothing pending is ignored.
+3. Then the first ``[Offer: ...]`` in the text, if any (also after an ``[Accept]`` in the
+   same turn): a malformed offer, or one offering more than you hold, is an invalid move;
+   otherwise it becomes the pending offer (a counter-offer denies the partner's offer).
+
+The first invalid move ends the game: -1 to the offender, 0 to the partner. So does an
+action outside the action space (not printable ASCII, too long).
+
+Option ``randomize=True`` (not SPIRAL's game; for training on varied games): each episode
+draws each player's stock of each resource from 5-15 and its values from 1-20, redrawn until
+the two players rank the resources differently (so some trade helps both).
+
+Observations: the player's stock and values first, then the partner's messages and the
+game's notices (offers made, accepted, denied, cancelled), then what to do.
+``infos[seat]["view"]`` holds ``inventory``, ``values``, ``pending`` (``{"give": {...},
+"get": {...}}`` from this seat's side, or ``None``), ``pending_from_partner`` and
+``turns_left``.
+
+Rewards (on the last step):
+
+==========  ====================================================================
+component   value
+==========  ====================================================================
+task        +1 to the larger gain in inventory value, -1 to the other, 0 on a tie;
+            -1 to the first invalid move's author (0 to the partner)
+invalid     -``invalid_penalty`` per invalid move (default 0: the -1 is the game's)
+==========  ====================================================================
+
+Metrics: ``gain_player_0``, ``gain_player_1``, ``trades``, ``draw``, ``forfeit``.
+
+Arguments: ``max_turns`` (10), ``randomize`` (False), ``invalid_penalty``, ``max_cycles``,
+``render_mode``.
+
+    >>> env = make("negotiation/simple-trade-v1", randomize=True)
+
+Version history: v0 - first version (its own offer syntax, offers that lapse after one
+turn, turns lost to invalid moves). v1 - SPIRAL's rules exactly (above), and ``randomize``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parley.scenarios.base import Scenario
+
+__all__ = ["SimpleNegotiation", "NegotiationState", "parse_offer", "parse_resources"]
+
+RESOURCES = ("Wood", "Gold")
+SEATS = ("player_0", "player_1")
+START = {"Wood": 10, "Gold": 10}
+VALUES = {"player_0": {"Wood": 5, "Gold": 15}, "player_1": {"Wood": 15, "Gold": 5}}
+# SPIRAL's patterns, verbatim.
+ACCEPT = re.compile(r"\[Accept\]", re.IGNORECASE)
+DENY = re.compile(r"\[Deny\]", re.IGNORECASE)
+OFFER = re.compile(
+    r"\[Offer:\s*(?:I\s+(?:give|offer)\s+)?([^\[\]]+?)\s*\.*\]", re.IGNORECASE | re.DOTALL
+)
+_ITEM = re.compile(r"^(\d+)\s+(.+)$")
+_ALIASES = {"Woods": "Wood", "Golds": "Gold"}
+
+Bundle = dict[str, int]
+
+
+def parse_resources(text: str) -> Bundle | None:
+    """``"2 Wood and 1 Gold"`` -> ``{"Wood": 2, "Gold": 1}``; ``None`` if any item is bad."""
+    bundle: Bundle = {}
+    for item in re.split(r",\s*|\s+and\s+", text, flags=re.IGNORECASE):
+        item = item.strip()
+        if not item:
+            continue
+        match = _ITEM.match(item)
+        if match is None:
+            return None
+        digits, name = match.groups()
+        name = _ALIASES.get(name.strip().title(), name.strip().title())
+        if len(digits) > 9 or name not in RESOURCES or int(digits) <= 0:
+            return None  # (9 digits: more than any stock; keeps int() cheap)
+        bundle[name] = bundle.get(name, 0) + int(digits)
+    return bundle
+
+
+def parse_offer(text: str) -> tuple[Bundle, Bundle] | None:
+    """The ``(give, get)`` of an offer body (what follows ``[Offer:``), or ``None``."""
+    text = " ".join(text.split())
+    text = re.sub(r"[.,!?]+$", "", text)
+    text = re.sub(r"^(I\s+(?:give|offer)\s+)", "", text, flags=re.IGNORECASE)
+    parts = re.split(r"\s*->\s*", text)
+    if len(parts) != 2:
+        return None
+    give, get = parse_resources(parts[0].strip()), parse_resources(parts[1].strip())
+    return (give, get) if give and get else None
+
+
+def covers(stock: Bundle, bundle: Bundle) -> bool:
+    return all(stock.get(r, 0) >= n for r, n in bundle.items())
+
+
+def show(bundle: Bundle) -> str:
+    return ", ".join(f"{n} {r}" for r, n in bundle.items()) or "nothing"
+
+
+@dataclasses.dataclass
+class NegotiationState:
+    inventory: dict[str, Bundle]
+    start: dict[str, Bundle]
+    values: dict[str, Bundle]
+    turn_index: int = 0
+    pending: dict[str, Any] | None = None  # {"from": seat, "give": Bundle, "get": Bundle}
+    trades: int = 0
+    invalid_seen: int = 0
+    forfeit: str = ""
+    outcome: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class SimpleNegotiation(Scenario):
+    """SPIRAL's SimpleNegotiation, exactly; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "negotiation/simple-trade-v1",
+        "render_modes": ["ansi", "human"],
+        "is_parallelizable": True,
+    }
+    s: NegotiationState
+
+    def __init__(
+        self,
+        max_turns: int = 10,
+        randomize: bool = False,
+        *,
+        invalid_penalty: float | None = None,
+        max_cycles: int | None = None,
+        render_mode: str | None = "ansi",
+    ) -> None:
+        super().__init__(
+            SEATS, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
+        )
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns, self.randomize = max_turns, bool(randomize)
+
+    def new_episode(self, rng: np.random.Generator) -> None:
+        if self.randomize:
+            start = {seat: {r: int(rng.integers(5, 16)) for r in RESOURCES} for seat in SEATS}
+            values = _random_values(rng)
+        else:
+            start = {seat: dict(START) for seat in SEATS}
+            values = {seat: dict(VALUES[seat]) for seat in SEATS}
+        inventory = {seat: dict(start[seat]) for seat in SEATS}
+        self.s = NegotiationState(inventory, start, values)
+        for seat in SEATS:
+            mine = ", ".join(
+                f"{r} {start[seat][r]} (worth {values[seat][r]} each)" for r in RESOURCES
+            )
+            self.tell(seat, f"You are {seat}. You hold: {mine}.")
+
+    def acting(self) -> list[str]:
+        return [SEATS[self.s.turn_index % 2]]
+
+    def play(self, agent: str, action: str) -> str | None:
+        if action.strip():
+            self.say(agent, action.strip())
+        reason = self._answer_pending(agent, action)
+        if reason is None:
+            reason = self._new_offer(agent, action)
+        return reason
+
+    def _answer_pending(self, agent: str, action: str) -> str | None:
+        offer = self.s.pending
+        if offer is None:
+            return None  # accept/deny with nothing pending: ignored
+        if offer["from"] == agent:
+            if ACCEPT.search(action):
+                return "you cannot accept your own offer"
+            return None
+        if ACCEPT.search(action):
+            return self._execute(agent, offer)
+        if DENY.search(action):
+            self.s.pending = None
+            self.announce(f"{agent} denied the offer from {offer['from']}.")
+        return None
+
+    def _execute(self, agent: str, offer: dict[str, Any]) -> str | None:
+        offerer = offer["from"]
+        offerer_ok = covers(self.s.inventory[offerer], offer["give"])
+        taker_ok = covers(self.s.inventory[agent], offer["get"])
+        if offerer_ok and not taker_ok:
+            return "you accepted a trade without holding what it asks of you"
+        self.s.pending = None
+        if not offerer_ok:
+            self.announce(f"Trade cancelled: {offerer} no longer holds what it offered.")
+            return None
+        for resource, n in offer["give"].items():
+            self.s.inventory[offerer][resource] -= n
+            self.s.inventory[agent][resource] += n
+        for resource, n in offer["get"].items():
+            self.s.inventory[agent][resource] -= n
+            self.s.inventory[offerer][resource] += n
+        self.s.trades += 1
+        self.announce(f"{agent} accepted the offer from {offerer}.")
+        return None
+
+    def _new_offer(self, agent: str, action: str) -> str | None:
+        match = OFFER.search(action)
+        if match is None:
+            return None
+        parsed = parse_offer(match.group(1).strip())
+        if parsed is None:
+            return "an offer looks like [Offer: 3 Wood -> 2 Gold] (quantities > 0)"
+        give, get = parsed
+        if not covers(self.s.inventory[agent], give):
+            return "you offered more than you hold"
+        previous = self.s.pending
+        if previous is not None and previous["from"] != agent:
+            self.announce(f"{agent} implicitly denied the offer from {previous['from']}.")
+        self.s.pending = {"from": agent, "give": give, "get": get}
+        partner = SEATS[1 - SEATS.index(agent)]
+        self.announce(f"{agent} offers {partner}: {show(give)} -> {show(get)}.")
+        return None
+
+    def resolve(self) -> None:
+        # Called once per step, after the mover's play (or after the machinery refused an
+        # action outside the action space, when play is not called at all).
+        mover = self.acting()[0]
+        self.s.turn_index += 1
+        if self.invalid_moves() > self.s.invalid_seen:  # SPIRAL: error_allowance=0
+            self.s.forfeit = mover
+            self._end({mover: -1.0}, f"{mover} made an invalid move.")
+        elif self.s.turn_index >= self.max_turns:
+            gains = self.gains()
+            sign = float(np.sign(gains[SEATS[0]] - gains[SEATS[1]]))
+            self._end(
+                {SEATS[0]: sign, SEATS[1]: -sign}, f"Gains: {gains[SEATS[0]]} / {gains[SEATS[1]]}."
+            )
+
+    def _end(self, outcome: dict[str, float], why: str) -> None:
+        self.s.outcome = {seat: outcome.get(seat, 0.0) for seat in SEATS}
+        for seat in SEATS:
+            self.reward(seat, "task", self.s.outcome[seat])
+        self.announce(f"Game over. {why}")
+        self.finish()
+
+    def gains(self) -> dict[str, int]:
+        return {
+            seat: sum(
+                (self.s.inventory[seat][r] - self.s.start[seat][r]) * self.s.values[seat][r]
+                for r in RESOURCES
+            )
+            for seat in SEATS
+        }
+
+    def pending_for(self, agent: str) -> dict[str, Bundle] | None:
+        offer = self.s.pending
+        if offer is None:
+            return None
+        if offer["from"] == agent:
+            return {"give": dict(offer["give"]), "get": dict(offer["get"])}
+        return {"give": dict(offer["get"]), "get": dict(offer["give"])}
+
+    def prompt(self, agent: str) -> str:
+        left = self.max_turns - self.s.turn_index
+        offer = self.s.pending
+        status = ""
+        if offer is not None and offer["from"] != agent:
+            give, get = show(offer["get"]), show(offer["give"])
+            status = f"Pending offer to you: you give {give}, you get {get}. "
+        return (
+            f"{status}You hold {show(self.s.inventory[agent])}. {left} turns left. "
+            "Write a message with [Offer: 3 Wood -> 2 Gold], [Accept] or [Deny] if you wish."
+        )
+
+    def view(self, agent: str) -> dict[str, Any]:
+        return {
+            "seat": agent,
+            "inventory": dict(self.s.inventory[agent]),
+            "values": dict(self.s.values[agent]),
+            "pending": self.pending_for(agent),
+            "pending_from_partner": bool(self.s.pending and self.s.pending["from"] != agent),
+            "turns_left": self.max_turns - self.s.turn_index,
+        }
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """The partner's values (its stock decides which trades go through, which both see)."""
+        partner = SEATS[1 - SEATS.index(keep)]
+        self.s.values[partner] = {r: int(rng.integers(1, 21)) for r in RESOURCES}
+        return True
+
+    def system_prompt(self, agent: str) -> str:
+        return (
+            "You trade Wood and Gold with one partner; you know only your own stock and values. "
+            "Each turn write a message; it may hold [Offer: 3 Wood -> 2 Gold] (you give -> you "
+            "get; join items with ',' or 'and'; quantities > 0), [Accept] or [Deny] (the "
+            "partner's pending offer; an offer stays pending until answered or countered). "
+            f"After {self.max_turns} turns in total the player whose inventory value grew more "
+            "wins. Any invalid move (a malformed offer, offering what you do not hold, "
+            "accepting your own offer or what you cannot pay) loses the game at once."
+        )
+
+    def metrics(self) -> dict[str, float]:
+        gains = self.gains()
+        out = {f"gain_{seat}": float(gains[seat]) for seat in SEATS}
+        out["trades"] = float(self.s.trades)
+        if self.s.outcome:
+            out["draw"] = float(self.s.outcome[SEATS[0]] == self.s.outcome[SEATS[1]])
+            out["forfeit"] = float(bool(self.s.forfeit))
+        return out
+
+
+def _random_values(rng: np.random.Generator) -> dict[str, Bundle]:
+    while True:
+        values = {seat: {r: int(rng.integers(1, 21)) for r in RESOURCES} for seat in SEATS}
+        a, b = values[SEATS[0]], values[SEATS[1]]
+        if a["Wood"] * b["Gold"] != a["Gold"] * b["Wood"]:  # different ratios: gains exist
+            return values

@@ -1,0 +1,105 @@
+"""The non-interference check catches leaks of private data, and every built-in scenario
+with private data defines the hook it needs (issue 10, section 2)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from parley.scenarios import register, registry
+from parley.scenarios.conformance import (
+    ConformanceFailure,
+    NotApplicable,
+    check_noninterference,
+    play_episode,
+)
+from parley.scenarios.negotiation.deal_or_no_deal import DealOrNoDeal
+from parley.scenarios.tool_use.retail_desk import RetailDesk
+
+NOTHING_HIDDEN = {"tool_use/calc-chain-v0", "negotiation/split-the-pie-v0"}
+BUILT_IN = sorted(i for i, s in registry().items() if s.entry_point.startswith("parley."))
+
+
+class IndexInView(RetailDesk):
+    """v0's leak: the task index in the assistant's view (public tables map it to the goal)."""
+
+    def view(self, agent: str) -> dict[str, Any]:
+        return {**super().view(agent), "task": self.s.task.index}
+
+
+class TellsPartnerValues(DealOrNoDeal):
+    """Announces both players' values once the talk has started."""
+
+    def play(self, agent: str, action: str) -> str | None:
+        if self.s.talk_turns == 0:
+            self.announce(f"values: {self.s.values}")
+        return super().play(agent, action)
+
+
+class PartnerValuesInInfos(DealOrNoDeal):
+    def view(self, agent: str) -> dict[str, Any]:
+        return {**super().view(agent), "partner": list(self.s.values[self.partner(agent)])}
+
+
+LEAKY = {
+    "test/leak-index-v0": (IndexInView, "tool_use/retail-desk-v0"),
+    "test/leak-announce-v0": (TellsPartnerValues, "negotiation/deal-or-no-deal-v0"),
+    "test/leak-infos-v0": (PartnerValuesInInfos, "negotiation/deal-or-no-deal-v0"),
+}
+for _id, (_cls, _like) in LEAKY.items():
+    register(
+        _id,
+        f"{__name__}:{_cls.__name__}",
+        baselines=dict(registry()[_like].baselines),
+        override=True,
+    )
+
+
+@pytest.mark.parametrize("scenario_id", sorted(LEAKY))
+def test_the_check_fails_on_a_leak(scenario_id: str) -> None:
+    with pytest.raises(ConformanceFailure, match="depends on data it may not know"):
+        check_noninterference(scenario_id)
+
+
+@pytest.mark.parametrize("scenario_id", BUILT_IN)
+def test_every_built_in_scenario_passes_or_has_nothing_hidden(scenario_id: str) -> None:
+    if scenario_id in NOTHING_HIDDEN:
+        with pytest.raises(NotApplicable, match="nothing"):
+            check_noninterference(scenario_id)
+    else:
+        check_noninterference(scenario_id)
+
+
+@pytest.mark.parametrize("scenario_id", sorted(set(BUILT_IN) - NOTHING_HIDDEN))
+def test_redraw_private_really_changes_the_episode(scenario_id: str) -> None:
+    """A hook that redraws nothing would pass the check vacuously: the state must change,
+    and with it the outcome of some episode."""
+    from parley.scenarios import make
+
+    def fingerprint(env: Any) -> str:
+        seats = env.possible_agents
+        return env.state() + json.dumps([[env.view(a), env.oracle(a)] for a in seats])
+
+    for seed in range(4):
+        for index, seat in enumerate(make(scenario_id).possible_agents):
+            env = make(scenario_id)
+            env.reset(seed=seed)
+            before = fingerprint(env)
+            assert env.redraw_private(seat, np.random.default_rng([seed, index]))
+            assert fingerprint(env) != before, (seed, seat)
+
+
+def test_oracles_play_with_the_privileged_hook_only() -> None:
+    """The retail oracle solves every task through play_episode (which follows the runner's
+    rule), and nothing in the transcript names the task."""
+    for seed in range(3):
+        record = play_episode("tool_use/retail-desk-v0", seed=seed)
+        assert '"success": 1.0' in record[-1][1]
+        for row in record[:-1]:
+            if isinstance(row[1], str) and row[1].startswith("{"):
+                infos = json.loads(row[2])
+                assert "task" not in infos["assistant"]["view"]
+                assert "oracle" not in json.dumps(infos)
