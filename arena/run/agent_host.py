@@ -1,18 +1,22 @@
 """Agent hosting: a bus endpoint that answers each ``Observation`` with its agent's ``Action``.
 
-The runner reaches every agent through the bus. In-process agents live in an
-:class:`AgentHost` on an ``inproc://`` endpoint of the runner's own process; a remote agent
-(``parley agent --connect ... --seat ...``) is the very same :class:`AgentHost` in another
-process. One host serves any number of concurrent episodes: it keeps one agent instance per
-``(episode id, seat)``, created on the first observation of that pair and reset with the
-seed the runner put in ``Observation.info["agent_seed"]``.
+The runner reaches remote agents through the bus: a remote agent (``parley agent --connect
+... --seat ...``) is an :class:`AgentHost` on an endpoint of another process. In-process
+agents live in the very same :class:`AgentHost`, which the runner calls directly
+(:meth:`AgentHost.answer`, with the observation and action passed through the wire codec so
+that the agent sees what a remote one would), or, with ``RunConfig.local_agents_over_bus``,
+on an ``inproc://`` endpoint of the runner's process. One host serves any number of
+concurrent episodes: it keeps one agent instance per ``(episode id, seat)``, created on the
+first observation of that pair and reset with the seed the runner put in
+``Observation.info["agent_seed"]``.
 
 Episode end: the arena sends each seat it asked anything a one-way ``Observation`` with
 ``terminated`` (or ``truncated``) set; the host then closes the agent and forgets it.
 ``info["failed"]`` holds the reason when the episode failed. An ``act`` still running then
-(an agent that hung past the arena's timeout) is not cancelled: ``act`` runs inside the
-bus's request handler, eagerly, so that a scripted agent answers without creating a task;
-:meth:`Agent.close` should make it return, and closing the endpoint cancels it.
+(an agent that hung past the arena's timeout) is not cancelled over the bus: ``act`` runs
+inside the bus's request handler, eagerly, so that a scripted agent answers without creating
+a task; :meth:`Agent.close` should make it return, and closing the endpoint cancels it.
+Called directly, an ``act`` past its timeout is cancelled.
 """
 
 from __future__ import annotations
@@ -40,16 +44,18 @@ FAILED_KEY = "failed"
 class AgentHost:
     """Plays the seats in ``factories`` for every episode that asks, on ``endpoint``.
 
-    Registers an ``Observation`` handler on ``endpoint`` at construction; the endpoint's
-    owner binds or connects it. An agent that raises makes the request answer with an
-    ``Error`` (the runner fails that episode); other episodes are unaffected.
+    Registers an ``Observation`` handler on ``endpoint`` at construction (none without
+    one: the owner calls :meth:`answer` and :meth:`end`); the endpoint's owner binds or
+    connects it. An agent that raises makes the request answer with an ``Error`` (the
+    runner fails that episode); other episodes are unaffected.
     """
 
-    def __init__(self, endpoint: Endpoint, factories: Mapping[str, AgentFactory]) -> None:
+    def __init__(self, endpoint: Endpoint | None, factories: Mapping[str, AgentFactory]) -> None:
         self.endpoint = endpoint
         self._factories = dict(factories)
         self._agents: dict[tuple[str, str], Agent] = {}
-        endpoint.on(Observation, self._on_observation)
+        if endpoint is not None:
+            endpoint.on(Observation, self._on_observation)
 
     @property
     def seats(self) -> list[str]:
@@ -65,10 +71,14 @@ class AgentHost:
         obs = envelope.body
         if not isinstance(obs, Observation):  # the bus dispatches by type; be explicit
             raise TypeError(f"expected an observation, got {type(obs).__name__}")
-        key = (envelope.episode, obs.agent)
         if obs.terminated or obs.truncated:
-            await self._end(key)
+            await self._end((envelope.episode, obs.agent))
             return None
+        return await self.answer(envelope.episode, obs)
+
+    async def answer(self, episode: str, obs: Observation) -> Action:
+        """The action of ``obs.agent``'s agent in ``episode`` (made on first use)."""
+        key = (episode, obs.agent)
         agent = self._agents.get(key)
         if agent is None:
             agent = self._new_agent(obs)
@@ -94,6 +104,10 @@ class AgentHost:
         seed = obs.info.get(AGENT_SEED_KEY)
         agent.reset(seed if isinstance(seed, int) else None)
         return agent
+
+    async def end(self, episode: str, seat: str) -> None:
+        """``episode`` is over for ``seat``: close its agent and forget it."""
+        await self._end((episode, seat))
 
     async def _end(self, key: tuple[str, str]) -> None:
         agent = self._agents.pop(key, None)

@@ -1,0 +1,135 @@
+"""In-process agents called without the bus keep the bus's messages and failures.
+
+:class:`DirectAgents` must be indistinguishable from a bus round trip for an agent and for
+the runner: decoded copies in and out, ``handler_failed`` for an agent that raises, a
+timeout (and a cancelled ``act``) for one that hangs, a protocol error for a value the
+wire cannot carry, and an agent per (episode, seat) closed when its episode ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from parley.agents.base import Agent
+from parley.arena.run.agent_host import AgentHost
+from parley.arena.run.direct import DirectAgents
+from parley.protocols.codec import Codec
+from parley.protocols.errors import ProtocolError, RemoteError, RequestTimeout
+from parley.protocols.messages import Action, Observation
+
+
+class _Echo(Agent):
+    """Answers with what it saw of ``info`` (to show it got the wire's decoded copy)."""
+
+    seen: list[Any] = []  # noqa: RUF012 -- shared on purpose: the test reads what agents saw
+    closed: list[Any] = []  # noqa: RUF012
+
+    async def act(self, observation: Observation) -> Action:
+        if observation.info.get("sleep"):
+            await asyncio.sleep(observation.info["sleep"])
+        if observation.info.get("raise"):
+            raise ValueError("no move for this")
+        _Echo.seen.append(observation)
+        return Action(agent=observation.agent, text=repr(observation.info.get("pair")))
+
+    async def close(self) -> None:
+        _Echo.closed.append(self)
+
+
+class _NotAnAction(Agent):
+    async def act(self, observation: Observation) -> Action:
+        return "a plain string"  # type: ignore[return-value]
+
+
+class _Hang(Agent):
+    cancelled = False
+
+    async def act(self, observation: Observation) -> Action:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            _Hang.cancelled = True
+            raise
+        raise AssertionError("unreachable")
+
+
+def _agents(**factories: Any) -> DirectAgents:
+    return DirectAgents(AgentHost(None, factories), Codec(), name="arena-agents")
+
+
+def _ask(direct: DirectAgents, seat: str, timeout: float = 2.0, **info: Any) -> Any:
+    obs = Observation(agent=seat, text="go", info=info)
+
+    async def ask() -> Any:
+        return await direct.request(obs, timeout=timeout, episode="e1", sender="arena")
+
+    return asyncio.run(ask())
+
+
+@pytest.mark.timeout(10)
+def test_the_agent_sees_the_wire_copy_and_the_runner_gets_one_back() -> None:
+    _Echo.seen.clear()
+    direct = _agents(a=_Echo)
+    action = _ask(direct, "a", pair=(1, 2))
+    assert isinstance(action, Action)
+    # msgpack has no tuples: over the bus the agent gets a list, and so it does here.
+    assert action.text == "[1, 2]"
+    assert _Echo.seen[0].info["pair"] == [1, 2]
+
+
+@pytest.mark.timeout(10)
+def test_an_agent_that_suspends_is_finished_and_answers() -> None:
+    action = _ask(_agents(a=_Echo), "a", sleep=0.01, pair=3)
+    assert isinstance(action, Action)
+    assert action.text == "3"
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("sleep", [0, 0.01])  # raising before and after a suspension
+def test_an_agent_that_raises_is_handler_failed_as_over_the_bus(sleep: float) -> None:
+    with pytest.raises(RemoteError) as caught:
+        _ask(_agents(a=_Echo), "a", sleep=sleep, **{"raise": True})
+    assert caught.value.code == "handler_failed"
+    assert caught.value.remote_message == "ValueError: no move for this"
+    with pytest.raises(RemoteError, match="returned str, not an Action"):
+        _ask(_agents(a=_NotAnAction), "a")
+
+
+@pytest.mark.timeout(10)
+def test_an_agent_that_hangs_times_out_and_its_act_is_cancelled() -> None:
+    _Hang.cancelled = False
+    with pytest.raises(RequestTimeout, match=r"within 0\.2 s"):
+        _ask(_agents(a=_Hang), "a", timeout=0.2)
+    assert _Hang.cancelled
+
+
+@pytest.mark.timeout(10)
+def test_a_value_the_wire_cannot_carry_is_a_protocol_error_and_no_agent_sees_it() -> None:
+    _Echo.seen.clear()
+    with pytest.raises(ProtocolError, match="cannot encode Observation"):
+        _ask(_agents(a=_Echo), "a", weird=object())
+    assert _Echo.seen == []
+
+
+@pytest.mark.timeout(10)
+def test_one_agent_per_episode_and_seat_closed_when_its_episode_ends() -> None:
+    _Echo.closed.clear()
+    direct = _agents(a=_Echo, b=_Echo)
+
+    async def play() -> None:
+        for episode in ("e1", "e2"):
+            for seat in ("a", "b"):
+                obs = Observation(agent=seat, text="go")
+                await direct.request(obs, timeout=1, episode=episode, sender="arena")
+        assert direct.host.live_agents == 4
+        await direct.end("e1", "a")
+        await direct.end("e1", "b")
+        assert direct.host.live_agents == 2
+        await direct.close()
+        assert direct.host.live_agents == 0
+
+    asyncio.run(play())
+    assert len(_Echo.closed) == 4
