@@ -16,6 +16,12 @@ In one run, with N = 8 agents that all act every step and broadcast one line eac
   steps and bookkeeping included); the ``_inproc`` variants host the agents in the runner's
   own process, where a round trip costs little more than the messages' encoding.
 
+* ``runner_ratio_vs_plain_loop`` — agent steps/s of the runner playing the scenario with the
+  scripted agents in its own process (pipelined, whole-episode time) over a plain Python loop
+  that calls the same agents' ``act`` directly and steps the same env (target >= 0.7);
+  ``remote_ratio_vs_plain_loop`` is the same with the agents in another process over
+  ``ipc://`` (target >= 0.3).
+
 Timings are the best of ``--repeats``, the two variants of each pair interleaved.
 ``--json`` prints one object.
 """
@@ -46,6 +52,8 @@ N_AGENTS = 8
 TARGETS = {
     "env_step_ratio_vs_bare": (">=", 0.8),
     "pipelined_ratio_vs_sequential": (">=", 3.0),
+    "runner_ratio_vs_plain_loop": (">=", 0.7),
+    "remote_ratio_vs_plain_loop": (">=", 0.3),
 }
 
 
@@ -164,7 +172,46 @@ def _env_steps_per_s(make_env: Callable[[], Any], episodes: int) -> float:
     return steps / (time.perf_counter() - started)
 
 
-# --- (b) runner agent steps/s, pipelined or not --------------------------------------------
+# --- (b) the plain loop: the same agents called directly, no runner, no bus ----------------
+
+
+def _plain_loop_steps_per_s(args: argparse.Namespace) -> float:
+    """Agent steps/s of ``env.step`` fed by awaiting each acting agent's ``act`` in turn."""
+    from parley.scenarios import make
+
+    async def play() -> tuple[int, float]:
+        steps = 0
+        started = time.perf_counter()
+        for episode in range(args.episodes):
+            env = make(SCENARIO_ID, n_agents=args.agents, steps=args.steps)
+            observations, infos = env.reset(seed=episode)
+            agents = {seat: Chatter() for seat in env.possible_agents}
+            for agent in agents.values():
+                agent.reset(episode)
+            rewards: dict[str, float] = {}
+            while env.agents:
+                actions = {}
+                for seat in env.agents:
+                    if not infos.get(seat, {}).get("to_act", True):
+                        continue
+                    obs = Observation(
+                        agent=seat,
+                        text=observations.get(seat, ""),
+                        scenario=SCENARIO_ID,
+                        reward=rewards.get(seat, 0.0),
+                        info=infos.get(seat, {}),
+                    )
+                    actions[seat] = (await agents[seat].act(obs)).text
+                    steps += 1
+                observations, rewards, _, _, infos = env.step(actions)
+            env.close()
+        return steps, time.perf_counter() - started
+
+    steps, seconds = asyncio.run(play())
+    return steps / seconds
+
+
+# --- (c) runner agent steps/s, pipelined or not --------------------------------------------
 
 REMOTE_NAME = "bench-agents"
 """Bus name of the child process hosting every seat in the ipc case (``remote:NAME``)."""
@@ -246,6 +293,9 @@ def _measure(args: argparse.Namespace, step: Callable[[str], None]) -> dict[str,
     results["env_steps_per_s_scenario"] = max(scenario)
     results["env_steps_per_s_bare"] = max(bare)
     results["env_step_ratio_vs_bare"] = max(scenario) / max(bare)
+    step("plain loop over the same agents")
+    plain = _best(lambda: _plain_loop_steps_per_s(args), args.repeats)
+    results["agent_steps_per_s_plain_loop"] = plain
     for ipc in [True] if args.no_inproc else [True, False]:
         suffix = "" if ipc else "_inproc"
         step(f"runner round trips over {'ipc' if ipc else 'inproc'}")
@@ -264,6 +314,11 @@ def _measure(args: argparse.Namespace, step: Callable[[str], None]) -> dict[str,
             results[f"agent_steps_per_s_pipelined{suffix}"]
             / results[f"agent_steps_per_s_sequential{suffix}"]
         )
+    results["remote_ratio_vs_plain_loop"] = results["agent_steps_per_s_pipelined"] / plain
+    if not args.no_inproc:
+        results["runner_ratio_vs_plain_loop"] = (
+            results["agent_steps_per_s_pipelined_inproc"] / plain
+        )
     return results
 
 
@@ -273,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console(stderr=args.json)
-    cases = 2 if args.no_inproc else 3
+    cases = 3 if args.no_inproc else 4
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("env bench", total=cases)
         started = False
@@ -300,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
         ("round trips/s, one at a time", "round_trips_per_s_sequential", True),
         ("agent steps/s (whole episode), pipelined", "agent_steps_per_s_pipelined", True),
         ("agent steps/s (whole episode), one at a time", "agent_steps_per_s_sequential", True),
+        ("agent steps/s, plain loop (no runner)", "agent_steps_per_s_plain_loop", False),
     ]
     for label, key, per_transport in rows:
         if not per_transport:
@@ -319,6 +375,8 @@ def run(args: argparse.Namespace) -> int:
         "pipelined_episode_ratio_vs_sequential",
         "pipelined_ratio_vs_sequential_inproc",
         "pipelined_episode_ratio_vs_sequential_inproc",
+        "runner_ratio_vs_plain_loop",
+        "remote_ratio_vs_plain_loop",
     ):
         if key not in results:
             continue
