@@ -417,7 +417,7 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-CHECKS: dict[str, Callable[[str], None]] = {
+CHECKS: dict[str, Callable[[str], Any]] = {
     "contract": check_contract,
     "parallel_api": check_parallel_api,
     "seed": check_seed,

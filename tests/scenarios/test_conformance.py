@@ -28,3 +28,20 @@ def test_conformance(scenario_id: str, check: str) -> None:
             CHECKS[check](scenario_id)
         except NotApplicable as why:
             pytest.skip(str(why))
+
+
+def test_the_aec_api_test_trap_is_still_there() -> None:
+    """The suite documents that PettingZoo's AEC ``api_test`` cannot take ``Text`` spaces and
+    uses the parallel test instead; this fails (and the docs need updating) once it can."""
+    from pettingzoo.test import api_test
+    from pettingzoo.utils.conversions import parallel_to_aec
+
+    from parley.scenarios import make
+    from parley.scenarios.conformance import __doc__ as suite_doc
+
+    assert suite_doc is not None
+    assert "``api_test`` crashes on ``Text`` spaces" in suite_doc
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(AttributeError, match="dtype"):
+            api_test(parallel_to_aec(make("negotiation/simple-trade-v1")), num_cycles=5)
