@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from parley.protocols.errors import BusError, ConfigError
+
+if TYPE_CHECKING:
+    from parley.protocols.bus import BusConfig
 
 __all__ = ["add_parser"]
 
@@ -39,6 +42,12 @@ def add_parser(sub: Any) -> None:
         "--wait", type=float, default=60.0, help="seconds to wait for the arena to answer"
     )
     p.add_argument(
+        "--curve-key", metavar="FILE", help="this agent's CURVE secret key file (tcp with keys)"
+    )
+    p.add_argument(
+        "--server-key", metavar="KEY", help="the arena's public key: a .key file or 40 Z85 chars"
+    )
+    p.add_argument(
         "-o",
         "--agent-option",
         action="append",
@@ -47,6 +56,23 @@ def add_parser(sub: Any) -> None:
         help="option for the agent-spec resolver (VALUE read as YAML); repeatable",
     )
     p.set_defaults(func=main)
+
+
+def client_bus_config(curve_key: str | None, server_key: str | None) -> BusConfig | None:
+    """The bus config of a CURVE client (own secret key file, the server's public key)."""
+    if not curve_key and not server_key:
+        return None
+    if not (curve_key and server_key):
+        raise ConfigError("CURVE needs both --curve-key (yours) and --server-key (the arena's)")
+    from parley.protocols.bus import BusConfig
+    from parley.protocols.keys import load_public_key, load_secret_key
+
+    public, secret = load_secret_key(curve_key)
+    return BusConfig(
+        curve_public_key=public,
+        curve_secret_key=secret,
+        curve_server_key=load_public_key(server_key),
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -72,13 +98,14 @@ def main(args: argparse.Namespace) -> int:
         source = resolve_agent_spec(args.agent, seat)
         if isinstance(source, RemoteSeat):
             raise ConfigError("an agent cannot be `remote` itself: give module:Class")
+        bus = client_bus_config(args.curve_key, args.server_key)
     except ConfigError as exc:
         err.print(f"[red]parley agent: {exc}[/red]")
         return 2
     names = {args.seat: args.name} if args.name else None
     err.print(f"joining {args.connect} as seat {args.seat} ({args.agent})")
     try:
-        asyncio.run(join_arena(args.connect, {args.seat: source}, names=names,
+        asyncio.run(join_arena(args.connect, {args.seat: source}, names=names, bus=bus,
                                connect_timeout=args.wait))  # fmt: skip
     except BusError as exc:
         err.print(f"[red]parley agent: {exc}[/red]")

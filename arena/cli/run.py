@@ -44,6 +44,24 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--listen", help="address for remote agents to connect to (tcp://127.0.0.1:5555)"
     )
+    p.add_argument(
+        "--curve-key",
+        metavar="FILE",
+        help="the arena's CURVE secret key file (parley keys new arena): tcp is encrypted "
+        "and admits only the --seat-key keys",
+    )
+    p.add_argument(
+        "--seat-key",
+        action="append",
+        default=[],
+        metavar="SEAT=FILE",
+        help="public key file of the agent allowed to play SEAT (with --curve-key); repeatable",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow --listen on a non-loopback tcp address without keys (plain text)",
+    )
     p.add_argument("--act-timeout", type=float, help="seconds an agent has per action")
     p.add_argument("--join-timeout", type=float, help="seconds to wait for remote agents")
     p.add_argument("--max-steps", type=int, help="steps after which an episode fails")
@@ -119,9 +137,14 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         "join_timeout": args.join_timeout,
         "max_steps": args.max_steps,
         "max_failed_fraction": args.max_failed_fraction,
+        "curve_key": args.curve_key,
+        "insecure": True if args.insecure else None,
         "progress": False if args.no_progress else None,
     }
     config = load_run_config(args.config, overrides)
+    if args.seat_key:
+        seat_keys = {k: str(v) for k, v in parse_assignments(args.seat_key, "--seat-key").items()}
+        config = config.replace(seat_keys={**config.seat_keys, **seat_keys})
     scenario_kwargs = parse_assignments(args.scenario_arg, "--scenario-arg")
     options = parse_assignments(args.agent_option, "--agent-option")
     if args.pool:
@@ -142,9 +165,15 @@ async def _run(config: RunConfig, console: Console) -> Any:
         remote = [seat for seat, s in runner.sources.items() if isinstance(s, RemoteSeat)]
         if config.listen or remote:
             console.print(f"arena listening on [bold]{address}[/bold]")
+        keys = ""
+        if config.curve_key:
+            from parley.protocols.keys import load_secret_key
+
+            server = load_secret_key(config.curve_key)[0].decode()
+            keys = f" --curve-key agent-SEAT.key_secret --server-key '{server}'"
         for seat in remote:
-            console.print(f"  waiting for seat {seat}: parley agent --connect {address} "
-                          f"--seat {seat} --agent module:Class")  # fmt: skip
+            command = f"parley agent --connect {address} --seat {seat} --agent module:Class"
+            console.print(f"  waiting for seat {seat}: {command}{keys.replace('SEAT', seat)}")
 
     runner = Runner(config, console=console, on_listen=announce)
     try:

@@ -7,7 +7,10 @@
 The pool answers ``GenerateRequest`` and ``WeightUpdate`` on the bus under the endpoint
 name ``pool``; with ``--http HOST:PORT`` it also serves the OpenAI-compatible API
 (:mod:`parley.arena.inference.http`). It runs until interrupted (Ctrl-C / SIGTERM), then
-answers what is still waiting with ``closed`` and exits 0.
+answers what is still waiting with ``closed`` and exits 0. If its backend fails for good
+(the vLLM engine process died) it answers the waiting requests, prints the reason and
+exits 1, so that clients fail fast and a supervisor can restart it, rather than serving
+``backend_failed`` forever.
 """
 
 from __future__ import annotations
@@ -45,6 +48,23 @@ def add_parser(sub: Any) -> None:
         help="bus address to bind (tcp://HOST:PORT, ipc://PATH; port 0 picks one)",
     )
     p.add_argument("--http", metavar="HOST:PORT", help="also serve the OpenAI API there")
+    p.add_argument(
+        "--curve-key",
+        metavar="FILE",
+        help="the pool's CURVE secret key file: tcp is encrypted and admits only --client-key",
+    )
+    p.add_argument(
+        "--client-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="public key file of a client allowed to connect (with --curve-key); repeatable",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow --listen on a non-loopback tcp address without keys (plain text)",
+    )
     p.add_argument("--policy", default="default", help="policy name the model serves under")
     p.add_argument("--max-batch-size", type=int, default=32, help="requests per backend call")
     p.add_argument("--max-wait", type=float, default=0.005, help="seconds to fill a batch")
@@ -82,11 +102,45 @@ class ServeOptions:
     """:attr:`parley.arena.inference.pool.PoolConfig.max_queue`."""
     backend_options: tuple[tuple[str, Any], ...] = ()
     """Keyword arguments of the backend's ``create``."""
+    curve_key: str = ""
+    """The pool's CURVE secret key file; its ``tcp://`` bind then admits only ``client_keys``."""
+    client_keys: tuple[str, ...] = ()
+    """Public key files (or Z85 keys) of the clients a CURVE pool admits."""
+    insecure: bool = False
+    """Allow a non-loopback ``tcp://`` listen address without CURVE keys (plain text)."""
+
+    def bus_security(self) -> dict[str, Any]:
+        """The :class:`~parley.protocols.bus.BusConfig` fields for these keys."""
+        from parley.protocols.bus.auth import is_loopback
+        from parley.protocols.keys import load_public_key, load_secret_key
+
+        if not self.curve_key:
+            if self.client_keys:
+                raise ConfigError("--client-key needs --curve-key (the pool's secret key file)")
+            tcp = self.listen.startswith("tcp://")
+            if tcp and not self.insecure and not is_loopback(self.listen):
+                raise ConfigError(
+                    f"refusing to serve on {self.listen} without CURVE keys: anyone who can "
+                    "reach it could use the pool and replace its weights. Make keys "
+                    "(parley keys new pool CLIENT) and pass --curve-key/--client-key, "
+                    "or --insecure on a network you trust"
+                )
+            return {"allow_insecure_tcp": self.insecure}
+        if not self.client_keys:
+            raise ConfigError("with --curve-key, list the clients it admits (--client-key)")
+        public, secret = load_secret_key(self.curve_key)
+        return {
+            "curve_public_key": public,
+            "curve_secret_key": secret,
+            "curve_allowed_clients": tuple(load_public_key(k) for k in self.client_keys),
+            "allow_insecure_tcp": self.insecure,
+        }
 
 
 @contextlib.asynccontextmanager
-async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str]]:
-    """Start the pool, its bus endpoint and the HTTP front; yield (bus address, HTTP URL).
+async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
+    """Start the pool, its bus endpoint and the HTTP front; yield (bus address, HTTP URL,
+    the :class:`~parley.arena.inference.pool.InferencePool`).
 
     Everything is closed on exit, the pool first so waiting requests get their answer.
     """
@@ -103,7 +157,10 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str]]:
     pool = InferencePool({options.policy: backend}, config)
     # Room for every waiting and running request, so the pool (not the bus) says when it
     # is overloaded, with its own retryable error.
-    bus = BusConfig(max_handlers=config.max_queue + config.max_in_flight + config.max_batch_size)
+    bus = BusConfig(
+        max_handlers=config.max_queue + config.max_in_flight + config.max_batch_size,
+        **options.bus_security(),
+    )
     endpoint = Endpoint(POOL_ENDPOINT, config=bus)
     runner = None
     try:
@@ -118,7 +175,7 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str]]:
             if not host or not port.isdigit():
                 raise ConfigError(f"--http must be HOST:PORT, got {options.http!r}")
             runner, url = await serve_http(pool, host, int(port))
-        yield address, url
+        yield address, url, pool
     finally:
         await pool.close()
         if runner is not None:
@@ -131,13 +188,38 @@ async def _serve(options: ServeOptions) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with serving(options) as (address, url):
+    async with serving(options) as (address, url, pool):
         # Machine-readable first lines: scripts and tests read the addresses from here.
         print(f"pool listening on {address}", flush=True)
         if url:
             print(f"openai api on {url}", flush=True)
+        backend = pool.backend(options.policy)
+        print(
+            f"policy {options.policy!r}: {options.backend} backend, {options.model}, "
+            f"dtype {backend.dtype or 'unknown'}",
+            flush=True,
+        )
+        watch = loop.create_task(_watch(pool, stop))
         await stop.wait()
+        watch.cancel()
+        failure = next((b.failure for b in pool.backends if b.failure), "")
     print("pool closed", flush=True)
+    if failure:
+        raise BackendDied(failure)
+
+
+class BackendDied(ParleyError):
+    """The backend can serve nothing any more (its engine died); ``parley serve`` exits 1."""
+
+
+async def _watch(pool: Any, stop: asyncio.Event, every: float = 1.0) -> None:
+    """Stop serving when a backend has failed for good: a pool that can only answer
+    ``backend_failed`` is worse than none (clients fail fast and a supervisor restarts it)."""
+    while not stop.is_set():
+        if any(b.failure for b in pool.backends):
+            stop.set()
+            return
+        await asyncio.sleep(every)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -157,12 +239,17 @@ def main(args: argparse.Namespace) -> int:
             backend_options=tuple(
                 parse_assignments(args.backend_option, "--backend-option").items()
             ),
+            curve_key=args.curve_key or "",
+            client_keys=tuple(args.client_key),
+            insecure=args.insecure,
         )
+        options.bus_security()  # bad keys are a configuration error, before any loading
         asyncio.run(_serve(options))
     except ConfigError as exc:
         print(f"parley serve: {exc}", file=sys.stderr)
         return 2
-    except ParleyError as exc:  # the model would not load, the address is taken, ...
+    except ParleyError as exc:  # the model would not load, the address is taken, the
+        # engine died, ...
         print(f"parley serve: {exc}", file=sys.stderr)
         return 1
     return 0

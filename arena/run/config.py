@@ -66,6 +66,10 @@ class RunConfig:
     max_steps: int = 10_000
     """Steps after which an episode that has not ended fails (a guard against a scenario
     that never terminates)."""
+    local_agents_over_bus: bool = False
+    """Serve in-process agents through the bus (an ``inproc://`` endpoint, like a remote
+    agent) instead of calling them directly through the wire codec. Same transcripts,
+    slower; for measuring or testing the bus path."""
     pipeline: bool = True
     """Send every acting agent's observation of a step before gathering the actions.
     False asks one agent at a time (only useful to measure what pipelining buys)."""
@@ -74,6 +78,15 @@ class RunConfig:
     for ``llm:`` agents)."""
     progress: bool = True
     """Show a progress bar while playing."""
+    curve_key: str = ""
+    """The arena's CURVE secret key file (``parley keys new arena``): its ``tcp://`` bind
+    then encrypts and admits only the keys in ``seat_keys``."""
+    seat_keys: dict[str, str] = field(default_factory=dict)
+    """Remote seat -> its agent's public key file (or 40-character Z85 key); with
+    ``curve_key`` every remote seat needs one, and its agent can act only for that seat."""
+    insecure: bool = False
+    """Allow ``listen`` on a non-loopback ``tcp://`` address without CURVE keys (plain text:
+    anyone who reaches the port can take a free seat). Only on a network you trust."""
     max_failed_fraction: float = 0.0
     """Fraction of episodes (0..1) that may fail before ``parley run`` exits with status 1;
     the default 0 means any failed episode makes the run fail."""

@@ -45,7 +45,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from parley.arena.run.agent_host import AGENT_SEED_KEY, FAILED_KEY, AgentHost
 from parley.arena.run.agent_specs import (
-    AgentFactory,
     AgentSource,
     RemoteSeat,
     SeatContext,
@@ -55,6 +54,7 @@ from parley.arena.run.config import RunConfig
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, derive_seed, plan_episodes
 from parley.arena.run.gather import send_all_then_gather
 from parley.arena.run.records import EpisodeRecord, RecordWriter
+from parley.arena.run.security import SeatKeys, admission_policy, arena_bus_config
 from parley.arena.run.summary import SummaryBuilder
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.errors import (
@@ -206,7 +206,15 @@ class Runner:
             for seat, source in self.sources.items()
             if not isinstance(source, RemoteSeat) and getattr(source, "privileged", False) is True
         }
-        self._peers: dict[str, str] = {}
+        self._peers: dict[str, str] = {
+            seat: source.peer if isinstance(source, RemoteSeat) else LOCAL_HOST_NAME
+            for seat, source in self.sources.items()
+        }
+        remote = {seat for seat, source in self.sources.items() if isinstance(source, RemoteSeat)}
+        self._keys = SeatKeys.load(config, remote)
+        self.bus_config = arena_bus_config(self.bus_config, self._keys, insecure=config.insecure)
+        self._gone: dict[str, float] = {}  # remote peer -> when it was found absent
+        self._reported_gone: set[str] = set()
         self._arena: Endpoint | None = None
 
     # ------------------------------------------------------------------ the run
@@ -257,6 +265,11 @@ class Runner:
         }
         return summary
 
+    def _expected_peers(self) -> dict[str, bytes | None]:
+        """Peer name -> the CURVE key it must connect with (``None``: no key)."""
+        seat_keys = self._keys.seats if self._keys is not None else {}
+        return {self._peers[seat]: seat_keys.get(seat) for seat in self.seats}
+
     @contextlib.asynccontextmanager
     async def open(self) -> AsyncIterator[str]:
         """Bind the arena, host the in-process agents, wait for remote ones; yield the
@@ -266,28 +279,28 @@ class Runner:
         host_endpoint: Endpoint | None = None
         host: AgentHost | None = None
         try:
-            # In-process agents join over a private inproc address, whatever else is bound.
+            arena.set_admission(admission_policy(self._expected_peers()))
+            # In-process agents join over a private inproc address, before anything else
+            # is bound: no remote peer can race them for their name.
             inproc = await arena.bind(f"inproc://parley-arena-{uuid.uuid4().hex}")
-            address = await arena.bind(self.config.listen) if self.config.listen else inproc
             self._arena = arena
-            local: dict[str, AgentFactory] = {}
-            for seat, source in self.sources.items():
-                if isinstance(source, RemoteSeat):
-                    self._peers[seat] = source.peer
-                else:
-                    local[seat] = source
-                    self._peers[seat] = LOCAL_HOST_NAME
+            local = {
+                seat: source
+                for seat, source in self.sources.items()
+                if not isinstance(source, RemoteSeat)
+            }
             if local:
                 host_endpoint = Endpoint(LOCAL_HOST_NAME, config=self.bus_config, context=context)
                 host = AgentHost(host_endpoint, local)
                 await host_endpoint.connect(inproc)
+            address = await arena.bind(self.config.listen) if self.config.listen else inproc
             if self.on_listen is not None:
                 self.on_listen(address)
             # Give remote agents join_timeout to arrive before the first episode, so that
             # joining is not timed as play; one that never comes fails its episodes.
             for peer in sorted(set(self._peers.values()) - {LOCAL_HOST_NAME}):
                 with contextlib.suppress(RequestTimeout):
-                    await arena.wait_for_peer(peer, timeout=self.config.join_timeout)
+                    await self._wait_for(arena, peer)
             yield address
         finally:
             self._arena = None
@@ -475,7 +488,7 @@ class Runner:
         """Wait up to ``join_timeout`` for the peers of ``seats`` (remote seats join late);
         raises :class:`_EpisodeFailed` naming every seat whose peer did not come."""
         peers = sorted({self._peers[seat] for seat in seats})
-        waits = [arena.wait_for_peer(peer, timeout=self.config.join_timeout) for peer in peers]
+        waits = [self._wait_for(arena, peer) for peer in peers]
         outcomes = await asyncio.gather(*waits, return_exceptions=True)
         absent: dict[str, BaseException] = {}
         for peer, outcome in zip(peers, outcomes, strict=True):
@@ -491,6 +504,38 @@ class Runner:
                     if self._peers[seat] in absent
                 )
             )
+
+    async def _wait_for(self, arena: Endpoint, peer: str) -> None:
+        """Wait for ``peer`` at most ``join_timeout`` from when it was first found absent.
+
+        Every episode that needs an agent that left (or never came) shares that one wait;
+        once it is over, they fail at once instead of each waiting ``join_timeout`` again
+        (a 200-episode run would otherwise take hours to fail). A peer that comes back is
+        waited for afresh the next time it goes.
+        """
+        if peer in arena.peers:
+            self._gone.pop(peer, None)
+            return
+        now = asyncio.get_running_loop().time()
+        since = self._gone.setdefault(peer, now)
+        left = since + self.config.join_timeout - now
+        if left <= 0:
+            raise RequestTimeout(
+                f"{peer} has been absent for {now - since:.0f} s (join_timeout "
+                f"{self.config.join_timeout:g} s); start its agent (parley agent) to rejoin"
+            )
+        try:
+            await arena.wait_for_peer(peer, timeout=left)
+        except RequestTimeout:
+            if peer not in self._reported_gone:
+                self._reported_gone.add(peer)
+                self.console.print(
+                    f"[red]{peer} did not join within {self.config.join_timeout:g} s: the "
+                    "episodes of its seat fail until it connects[/red]"
+                )
+            raise
+        self._gone.pop(peer, None)
+        self._reported_gone.discard(peer)
 
     async def _notify_end(self, episode: EpisodeLog, asked: set[str]) -> None:
         """Tell every seat that was asked something that its episode is over (one-way)."""

@@ -92,7 +92,7 @@ One module per role; each layer of :class:`Endpoint` may use only the layers bef
 """
 
 from parley.protocols.bus.config import BusConfig, BusStats
-from parley.protocols.bus.core import Handler
+from parley.protocols.bus.core import Admission, Handler
 from parley.protocols.bus.endpoint import Endpoint
 
-__all__ = ["BusConfig", "BusStats", "Endpoint", "Handler"]
+__all__ = ["Admission", "BusConfig", "BusStats", "Endpoint", "Handler"]
