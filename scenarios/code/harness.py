@@ -185,7 +185,7 @@ def decode_value(node: Any, depth: int = 0, budget: list[int] | None = None) -> 
         raise Malformed(f"kind {kind!r} takes one argument")
     arg = args[0]
     if kind in _SCALARS and type(arg) is _SCALARS[kind]:
-        budget[1] += len(arg) if kind == "s" else 1
+        budget[1] += len(arg) if isinstance(arg, str) else 1
         if budget[1] > MAX_CHARS:
             raise Malformed("too many characters")
         return arg

@@ -337,8 +337,8 @@ def main(raw: str) -> None:
         setup_r, setup_w = os.pipe()
         memory_r, memory_w = os.pipe()
     except BaseException as exc:
-        report = {"setup_error": repr(exc)[:1000]}
-        os.write(status_fd, (json.dumps(report) + "\n").encode())
+        failed = {"setup_error": repr(exc)[:1000]}
+        os.write(status_fd, (json.dumps(failed) + "\n").encode())
         os._exit(0)
     pid = os.fork()
     if pid == 0:

@@ -17,25 +17,31 @@ open files                ``RLIMIT_NOFILE``
 Isolation, detected once per process (:func:`isolation`), strongest first:
 
 ``"namespaces"`` (running as root with ``unshare``): new mount, network, PID, IPC and UTS
-    namespaces; a new root file system (read-only system libraries and Python, ``/work``,
-    ``/tmp``, ``/dev/null``...) entered with ``pivot_root``, the host's root detached; the
-    code runs as an unprivileged uid unique to the run (``nobody`` where the container maps
-    only part of the uid range), with ``no_new_privs``. No network (only a down loopback), no
-    host file visible except the read-only system directories (``/usr``, ``/lib*``, ``/bin``,
-    ``/sbin``) and the Python installation, no signal to host processes; when the run ends
-    the kernel kills everything left in its PID namespace.
+    namespaces; a new root file system (read-only system libraries and Python with its
+    ``site-packages`` covered, ``/work``, ``/tmp``, ``/dev/null``...) entered with
+    ``pivot_root``, the host's root detached; the code runs as an unprivileged uid drawn at
+    random per run (from the ids the caller's user namespace maps; ``nobody`` where it maps
+    too few), with ``no_new_privs``. No network (only a down loopback), no host file visible
+    except the read-only system directories (``/usr``, ``/lib*``, ``/bin``, ``/sbin``) and the
+    Python installation, no signal to host processes; when the run ends the kernel kills
+    everything left in its PID namespace.
 ``"userns"`` (not root, user namespaces allowed): the same, inside a user namespace; the
-    code keeps the caller's uid (mapped to root in the namespace, powerless outside it).
+    code is uid 0 there (the caller's uid outside) with no capability at all, and the
+    namespace's PID 1 handles no signal, so the code cannot stop it.
 ``"rlimits"`` (neither): resource limits and the seccomp filter only. The code can read
     (and, without root, write) what the caller can, so :class:`Sandbox` refuses to start
     unless created with ``allow_weak=True``.
 
-In every mode, on x86_64, a seccomp filter (classic BPF, built with ``ctypes``) refuses
-``ptrace``, ``mount``, ``unshare``/``setns`` and ``clone`` with namespace flags, ``bpf``,
-``perf_event_open``, ``userfaultfd``, the key and module syscalls, ``io_uring`` and every
-socket but ``AF_UNIX`` (so the ``"rlimits"`` fallback has no network either), and kills a
-process that uses another syscall ABI. The program gets no stdin; files it writes are
-discarded with its directory. Each run costs about 0.1 s (process start, mounts, interpreter start).
+In every mode the code has no capability (empty bounding set, locked securebits) and, on
+x86_64, a seccomp filter (classic BPF, built with ``ctypes``) refuses ``ptrace``, ``mount``
+and the new mount API, ``unshare``/``setns`` and ``clone`` with namespace flags, ``bpf``,
+``perf_event_open``, ``userfaultfd``, the key and module syscalls, ``io_uring``, memory that
+``RLIMIT_AS`` does not count (``memfd_create``, SysV shared memory and queues), access to
+other processes' memory and descriptors, and every socket but ``AF_UNIX`` (so the
+``"rlimits"`` fallback has no network either), and kills a process that uses another syscall
+ABI. The program gets no stdin; files it writes are discarded with its directory. A failure
+of the sandbox itself raises :class:`SandboxError`. Each run costs about 0.1 s (process
+start, mounts, interpreter start). The README states what each mode guarantees, as measured.
 """
 
 from __future__ import annotations

@@ -156,10 +156,11 @@ def test_a_forged_memory_flag_does_not_relabel_a_clean_exit(sandbox: Sandbox) ->
     assert real.ended_by == "memory"
 
 
-def test_a_setup_failure_raises_instead_of_blaming_the_code() -> None:
-    broken = Sandbox(SandboxLimits(max_open_files=1 << 40))  # beyond what the kernel allows
+@pytest.mark.parametrize("output_cap", [64_000, 10])
+def test_a_setup_failure_raises_instead_of_blaming_the_code(output_cap: int) -> None:
+    limits = SandboxLimits(max_open_files=1 << 40, max_output_bytes=output_cap)  # too many
     with pytest.raises(SandboxError, match="could not set up"):
-        broken.run("print('never')")
+        Sandbox(limits).run("print('never')")
 
 
 def test_sys_executable_works_inside(sandbox: Sandbox) -> None:
