@@ -139,3 +139,46 @@ def test_a_seat_whose_agent_never_comes_fails_fast() -> None:
     wall = time.monotonic() - start
     assert result.summary["episodes"] == {"total": 8, "ok": 0, "failed": 8}
     assert wall < 1.0 + 3.0, f"{wall:.1f} s: each episode waited join_timeout again"
+
+
+@pytest.mark.timeout(60)
+def test_the_protocol_md_peer_learns_the_seat_name_and_plays(tmp_path: Path) -> None:
+    """Written from PROTOCOL.md alone: a wrong name is refused with the names the arena
+    waits for; the right one plays every episode (interleaved, ended by one-way notices)."""
+    import threading
+
+    from tests.protocols.test_interop import _example
+
+    mini_peer = _example()["MiniPeer"]
+    seen: dict[str, str] = {}
+    stop = threading.Event()
+
+    def play(address: str) -> None:
+        try:
+            mini_peer(address, "b")
+        except RuntimeError as exc:
+            seen["refusal"] = str(exc)
+        peer = mini_peer(address, "agent-b", heartbeat=0.2)
+        while not stop.is_set():
+            peer.serve_once(0.02)
+        peer.close()
+
+    threads: list[threading.Thread] = []
+
+    def start(address: str) -> None:
+        threads.append(threading.Thread(target=play, args=(address,), daemon=True))
+        threads[0].start()
+
+    config = RunConfig(
+        scenario=SCENARIO, agents=["scripted", "remote"], episodes=6, concurrency=3,
+        listen=f"ipc://{tmp_path}/arena", progress=False, join_timeout=30.0,
+    )  # fmt: skip
+    try:
+        result = run(config, on_listen=start)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    assert "not_admitted" in seen["refusal"]
+    assert "agent-b" in seen["refusal"]
+    assert result.summary["episodes"] == {"total": 6, "ok": 6, "failed": 0}
