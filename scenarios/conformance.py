@@ -112,6 +112,13 @@ HOSTILE_TEXTS: tuple[str, ...] = (
     "propose: " + " ".join(["1e999999999"] * 10),
     "[" * 999,
     '{"tool_calls": ' + "[" * 990,
+    # Regex backtracking (lazy groups followed by optional runs, runs of separators):
+    "[Offer: x" + " " * 990 + "y",
+    "[Offer: x" + " " * 500 + "." * 480 + "y]",
+    "[offer: i give" + " ;" * 490,
+    "book=1" + " " * 990,
+    "propose: " + "1 " * 495,
+    "@" + "a," * 499,
 )
 """Raw hostile actions (some lie outside the action space: they must be invalid moves)."""
 

@@ -7,13 +7,16 @@ error_allowance=0) that it checks.
 from __future__ import annotations
 
 import json
+import random
+import re
+import time
 from typing import Any
 
 import pytest
 
 from parley.scenarios import make
 from parley.scenarios.conformance import play_episode
-from parley.scenarios.negotiation.simple_trade_v1 import parse_offer
+from parley.scenarios.negotiation.simple_trade_v1 import find_offer, parse_offer
 
 ID = "negotiation/simple-trade-v1"
 
@@ -150,3 +153,29 @@ def test_the_scripted_traders_never_forfeit_and_trade(randomize: bool) -> None:
         assert metrics["invalid_moves"] == 0.0
         trades += metrics["trades"]
     assert trades > 0
+
+
+SPIRAL_OFFER = re.compile(
+    r"\[Offer:\s*(?:I\s+(?:give|offer)\s+)?([^\[\]]+?)\s*\.*\]", re.IGNORECASE | re.DOTALL
+)
+PIECES = ["[Offer:", "[offer: ", "I give ", "i offer ", "I  offer  ", " ", ".", "..", " . ",
+          "]", "[", "3 Wood", "->", " and ", ",", "x", "\n", "Gold", "[Accept]", "I", "give",
+          "I\ngive\n"]  # fmt: skip
+
+
+def test_find_offer_captures_what_spirals_pattern_captures() -> None:
+    rng = random.Random(0)
+    for _ in range(30_000):
+        text = "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 12)))
+        match = SPIRAL_OFFER.search(text)
+        assert find_offer(text) == (match.group(1) if match else None), repr(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[Offer: x" + " " * 990 + "y", "[Offer: x" + " " * 500 + "." * 480 + "y]", "[Offer:" * 142],
+)
+def test_find_offer_is_linear_where_spirals_pattern_is_quadratic(text: str) -> None:
+    start = time.thread_time()
+    find_offer(text)
+    assert time.thread_time() - start < 0.002
