@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_train_config(args.config, overrides)
     result = train(config)
     table = Table(title=f"{config.scenario}: training ({result.wall_s:.0f} s)")
-    for column in ("stage", "updates", "episodes", "first", "last", "failed", "wall s"):
+    columns = ("stage", "updates", "episodes", "first", "last", "failed", "stale dropped", "wall s")
+    for column in columns:
         table.add_column(column, justify="right" if column != "stage" else "left")
     for s in result.stage_summaries:
         table.add_row(
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
             _num(s["first"]),
             _num(s["last"]),
             str(s["failed_episodes"]),
+            str(s.get("dropped_stale", 0)),
             f"{s['wall_s']:.0f}",
         )
     console = Console()
@@ -51,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(
         f"metrics: {result.out / 'metrics.jsonl'}  plot: {result.out / 'learning_curve.png'}"
     )
+    console.print(f"seeds (summary.json): {result.seeds}")
     return 0
 
 

@@ -1,11 +1,15 @@
 """Training: asynchronous sampling, multi-agent policy-gradient trainers, weight sync, export.
 
 Owns :mod:`~parley.arena.training.sampler` (``AsyncSampler``: rollouts through the runner,
-staleness bound, per-agent samples), :mod:`~parley.arena.training.advantages` (GRPO-family
-estimators and groupings), :mod:`~parley.arena.training.pg` (the policy-gradient update),
-:mod:`~parley.arena.training.sync` (weights back to the pool, in-process or over the bus),
-:mod:`~parley.arena.training.warmstart`, :mod:`~parley.arena.training.loop` (``TrainConfig``,
-``run_training``) and :mod:`~parley.arena.training.export` (trajectories for outside trainers).
+a staleness bound on every sample, per-agent samples), :mod:`~parley.arena.training.advantages`
+(GRPO-family estimators and groupings), :mod:`~parley.arena.training.objectives` (the
+published losses: GRPO, DAPO, Dr. GRPO, RLOO, REINFORCE), :mod:`~parley.arena.training.pg`
+(the policy-gradient update), :mod:`~parley.arena.training.sync` (weights back to the pool,
+in-process or over the bus), :mod:`~parley.arena.training.warmstart`,
+:mod:`~parley.arena.training.config` (``TrainConfig``, ``RunSeeds``),
+:mod:`~parley.arena.training.loop` (``run_training``), :mod:`~parley.arena.training.outputs`
+(metrics, checkpoints, summary) and :mod:`~parley.arena.training.export` (trajectories for
+outside trainers).
 
 May import: ``parley.protocols``, ``parley.scenarios``, ``parley.agents``,
 :mod:`parley.arena.run` and :mod:`parley.arena.inference`.

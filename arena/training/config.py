@@ -140,7 +140,8 @@ class RunSeeds:
       or the run's seed; every policy starts from the same weights unless told otherwise,
       as they would from one checkpoint). Empty when ``model`` is a checkpoint.
     - ``episodes``: per stage, the sampler's seed (scenario and agent seeds of every
-      episode, hence the agents' sampling seeds): ``derive_seed(base, 11, stage)`` with
+      episode, hence the agents' sampling seeds; a ``reading`` stage draws its exercises
+      with it unless ``reading.seed`` is set): ``derive_seed(base, 11, stage)`` with
       ``base`` = ``sampler.seed`` if set, else the run's seed.
     - ``torch``: the global torch generator, seeded before any model is loaded.
     - ``backend``: the inference backend's draws for requests without a seed of their

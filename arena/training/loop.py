@@ -4,16 +4,24 @@ A run trains one or more *policies* (models, by name) that play seats of one sce
 It goes through *stages*; each stage says who plays each seat (a trained policy or any
 agent spec such as ``scripted``), which policies learn, and when to stop. Per update::
 
-    batch    <- AsyncSampler.batches()              # episodes through the runner + pool
+    batch    <- AsyncSampler.batches()              # no episode older than S versions
     samples  <- samples_from_record(batch)          # the learners' decisions
     metrics  <- PolicyGradientTrainer.step(samples)  # (in a worker thread: sampling goes on)
     push the learners' weights to the pool           # InProcessSync, version += 1
-    sampler.publish(version)                        # staleness budget grows
+    sampler.publish(version)                        # samples age, more episodes may start
 
-Outputs in ``out``: ``metrics.jsonl`` (one line per update, per-role keys), TensorBoard
-events when ``tensorboard`` is installed, ``checkpoints/<policy>/`` in Hugging Face format
-(``parley run --agents llm:OUT/checkpoints/<policy>`` loads them), ``learning_curve.png``
-and ``summary.json``.
+The configuration (:class:`~parley.arena.training.config.TrainConfig`) and the seeds
+derived from its one ``seed`` (:class:`~parley.arena.training.config.RunSeeds`) live in
+:mod:`parley.arena.training.config`; what a run writes, in
+:mod:`parley.arena.training.outputs`.
+
+Outputs in ``out``: ``metrics.jsonl`` (one line per update: the watched metric, per-role
+rewards and advantages, the objective's ratio and clip statistics, and the staleness of
+the batch: ``stale_max``, ``stale_mean``, ``stale_hist`` (episodes 0, 1, ... versions
+old) and ``dropped_stale``), TensorBoard events when ``tensorboard`` is installed,
+``checkpoints/<policy>/`` in Hugging Face format (``parley run --agents
+llm:OUT/checkpoints/<policy>`` loads them), ``learning_curve.png``, ``config.yaml`` and
+``summary.json`` (every seed used, and per stage its curve, failed and dropped episodes).
 """
 
 from __future__ import annotations
@@ -71,6 +79,8 @@ class TrainResult:
     checkpoints: dict[str, Path]
     wall_s: float
     stage_summaries: list[dict[str, Any]]
+    seeds: dict[str, Any] = field(default_factory=dict)
+    """Every seed the run used (:meth:`RunSeeds.as_dict`, also in ``summary.json``)."""
 
 
 # ------------------------------------------------------------------------------ models
@@ -209,7 +219,7 @@ async def run_training(config: TrainConfig) -> TrainResult:
     wall = time.perf_counter() - started
     history, summaries = logger.history, run.summaries
     await asyncio.to_thread(write_summary, out, wall, history, summaries, seeds.as_dict())
-    return TrainResult(out, logger.history, checkpoints, wall, run.summaries)
+    return TrainResult(out, history, checkpoints, wall, summaries, seeds.as_dict())
 
 
 @dataclass
@@ -239,7 +249,9 @@ class _Run:
         curves = []
         for name in stage.train:
             policy = self.policies[name]
-            model, tok, kwargs = policy.model, policy.backend.tokenizer, stage.reading
+            model, tok = policy.model, policy.backend.tokenizer
+            # The stage's seed (RunSeeds.episodes) draws the exercises unless it names one.
+            kwargs = {"seed": self.seeds.episodes[len(self.summaries)], **stage.reading}
             curve = await asyncio.to_thread(
                 pretrain_reading, model, tok, steps=stage.max_updates, target=stage.target, **kwargs
             )

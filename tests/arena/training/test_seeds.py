@@ -126,3 +126,26 @@ def _weights(directory: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     return load_file(str(directory / "model.safetensors"))
+
+
+@pytest.mark.timeout(300)
+def test_a_reading_stage_draws_its_exercises_from_the_run_seed(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from parley.arena.training.loop import train
+
+    reading = {
+        "name": "reading",
+        "kind": "reading",
+        "train": ["listener"],
+        "max_updates": 3,
+        "target": None,
+        "reading": {"batch_size": 8},
+    }
+    curves = {}
+    for name in ("a", "b"):
+        config = _config(3, tmp_path / name, stages=[reading])
+        result = train(config)
+        curves[name] = result.stage_summaries[0]["curve"]
+        assert result.seeds["episodes"] == RunSeeds.from_config(config).episodes
+    assert len(curves["a"]) == 3
+    assert curves["a"] == curves["b"]
