@@ -60,6 +60,13 @@ try:
     out["os.memfd_create"] = "created"
 except OSError as exc:
     out["os.memfd_create"] = type(exc).__name__
+import socket
+for name, option in (("SO_SNDBUF", socket.SO_SNDBUF), ("SO_RCVBUFFORCE", 33)):
+    try:
+        socket.socketpair()[0].setsockopt(socket.SOL_SOCKET, option, 1 << 30)
+        out[name] = "set"
+    except OSError as exc:
+        out[name] = type(exc).__name__
 print(json.dumps(out))
 """
 
@@ -105,6 +112,7 @@ def _expect_syscalls_refused(out: dict[str, object]) -> None:
     for name in ("memfd_create", "shmget", "msgget"):
         assert out[name] == [-1, 1], (name, out[name])
     assert out["os.memfd_create"] == "PermissionError"
+    assert out["SO_SNDBUF"] == out["SO_RCVBUFFORCE"] == "PermissionError"
     assert out["capabilities"] == [0] * 6
     assert out["bounding"] == []
 
@@ -138,6 +146,29 @@ def test_memfd_cannot_hold_memory_beyond_the_limit(sandbox: Sandbox) -> None:
         "print(len(held) * 100, 'MB held')\n"
     )
     assert result.stdout == "PermissionError\n0 MB held\n", result.stderr
+
+
+@x86_64
+def test_socket_buffers_hold_little_memory(sandbox: Sandbox) -> None:
+    result = sandbox.run(
+        "import socket\n"
+        "held, pairs = 0, []\n"
+        "try:\n"
+        "    while True:\n"
+        "        a, b = socket.socketpair()\n"
+        "        pairs.append((a, b))\n"
+        "        a.setblocking(False)\n"
+        "        try:\n"
+        "            while True:\n"
+        "                held += a.send(b'x' * 65536)\n"
+        "        except BlockingIOError:\n"
+        "            pass\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print(held >> 20)\n"
+    )
+    assert result.ok, result.stderr
+    assert int(result.stdout) < 16  # MB queued by one process at its file limit (was ~235)
 
 
 def test_signals_to_pid_1_do_not_break_the_run(sandbox: Sandbox) -> None:
