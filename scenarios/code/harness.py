@@ -12,6 +12,8 @@ the values from its own constructors (exact built-in types: ``None``, ``bool``, 
 ``float``, ``str``, ``list``, ``tuple``, ``set``, ``dict``) and compares each with the
 expected value, parsed by :func:`ast.literal_eval`, using ``==`` on those trusted values: no
 method of the submission's objects ever runs in the judge, and ``[1]`` never equals ``(1,)``.
+Numbers compare as Python compares them (``5.0 == 5``): the reference fix of ``average``
+returns ``5.0`` where the task expects ``5``, and v0 scored it so.
 
 The untrusted code can print anything, including a forged results line, since it shares
 the runner's process. That is harmless by construction: a forged entry only claims that a
