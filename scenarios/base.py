@@ -241,6 +241,14 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         lost turn). Seats act in the order :meth:`acting` lists them.
         """
 
+    def brief(self) -> None:
+        """Tell each seat, from the state alone, what it learns at the start (:meth:`tell`).
+
+        Called by :meth:`reset` right after :meth:`new_episode` (which may tell seats things
+        itself instead). Briefing here lets the conformance suite redraw private data before
+        the first observations are written, so they are checked for leaks too.
+        """
+
     def resolve(self) -> None:
         """Called once after every acting seat's :meth:`play` in a step (simultaneous moves)."""
 
@@ -377,7 +385,11 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-        """Start an episode. ``seed`` re-seeds the instance's generator; ``None`` continues it."""
+        """Start an episode. ``seed`` re-seeds the instance's generator; ``None`` continues it.
+
+        ``options={"redraw_private": {"keep": seat, "seed": n}}`` (the conformance suite's)
+        calls :meth:`redraw_private` between :meth:`new_episode` and :meth:`brief`.
+        """
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         self.agents = list(self.possible_agents)
@@ -394,6 +406,10 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._done = False
         self._truncated = False
         self.new_episode(self.rng)
+        redraw = (options or {}).get("redraw_private")
+        if redraw is not None:
+            self.redraw_private(redraw["keep"], np.random.default_rng(redraw["seed"]))
+        self.brief()
         return self._observe(set(self.acting()), False)
 
     @final

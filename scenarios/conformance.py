@@ -25,8 +25,11 @@ both JSON and the wire's MessagePack can encode.
 
 The non-interference check (``noninterference``) plays the scripted baselines for each seed,
 then, for each seat ``keep``, replays the same actions on an episode of the same seed whose
-private data hidden from ``keep`` was redrawn (:meth:`Scenario.redraw_private`), and requires
-``keep``'s observations and infos to be identical on every step before the last.
+private data hidden from ``keep`` was redrawn (:meth:`Scenario.redraw_private`, called by
+``reset`` before :meth:`Scenario.brief` writes the first observations), and requires
+``keep``'s observations and infos to be identical from the first observation to the step
+before the last. (What a scenario tells in ``new_episode`` instead of ``brief`` is written
+before the redraw and escapes the first comparison.)
 
 The determinism check and :func:`play_episode` play the scripted baselines of the spec
 (``spec.baselines``), loaded by their ``"module:Class"`` strings.
@@ -397,11 +400,16 @@ def _replay_redrawn(
     trace: list[dict[str, str]],
     rng: np.random.Generator,
 ) -> None:
-    plain, redrawn = make(scenario_id), make(scenario_id)
-    plain.reset(seed=seed)
-    redrawn.reset(seed=seed)
-    if not redrawn.redraw_private(keep, rng):
+    probe = make(scenario_id)
+    probe.reset(seed=seed)
+    redraw = {"keep": keep, "seed": int(rng.integers(2**32))}
+    if not probe.redraw_private(keep, np.random.default_rng(redraw["seed"])):
         return
+    plain, redrawn = make(scenario_id), make(scenario_id)
+    first = plain.reset(seed=seed)
+    # Redrawn between new_episode and brief: first observations are checked too.
+    again = redrawn.reset(seed=seed, options={"redraw_private": redraw})
+    _compare(seed, -1, keep, (first[0], first[1]), (again[0], again[1]))
     for turn, actions in enumerate(trace):
         seen = plain.step(actions)
         if not plain.agents:
@@ -409,15 +417,22 @@ def _replay_redrawn(
         other = redrawn.step(actions)
         if not redrawn.agents:
             raise _fail(f"seed {seed}: redrawing what {keep} may not know ended step {turn}")
-        for name, a, b in (
-            ("observation", seen[0][keep], other[0][keep]),
-            ("infos", _canonical(seen[4][keep]), _canonical(other[4][keep])),
-        ):
-            if a != b:
-                raise _fail(
-                    f"seed {seed}, step {turn}: {keep}'s {name} depends on data it may not "
-                    f"know:\n  {str(a)[:400]}\n  {str(b)[:400]}"
-                )
+        _compare(seed, turn, keep, (seen[0], seen[4]), (other[0], other[4]))
+
+
+def _compare(
+    seed: int, turn: int, keep: str, seen: tuple[Any, Any], other: tuple[Any, Any]
+) -> None:
+    when = "the first observation" if turn < 0 else f"step {turn}"
+    for name, a, b in (
+        ("observation", seen[0][keep], other[0][keep]),
+        ("infos", _canonical(seen[1][keep]), _canonical(other[1][keep])),
+    ):
+        if a != b:
+            raise _fail(
+                f"seed {seed}, {when}: {keep}'s {name} depends on data it may not "
+                f"know:\n  {str(a)[:400]}\n  {str(b)[:400]}"
+            )
 
 
 def _canonical(value: Any) -> str:

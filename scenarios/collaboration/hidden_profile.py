@@ -184,6 +184,8 @@ class HiddenProfile(Scenario):
         self._facts_view = {
             seat: [f.as_dict() for f in facts] for seat, facts in self.s.held.items()
         }
+
+    def brief(self) -> None:
         for seat in self.possible_agents:
             facts = "\n".join(fact.line() for fact in self.s.held[seat])
             self.tell(seat, f"You are {seat}. Your facts:\n{facts}")

@@ -156,6 +156,9 @@ class Referential(Scenario):
         picked = rng.choice(len(self.objects), size=self.k, replace=False)
         candidates = [self.objects[int(i)] for i in picked]
         self.s = RefState(candidates=candidates, target=int(rng.integers(self.k)))
+
+    def brief(self) -> None:
+        candidates = self.s.candidates
         others = [describe(c) for i, c in enumerate(candidates) if i != self.s.target]
         self.tell("speaker", f"Target: {describe(candidates[self.s.target])}")
         if self.show_others:

@@ -270,11 +270,13 @@ class DealOrNoDeal(Scenario):
         counts, values_a, values_b = self.draw_context(rng)
         first = SEATS[int(rng.integers(2))]
         self.s = DealState(counts, {SEATS[0]: values_a, SEATS[1]: values_b}, first, first)
+
+    def brief(self) -> None:
         for agent in SEATS:
             self.tell(
                 agent,
-                f"You are {agent}. Items: {describe(counts, self.s.values[agent])}. "
-                f"{first} speaks first.",
+                f"You are {agent}. Items: {describe(self.s.counts, self.s.values[agent])}. "
+                f"{self.s.first} speaks first.",
             )
 
     def draw_context(self, rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:

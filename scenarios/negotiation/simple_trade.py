@@ -155,6 +155,8 @@ class SimpleTrade(Scenario):
         # Per episode, outside the state (v0's state() is unchanged); redraw_private edits it.
         self.values = {seat: dict(VALUES[seat]) for seat in SEATS}
         self.s = TradeState({seat: dict(START) for seat in SEATS})
+
+    def brief(self) -> None:
         for seat in SEATS:
             values = ", ".join(f"{r} {v}" for r, v in self.values[seat].items())
             self.tell(seat, f"You are {seat}. You hold {show(START)}. Your values: {values}.")

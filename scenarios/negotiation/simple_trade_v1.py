@@ -212,6 +212,9 @@ class SimpleNegotiation(Scenario):
             values = {seat: dict(VALUES[seat]) for seat in SEATS}
         inventory = {seat: dict(start[seat]) for seat in SEATS}
         self.s = NegotiationState(inventory, start, values)
+
+    def brief(self) -> None:
+        start, values = self.s.start, self.s.values
         for seat in SEATS:
             mine = ", ".join(
                 f"{r} {start[seat][r]} (worth {values[seat][r]} each)" for r in RESOURCES

@@ -260,6 +260,9 @@ class RetailDesk(Scenario):
         self.db = RetailDB.generate(_rng(index))
         self.tools = ToolBox(self.db.tools())
         self.s = DeskState(task)
+
+    def brief(self) -> None:
+        task = self.s.task
         self.tell(
             "user",
             f"You are a customer writing to an online store's support desk. Your goal: "

@@ -39,6 +39,15 @@ class TellsPartnerValues(DealOrNoDeal):
         return super().play(agent, action)
 
 
+class BriefsPartnerValues(DealOrNoDeal):
+    """Tells each player both value vectors in its first observation."""
+
+    def brief(self) -> None:
+        super().brief()
+        for agent in self.possible_agents:
+            self.tell(agent, f"Partner values: {self.s.values[self.partner(agent)]}")
+
+
 class PartnerValuesInInfos(DealOrNoDeal):
     def view(self, agent: str) -> dict[str, Any]:
         return {**super().view(agent), "partner": list(self.s.values[self.partner(agent)])}
@@ -48,6 +57,7 @@ LEAKY = {
     "test/leak-index-v0": (IndexInView, "tool_use/retail-desk-v0"),
     "test/leak-announce-v0": (TellsPartnerValues, "negotiation/deal-or-no-deal-v0"),
     "test/leak-infos-v0": (PartnerValuesInInfos, "negotiation/deal-or-no-deal-v0"),
+    "test/leak-brief-v0": (BriefsPartnerValues, "negotiation/deal-or-no-deal-v0"),
 }
 for _id, (_cls, _like) in LEAKY.items():
     register(
@@ -62,6 +72,11 @@ for _id, (_cls, _like) in LEAKY.items():
 def test_the_check_fails_on_a_leak(scenario_id: str) -> None:
     with pytest.raises(ConformanceFailure, match="depends on data it may not know"):
         check_noninterference(scenario_id)
+
+
+def test_a_leak_in_the_first_observation_is_caught_there() -> None:
+    with pytest.raises(ConformanceFailure, match="the first observation: player_0's observ"):
+        check_noninterference("test/leak-brief-v0")
 
 
 @pytest.mark.parametrize("scenario_id", BUILT_IN)
