@@ -7,7 +7,9 @@ with every other request the pool serves. Each policy of the pool is a model.
 Endpoints
 ---------
 ``GET /v1/models``
-    The pool's policies (``id``) with their current ``policy_version``.
+    The pool's policies (``id``) with their current ``policy_version``, ``backend`` kind
+    and ``dtype`` (the dtype the weights compute in; training in another dtype makes the
+    recorded logprobs off-policy).
 ``POST /v1/chat/completions``
     ``model``, ``messages`` (string content or text parts), ``max_tokens`` /
     ``max_completion_tokens``, ``temperature``, ``top_p``, ``n``, ``stop``, ``seed``,
@@ -135,6 +137,8 @@ class OpenAIFront:
                 "created": self.created,
                 "owned_by": "parley",
                 "policy_version": version,
+                "backend": self.pool.backend(name).kind,
+                "dtype": self.pool.backend(name).dtype or None,
             }
             for name, version in self.pool.policies.items()
         ]

@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from parley.arena.inference.backends.errors import RequestError
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.protocols.messages import Error, GenerateRequest, GenerateResult, Ok, WeightUpdate
 
@@ -297,6 +298,12 @@ class _Lane:
                     if not p.future.done():
                         await self._run([p])
                 return
+            if isinstance(exc, RequestError):  # the backend found the request bad itself
+                pool.stats.bad_requests += 1
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(PoolError("bad_request", str(exc), param=exc.field))
+                return
             retryable = bool(getattr(exc, "retryable", False))
             err = PoolError(
                 "backend_failed",
@@ -399,6 +406,11 @@ class InferencePool:
         """Policy name -> current weights version."""
         return {name: b.policy_version for name, b in self._backends.items()}
 
+    @property
+    def backends(self) -> list[Backend]:
+        """Every backend the pool serves, once each."""
+        return list({id(b): b for b in self._backends.values()}.values())
+
     def backend(self, policy: str) -> Backend:
         """The backend serving ``policy``; :class:`PoolError` ``unknown_policy`` if none."""
         try:
@@ -440,6 +452,9 @@ class InferencePool:
         await self.start()
         self.stats.requests += 1
         backend = self.backend(request.policy)
+        if backend.failure:
+            self.stats.failed += 1
+            raise PoolError("backend_failed", f"policy {request.policy!r}: {backend.failure}")
         try:
             backend.validate(request)
         except ParleyError as exc:

@@ -101,6 +101,13 @@ class Backend(ABC):
 
     def __init__(self) -> None:
         self.policy_version: int = 0
+        self.dtype: str = ""
+        """The dtype the weights compute in (``"float32"``, ...); empty when unknown (HTTP).
+        Generation and training must agree on it, or recorded logprobs are off-policy."""
+        self.failure: str = ""
+        """Set (to the reason) when the backend can serve no request any more, e.g. its
+        engine process died and could not be restarted. The pool then answers every
+        request ``backend_failed`` with it at once, and ``parley serve`` exits."""
 
     @property
     @abstractmethod

@@ -110,6 +110,7 @@ class TransformersBackend(Backend):
         self._executor = _torch_thread(num_threads)
         self._closed = False
         self.device = next(model.parameters()).device
+        self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         width = int(model.get_output_embeddings().weight.shape[0])
         eos = tokenizer.eos_token_id
         self._eos: set[int] = set() if eos is None else {eos}
@@ -128,7 +129,7 @@ class TransformersBackend(Backend):
         model: str,
         *,
         device: str = "cpu",
-        dtype: str = "auto",
+        dtype: str = "float32",
         max_batch_rows: int = 256,
         seed: int = 0,
         num_threads: int | None = None,
@@ -138,8 +139,11 @@ class TransformersBackend(Backend):
     ) -> TransformersBackend:
         """Load ``model`` (path or hub id) onto ``device``.
 
-        ``dtype``: ``"auto"`` (float32 on CPU, the checkpoint's dtype elsewhere) or a torch
-        dtype name. ``tokenizer``: a different path/id for the tokenizer.
+        ``dtype``: a torch dtype name, by default ``"float32"``, the dtype parley's trainers
+        compute in, so recorded logprobs are the trainer's on every device; ``"auto"`` is
+        float32 on CPU and the checkpoint's dtype elsewhere (faster on a GPU, but its
+        logprobs then differ from a float32 trainer's). ``tokenizer``: a different path/id
+        for the tokenizer.
         """
         transformers: Any = require("transformers", "torch")
 

@@ -13,8 +13,17 @@ Mapping of parley's request onto vLLM:
   rule, which is parley's contract); ``max_tokens`` is clipped to the context;
 - logprobs are the sampled tokens' (``logprobs=0``), in ``processed_logprobs`` mode by
   default: under the distribution after temperature and top-p, as the contract says;
-- constraints become ``StructuredOutputsParams(choice=/regex=/json=)``: vLLM's structured
-  outputs (xgrammar or guidance) accept full JSON Schema, unlike the transformers subset;
+- constraints become ``StructuredOutputsParams(choice=/regex=)``; a JSON schema is
+  compiled by :func:`~parley.arena.inference.backends.constraints.json_schema_to_regex`
+  and sent as a regex, so both backends accept the same schemas, refuse the same
+  keywords and emit the same JSON layout (vLLM's own JSON mode ignored ``maxLength`` and
+  numeric bounds in 1 of 30 finished outputs here, and compiled 30x slower on the tiny
+  model); a constraint vLLM's grammar engine refuses (look-around in a regex) is answered
+  ``bad_request``;
+- ``dtype`` defaults to float32, the trainers' dtype, so recorded logprobs are exact;
+- a dead engine process (``EngineDeadError``) sets :attr:`failure`: the pool answers
+  every later request at once with the reason and ``parley serve`` exits non-zero, instead
+  of answering ``backend_failed`` forever;
 - ``update_weights`` waits for in-flight requests to finish on the old weights, holds new
   ones back, then reloads in place with the workers' ``reload_weights`` (via
   ``collective_rpc``) from ``path`` (a directory or file of safetensors) or from inline
@@ -30,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -38,11 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from parley.arena.inference.backends.base import Backend, BackendError, RequestError
+from parley.arena.inference.backends.constraints import constraint_regex
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
 from parley.protocols.errors import require
 from parley.protocols.messages import (
     Completion,
-    Constraint,
     FinishReason,
     GenerateRequest,
     GenerateResult,
@@ -50,6 +58,8 @@ from parley.protocols.messages import (
 )
 
 vllm: Any = require("vllm", "vllm")
+from vllm.exceptions import VLLMValidationError  # noqa: E402 - after the install hint
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError  # noqa: E402
 
 __all__ = ["VLLMBackend"]
 
@@ -82,7 +92,7 @@ class VLLMBackend(Backend):
         cls,
         model: str,
         *,
-        dtype: str = "auto",
+        dtype: str = "float32",
         max_model_len: int | None = None,
         seed: int = 0,
         enforce_eager: bool = True,
@@ -93,6 +103,12 @@ class VLLMBackend(Backend):
     ) -> VLLMBackend:
         """Start the engine on ``model`` (path or hub id).
 
+        ``dtype`` defaults to ``"float32"``, the dtype parley's trainers compute in, so the
+        logprobs recorded at generation are the trainer's (measured on the tiny model:
+        vLLM's own ``"auto"`` picks bfloat16 on CPU and its logprobs then differ from the
+        trainer's by up to 0.1 nats; float32 agrees within 1e-5). Pass ``dtype="auto"`` or
+        ``"bfloat16"`` for speed when exact importance weights matter less; the dtype in
+        use is :attr:`dtype` (``GET /v1/models`` and ``parley serve`` show it).
         ``engine_args`` are passed to ``vllm.AsyncEngineArgs`` as they are (e.g.
         ``gpu_memory_utilization``, ``enable_lora``); ``kv_cache_space_gib`` sets
         ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds only).
@@ -121,7 +137,9 @@ class VLLMBackend(Backend):
                 "head size is >= 32 on CPU, and VLLM_CPU_KVCACHE_SPACE"
             ) from exc
         tok = await asyncio.to_thread(load_tokenizer, tokenizer or model)
-        return cls(engine, tok, max_model_len=int(engine.model_config.max_model_len))
+        backend = cls(engine, tok, max_model_len=int(engine.model_config.max_model_len))
+        backend.dtype = str(engine.model_config.dtype).removeprefix("torch.")
+        return backend
 
     # --- Backend surface ---------------------------------------------------------------
 
@@ -133,24 +151,13 @@ class VLLMBackend(Backend):
     def max_context(self) -> int:
         return self._max_len
 
-    def check_constraint(self, constraint: Constraint) -> None:
-        if constraint.type == "choice" and (not constraint.choices or not all(constraint.choices)):
-            raise BackendError("a choice constraint needs at least one non-empty choice")
-        if constraint.type == "regex" and not constraint.pattern:
-            raise BackendError("a regex constraint needs a pattern")
-        if constraint.type == "json":
-            try:
-                json.loads(constraint.json_schema)
-            except json.JSONDecodeError as exc:
-                raise BackendError(f"json_schema is not valid JSON: {exc}") from exc
-
     def validate(self, request: GenerateRequest) -> None:
         super().validate(request)
         ids = request.prompt_token_ids or self._tokenizer.encode(request.prompt)
         if not all(0 <= t < self._vocab_size for t in ids):
             raise RequestError(
                 "prompt_token_ids",
-                f"prompt_token_ids outside the vocabulary [0, {self._vocab.size})",
+                f"prompt_token_ids outside the vocabulary [0, {self._vocab_size})",
             )
         if len(ids) >= self._max_len:
             raise RequestError(
@@ -202,8 +209,10 @@ class VLLMBackend(Backend):
         structured = None
         c = request.constraint
         if c is not None:
-            field = {"choice": "choices", "regex": "pattern", "json": "json_schema"}[c.type]
-            structured = StructuredOutputsParams(**{c.type: getattr(c, field)})
+            if c.type == "choice":
+                structured = StructuredOutputsParams(choice=list(c.choices))
+            else:  # a JSON schema goes as parley's regex: the same outputs as transformers
+                structured = StructuredOutputsParams(regex=constraint_regex(c))
         return vllm.SamplingParams(
             # vLLM refuses n > 1 with greedy decoding; _one copies the single completion.
             n=1 if p.temperature == 0 else p.n,
@@ -230,6 +239,17 @@ class VLLMBackend(Backend):
                 TokensPrompt(prompt_token_ids=ids), params, request_id=f"parley-{next(_ids)}"
             ):
                 final = out
+        except VLLMValidationError as exc:  # e.g. regex syntax the grammar engine lacks
+            field = "constraint" if request.constraint is not None else exc.parameter or "params"
+            raise RequestError(field, f"vLLM refused the request: {exc}") from exc
+        except EngineDeadError as exc:
+            self.failure = (
+                f"the vLLM engine process died ({exc}); restart `parley serve` (see the log "
+                "above for the cause)"
+            )
+            raise BackendError(self.failure) from exc
+        except EngineGenerateError as exc:  # vLLM: "recoverable"
+            raise BackendError(f"vLLM failed the request: {exc}", retryable=True) from exc
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"vLLM failed the request: {exc}") from exc
         if final is None:
