@@ -30,8 +30,7 @@ runner, the conformance suite and the trainers rely on:
 ``components`` (dict), ``view`` (the scenario's structured view of what this seat knows, for
 scripted agents: nothing the seat may not know, no index into public answer tables), and when
 relevant ``constraint`` (fields of :class:`parley.protocols.messages.Constraint`) and
-``invalid`` (str). All values are plain
-JSON types, so they travel on the bus as they are, to remote agents too.
+``invalid`` (str). All values are plain JSON types: they travel on the bus as they are.
 
 Privileged data — the reference answer a scripted *oracle* needs — never goes in ``infos``.
 :meth:`Scenario.oracle` gives it; the runner adds it, under ``info[ORACLE_KEY]``, only to the
@@ -273,28 +272,17 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         return {}
 
     def oracle(self, agent: str) -> dict[str, Any]:
-        """Privileged: what a scripted oracle in ``agent``'s seat needs and the seat may not
-        know (the reference solution), as plain JSON types; ``{}`` when there is none.
-
-        Never part of ``infos``: the runner hands it only to in-process agents whose class
-        sets ``privileged = True``, as ``Observation.info[ORACLE_KEY]``; remote agents never
-        get it.
-        """
+        """Privileged: what a scripted oracle in this seat needs and the seat may not know
+        (plain JSON; ``{}`` if none). Never in ``infos`` (see the module docstring)."""
         return {}
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
-        """Conformance hook: redraw in place, right after :meth:`reset`, every private datum
-        of the episode that seat ``keep`` may not know (other seats' private context, hidden
-        answers, and any id that points at them), drawing from ``rng`` and keeping all that
-        ``keep`` knows and all public state. Return ``False`` when nothing in the episode is
-        hidden from ``keep``.
-
-        The ``noninterference`` check replays the same actions on the redrawn episode and
-        requires ``keep``'s observations and infos to be identical until the episode ends.
-        Data whose consequences are public by the rules (a stock that decides whether a trade
-        goes through) is left as it is. A scenario without this hook raises
-        ``NotImplementedError`` (the check then reports "not applicable").
-        """
+        """Conformance hook: redraw in place (after :meth:`new_episode`) every private datum
+        that seat ``keep`` may not know (other seats' context, hidden answers, ids pointing at
+        them) from ``rng``, keeping what ``keep`` knows and all public state; ``False`` when
+        nothing is hidden from ``keep``. Data whose consequences the rules make public (a
+        stock that decides whether a trade goes through) stays. Not defined: the
+        ``noninterference`` check reports "not applicable"."""
         raise NotImplementedError(f"{type(self).__name__} does not define redraw_private")
 
     def snapshot(self) -> Any:
@@ -387,9 +375,8 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
         """Start an episode. ``seed`` re-seeds the instance's generator; ``None`` continues it.
 
-        ``options={"redraw_private": {"keep": seat, "seed": n}}`` (the conformance suite's)
-        calls :meth:`redraw_private` between :meth:`new_episode` and :meth:`brief`.
-        """
+        ``options={"redraw_private": {"keep": seat, "seed": n}}`` (for the conformance
+        suite) calls :meth:`redraw_private` between :meth:`new_episode` and :meth:`brief`."""
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         self.agents = list(self.possible_agents)
