@@ -281,6 +281,13 @@ class PolicyGradientTrainer:
         totals: dict[str, float] = dict.fromkeys(_SUMS, 0.0)
         totals["ratio_min"], totals["ratio_max"] = float("inf"), float("-inf")
         learners = [s for s in batch if s.policy in self.trainable and s.token_ids]
+        for s in learners:
+            # pi_old is the recorded logprobs: without them every ratio would be wrong.
+            if len(s.logprobs) != len(s.token_ids):
+                raise ValueError(
+                    f"a sample of {s.policy!r} has {len(s.token_ids)} tokens but "
+                    f"{len(s.logprobs)} logprobs: generate with SamplingParams(logprobs=True)"
+                )
         for name in sorted({s.policy for s in learners}):
             own = [s for s in learners if s.policy == name]
             for _ in range(cfg.epochs):

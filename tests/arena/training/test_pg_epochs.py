@@ -85,3 +85,13 @@ def test_stale_samples_are_clipped_on_the_first_step(tiny: tuple[Any, Any]) -> N
     tokens_a_positive = 0.5  # rewards alternate 0/1: half the sequences have A > 0
     assert metrics["clip_frac"] == pytest.approx(tokens_a_positive, abs=0.25)
     assert metrics["clip_frac"] > 0.0
+
+
+def test_samples_without_their_logprobs_are_refused(tiny: tuple[Any, Any]) -> None:
+    model, hf = tiny
+    trainer = PolicyGradientTrainer({"p": model}, hf, PGConfig())
+    samples = _samples(model, hf)
+    samples[3].logprobs = []
+    with pytest.raises(ValueError, match="logprobs=True"):
+        trainer.step(samples)
+    assert trainer.version == 0
