@@ -402,9 +402,10 @@ def _replay_redrawn(
 ) -> None:
     probe = make(scenario_id)
     probe.reset(seed=seed)
-    redraw = {"keep": keep, "seed": int(rng.integers(2**32))}
-    if not probe.redraw_private(keep, np.random.default_rng(redraw["seed"])):
+    redraw_seed = int(rng.integers(2**32))
+    if not probe.redraw_private(keep, np.random.default_rng(redraw_seed)):
         return
+    redraw = {"keep": keep, "seed": redraw_seed}
     plain, redrawn = make(scenario_id), make(scenario_id)
     first = plain.reset(seed=seed)
     # Redrawn between new_episode and brief: first observations are checked too.
