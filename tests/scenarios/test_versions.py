@@ -100,3 +100,12 @@ def test_v1_scores_an_incomplete_claim_as_invalid_and_no_deal() -> None:
     assert "invalid" in infos["player_0"]
     assert not env.s.agreed
     assert rewards["player_1"] == 0.0
+
+
+def test_the_deal_negotiator_plays_v1_without_invalid_claims() -> None:
+    agreed = 0.0
+    for seed in range(30):
+        metrics = json.loads(play_episode("negotiation/deal-or-no-deal-v1", seed=seed)[-1][1])
+        assert metrics["invalid_moves"] == 0.0
+        agreed += metrics["agreed"]
+    assert agreed >= 20
