@@ -206,12 +206,17 @@ def test_file_names_may_not_leave_the_work_directory(sandbox: Sandbox) -> None:
         sandbox.run("pass", files={"../escape.py": ""})
 
 
-def test_runs_leave_no_stage_directory_behind(sandbox: Sandbox) -> None:
+def test_runs_leave_no_stage_directory_behind(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tempfile
 
-    before = set(Path(tempfile.gettempdir()).glob("parley-sandbox-*"))
-    sandbox.run("print(1)")
-    assert set(Path(tempfile.gettempdir()).glob("parley-sandbox-*")) <= before
+    # A private temporary directory: other processes' runs come and go in the shared /tmp.
+    tmp_path.chmod(0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert sandbox.run("print(1)").ok
+    assert sandbox.run("import os\nos.fork()\nopen('x', 'w').write('y')").ok
+    assert list(tmp_path.iterdir()) == []
     assert os.path.exists("/usr")
 
 
