@@ -558,7 +558,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
             lines = inbox[agent]
             if agent in acting:
                 to_act = True
-                lines.append(_DEFAULT_PROMPT if prompt is None else prompt(agent))
+                lines.append(_DEFAULT_PROMPT if prompt is None else printable(prompt(agent)))
                 text = "\n".join(lines)
                 # Emptied only when the seat is asked: the runner delivers only acting seats'
                 # observations, so the others keep their lines until their turn (an LLM never
