@@ -8,7 +8,8 @@ transcripts identical:
 
 - the observation and the action pass through the wire codec (an agent sees exactly the
   decoded copy a remote agent would get; a value the wire cannot carry is a
-  ``ProtocolError``, as over the bus);
+  ``ProtocolError``, as over the bus); a plain action (ASCII text, no tokens) skips the
+  round trip, which could not change it;
 - an agent that raises is a :class:`RemoteError` ``handler_failed`` with the message the
   bus sends, logged the same way;
 - an agent that does not answer within the timeout is a :class:`RequestTimeout` (its
@@ -28,7 +29,7 @@ from parley.arena.run.agent_host import AgentHost
 from parley.arena.run.gather import _drive
 from parley.protocols.codec import Codec
 from parley.protocols.errors import RemoteError, RequestTimeout
-from parley.protocols.messages import AnyBody, Body, Envelope, Observation
+from parley.protocols.messages import Action, AnyBody, Body, Envelope, Observation
 
 __all__ = ["DirectAgents"]
 
@@ -43,6 +44,7 @@ class DirectAgents:
         self._codec = codec
         self._name = name  # the bus name this host would have, for messages
         self.seats = frozenset(host.seats)
+        self._plain_limit = codec.max_message_bytes // 2  # well within one message
 
     def _wire(self, body: Body, sender: str, episode: str) -> Body:
         """``body`` as the receiving end of the bus would decode it."""
@@ -82,6 +84,15 @@ class DirectAgents:
                     raise error
                 raise self._failed(error, sender) from error
             action = task.result()
+        if (
+            type(action) is Action
+            and not action.tokens
+            and type(action.text) is str
+            and action.text.isascii()
+            and len(action.text) < self._plain_limit
+        ):
+            # A plain ASCII action decodes as itself: the round trip would change nothing.
+            return action
         return self._wire(action, self._name, episode)
 
     def _failed(self, exc: Exception, sender: str) -> RemoteError:

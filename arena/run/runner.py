@@ -1,10 +1,11 @@
 """The episode runner: plays a scenario with agents in seats, many episodes at once.
 
-Every agent is reached through the bus. The runner owns one :class:`Endpoint` named
-``"arena"`` bound at ``RunConfig.listen`` (a private ``inproc://`` address by default).
-In-process agents live in an :class:`~parley.arena.run.agent_host.AgentHost` on a second
-endpoint of the same process that connects to it; remote agents (``parley agent``) connect
-from other processes or hosts and are waited for by name.
+The runner owns one :class:`Endpoint` named ``"arena"`` bound at ``RunConfig.listen`` (a
+private ``inproc://`` address by default); remote agents (``parley agent``) connect from
+other processes or hosts and are waited for by name. In-process agents live in an
+:class:`~parley.arena.run.agent_host.AgentHost` that the runner calls directly, through the
+wire codec (:mod:`parley.arena.run.direct`: the same messages and failures without the bus
+hops), or, with ``RunConfig.local_agents_over_bus``, on a second endpoint of the process.
 
 One step of one episode::
 
@@ -16,7 +17,7 @@ One step of one episode::
 An agent that times out, dies or raises ends its episode as *failed* with the reason
 (never scored); the run goes on. The framework's own limits never fail an episode: the bus
 bounds of the run (handlers, pending requests, high-water marks) are derived from
-``concurrency x seats`` (:func:`bus_config_for`), and a request a peer refuses as
+``concurrency x seats`` (:mod:`parley.arena.run.backpressure`), and a request a peer refuses as
 ``overloaded`` (retryable: the agent did not see it) is sent again with exponential backoff
 until ``act_timeout`` runs out. The summary is folded record by record
 (:class:`~parley.arena.run.summary.SummaryBuilder`): a run keeps no record once written,
@@ -31,11 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -50,19 +50,20 @@ from parley.arena.run.agent_specs import (
     SeatContext,
     resolve_agent_spec,
 )
+from parley.arena.run.backpressure import backoff, bus_config_for, failure_reason, retryable
 from parley.arena.run.config import RunConfig
+from parley.arena.run.direct import DirectAgents
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, derive_seed, plan_episodes
 from parley.arena.run.gather import send_all_then_gather
 from parley.arena.run.records import EpisodeRecord, RecordWriter
 from parley.arena.run.security import SeatKeys, admission_policy, arena_bus_config
 from parley.arena.run.summary import SummaryBuilder
 from parley.protocols.bus import BusConfig, Endpoint
+from parley.protocols.codec import Codec
 from parley.protocols.errors import (
     BusError,
     ConfigError,
-    PeerDead,
     ProtocolError,
-    RemoteError,
     RequestTimeout,
 )
 from parley.protocols.messages import Action, Body, Observation
@@ -84,31 +85,6 @@ ARENA_NAME = "arena"
 """Bus name of the runner's endpoint."""
 LOCAL_HOST_NAME = "arena-agents"
 """Bus name of the endpoint hosting the run's in-process agents."""
-
-
-RETRY_BACKOFF_S = 0.005
-"""First wait before sending a request refused as ``overloaded`` again; it doubles per try."""
-RETRY_BACKOFF_MAX_S = 0.5
-"""Longest wait between two tries of one request (the act timeout bounds them all)."""
-
-
-def bus_config_for(config: RunConfig, seats: int, base: BusConfig | None = None) -> BusConfig:
-    """``base`` (default :class:`BusConfig`) with bounds large enough for ``config``'s run.
-
-    An episode has at most one request per seat in flight, so ``concurrency x seats``
-    requests can be pending at the arena and suspended in the in-process agent host at once
-    (each awaiting, say, an LLM). Each bound is at least that plus a margin (one-way
-    end-of-episode notices, heartbeats), never lower than ``base``'s; the high-water mark
-    is twice it, since requests and notices share the connection.
-    """
-    base = base or BusConfig()
-    in_flight = config.concurrency * max(seats, 1) + 64
-    return dataclasses.replace(
-        base,
-        max_handlers=max(base.max_handlers, in_flight),
-        max_pending=max(base.max_pending, in_flight),
-        hwm=max(base.hwm, 2 * in_flight),
-    )
 
 
 @dataclass
@@ -210,8 +186,12 @@ class Runner:
             seat: source.peer if isinstance(source, RemoteSeat) else LOCAL_HOST_NAME
             for seat, source in self.sources.items()
         }
-        remote = {seat for seat, source in self.sources.items() if isinstance(source, RemoteSeat)}
-        self._keys = SeatKeys.load(config, remote)
+        # In-process seats asked directly (through the wire codec), not over the bus.
+        self._direct_seats = frozenset(
+            () if config.local_agents_over_bus else set(self.sources) - set(self._remote())
+        )
+        self._direct: DirectAgents | None = None
+        self._keys = SeatKeys.load(config, self._remote())
         self.bus_config = arena_bus_config(self.bus_config, self._keys, insecure=config.insecure)
         self._gone: dict[str, float] = {}  # remote peer -> when it was found absent
         self._reported_gone: set[str] = set()
@@ -268,7 +248,14 @@ class Runner:
     def _expected_peers(self) -> dict[str, bytes | None]:
         """Peer name -> the CURVE key it must connect with (``None``: no key)."""
         seat_keys = self._keys.seats if self._keys is not None else {}
-        return {self._peers[seat]: seat_keys.get(seat) for seat in self.seats}
+        return {
+            self._peers[seat]: seat_keys.get(seat)
+            for seat in self.seats
+            if seat not in self._direct_seats  # no endpoint may take a direct seat's name
+        }
+
+    def _remote(self) -> set[str]:
+        return {seat for seat, source in self.sources.items() if isinstance(source, RemoteSeat)}
 
     @contextlib.asynccontextmanager
     async def open(self) -> AsyncIterator[str]:
@@ -289,7 +276,11 @@ class Runner:
                 for seat, source in self.sources.items()
                 if not isinstance(source, RemoteSeat)
             }
-            if local:
+            if local and self._direct_seats:
+                host = AgentHost(None, local)
+                codec = Codec(max_message_bytes=self.bus_config.max_message_bytes)
+                self._direct = DirectAgents(host, codec, name=LOCAL_HOST_NAME)
+            elif local:
                 host_endpoint = Endpoint(LOCAL_HOST_NAME, config=self.bus_config, context=context)
                 host = AgentHost(host_endpoint, local)
                 await host_endpoint.connect(inproc)
@@ -298,12 +289,12 @@ class Runner:
                 self.on_listen(address)
             # Give remote agents join_timeout to arrive before the first episode, so that
             # joining is not timed as play; one that never comes fails its episodes.
-            for peer in sorted(set(self._peers.values()) - {LOCAL_HOST_NAME}):
+            for peer in sorted({self._peers[seat] for seat in self._remote()}):
                 with contextlib.suppress(RequestTimeout):
                     await self._wait_for(arena, peer)
             yield address
         finally:
-            self._arena = None
+            self._arena, self._direct = None, None
             if host is not None:
                 await host.close()
             if host_endpoint is not None:
@@ -408,7 +399,8 @@ class Runner:
             raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
         # One look at the peer list per step (it is built on every read), not one per seat.
         live = arena.peers
-        missing = [seat for seat in requests if self._peers[seat] not in live]
+        direct = self._direct_seats
+        missing = [s for s in requests if s not in direct and self._peers[s] not in live]
         if missing:
             await self._join(arena, missing)
         loop = asyncio.get_running_loop()
@@ -424,10 +416,10 @@ class Runner:
             for seat, result in zip(todo, results, strict=False):
                 if isinstance(result, Action):
                     actions[seat] = result
-                elif _retryable(result):
+                elif retryable(result):
                     refused.append(seat)
                 else:
-                    failures.append(_failure(seat, result))
+                    failures.append(failure_reason(seat, result))
             if failures:
                 raise _EpisodeFailed("; ".join(failures))
             # Sent one at a time, the seats after a refusal were not asked yet.
@@ -436,8 +428,7 @@ class Runner:
                 return actions
             tries += 1
             self.overloaded_retries += len(todo)
-            wait = min(RETRY_BACKOFF_S * 2 ** (tries - 1), RETRY_BACKOFF_MAX_S)
-            wait *= 0.5 + self._jitter.random()  # spread the retries of many episodes
+            wait = backoff(tries, self._jitter)
             if loop.time() + wait >= deadline:
                 raise _EpisodeFailed(
                     "; ".join(
@@ -459,23 +450,23 @@ class Runner:
     ) -> list[Body | BaseException]:
         """The replies (or errors) of ``seats``' requests, in order; one at a time without
         ``pipeline``, stopping at the first request that brought no action."""
-        peers = self._peers
+        peers, direct = self._peers, self._direct
+
+        def call(seat: str) -> Coroutine[Any, Any, Body]:
+            if direct is not None and seat in self._direct_seats:
+                obs = requests[seat]
+                return direct.request(obs, timeout=timeout, episode=episode, sender=ARENA_NAME)
+            return arena.request(
+                peers[seat], requests[seat], timeout=timeout, episode=episode, turn=turn
+            )
+
         if self.config.pipeline:
             # Every request goes out before any reply is awaited (no task per request).
-            return await send_all_then_gather(
-                [
-                    arena.request(
-                        peers[seat], requests[seat], timeout=timeout, episode=episode, turn=turn
-                    )
-                    for seat in seats
-                ]
-            )
+            return await send_all_then_gather([call(seat) for seat in seats])
         results: list[Body | BaseException] = []
         for seat in seats:
             try:
-                reply = await arena.request(
-                    peers[seat], requests[seat], timeout=timeout, episode=episode, turn=turn
-                )
+                reply = await call(seat)
             except (BusError, ProtocolError) as exc:
                 results.append(exc)
                 break  # the episode has failed or must wait: ask nobody else now
@@ -543,6 +534,9 @@ class Runner:
         if arena is None:
             return
         for seat in sorted(asked):
+            if self._direct is not None and seat in self._direct_seats:
+                await self._direct.end(episode.plan.episode_id, seat)
+                continue
             peer = self._peers[seat]
             if peer not in arena.peers:
                 continue
@@ -557,34 +551,6 @@ class Runner:
             # A peer that died between the check and the send cannot be told; that is fine.
             with contextlib.suppress(BusError):
                 await arena.send(peer, body, episode=episode.plan.episode_id)
-
-
-def _retryable(result: object) -> bool:
-    """Whether the peer refused the request before its agent saw it, asking for a retry."""
-    if getattr(result, "retryable", False):
-        return True
-    return isinstance(result, RemoteError) and result.code == "overloaded"
-
-
-def _failure(seat: str, result: object) -> str:
-    """The recorded reason of a request that did not bring an action back.
-
-    Bus and protocol failures (and a reply that is not an action) fail the episode; any
-    other exception is a runner bug and is raised.
-    """
-    if isinstance(result, RequestTimeout):
-        return f"{seat}: timeout: {result}"
-    if isinstance(result, PeerDead):
-        return f"{seat}: peer_dead: {result}"
-    if isinstance(result, RemoteError):
-        return f"{seat}: agent_error: {result.remote_message}"
-    if isinstance(result, BusError):
-        return f"{seat}: bus_error: {result}"
-    if isinstance(result, ProtocolError):  # e.g. infos holding a value msgpack cannot carry
-        return f"{seat}: protocol_error: {result}"
-    if isinstance(result, BaseException):
-        raise result
-    return f"{seat}: bad_reply: expected an action, got {type(result)}"
 
 
 def _seat_specs(config: RunConfig, seats: Sequence[str]) -> dict[str, str]:

@@ -77,9 +77,8 @@ class _FailsOnSomeSeeds(Agent):
 @pytest.mark.timeout(60)
 def test_requests_refused_as_overloaded_wait_and_no_episode_fails(tmp_path: Path) -> None:
     # Two handler slots for 32 concurrent episodes: nearly every request is refused at first.
-    config = RunConfig(
-        scenario=SCENARIO, episodes=64, concurrency=32, progress=False, out=str(tmp_path / "a")
-    )
+    config = RunConfig(scenario=SCENARIO, episodes=64, concurrency=32, progress=False,
+                       out=str(tmp_path / "a"), local_agents_over_bus=True)  # fmt: skip
     slow = {seat: (lambda: _Slow(TargetAgent())) for seat in ("a", "b")}
     runner = Runner(config, agents=slow, bus=BusConfig(max_handlers=2))
     result = asyncio.run(runner.run())
@@ -96,9 +95,8 @@ def test_requests_refused_as_overloaded_wait_and_no_episode_fails(tmp_path: Path
 def test_a_peer_that_stays_overloaded_fails_the_episode_within_act_timeout() -> None:
     # One handler slot, taken by an agent that never answers: the other episode is refused
     # until its act timeout, and fails then with a reason that says so (no endless retry).
-    config = RunConfig(
-        scenario=SCENARIO, episodes=2, concurrency=2, act_timeout=0.6, progress=False
-    )
+    config = RunConfig(scenario=SCENARIO, episodes=2, concurrency=2, act_timeout=0.6,
+                       progress=False, local_agents_over_bus=True)  # fmt: skip
     agents = {"a": _nth_instance(0, _Hang), "b": TargetAgent}
     started = time.perf_counter()
     result = run(config, agents=agents, bus=BusConfig(max_handlers=1), keep_records=True)
@@ -123,23 +121,50 @@ def test_derived_bus_bounds_cover_every_seat_of_every_episode() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    ("scenario", "kwargs", "episodes"),
+    ("scenario", "kwargs", "episodes", "over_bus"),
     [
-        ("negotiation/deal-or-no-deal-v0", {"max_turns": 2}, 4096),
-        ("negotiation/split-the-pie-v0", {"n_players": 7, "max_rounds": 1}, 1024),
+        ("negotiation/deal-or-no-deal-v0", {"max_turns": 2}, 4096, True),
+        ("negotiation/split-the-pie-v0", {"n_players": 7, "max_rounds": 1}, 1024, True),
+        ("negotiation/deal-or-no-deal-v0", {"max_turns": 2}, 4096, False),
     ],
 )
 def test_thousands_of_concurrent_episodes_with_awaiting_agents_all_finish(
-    scenario: str, kwargs: dict[str, Any], episodes: int
+    scenario: str, kwargs: dict[str, Any], episodes: int, over_bus: bool
 ) -> None:
+    # Over the bus every suspended act holds a handler of the agent host and a pending
+    # request of the arena; called directly, a task each.
     config = RunConfig(scenario=scenario, scenario_kwargs=kwargs, episodes=episodes,
-                       concurrency=episodes, progress=False)  # fmt: skip
+                       concurrency=episodes, progress=False,
+                       local_agents_over_bus=over_bus)  # fmt: skip
     seats = Runner(config).seats
     result = run(config, agents=_slow_baselines(scenario, seats))
     summary = result.summary
     assert summary["failures"] == []
     assert summary["episodes"] == {"total": episodes, "ok": episodes, "failed": 0}
     assert summary["agent_steps"] >= episodes * 2
+
+
+@pytest.mark.timeout(60)
+def test_agents_called_directly_or_over_the_bus_play_the_same_episodes(tmp_path: Path) -> None:
+    # Noisy moves, an agent that raises, infos the wire cannot carry: same files either way.
+    for over_bus in (False, True):
+        for kwargs in ({}, {"weird_info_at": 4}):
+            agents = {"a": NoisyAgent, "b": _nth_instance(3, _FailsOnEverySeed)}
+            out = tmp_path / f"{over_bus}-{bool(kwargs)}"
+            config = RunConfig(scenario=SCENARIO, scenario_kwargs=kwargs, episodes=6,
+                               concurrency=3, progress=False, out=str(out),
+                               local_agents_over_bus=over_bus)  # fmt: skip
+            run(config, agents=agents)
+    for weird in (False, True):
+        for name in ("transcripts.jsonl", "trajectories.jsonl"):
+            direct = (tmp_path / f"False-{weird}" / name).read_bytes()
+            assert direct == (tmp_path / f"True-{weird}" / name).read_bytes(), name
+    rows = [json.loads(line) for line in (tmp_path / "False-False" / "transcripts.jsonl")
+            .read_text().splitlines()]  # fmt: skip
+    assert [row["failed"] for row in rows].count("b: agent_error: RuntimeError: always broken") == 1
+    weird_rows = (tmp_path / "False-True" / "transcripts.jsonl").read_text().splitlines()
+    kinds = [json.loads(row)["failed"].split(": ")[:2] for row in weird_rows]
+    assert kinds.count(["a", "protocol_error"]) >= 5
 
 
 # --------------------------------------------------------------------- exit status
