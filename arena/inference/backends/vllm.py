@@ -21,9 +21,11 @@ Mapping of parley's request onto vLLM:
   model); a constraint vLLM's grammar engine refuses (look-around in a regex) is answered
   ``bad_request``;
 - ``dtype`` defaults to float32, the trainers' dtype, so recorded logprobs are exact;
-- a dead engine process (``EngineDeadError``) sets :attr:`failure`: the pool answers
-  every later request at once with the reason and ``parley serve`` exits non-zero, instead
-  of answering ``backend_failed`` forever;
+- a dead engine process (``EngineDeadError``) is restarted, at most :attr:`max_restarts`
+  times and only while the backend serves the checkpoint's own weights (a restart would
+  lose updated ones); requests wait for the restart and run again. Otherwise
+  :attr:`failure` is set: the pool answers every later request at once with the reason
+  and ``parley serve`` exits non-zero, instead of answering ``backend_failed`` forever;
 - ``update_weights`` waits for in-flight requests to finish on the old weights, holds new
   ones back, then reloads in place with the workers' ``reload_weights`` (via
   ``collective_rpc``) from ``path`` (a directory or file of safetensors) or from inline
@@ -38,6 +40,7 @@ needs a head size of at least 32.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import tempfile
@@ -86,6 +89,12 @@ class VLLMBackend(Backend):
         self._in_flight = 0
         self._update_lock = asyncio.Lock()
         self._closed = False
+        self.max_restarts = 2
+        """How many times a dead engine is restarted (then :attr:`failure` is set)."""
+        self.restarts = 0
+        self._engine_args: Any = None  # the AsyncEngineArgs create() used, to restart
+        self._restart_lock = asyncio.Lock()
+        self._generation = 0  # bumped at each restart
 
     @classmethod
     async def create(
@@ -99,6 +108,7 @@ class VLLMBackend(Backend):
         logprobs_mode: str = "processed_logprobs",
         tokenizer: str | None = None,
         kv_cache_space_gib: int = 1,
+        max_restarts: int = 2,
         engine_args: dict[str, Any] | None = None,
     ) -> VLLMBackend:
         """Start the engine on ``model`` (path or hub id).
@@ -109,6 +119,7 @@ class VLLMBackend(Backend):
         trainer's by up to 0.1 nats; float32 agrees within 1e-5). Pass ``dtype="auto"`` or
         ``"bfloat16"`` for speed when exact importance weights matter less; the dtype in
         use is :attr:`dtype` (``GET /v1/models`` and ``parley serve`` show it).
+        ``max_restarts``: how many times a dead engine process is restarted.
         ``engine_args`` are passed to ``vllm.AsyncEngineArgs`` as they are (e.g.
         ``gpu_memory_utilization``, ``enable_lora``); ``kv_cache_space_gib`` sets
         ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds only).
@@ -126,11 +137,10 @@ class VLLMBackend(Backend):
             **({"max_model_len": max_model_len} if max_model_len else {}),
             **(engine_args or {}),
         }
+        engine_args = vllm.AsyncEngineArgs(**args)
         try:
             # ~20-50 s of start-up off the event loop, so bus heartbeats keep flowing.
-            engine = await asyncio.to_thread(
-                AsyncLLM.from_engine_args, vllm.AsyncEngineArgs(**args)
-            )
+            engine = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args)
         except (OSError, ValueError, RuntimeError) as exc:
             raise BackendError(
                 f"vLLM could not start on {model!r}: {exc}. Check the path, that the "
@@ -139,6 +149,8 @@ class VLLMBackend(Backend):
         tok = await asyncio.to_thread(load_tokenizer, tokenizer or model)
         backend = cls(engine, tok, max_model_len=int(engine.model_config.max_model_len))
         backend.dtype = str(engine.model_config.dtype).removeprefix("torch.")
+        backend._engine_args = engine_args
+        backend.max_restarts = max_restarts
         return backend
 
     # --- Backend surface ---------------------------------------------------------------
@@ -227,6 +239,56 @@ class VLLMBackend(Backend):
         )
 
     async def _one(self, request: GenerateRequest, version: int) -> GenerateResult:
+        """One request; if the engine dies under it, restart the engine (at most
+        :attr:`max_restarts` times in the backend's life) and run it once more."""
+        for _ in range(2):
+            generation = self._generation
+            try:
+                return await self._run(request, version)
+            except EngineDeadError as exc:
+                await self._revive(generation, exc)
+        raise BackendError(f"the vLLM engine died twice under one request; {self.failure}")
+
+    async def _revive(self, generation: int, exc: BaseException) -> None:
+        """Restart a dead engine once (concurrent callers wait for the same restart), or
+        set :attr:`failure` and raise when it may not or cannot be restarted."""
+        async with self._restart_lock:
+            if self.failure:
+                raise BackendError(self.failure) from exc
+            if generation != self._generation:
+                return  # another request restarted it already: just retry
+            why = ""
+            if self._engine_args is None:
+                why = "this backend was not started by create()"
+            elif self.restarts >= self.max_restarts:
+                why = f"it was restarted {self.restarts} times already"
+            elif self.policy_version != 0:
+                why = (
+                    f"it served updated weights (version {self.policy_version}), which a "
+                    "restart would lose; resend the latest weights after restarting"
+                )
+            if why:
+                self.failure = (
+                    f"the vLLM engine process died ({exc}) and is not restarted: {why}. "
+                    "Restart `parley serve` (the log above shows the cause)"
+                )
+                raise BackendError(self.failure) from exc
+            self.restarts += 1
+            self._open.clear()  # new requests wait for the new engine
+            try:
+                from vllm.v1.engine.async_llm import AsyncLLM
+
+                with contextlib.suppress(Exception):  # it is dead; free what is left
+                    self.engine.shutdown()
+                self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, self._engine_args)
+                self._generation += 1
+            except Exception as err:  # a failed restart is final
+                self.failure = f"the vLLM engine died ({exc}) and could not restart: {err}"
+                raise BackendError(self.failure) from err
+            finally:
+                self._open.set()
+
+    async def _run(self, request: GenerateRequest, version: int) -> GenerateResult:
         from vllm.inputs import TokensPrompt
 
         ids = list(request.prompt_token_ids) or self._tokenizer.encode(request.prompt)
@@ -242,12 +304,6 @@ class VLLMBackend(Backend):
         except VLLMValidationError as exc:  # e.g. regex syntax the grammar engine lacks
             field = "constraint" if request.constraint is not None else exc.parameter or "params"
             raise RequestError(field, f"vLLM refused the request: {exc}") from exc
-        except EngineDeadError as exc:
-            self.failure = (
-                f"the vLLM engine process died ({exc}); restart `parley serve` (see the log "
-                "above for the cause)"
-            )
-            raise BackendError(self.failure) from exc
         except EngineGenerateError as exc:  # vLLM: "recoverable"
             raise BackendError(f"vLLM failed the request: {exc}", retryable=True) from exc
         except (ValueError, RuntimeError) as exc:

@@ -1,0 +1,80 @@
+"""A dead engine is a dead backend (issue 12 §1): ``parley serve --backend vllm`` restarts
+a killed engine process (bounded), then exits with a clear error instead of answering
+``backend_failed`` forever. Two engine start-ups: slow, marked ``vllm``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+psutil = pytest.importorskip("psutil")
+openai = pytest.importorskip("openai")
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def _wait_for(path: Path, prefix: str, proc: subprocess.Popen[bytes], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise AssertionError(f"no {prefix!r} line within {timeout} s:\n{path.read_text()[-3000:]}")
+
+
+def _kill_engine(proc: subprocess.Popen[bytes]) -> int:
+    """SIGKILL every process ``parley serve`` started (the engine core and its workers)."""
+    children = psutil.Process(proc.pid).children(recursive=True)
+    for child in children:
+        child.send_signal(signal.SIGKILL)
+    psutil.wait_procs(children, timeout=10)
+    return len(children)
+
+
+def test_a_killed_engine_restarts_then_the_server_exits(tmp_path: Path) -> None:
+    from parley.arena.inference.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "parley.arena.cli", "serve", "--model", str(model)]
+    cmd += ["--backend", "vllm", "--policy", "tiny", "--listen", "tcp://127.0.0.1:0"]
+    cmd += ["--http", "127.0.0.1:0", "-b", "max_restarts=1", "-b", "max_model_len=256"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with out.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = _wait_for(out, "openai api on ", proc, 300)
+        client = openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=300)
+
+        def ask() -> str:
+            reply = client.completions.create(model="tiny", prompt="deal", max_tokens=4, seed=1)
+            return reply.choices[0].text
+
+        first = ask()
+        assert _kill_engine(proc) > 0
+        # The first request after the death waits for the restart and is answered.
+        assert ask() == first
+        assert _kill_engine(proc) > 0
+        started = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as failed:
+            ask()
+        assert "not restarted" in str(failed.value)
+        assert "restarted 1 times" in str(failed.value)
+        # The server does not stay up answering backend_failed: it exits, non-zero.
+        assert proc.wait(60) == 1
+        assert time.monotonic() - started < 60
+        assert "parley serve: the vLLM engine process died" in out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
