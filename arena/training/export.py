@@ -1,46 +1,73 @@
-"""Export trajectories for training elsewhere: one JSONL schema, three converters.
+"""Export trajectories for training elsewhere: the data the model saw, per turn or per episode.
 
 Input: the per-agent trajectories a run writes (``trajectories.jsonl``, one
-:class:`~parley.protocols.messages.Trajectory` per line, see ``arena/run/SCHEMA.md``) or
-:class:`~parley.arena.run.records.EpisodeRecord` objects. Failed episodes are skipped (their
-reason is not a reward).
+:class:`~parley.protocols.messages.Trajectory` per line, see ``arena/run/SCHEMA.md``).
+Failed episodes are skipped (their reason is not a reward).
 
-**parley decision schema** (:func:`decisions`, one JSON object per line)::
+**The chat the model saw.** An LLM agent prompts its model with a chat: the seat's system
+prompt, every earlier turn (its observations as ``user`` messages, its own completions as
+``assistant`` messages) and the new observation, the oldest turns folded away when the
+prompt budget is short (:class:`~parley.agents.llm.LLMAgent`). The trajectory keeps the
+observations, the completions' token ids and the exact prompt token ids, so the exporter
+rebuilds that chat and, given the tokenizer, **checks it**: ``chat_exact`` is true when
+the chat template applied to the rebuilt chat gives exactly the recorded prompt ids (the
+system prompt is found among ``system_prompts``, the scenario's ``system_prompt(seat)``
+and none; the folding among every possible one, and an observation cut to fit the
+budget as the agent cuts it). Without a tokenizer the chat is built
+from the parsed actions, unfolded, and ``chat_exact`` is None.
+
+**parley decision schema** (:func:`decisions`, one JSON object per model decision)::
 
     episode, scenario, agent, seed, turn      where the decision was made
-    observation, action                       text the agent saw and sent
+    observation, action                       the text the agent saw last and sent
+    messages                                  the whole prompt chat (system, earlier turns)
+    completion, chat_exact                    the generated text; whether the chat is exact
     prompt_token_ids, token_ids, logprobs     exactly what the model saw and generated
     policy, policy_version                    which weights generated it
-    reward                                    this turn's reward
-    return                                    reward-to-go from this turn (undiscounted)
-    episode_return, components                the agent's episode total and its parts
+    reward, return                            this turn's reward; reward-to-go from it
+    episode_return, components, invalid       the agent's episode total and its parts
 
-Decisions without model tokens (scripted agents) are kept only with ``with_scripted``.
+**parley conversation schema** (:func:`conversations`, one object per agent and episode):
+``messages`` (system, then every observation and completion in order), ``turns`` (per model
+decision: turn, token ids, logprobs, prompt ids, version, reward, return, chat_exact) and
+the episode fields.
 
-**Converters** (:data:`FORMATS`), each a function ``decision -> dict``:
+**Converters**, per turn (:data:`FORMATS`) and per conversation (:data:`CONVERSATION_FORMATS`),
+checked against the formats documented by TRL 1.16 and NeMo RL (``ResponseDataset``):
 
-- ``trl`` — TRL's conversational prompt-completion format, usable by KTO (``label``: the
-  return is above ``threshold``) and as a GRPO/offline dataset (``reward``):
-  ``{"prompt": [{"role": "user", ...}], "completion": [{"role": "assistant", ...}],
-  "label": bool, "reward": float}``.
-- ``openrlhf`` — ``{"input": ..., "output": ..., "reward": ..., "label": ...}``; pass
-  ``--input_key input --output_key output --label_key label`` (or ``reward``).
-- ``nemo_rl`` — NeMo RL's ``ResponseDataset`` keys ``input``/``output`` plus a
-  ``messages`` list (its OpenAI-style chat format) and ``task_name`` (the scenario).
+- ``trl`` per turn: conversational prompt-completion (GRPO, KTO with ``label``, offline):
+  ``{"prompt": <the whole chat>, "completion": [assistant], "label", "reward"}``; per
+  conversation: conversational language modelling for SFT, ``{"messages": [...]}``.
+- ``openrlhf`` per turn: ``{"input": <the chat>, "output", "reward", "label"}``; pass
+  ``--input_key input --output_key output --apply_chat_template``.
+- ``nemo_rl``: ``{"messages": [...]}`` (the chat plus the completion; per conversation the
+  whole episode). ``ResponseDataset`` uses a ``messages`` column as is and adds
+  ``task_name`` itself (a row that carries one is rejected as a duplicate column).
+- ``parley``: the schemas above, token ids and logprobs included.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from parley.protocols.messages import Trajectory
+from parley.protocols.messages import TokenRecord, Trajectory
 
-__all__ = ["FORMATS", "decisions", "export", "read_trajectories"]
+__all__ = [
+    "CONVERSATION_FORMATS",
+    "FORMATS",
+    "conversations",
+    "decisions",
+    "export",
+    "read_trajectories",
+]
+
+Message = dict[str, str]
 
 
 def read_trajectories(path: str | Path) -> Iterator[Trajectory]:
@@ -52,24 +79,115 @@ def read_trajectories(path: str | Path) -> Iterator[Trajectory]:
                 yield decoder.decode(line)
 
 
-def decisions(
-    trajectories: Iterable[Trajectory], *, with_scripted: bool = False
-) -> Iterator[dict[str, Any]]:
-    """One dict per decision, in the parley decision schema (see the module docstring)."""
-    for t in trajectories:
-        if t.failed:
-            continue
-        to_go = 0.0
-        returns: list[float] = []
-        for turn in reversed(t.turns):
-            to_go += turn.reward
-            returns.append(to_go)
-        returns.reverse()
-        for turn, ret in zip(t.turns, returns, strict=True):
-            tokens = turn.tokens[-1] if turn.tokens else None
-            if tokens is None and not with_scripted:
-                continue
-            yield {
+# ------------------------------------------------------------------------------ the chat
+
+
+def _chat(system: str, history: Sequence[Message], folded: int) -> list[Message]:
+    """The chat an LLM agent sends (``LLMAgent._messages``): system, then the turns from
+    ``folded`` on, the first of them marked with how many came before."""
+    messages = [{"role": "system", "content": system}] if system else []
+    for i, turn in enumerate(history[folded:]):
+        content = turn["content"]
+        if i == 0 and folded:
+            content = f"[{folded} earlier messages omitted]\n{content}"
+        messages.append({"role": turn["role"], "content": content})
+    return messages
+
+
+def _match(
+    history: Sequence[Message], prompt_ids: Sequence[int], systems: Sequence[str], tokenizer: Any
+) -> tuple[list[Message], str, bool]:
+    """The chat among the candidate systems and foldings whose template gives
+    ``prompt_ids`` exactly; else the unfolded chat with the first system, not exact."""
+    target = list(prompt_ids)
+    for system in systems:
+        for folded in range(len(history)):
+            messages = _chat(system, history, folded)
+            if tokenizer.encode_chat(messages) == target:
+                return messages, system, True
+    for system in systems:
+        messages = _cut(system, history, len(target), tokenizer)
+        if tokenizer.encode_chat(messages) == target:
+            return messages, system, True
+    return _chat(systems[0], history, 0), systems[0], False
+
+
+def _cut(system: str, history: Sequence[Message], length: int, tokenizer: Any) -> list[Message]:
+    """The chat of an agent whose newest observation alone overflowed its budget: every
+    earlier turn folded, the observation cut to its longest tail ``"..." + tail`` that fits
+    in ``length`` tokens (the agent's own binary search, ``LLMAgent._cut_newest``)."""
+    text, folded = history[-1]["content"], len(history) - 1
+
+    def chat(keep: int) -> list[Message]:
+        newest = {"role": "user", "content": "..." + text[len(text) - keep :]}
+        return _chat(system, [*history[:-1], newest], folded)
+
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(tokenizer.encode_chat(chat(mid))) <= length:
+            lo = mid
+        else:
+            hi = mid - 1
+    return chat(lo)
+
+
+def _scenario_systems(scenario: str, seat: str, given: Mapping[str, str] | None) -> list[str]:
+    """Candidate system prompts of ``seat``: the given one, the scenario's, none."""
+    candidates = [given.get(seat, given.get("*", ""))] if given else []
+    return list(dict.fromkeys([*candidates, *_scenario_system(scenario, seat), ""]))
+
+
+@functools.lru_cache(maxsize=64)
+def _scenario_system(scenario: str, seat: str) -> tuple[str, ...]:
+    """The scenario's ``system_prompt(seat)`` (one instance per scenario and seat)."""
+    candidates: list[str] = []
+    try:
+        from parley.scenarios import make
+
+        env = make(scenario)
+        try:
+            env.reset(seed=0)
+            get = getattr(env, "system_prompt", None)
+            if callable(get):
+                candidates.append(str(get(seat)))
+        finally:
+            env.close()
+    except Exception:  # an unregistered or broken scenario: the other candidates remain
+        return ()
+    return tuple(candidates)
+
+
+# ------------------------------------------------------------------------------ schemas
+
+
+def _walk(
+    t: Trajectory, tokenizer: Any, systems: Sequence[str]
+) -> tuple[list[dict[str, Any]], list[Message], str]:
+    """Every turn of one trajectory as a decision dict (scripted turns too, with empty
+    tokens), the whole conversation and the system prompt found."""
+    to_go, returns = 0.0, []
+    for turn in reversed(t.turns):
+        to_go += turn.reward
+        returns.append(to_go)
+    returns.reverse()
+    history: list[Message] = []
+    rows: list[dict[str, Any]] = []
+    system = systems[0]
+    for turn, ret in zip(t.turns, returns, strict=True):
+        history.append({"role": "user", "content": turn.observation})
+        tokens: TokenRecord | None = turn.tokens[-1] if turn.tokens else None
+        exact: bool | None = None
+        messages = _chat(system, history, 0)
+        if tokens is not None and tokenizer is not None:
+            order = [system, *(s for s in systems if s != system)]  # the one found first
+            messages, system, exact = _match(history, tokens.prompt_token_ids, order, tokenizer)
+        completion = turn.action
+        if tokens is not None and tokenizer is not None:
+            completion = tokenizer.decode(tokens.token_ids)
+        history.append({"role": "assistant", "content": completion})
+        rows.append(
+            {
                 "episode": t.episode,
                 "scenario": t.scenario,
                 "agent": t.agent,
@@ -77,6 +195,9 @@ def decisions(
                 "turn": turn.turn,
                 "observation": turn.observation,
                 "action": turn.action,
+                "messages": messages,
+                "completion": completion,
+                "chat_exact": exact,
                 "prompt_token_ids": list(tokens.prompt_token_ids) if tokens else [],
                 "token_ids": list(tokens.token_ids) if tokens else [],
                 "logprobs": list(tokens.logprobs) if tokens else [],
@@ -88,12 +209,74 @@ def decisions(
                 "components": dict(t.components),
                 "invalid": turn.invalid,
             }
+        )
+    return rows, _chat(system, history, 0), system
+
+
+def decisions(
+    trajectories: Iterable[Trajectory],
+    *,
+    with_scripted: bool = False,
+    tokenizer: Any = None,
+    system_prompts: Mapping[str, str] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """One dict per decision, in the parley decision schema (module docstring).
+
+    ``tokenizer`` (a :class:`~parley.arena.inference.backends.tokenizer.HFChatTokenizer`)
+    rebuilds and checks the exact chat; ``system_prompts`` (seat or ``"*"`` -> text) adds
+    system prompts to try. Decisions without model tokens are kept only with
+    ``with_scripted``.
+    """
+    for t in trajectories:
+        if t.failed:
+            continue
+        systems = _scenario_systems(t.scenario, t.agent, system_prompts)
+        rows, _, _ = _walk(t, tokenizer, systems)
+        yield from (r for r in rows if with_scripted or r["token_ids"])
+
+
+def conversations(
+    trajectories: Iterable[Trajectory],
+    *,
+    tokenizer: Any = None,
+    system_prompts: Mapping[str, str] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """One dict per agent and episode with a model decision, in the parley conversation
+    schema: the whole multi-turn chat and, per model turn, its tokens and returns."""
+    for t in trajectories:
+        if t.failed:
+            continue
+        systems = _scenario_systems(t.scenario, t.agent, system_prompts)
+        rows, messages, system = _walk(t, tokenizer, systems)
+        model_turns = [r for r in rows if r["token_ids"]]
+        if not model_turns:
+            continue
+        keys = ("turn", "prompt_token_ids", "token_ids", "logprobs", "policy")
+        keys += ("policy_version", "reward", "return", "chat_exact")
+        yield {
+            "episode": t.episode,
+            "scenario": t.scenario,
+            "agent": t.agent,
+            "seed": t.seed,
+            "system": system,
+            "messages": messages,
+            "turns": [{k: r[k] for k in keys} for r in model_turns],
+            "episode_return": t.reward,
+            "components": dict(t.components),
+        }
+
+
+# ------------------------------------------------------------------------------ formats
+
+
+def _assistant(d: Mapping[str, Any]) -> Message:
+    return {"role": "assistant", "content": d["completion"]}
 
 
 def _trl(d: dict[str, Any], threshold: float) -> dict[str, Any]:
     return {
-        "prompt": [{"role": "user", "content": d["observation"]}],
-        "completion": [{"role": "assistant", "content": d["action"]}],
+        "prompt": d["messages"],
+        "completion": [_assistant(d)],
         "label": d["return"] > threshold,
         "reward": d["return"],
     }
@@ -101,28 +284,23 @@ def _trl(d: dict[str, Any], threshold: float) -> dict[str, Any]:
 
 def _openrlhf(d: dict[str, Any], threshold: float) -> dict[str, Any]:
     return {
-        "input": d["observation"],
-        "output": d["action"],
+        "input": d["messages"],
+        "output": d["completion"],
         "reward": d["return"],
         "label": d["return"] > threshold,
     }
 
 
 def _nemo_rl(d: dict[str, Any], threshold: float) -> dict[str, Any]:
-    return {
-        "input": d["observation"],
-        "output": d["action"],
-        "messages": [
-            {"role": "user", "content": d["observation"]},
-            {"role": "assistant", "content": d["action"]},
-        ],
-        "task_name": d["scenario"],
-        "reward": d["return"],
-    }
+    return {"messages": [*d["messages"], _assistant(d)]}
 
 
 def _parley(d: dict[str, Any], threshold: float) -> dict[str, Any]:
     return d
+
+
+def _messages_only(c: dict[str, Any], threshold: float) -> dict[str, Any]:
+    return {"messages": c["messages"]}
 
 
 FORMATS: dict[str, Callable[[dict[str, Any], float], dict[str, Any]]] = {
@@ -131,7 +309,14 @@ FORMATS: dict[str, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     "openrlhf": _openrlhf,
     "nemo_rl": _nemo_rl,
 }
-"""Format name -> converter ``(decision, threshold) -> row``."""
+"""Per-turn format name -> converter ``(decision, threshold) -> row``."""
+
+CONVERSATION_FORMATS: dict[str, Callable[[dict[str, Any], float], dict[str, Any]]] = {
+    "parley": _parley,
+    "trl": _messages_only,
+    "nemo_rl": _messages_only,
+}
+"""Whole-conversation format name -> converter ``(conversation, threshold) -> row``."""
 
 
 def export(
@@ -141,14 +326,30 @@ def export(
     format: str = "parley",
     threshold: float = 0.0,
     with_scripted: bool = False,
+    conversation: bool = False,
+    tokenizer: Any = None,
+    system_prompts: Mapping[str, str] | None = None,
 ) -> int:
-    """Write one JSONL row per decision in ``format``; returns the number of rows."""
-    if format not in FORMATS:
-        raise KeyError(f"unknown export format {format!r}; choose one of {sorted(FORMATS)}")
-    convert = FORMATS[format]
+    """Write one JSONL row per decision (or, with ``conversation``, per agent and episode)
+    in ``format``; returns the number of rows. ``tokenizer`` makes the chats exact."""
+    formats = CONVERSATION_FORMATS if conversation else FORMATS
+    if format not in formats:
+        form = "conversation" if conversation else "per-turn"
+        raise KeyError(f"unknown {form} export format {format!r}; choose one of {sorted(formats)}")
+    convert = formats[format]
+    rows: Iterable[dict[str, Any]]
+    if conversation:
+        rows = conversations(trajectories, tokenizer=tokenizer, system_prompts=system_prompts)
+    else:
+        rows = decisions(
+            trajectories,
+            with_scripted=with_scripted,
+            tokenizer=tokenizer,
+            system_prompts=system_prompts,
+        )
     n = 0
     with Path(out).open("w", encoding="utf-8") as f:
-        for d in decisions(trajectories, with_scripted=with_scripted):
-            f.write(json.dumps(convert(d, threshold), sort_keys=True) + "\n")
+        for row in rows:
+            f.write(json.dumps(convert(row, threshold), sort_keys=True) + "\n")
             n += 1
     return n

@@ -1,4 +1,11 @@
-"""Trajectory export: the decision schema and the TRL / OpenRLHF / NeMo RL rows."""
+"""Trajectory export: the chat the model saw, per turn and per conversation, in each format.
+
+The formats are checked against what the libraries document: TRL 1.16 (conversational
+prompt-completion rows for GRPO/KTO, ``messages`` rows for SFT) and NeMo RL's
+``ResponseDataset`` (``nemo_rl/data/datasets/response_datasets/response_dataset.py``: a
+``messages`` column is used as is and ``task_name`` is added by the dataset, so a row must
+not carry one).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +15,17 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from parley.arena.training.export import FORMATS, decisions, export, read_trajectories
+from parley.arena.training.export import (
+    CONVERSATION_FORMATS,
+    FORMATS,
+    conversations,
+    decisions,
+    export,
+    read_trajectories,
+)
 from parley.protocols.messages import TokenRecord, Trajectory, TurnRecord
+
+SYSTEM = {"*": "You are a trader."}
 
 
 def _trajectory(failed: str = "") -> Trajectory:
@@ -36,12 +52,20 @@ def _trajectory(failed: str = "") -> Trajectory:
     )
 
 
-def test_decisions_carry_tokens_and_returns_to_go() -> None:
-    rows = list(decisions([_trajectory()]))
+def test_decisions_carry_the_whole_chat_tokens_and_returns_to_go() -> None:
+    rows = list(decisions([_trajectory()], system_prompts=SYSTEM))
     assert [r["turn"] for r in rows] == [0, 2]  # the scripted turn has no tokens
     assert [r["return"] for r in rows] == [1.25, 0.75]
     assert rows[0]["token_ids"] == [5, 6]
     assert rows[0]["policy_version"] == 3
+    # Turn 2's prompt: the system prompt and every earlier turn, not the last observation.
+    assert rows[1]["messages"] == [
+        {"role": "system", "content": "You are a trader."},
+        {"role": "user", "content": "o0"},
+        {"role": "assistant", "content": "a0"},
+        {"role": "user", "content": "o2"},
+    ]
+    assert rows[1]["chat_exact"] is None  # no tokenizer: built, not checked
     assert len(list(decisions([_trajectory()], with_scripted=True))) == 3
     assert list(decisions([_trajectory(failed="timeout")])) == []
 
@@ -51,17 +75,84 @@ def test_every_format_writes_one_json_row_per_decision(fmt: str, tmp_path: Path)
     source = tmp_path / "trajectories.jsonl"
     source.write_bytes(msgspec.json.encode(_trajectory()) + b"\n")
     out = tmp_path / f"{fmt}.jsonl"
-    n = export(read_trajectories(source), out, format=fmt, threshold=1.0)
+    n = export(read_trajectories(source), out, format=fmt, threshold=1.0, system_prompts=SYSTEM)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert n == len(rows) == 2
+    chat = [
+        {"role": "system", "content": "You are a trader."},
+        {"role": "user", "content": "o0"},
+        {"role": "assistant", "content": "a0"},
+        {"role": "user", "content": "o2"},
+    ]
     if fmt == "trl":
-        assert rows[0]["prompt"] == [{"role": "user", "content": "o0"}]
-        assert rows[0]["completion"] == [{"role": "assistant", "content": "a0"}]
+        assert set(rows[1]) == {"prompt", "completion", "label", "reward"}
+        assert rows[1]["prompt"] == chat
+        assert rows[1]["completion"] == [{"role": "assistant", "content": "a2"}]
         assert [r["label"] for r in rows] == [True, False]  # return 1.25 vs 0.75 > 1.0
     elif fmt == "openrlhf":
-        assert rows[1] == {"input": "o2", "output": "a2", "reward": 0.75, "label": False}
+        assert rows[1] == {"input": chat, "output": "a2", "reward": 0.75, "label": False}
     elif fmt == "nemo_rl":
-        assert rows[0]["messages"][1] == {"role": "assistant", "content": "a0"}
-        assert rows[0]["task_name"] == "negotiation/simple-trade-v0"
+        assert set(rows[1]) == {"messages"}  # no task_name: ResponseDataset adds its own
+        assert rows[1]["messages"] == [*chat, {"role": "assistant", "content": "a2"}]
     else:
         assert rows[0]["logprobs"] == [-0.1, -0.2]
+
+
+@pytest.mark.parametrize("fmt", sorted(CONVERSATION_FORMATS))
+def test_the_whole_conversation_form(fmt: str, tmp_path: Path) -> None:
+    source = tmp_path / "trajectories.jsonl"
+    source.write_bytes(msgspec.json.encode(_trajectory()) + b"\n")
+    out = tmp_path / f"{fmt}.jsonl"
+    assert export(read_trajectories(source), out, format=fmt, conversation=True) == 1
+    row = json.loads(out.read_text())
+    roles = [m["role"] for m in row["messages"]]
+    assert roles == ["system"] + ["user", "assistant"] * 3  # every turn, the scripted one too
+    if fmt == "parley":
+        assert [t["turn"] for t in row["turns"]] == [0, 2]
+        assert row["turns"][1]["token_ids"] == [5, 6]
+        assert row["episode_return"] == 1.25
+    else:
+        assert set(row) == {"messages"}
+
+
+def test_unknown_formats_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(KeyError, match="conversation export format 'openrlhf'"):
+        export([_trajectory()], tmp_path / "x.jsonl", format="openrlhf", conversation=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_exported_chats_are_exactly_what_the_model_saw(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Real multi-turn episodes by LLM agents with a system prompt, one of them with a
+    prompt budget so short that it folds earlier turns and cuts observations: the chat
+    template applied to every exported chat gives exactly the recorded prompt ids."""
+    from parley.arena.cli import main
+    from parley.arena.inference.backends.tokenizer import load_tokenizer
+
+    short = f"llm:{tiny_model_dir}?max_tokens=6&max_prompt_tokens=260"
+    roomy = f"llm:{tiny_model_dir}?max_tokens=6"
+    status = main(
+        [
+            *("run", "negotiation/simple-trade-v0", "--agents", f"{short},{roomy}"),
+            *("--episodes", "2", "--no-progress", "--out", str(tmp_path), "-s", "max_turns=8"),
+        ]
+    )
+    assert status == 0
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    trajectories = list(read_trajectories(tmp_path / "trajectories.jsonl"))
+    rows = list(decisions(trajectories, tokenizer=tokenizer))
+    assert len(rows) >= 8
+    for row in rows:
+        assert tokenizer.encode_chat(row["messages"]) == row["prompt_token_ids"]
+        assert row["chat_exact"] is True
+        assert row["messages"][0]["role"] == "system"
+    # Both paths were exercised: whole multi-turn chats and folded or cut ones.
+    assert any(len(r["messages"]) >= 6 for r in rows)
+    assert any("earlier messages omitted" in r["messages"][1]["content"] for r in rows)
+    # The conversation form holds every completion, in order, exactly as generated.
+    for conversation in conversations(trajectories, tokenizer=tokenizer):
+        said = [m["content"] for m in conversation["messages"] if m["role"] == "assistant"]
+        generated = [tokenizer.decode(t["token_ids"]) for t in conversation["turns"]]
+        assert said == generated
