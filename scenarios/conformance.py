@@ -204,6 +204,8 @@ def _check_step_output(env: Any, observations: dict[str, Any], infos: dict[str, 
         if not env.observation_space(agent).contains(text):
             raise _fail(f"observation of {agent} is outside its space: {text[:200]!r}")
         info = infos[agent]
+        if ORACLE_KEY in info:
+            raise _fail(f"infos[{agent!r}] holds {ORACLE_KEY!r}: privileged data goes to oracle()")
         if not isinstance(info.get("to_act", True), bool):
             raise _fail(f"infos[{agent!r}]['to_act'] must be a bool")
         if "constraint" in info:
