@@ -251,8 +251,10 @@ def conversations(
         model_turns = [r for r in rows if r["token_ids"]]
         if not model_turns:
             continue
-        keys = ("turn", "prompt_token_ids", "token_ids", "logprobs", "policy")
-        keys += ("policy_version", "reward", "return", "chat_exact")
+        keys = [
+            *("turn", "prompt_token_ids", "token_ids", "logprobs", "policy", "policy_version"),
+            *("reward", "return", "chat_exact"),
+        ]
         yield {
             "episode": t.episode,
             "scenario": t.scenario,
