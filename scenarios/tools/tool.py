@@ -24,10 +24,11 @@ object or a JSON string (as OpenAI's API sends it). Text around the object, such
 Markdown code fence, is ignored.
 
 Hostile input is bounded (:func:`load_json`, used for actions and for tool arguments): at most
-``MAX_JSON_DEPTH`` levels of nesting and integers of at most ``MAX_INT_DIGITS`` digits (where
-Python's own limit used to raise out of ``step``). Anything past a bound is not JSON to parley:
-the action is an invalid move with the reason, never an exception out of ``step``. Floats are
-parsed as Python does (``1e999`` is ``inf``, in linear time).
+``MAX_JSON_CHARS`` characters, ``MAX_JSON_DEPTH`` levels of nesting and integers of at most
+``MAX_INT_DIGITS`` digits (where Python's own limit used to raise out of ``step``). Anything
+past a bound is not JSON to parley: the action is an invalid move with the reason, never an
+exception out of ``step``. Floats are parsed as Python does (``1e999`` is ``inf``, in linear
+time).
 Lone surrogates (``\\ud800``, which UTF-8 cannot encode) become U+FFFD; strings may hold any
 other character (``\\u0000``, ESC): text that reaches an observation or ``infos`` goes
 through :func:`ascii_text` (scenarios) or the scenario machinery's own escaping.
@@ -291,6 +292,9 @@ def _error(call: ToolCall, reason: str) -> ToolResult:
     return ToolResult(call_id=call.call_id, name=call.name, error=reason)
 
 
+MAX_JSON_CHARS = 1_000_000
+"""Longest JSON text :func:`load_json` parses (actions are far shorter; a ToolCall built
+elsewhere may not be)."""
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects :func:`load_json` accepts (far below the depth at
 which re-encoding the value would hit Python's recursion limit inside a deep call stack)."""
@@ -312,6 +316,8 @@ def load_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     Never raises anything else for any ``str``: ``RecursionError`` from deep nesting and
     Python's integer-size limit both come back as ``ValueError``.
     """
+    if len(text) > MAX_JSON_CHARS:
+        raise ValueError(f"the JSON text has {len(text)} characters; at most {MAX_JSON_CHARS}")
     try:
         value = json.loads(text, parse_int=_bounded_int)
     except RecursionError as exc:

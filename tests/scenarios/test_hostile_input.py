@@ -30,6 +30,7 @@ def _cpu(fn: Any, *args: Any) -> float:
         '{"a":' * 200 + "1" + "}" * 200,
         '{"a": ' + "7" * 4301 + "}",
         '{"a": -' + "7" * 5000 + "}",
+        '"' + "x" * 1_000_001 + '"',
     ],
 )
 def test_load_json_refuses_past_its_bounds_with_a_value_error(text: str) -> None:
