@@ -29,7 +29,15 @@ response ``prompt_token_ids``), ``return_tokens_as_token_ids`` (logprob tokens a
 ``guided_choice`` / ``guided_regex`` / ``guided_json``, or (chat) a ``response_format`` of
 type ``json_schema``. Every response also carries ``policy_version``.
 
-Not supported (answered 400): ``stream``, ``echo``, ``tools``, ``best_of`` > ``n``.
+``stream: true`` answers with server-sent events in OpenAI's chunk shapes
+(:mod:`~parley.arena.inference.http_stream`; sent once the pool has the completion, one
+chunk per token), ``stream_options.include_usage`` adds the usage chunk.
+
+Not supported (answered 400): ``echo``, ``tools``, ``best_of`` > ``n``, ``top_logprobs``
+> 0 (the pool keeps the sampled token's logprob only), ``logit_bias``, ``top_k``,
+penalties and ``min_p``/``min_tokens`` other than their neutral values. Every field's
+range is checked before the request reaches the pool
+(:mod:`~parley.arena.inference.backends.limits`); a 400 names the field in ``param``.
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 bad
 request, 404 unknown model, 429 pool overloaded (clients should back off and retry; the
@@ -49,6 +57,7 @@ from typing import Any
 
 from aiohttp import web
 
+from parley.arena.inference.http_stream import stream_response
 from parley.arena.inference.pool import InferencePool, PoolError
 from parley.protocols.messages import (
     Completion,
@@ -144,7 +153,7 @@ class OpenAIFront:
         ]
         return web.json_response({"object": "list", "data": data})
 
-    async def chat_completions(self, request: web.Request) -> web.Response:
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
         model = _model(body)
         messages = body.get("messages")
@@ -181,9 +190,10 @@ class OpenAIFront:
                     ]
                 }
             choices.append(self._with_ids(choice, c, body))
-        return web.json_response(self._envelope("chat.completion", model, choices, [result], body))
+        out = self._envelope("chat.completion", model, choices, [result], body)
+        return await self._respond(request, body, out, result.completions, model)
 
-    async def completions(self, request: web.Request) -> web.Response:
+    async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
         model = _model(body)
         if body.get("echo"):
@@ -221,7 +231,9 @@ class OpenAIFront:
                         "text_offset": offsets,
                     }
                 choices.append(self._with_ids(choice, c, body))
-        return web.json_response(self._envelope("text_completion", model, choices, results, body))
+        out = self._envelope("text_completion", model, choices, results, body)
+        completions = [c for r in results for c in r.completions]
+        return await self._respond(request, body, out, completions, model)
 
     async def weights(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -235,6 +247,21 @@ class OpenAIFront:
         return web.json_response({"policy": update.policy, "policy_version": version})
 
     # --- pieces -----------------------------------------------------------------------
+
+    async def _respond(
+        self,
+        request: web.Request,
+        body: Json,
+        out: Json,
+        completions: Sequence[Completion],
+        model: str,
+    ) -> web.StreamResponse:
+        """``out`` as JSON, or as server-sent events when the body asked ``stream``."""
+        if not _stream(body):
+            return web.json_response(out)
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        decode = self.pool.tokenizer(model).decode
+        return await stream_response(request, out, completions, decode, include_usage=usage)
 
     async def _generate(self, request: GenerateRequest, *, chat: bool) -> GenerateResult:
         """The pool's answer; a bad prompt is blamed on the HTTP field that made it."""
@@ -255,10 +282,9 @@ class OpenAIFront:
         max_tokens: Any = None,
         chat: bool = False,
     ) -> GenerateRequest:
-        if body.get("stream"):
-            raise _BadRequest("stream is not supported; send stream=false", "stream")
         if body.get("tools"):
             raise _BadRequest("tools are not supported by the pool front", "tools")
+        _stream(body)  # checked before the work, not after it
         _check_unsupported(body, chat=chat)
         n = _int(body.get("n", 1), "n")
         if _int(body.get("best_of") or n, "best_of") != n:
@@ -334,6 +360,23 @@ def _per_choice(results: Sequence[GenerateResult]) -> list[tuple[GenerateResult,
 def _finish(c: Completion) -> str:
     """OpenAI's finish reason; only called on completions :func:`_check_finished` passed."""
     return "length" if c.finish_reason == "length" else "stop"
+
+
+def _stream(body: Json) -> bool:
+    """Whether the body asks for server-sent events (``stream``, ``stream_options``)."""
+    stream = body.get("stream")
+    stream = False if stream is None else _bool(stream, "stream")
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise _BadRequest("stream_options needs stream=true", "stream_options")
+        if not isinstance(options, dict) or not isinstance(
+            options.get("include_usage", False), bool
+        ):
+            raise _BadRequest(
+                "stream_options must be an object like {include_usage: true}", "stream_options"
+            )
+    return stream
 
 
 def _check_finished(results: Sequence[GenerateResult]) -> None:

@@ -163,8 +163,64 @@ async def test_errors_have_openai_shape(client: openai.AsyncOpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         await client.completions.create(model="tiny", prompt="x", max_tokens=0)
     assert "max_tokens" in bad.value.message
-    with pytest.raises(openai.BadRequestError):
-        await client.completions.create(model="tiny", prompt="x", stream=True)
+    with pytest.raises(openai.BadRequestError) as top:
+        await client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "x"}],
+            logprobs=True,
+            top_logprobs=3,
+        )
+    assert top.value.param == "top_logprobs"
+
+
+async def test_streamed_chat_and_completions_match_the_plain_answers(
+    client: openai.AsyncOpenAI,
+) -> None:
+    """stream=True (server-sent events) through the official client: the chunks join to
+    the same text, with one logprob per token, a finish reason and the usage chunk."""
+    messages = [{"role": "user", "content": "Make an offer."}]
+    args = {"model": "tiny", "max_tokens": 12, "temperature": 0.9, "seed": 5, "n": 2}
+    plain = await client.chat.completions.create(messages=messages, logprobs=True, **args)  # type: ignore[arg-type, call-overload]
+    stream = await client.chat.completions.create(
+        messages=messages,  # type: ignore[arg-type]
+        logprobs=True,
+        stream=True,
+        stream_options={"include_usage": True},
+        **args,  # type: ignore[arg-type]
+    )
+    texts: dict[int, str] = {}
+    logprobs: dict[int, list[float]] = {}
+    finish: dict[int, str] = {}
+    usage = None
+    async for chunk in stream:
+        assert chunk.object == "chat.completion.chunk"
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.logprobs is not None and choice.logprobs.content:
+                logprobs.setdefault(choice.index, []).extend(
+                    t.logprob for t in choice.logprobs.content
+                )
+            if choice.finish_reason is not None:
+                finish[choice.index] = choice.finish_reason
+    for c in plain.choices:
+        assert texts[c.index] == c.message.content
+        assert c.logprobs is not None
+        assert c.logprobs.content is not None
+        assert logprobs[c.index] == [t.logprob for t in c.logprobs.content]
+        assert finish[c.index] == c.finish_reason
+    assert usage is not None
+    assert plain.usage is not None
+    assert usage.completion_tokens == plain.usage.completion_tokens
+
+    prompts = ["the hat is", "two books"]
+    plain_text = await client.completions.create(prompt=prompts, **args)  # type: ignore[arg-type, call-overload]
+    streamed: dict[int, str] = {}
+    async for chunk in await client.completions.create(prompt=prompts, stream=True, **args):  # type: ignore[arg-type, call-overload]
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert [streamed[i] for i in range(4)] == [c.text for c in plain_text.choices]
 
 
 async def test_overload_is_429(tiny_model_dir: Path) -> None:

@@ -36,6 +36,7 @@ GOOD: list[tuple[str, Json]] = [
     ("completions", {"prompt": "x", "max_tokens": 4, "seed": 2**63 - 2, "n": 2}),
     ("completions", {"prompt": "x", "max_tokens": 3, "seed": 0, "stop": ["zz"], "top_p": 0.5}),
     ("completions", {"prompt": "x", "max_tokens": 3, "seed": 4, "temperature": 1e-5}),
+    ("completions", {"prompt": "ok", "max_tokens": 3, "seed": 8, "stream": True}),
     ("completions", {"prompt": "x", "max_tokens": 3, "seed": 5, "frequency_penalty": 0}),
     ("completions", {"prompt": "x", "max_tokens": 3, "seed": 6, "logit_bias": {}, "top_k": -1}),
     ("chat/completions", {"messages": [{"role": "user", "content": "offer?"}], "seed": 3}),
@@ -88,7 +89,8 @@ HOSTILE: list[tuple[str, Json | str, str | None]] = [
     ("completions", {"prompt": [True, 5]}, "prompt"),
     ("completions", {"prompt": ""}, "prompt"),
     ("completions", {"prompt": "hat " * 3000}, "prompt"),
-    ("completions", {"prompt": "x", "stream": True}, "stream"),
+    ("completions", {"prompt": "x", "stream": "yes"}, "stream"),
+    ("completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ("completions", {"prompt": "x", "guided_regex": "["}, "constraint"),
     ("completions", {"prompt": "x", "guided_regex": "(?!)x"}, "constraint"),
     ("completions", {"prompt": "x", "guided_choice": []}, "constraint"),
@@ -125,7 +127,23 @@ async def _post(http: aiohttp.ClientSession, url: str, path: str, body: Json | s
     else:
         data, headers = json.dumps({"model": "tiny", **body}), {}
     async with http.post(f"{url}/{path}", data=data, headers=headers) as r:
+        if r.content_type == "text/event-stream":
+            return r.status, _collect(await r.text())
         return r.status, await r.json(content_type=None)
+
+
+def _collect(events: str) -> Json:
+    """A streamed completions response, put back together."""
+    assert events.rstrip().endswith("data: [DONE]"), events[-200:]
+    texts: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    for line in events.splitlines():
+        if line.startswith("data: {"):
+            for c in json.loads(line[len("data: ") :])["choices"]:
+                texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+                if c["finish_reason"]:
+                    finish[c["index"]] = c["finish_reason"]
+    return {"choices": [{"text": texts[i], "finish_reason": finish[i]} for i in sorted(texts)]}
 
 
 def _texts(reply: Json) -> list[str]:
