@@ -96,7 +96,10 @@ async def stream_response(
                     out["logprobs"] = {key: v[k : k + 1] for key, v in logprobs.items()}
             await send(out)
         last: Json = {"index": i, "logprobs": None, "finish_reason": choice["finish_reason"]}
-        last.update({"delta": {}} if chat else {"text": ""})
+        if chat:
+            last["delta"] = {}
+        else:
+            last["text"] = ""
         for extra in ("token_ids", "prompt_token_ids"):
             if extra in choice:
                 last[extra] = choice[extra]

@@ -137,10 +137,10 @@ class VLLMBackend(Backend):
             **({"max_model_len": max_model_len} if max_model_len else {}),
             **(engine_args or {}),
         }
-        engine_args = vllm.AsyncEngineArgs(**args)
+        parsed: Any = vllm.AsyncEngineArgs(**args)
         try:
             # ~20-50 s of start-up off the event loop, so bus heartbeats keep flowing.
-            engine = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args)
+            engine = await asyncio.to_thread(AsyncLLM.from_engine_args, parsed)
         except (OSError, ValueError, RuntimeError) as exc:
             raise BackendError(
                 f"vLLM could not start on {model!r}: {exc}. Check the path, that the "
@@ -149,7 +149,7 @@ class VLLMBackend(Backend):
         tok = await asyncio.to_thread(load_tokenizer, tokenizer or model)
         backend = cls(engine, tok, max_model_len=int(engine.model_config.max_model_len))
         backend.dtype = str(engine.model_config.dtype).removeprefix("torch.")
-        backend._engine_args = engine_args
+        backend._engine_args = parsed
         backend.max_restarts = max_restarts
         return backend
 
