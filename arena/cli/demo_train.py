@@ -154,8 +154,9 @@ async def evaluate_team(
         result = await Runner(run_config, agents=agents).run()
     finally:
         await pool.close()
-    ok = [r.metrics["success"] for r in result.records if "success" in r.metrics]
-    return float(sum(ok) / len(ok)) if ok else 0.0
+    # The run keeps no records (memory stays flat): its summary has the success mean.
+    success = result.summary["metrics"].get("success") or {}
+    return float(success.get("mean") or 0.0)
 
 
 @dataclass
