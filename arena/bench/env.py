@@ -14,7 +14,8 @@ In one run, with N = 8 agents that all act every step and broadcast one line eac
   asking one agent at a time (``RunConfig.pipeline = False``); target >= 3.
   ``pipelined_episode_ratio_vs_sequential`` is the same over whole-episode time (scenario
   steps and bookkeeping included); the ``_inproc`` variants host the agents in the runner's
-  own process, where a round trip costs little more than the messages' encoding.
+  own process, which asks them directly (no bus hop, only the messages' encoding: there is
+  little left for pipelining to hide).
 
 * ``runner_ratio_vs_plain_loop`` — agent steps/s of the runner playing the scenario with the
   scripted agents in its own process (pipelined, whole-episode time) over a plain Python loop
