@@ -133,3 +133,26 @@ def test_one_agent_per_episode_and_seat_closed_when_its_episode_ends() -> None:
 
     asyncio.run(play())
     assert len(_Echo.closed) == 4
+
+
+class _Vandal(Agent):
+    """Scribbles over everything it is shown, as a policy hunting for reward might."""
+
+    async def act(self, observation: Observation) -> Action:
+        observation.info["view"]["hand"].append("ace")
+        observation.info["view"]["score"] = 99
+        observation.info.clear()
+        return Action(agent=observation.agent, text="ok")
+
+
+@pytest.mark.timeout(10)
+def test_an_agent_cannot_reach_the_runners_objects_through_what_it_is_shown() -> None:
+    view = {"hand": ["two"], "score": 1}
+    obs = Observation(agent="a", text="go", info={"view": view})
+
+    async def ask() -> Any:
+        return await _agents(a=_Vandal).request(obs, timeout=1, episode="e", sender="arena")
+
+    assert asyncio.run(ask()).text == "ok"
+    assert view == {"hand": ["two"], "score": 1}  # the scenario's state, untouched
+    assert obs.info == {"view": view}
