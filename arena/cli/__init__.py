@@ -1,7 +1,8 @@
 """The ``parley`` command line (also ``python -m parley.arena.cli``).
 
 Each subcommand lives in its own module of this folder (``list``, ``bench``, ``model``,
-``run``, ``agent``, ``keys``, ``train``, ``serve``, ``demo``) and exposes ``add_parser(subparsers)``
+``run``, ``agent``, ``keys``, ``train``, ``serve``, ``view``, ``demo``) and exposes
+``add_parser(subparsers)``
 (which sets ``func`` on its parser) — so adding a command is one module and one line in
 :data:`COMMANDS`, and ``parley --help`` imports nothing heavy: each command imports its parts
 inside the command. :mod:`~parley.arena.cli.demo` and :mod:`~parley.arena.cli.demo_train` are
@@ -28,6 +29,7 @@ COMMANDS: tuple[str, ...] = (
     "keys",
     "train",
     "serve",
+    "view",
     "demo",
 )
 """Modules of ``parley.arena.cli``, in the order ``parley --help`` lists them."""

@@ -12,6 +12,7 @@ spec               who plays
 ``module:Class``   ``Class()`` imported from ``module`` (any :class:`Agent` subclass)
 ``remote``         a remote agent named ``agent-SEAT`` (``parley agent --seat SEAT``)
 ``remote:NAME``    a remote agent whose endpoint is named ``NAME``
+``human[:tty]``    a person, in the browser page the run prints (``:tty``: the terminal)
 ``KIND:ARG``       the resolver registered under ``KIND`` in :data:`AGENT_KINDS`
 =================  ===================================================================
 
@@ -121,6 +122,7 @@ AGENT_KINDS: dict[str, str | Resolver] = {
     "scripted": _scripted,
     "remote": _remote,
     "llm": "parley.arena.inference.llm_spec:resolve_llm",
+    "human": "parley.arena.view.human:resolve_human",
 }
 """Spec kind -> resolver, or ``"module:function"`` naming one (imported on first use)."""
 

@@ -1,0 +1,109 @@
+"""One episode as a timeline: a column per seat, a row per step.
+
+In each seat's column: what the seat was shown (its private observation, folded), what it
+answered (a chat bubble; a JSON tool call is shown as a tool call), the scenario's verdict
+when the move was invalid, the step's reward with its components, and the seat's
+structured ``view`` (its private knowledge) — so the seats' private views sit side by side.
+The episode's outcome (status, failure reason, metrics, returns) heads the page.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from parley.arena.view.data import Source
+from parley.arena.view.html import Links, esc, num, page
+
+__all__ = ["episode_page"]
+
+
+def _action_html(text: str) -> str:
+    stripped = text.strip()
+    if stripped.startswith("{") and "tool" in stripped:
+        try:
+            call = json.loads(stripped)
+        except json.JSONDecodeError:
+            call = None
+        if isinstance(call, dict):
+            pretty = json.dumps(call, indent=1, ensure_ascii=False)
+            tag = "<span class=tag>tool call</span>"
+            return f"<div class='msg tool'>{tag}<pre>{esc(pretty)}</pre></div>"
+    if not text:
+        return "<div class='msg empty'>(empty)</div>"
+    return f"<div class=msg>{esc(text)}</div>"
+
+
+def _components(info: Mapping[str, Any]) -> str:
+    comps = info.get("components") or {}
+    if not isinstance(comps, Mapping) or not comps:
+        return ""
+    return " (" + ", ".join(f"{esc(k)} {esc(num(v))}" for k, v in comps.items()) + ")"
+
+
+def _cell(seat: str, step: Mapping[str, Any]) -> str:
+    obs = (step.get("observations") or {}).get(seat)
+    actions = step.get("actions") or {}
+    info = (step.get("infos") or {}).get(seat) or {}
+    reward = (step.get("rewards") or {}).get(seat, 0.0)
+    out = []
+    if obs is not None:
+        out.append(
+            f"<details class=obs><summary>observation</summary><pre>{esc(obs)}</pre></details>"
+        )
+    if seat in actions:
+        out.append(_action_html(str(actions[seat])))
+    if info.get("invalid"):
+        out.append(f"<div class=invalid>invalid: {esc(info['invalid'])}</div>")
+    if reward or info.get("components"):
+        out.append(f"<div class=reward>reward {esc(num(reward))}{_components(info)}</div>")
+    if isinstance(info.get("view"), Mapping) and info.get("view"):
+        view = json.dumps(info["view"], indent=1, ensure_ascii=False)
+        out.append(
+            f"<details class=view><summary>private view</summary><pre>{esc(view)}</pre></details>"
+        )
+    if step.get("terminations", {}).get(seat) or step.get("truncations", {}).get(seat):
+        out.append("<div class=ended>done</div>")
+    return "".join(out)
+
+
+def episode_page(src: Source, ep: Mapping[str, Any], links: Links) -> str:
+    eid = str(ep.get("episode", ""))
+    agents = ep.get("agents") or {}
+    seats = list(agents) or sorted({s for st in ep.get("steps", []) for s in st.get("actions", {})})
+    status = str(ep.get("status", ""))
+    metrics = ep.get("metrics") or {}
+    returns = ep.get("returns") or {}
+    outcome = [
+        f"<div id=outcome class='outcome {esc(status)}'><b>{esc(status)}</b>",
+        f" · scenario {esc(ep.get('scenario', ''))} · seed {esc(ep.get('seed', ''))}",
+        f" · task {esc(ep.get('task', ''))} trial {esc(ep.get('trial', ''))}",
+    ]
+    if ep.get("failed"):
+        outcome.append(f"<div class=failed-reason>failed: {esc(ep['failed'])}</div>")
+    if metrics:
+        outcome.append(
+            "<div>metrics: "
+            + ", ".join(f"{esc(k)} {esc(num(v))}" for k, v in metrics.items())
+            + "</div>"
+        )
+    if returns:
+        outcome.append(
+            "<div>returns: "
+            + ", ".join(f"{esc(k)} {esc(num(v))}" for k, v in returns.items())
+            + "</div>"
+        )
+    outcome.append("</div>")
+    head = "".join(f"<th>{esc(s)}<br><small>{esc(agents.get(s, ''))}</small></th>" for s in seats)
+    rows = []
+    for step in ep.get("steps", []):
+        cells = "".join(f"<td>{_cell(s, step)}</td>" for s in seats)
+        rows.append(f"<tr><td class=turn>{esc(step.get('turn', ''))}</td>{cells}</tr>")
+    body = (
+        f'<p><a href="{esc(links.run(src.id))}">← run {esc(src.id)}</a> · '
+        f'<a href="{esc(links.episodes(src.id))}">episodes</a></p>'
+        + "".join(outcome)
+        + f"<table id=timeline class=timeline><tr><th>step</th>{head}</tr>{''.join(rows)}</table>"
+    )
+    return page(f"episode {eid}", body, links)

@@ -1,0 +1,99 @@
+"""HTML building blocks shared by the pages: escaping, the page shell, links, numbers.
+
+Every piece of text that came from a run (agent messages, observations, failure reasons,
+metric and seat names, even run ids) goes through :func:`esc` before it reaches a page;
+attribute values are quoted and escaped the same way. The shell sets a Content Security
+Policy that allows no inline script at all, so markup that slipped through would still not
+run.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from urllib.parse import quote, urlencode
+
+__all__ = ["CSP", "Links", "esc", "num", "page", "pm"]
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'"
+)
+"""Only the package's own scripts and styles run; no inline script, no plugin."""
+
+
+def esc(value: object) -> str:
+    """Text as HTML (quotes included, so it is safe in attribute values too)."""
+    return html.escape(str(value), quote=True)
+
+
+def num(value: object, digits: int = 3) -> str:
+    """A number for a table cell ("-" when missing or not finite)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    if not math.isfinite(value):
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def pm(mean: float | None, ci: float | None, digits: int = 3) -> str:
+    """``mean ± ci`` (just the mean when the interval is unknown)."""
+    if mean is None or not math.isfinite(mean):
+        return "-"
+    if ci is None or not math.isfinite(ci):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {ci:.{digits}f}"
+
+
+@dataclass(frozen=True)
+class Links:
+    """URLs of the pages: served (``/run/ID``) or exported as files (``run-ID.html``).
+    Ids are made of ``[A-Za-z0-9_.-]``; they are quoted anyway."""
+
+    static: bool = False
+
+    def _q(self, part: str) -> str:
+        return quote(part, safe="")
+
+    def index(self) -> str:
+        return "index.html" if self.static else "/"
+
+    def asset(self, name: str) -> str:
+        return f"static/{name}" if self.static else f"/static/{name}"
+
+    def run(self, rid: str) -> str:
+        return f"run-{self._q(rid)}.html" if self.static else f"/run/{self._q(rid)}"
+
+    def episodes(self, rid: str, **query: str) -> str:
+        if self.static:
+            return f"episodes-{self._q(rid)}.html"
+        q = {k: v for k, v in query.items() if v}
+        return f"/run/{self._q(rid)}/episodes" + (f"?{urlencode(q)}" if q else "")
+
+    def episode(self, rid: str, ep: str) -> str:
+        if self.static:
+            return f"episode-{self._q(rid)}-{self._q(ep)}.html"
+        return f"/run/{self._q(rid)}/episode/{self._q(ep)}"
+
+    def compare(self, a: str, b: str) -> str:
+        if self.static:
+            return f"compare-{self._q(a)}-vs-{self._q(b)}.html"
+        return "/compare?" + urlencode({"a": a, "b": b})
+
+    def train(self, tid: str) -> str:
+        return f"train-{self._q(tid)}.html" if self.static else f"/train/{self._q(tid)}"
+
+
+def page(title: str, body: str, links: Links, *, scripts: tuple[str, ...] = ()) -> str:
+    """A whole HTML document: ``title`` is escaped here, ``body`` must already be HTML."""
+    tags = "".join(f'<script src="{esc(links.asset(s))}" defer></script>' for s in scripts)
+    meta = f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">'
+    return (
+        "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
+        f"{meta}<meta name=viewport content='width=device-width, initial-scale=1'>"
+        f"<title>{esc(title)} · parley</title>"
+        f'<link rel=stylesheet href="{esc(links.asset("view.css"))}">{tags}</head>'
+        f'<body><header><a class=brand href="{esc(links.index())}">parley view</a>'
+        f"<span class=title>{esc(title)}</span></header><main>{body}</main></body></html>\n"
+    )

@@ -1,0 +1,245 @@
+"""``parley view``: the aiohttp app, the live training feed and the static export.
+
+Routes (ids come from :func:`parley.arena.view.data.discover`; nothing in a URL is a path):
+
+====================================  ===========================================
+``/``                                 runs and training runs found
+``/run/ID``                           metrics ± CI, pass^k, invalid moves, failures
+``/run/ID/episodes?filters``          the episode list (see ``filter_episodes``)
+``/run/ID/episode/EP``                one episode's timeline
+``/compare?a=ID&b=ID``                two runs side by side, differences with CIs
+``/train/ID``                         the training dashboard
+``/train/ID/events``                  metrics.jsonl rows as server-sent events
+``/static/NAME``                      the package's CSS and scripts (a fixed list)
+====================================  ===========================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from parley.arena.view.data import EPISODE_ID, Source, discover, filter_episodes, load_jsonl
+from parley.arena.view.episode import episode_page
+from parley.arena.view.html import CSP, Links
+from parley.arena.view.pages import (
+    compare_page,
+    episodes_page,
+    index_page,
+    run_page,
+    train_page,
+)
+
+__all__ = ["ASSETS", "ViewerState", "export_static", "make_app", "serve", "start"]
+
+ASSETS = {"view.css": "text/css", "train.js": "text/javascript", "human.js": "text/javascript"}
+"""The only files ``/static/`` serves, from this package's ``static`` folder."""
+POLL_S = 0.5
+"""How often the training feed looks for new metrics rows."""
+
+
+def asset(name: str) -> bytes:
+    return resources.files("parley.arena.view").joinpath("static", name).read_bytes()
+
+
+class ViewerState:
+    """The folders given to ``parley view`` and the runs found in them (re-scanned when an
+    id is not found, so runs started after the server appear)."""
+
+    def __init__(self, roots: Sequence[Path]) -> None:
+        self.roots = [Path(r) for r in roots]
+        self.sources: dict[str, Source] = discover(self.roots)
+
+    def rescan(self) -> dict[str, Source]:
+        self.sources = discover(self.roots)
+        return self.sources
+
+    def get(self, sid: str, kind: str) -> Source:
+        src = self.sources.get(sid) or self.rescan().get(sid)
+        if src is None or src.kind != kind:
+            raise web.HTTPNotFound(text=f"no {kind} with id {sid!r}")
+        return src
+
+
+def _html(text: str) -> web.Response:
+    return web.Response(text=text, content_type="text/html", charset="utf-8")
+
+
+@web.middleware
+async def _headers(request: web.Request, handler: Any) -> web.StreamResponse:
+    response: web.StreamResponse = await handler(request)
+    response.headers.setdefault("Content-Security-Policy", CSP)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    return response
+
+
+def make_app(roots: Sequence[Path]) -> web.Application:
+    """The viewer application over the run folders under ``roots``."""
+    state = ViewerState(roots)
+    links = Links()
+    app = web.Application(middlewares=[_headers])
+
+    async def index(request: web.Request) -> web.Response:
+        return _html(index_page(state.rescan(), links))
+
+    async def run(request: web.Request) -> web.Response:
+        return _html(run_page(state.get(request.match_info["rid"], "run"), links))
+
+    async def episodes(request: web.Request) -> web.Response:
+        src = state.get(request.match_info["rid"], "run")
+        query = {k: v for k, v in request.query.items()}
+        shown = filter_episodes(load_jsonl(src.file("transcripts.jsonl")), query)
+        return _html(episodes_page(src, links, query, shown))
+
+    async def episode(request: web.Request) -> web.Response:
+        src = state.get(request.match_info["rid"], "run")
+        eid = request.match_info["ep"]
+        if EPISODE_ID.match(eid):
+            for ep in load_jsonl(src.file("transcripts.jsonl")):
+                if ep.get("episode") == eid:
+                    return _html(episode_page(src, ep, links))
+        raise web.HTTPNotFound(text=f"no episode {eid!r} in run {src.id!r}")
+
+    async def compare(request: web.Request) -> web.Response:
+        a = state.get(request.query.get("a", ""), "run")
+        b = state.get(request.query.get("b", ""), "run")
+        return _html(compare_page(a, b, links))
+
+    async def train(request: web.Request) -> web.Response:
+        return _html(train_page(state.get(request.match_info["tid"], "train"), links))
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        return await _train_events(request, state.get(request.match_info["tid"], "train"))
+
+    async def static(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in ASSETS:
+            raise web.HTTPNotFound(text="no such asset")
+        return web.Response(body=asset(name), content_type=ASSETS[name])
+
+    app.router.add_get("/", index)
+    app.router.add_get("/run/{rid}", run)
+    app.router.add_get("/run/{rid}/episodes", episodes)
+    app.router.add_get("/run/{rid}/episode/{ep}", episode)
+    app.router.add_get("/compare", compare)
+    app.router.add_get("/train/{tid}", train)
+    app.router.add_get("/train/{tid}/events", events)
+    app.router.add_get("/static/{name}", static)
+    return app
+
+
+async def _train_events(request: web.Request, src: Source) -> web.StreamResponse:
+    """Every metrics.jsonl row as an SSE ``message`` (old rows first, then new ones as they
+    are written), and ``summary`` once summary.json appears (the run is over)."""
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    response = web.StreamResponse(headers={**headers, "Content-Security-Policy": CSP})
+    await response.prepare(request)
+    offset, pending, sent_summary, idle = 0, b"", False, 0.0
+    while request.transport is not None and not request.transport.is_closing():
+        path = src.file("metrics.jsonl")
+        chunk = b""
+        if path is not None:
+            with path.open("rb") as f:
+                f.seek(offset)
+                chunk = f.read(1 << 20)
+            offset += len(chunk)
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if isinstance(row, dict):
+                out.append(f"data: {json.dumps(row)}\n\n")
+        summary = src.file("summary.json")
+        if summary is not None and not sent_summary and not chunk:
+            try:
+                data = json.loads(summary.read_text(errors="replace"))
+            except json.JSONDecodeError:  # being written: next poll
+                data = None
+            if isinstance(data, dict):
+                out.append(f"event: summary\ndata: {json.dumps(data)}\n\n")
+                sent_summary = True
+        idle = 0.0 if out else idle + POLL_S
+        if idle >= 15:
+            out.append(": keep-alive\n\n")
+            idle = 0.0
+        if out:
+            await response.write("".join(out).encode())
+        if len(chunk) == 1 << 20:
+            continue
+        await asyncio.sleep(POLL_S)
+    return response
+
+
+def export_static(roots: Sequence[Path], out: Path) -> list[Path]:
+    """Write every page as static HTML under ``out`` (open ``out/index.html``); returns the
+    files written. Episode filters need the server: the exported list shows every episode."""
+    sources = discover(roots)
+    links = Links(static=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "static").mkdir(exist_ok=True)
+    written: list[Path] = []
+
+    def write(name: str, text: str) -> None:
+        path = out / name
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+
+    for name in ASSETS:
+        (out / "static" / name).write_bytes(asset(name))
+    write("index.html", index_page(sources, links))
+    runs = [s for s in sources.values() if s.kind == "run"]
+    for src in runs:
+        eps = load_jsonl(src.file("transcripts.jsonl"))
+        write(links.run(src.id), run_page(src, links))
+        write(links.episodes(src.id), episodes_page(src, links, {}, eps))
+        for ep in eps:
+            eid = str(ep.get("episode", ""))
+            if EPISODE_ID.match(eid):
+                write(links.episode(src.id, eid), episode_page(src, ep, links))
+    for a in runs:
+        for b in runs:
+            if a.id < b.id and len(written) < 100_000:
+                write(links.compare(a.id, b.id), compare_page(a, b, links))
+    for src in sources.values():
+        if src.kind == "train":
+            rows = load_jsonl(src.file("metrics.jsonl"))
+            write(links.train(src.id), train_page(src, links, rows=rows))
+    return written
+
+
+async def start(
+    roots: Sequence[Path], host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, str]:
+    """Start the viewer; returns its runner (``await runner.cleanup()`` stops it) and URL."""
+    runner = web.AppRunner(make_app(roots), handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0]
+    shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    return runner, f"http://{shown}:{bound[1]}/"
+
+
+def serve(roots: Sequence[Path], host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve the viewer until interrupted, printing its URL first."""
+
+    async def main() -> None:
+        runner, url = await start(roots, host, port)
+        print(f"parley view: {url}  (Ctrl-C to stop)", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
