@@ -418,7 +418,8 @@ class InferencePool:
         except KeyError:
             raise PoolError(
                 "unknown_policy",
-                f"no policy {policy!r} in this pool; it serves: {', '.join(self._backends)}",
+                f"no policy {str(policy)[:80]!r} in this pool; it serves: "
+                f"{', '.join(self._backends)}",
             ) from None
 
     def tokenizer(self, policy: str) -> ChatTokenizer:
