@@ -27,6 +27,7 @@ __all__ = [
     "Source",
     "compare_metrics",
     "discover",
+    "finite",
     "failure_groups",
     "failure_kind",
     "filter_episodes",
@@ -135,6 +136,18 @@ def load_jsonl(path: Path | None) -> list[dict[str, Any]]:
                 rows.append(row)
     _cache[path] = (stamp, rows)
     return rows
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by None, so that it is valid JSON
+    (metrics.jsonl may hold ``NaN``, which Python reads and browsers refuse)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
 
 
 def read_json(path: Path | None) -> dict[str, Any]:

@@ -96,7 +96,9 @@ class HumanHub:
         self.games = {k: g for k, g in self.games.items() if not g.done and g.waiting is None}
         self._runner = web.AppRunner(self._app(), handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
-        await web.SockSite(self._runner, self.sock).start()
+        # A duplicate of the socket for each event loop (a run per asyncio.run): the one
+        # bound at construction stays open however many runs this process plays.
+        await web.SockSite(self._runner, self.sock.dup()).start()
 
     async def close(self) -> None:
         if self._runner is not None:

@@ -18,6 +18,7 @@ from parley.arena.view.data import (
     compare_metrics,
     failure_groups,
     failure_kind,
+    finite,
     invalid_rates,
     load_jsonl,
     metric_table,
@@ -308,7 +309,8 @@ def train_page(
     exported, the rows are embedded as JSON data (not script) for the same script."""
     data = ""
     if rows is not None:
-        payload = json.dumps({"rows": list(rows), "summary": read_json(src.file("summary.json"))})
+        summary = read_json(src.file("summary.json"))
+        payload = json.dumps(finite({"rows": list(rows), "summary": summary}))
         payload = payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
         data = f"<script type=application/json id=train-data>{payload}</script>"
     events = "" if links.static else f"/train/{esc(src.id)}/events"

@@ -25,7 +25,14 @@ from typing import Any
 
 from aiohttp import web
 
-from parley.arena.view.data import EPISODE_ID, Source, discover, filter_episodes, load_jsonl
+from parley.arena.view.data import (
+    EPISODE_ID,
+    Source,
+    discover,
+    filter_episodes,
+    finite,
+    load_jsonl,
+)
 from parley.arena.view.episode import episode_page
 from parley.arena.view.html import CSP, Links
 from parley.arena.view.pages import (
@@ -159,7 +166,7 @@ async def _train_events(request: web.Request, src: Source) -> web.StreamResponse
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
             if isinstance(row, dict):
-                out.append(f"data: {json.dumps(row)}\n\n")
+                out.append(f"data: {json.dumps(finite(row))}\n\n")
         summary = src.file("summary.json")
         if summary is not None and not sent_summary and not chunk:
             try:
@@ -167,7 +174,7 @@ async def _train_events(request: web.Request, src: Source) -> web.StreamResponse
             except json.JSONDecodeError:  # being written: next poll
                 data = None
             if isinstance(data, dict):
-                out.append(f"event: summary\ndata: {json.dumps(data)}\n\n")
+                out.append(f"event: summary\ndata: {json.dumps(finite(data))}\n\n")
                 sent_summary = True
         idle = 0.0 if out else idle + POLL_S
         if idle >= 15:

@@ -37,7 +37,7 @@
     const history = el("div", { id: "history" });
     for (const item of game.history) {
       history.appendChild(el("div", { class: item.from === "you" ? "obs mine" : "obs" },
-                             item.from === "you" ? "you: " + item.text : item.text));
+                             item.from === "you" ? "you: " + (item.text || "(empty message)") : item.text));
     }
     box.appendChild(history);
     if (game.done) {

@@ -27,6 +27,10 @@ async def _get(url: str) -> tuple[int, str, dict[str, str]]:
         return r.status, await r.text(), dict(r.headers)
 
 
+def _no_constants(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON: browsers reject it")
+
+
 async def _raw_get(url: str, path: str) -> tuple[int, str]:
     """GET ``path`` byte for byte (an HTTP client would normalise the dots away)."""
     host, port = url.removeprefix("http://").rstrip("/").split(":")
@@ -242,7 +246,9 @@ async def test_training_events_stream_rows_as_they_are_written(tmp_path: Path) -
     train = tmp_path / "t"
     train.mkdir()
     metrics = train / "metrics.jsonl"
-    metrics.write_text(json.dumps({"update": 1, "stage": "a", "success": 0.1}) + "\n")
+    # What the trainer writes: Python's json, NaN included (not JSON to a browser).
+    metrics.write_text(json.dumps({"update": 1, "stage": "a", "success": 0.1, "x": math.nan}))
+    metrics.write_text(metrics.read_text() + "\n")
     runner, url = await start([tmp_path])
     got: list[dict] = []
     try:
@@ -254,7 +260,7 @@ async def test_training_events_stream_rows_as_they_are_written(tmp_path: Path) -
                 if line.startswith("event: "):
                     event = line[7:]
                 elif line.startswith("data: "):
-                    data = json.loads(line[6:])
+                    data = json.loads(line[6:], parse_constant=_no_constants)
                     if event == "summary":
                         assert data["stages"][0]["stage"] == "a"
                         r.close()  # an endless stream: hang up rather than read to its end
