@@ -169,8 +169,13 @@ CONNECT_TIMEOUT = 30.0
 
 
 def _connect(address: str, timeout: float) -> Callable[[], Coroutine[Any, Any, PoolClient]]:
+    """Connect within ``timeout``; the client's bus requests keep the usual bound (a quick
+    start-up check must not shorten every later generation's wait)."""
+
     async def connect() -> PoolClient:
-        return await BusPoolClient.connect(address, timeout=timeout)
+        client = await BusPoolClient.connect(address, timeout=timeout)
+        client.timeout = CONNECT_TIMEOUT
+        return client
 
     return connect
 
