@@ -46,13 +46,15 @@ class PeerDead(BusError):
 
 
 class RemoteError(BusError):
-    """The peer answered a request with an ``Error`` message."""
+    """The peer answered a request with an ``Error`` message; ``retryable`` is the peer's
+    word that the same request may succeed later (``overloaded``)."""
 
-    def __init__(self, code: str, message: str, *, peer: str = "") -> None:
+    def __init__(self, code: str, message: str, *, peer: str = "", retryable: bool = False) -> None:
         super().__init__(f"{peer or 'peer'} replied {code}: {message}")
         self.code = code
         self.remote_message = message
         self.peer = peer
+        self.retryable = retryable
 
 
 class ConfigError(ParleyError, ValueError):

@@ -153,7 +153,10 @@ class _Receiver(_Links):
             if fut is None or fut.done():
                 self.stats.late_replies += 1
             elif isinstance(body, Error):
-                fut.set_exception(RemoteError(body.code, body.message, peer=link.name))
+                error = RemoteError(
+                    body.code, body.message, peer=link.name, retryable=body.retryable
+                )
+                fut.set_exception(error)
                 if body.code == "hello_required" and not sock.router and link.name:
                     self._start_rehello(link)  # the bound side forgot us: introduce again
             else:

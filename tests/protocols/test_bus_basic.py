@@ -110,6 +110,7 @@ async def test_errors_come_back_as_remote_error(pair: tuple[Endpoint, Endpoint])
     with pytest.raises(RemoteError) as info:
         await asyncio.wait_for(client.request("arena", ToolCall(call_id="1", name="x")), 5)
     assert info.value.code == "handler_failed"
+    assert not info.value.retryable
     assert "no such tool" in str(info.value)
     with pytest.raises(RemoteError) as info:
         await asyncio.wait_for(client.request("arena", Observation(agent="a", text="")), 5)
@@ -175,6 +176,7 @@ async def test_overload_and_bad_handler_results_are_errors(pair: tuple[Endpoint,
     with pytest.raises(RemoteError) as info:
         await asyncio.wait_for(client.request("arena", Observation(agent="a", text="")), 5)
     assert info.value.code == "overloaded"
+    assert info.value.retryable  # the peer's word travels with the error
     release.set()
     assert await asyncio.wait_for(asyncio.gather(*busy), 5) == [Ok(), Ok()]
     with pytest.raises(RemoteError) as info:
