@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``parley`` console script; returns the exit status."""
+    # Hugging Face download/shard/weight-loading bars would interleave with ours (set it
+    # to 0 to see them).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -58,4 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a user's error is one line and a status, not a traceback
+        from parley.arena.cli.common import error_line, user_error_status
+
+        known = user_error_status(exc)
+        if known is None or os.environ.get("PARLEY_DEBUG"):
+            raise
+        error_line(args.command, known[1])
+        return int(known[0])
     return int(status or 0)

@@ -154,6 +154,31 @@ def build_config(args: argparse.Namespace) -> RunConfig:
             scenario_kwargs={**config.scenario_kwargs, **scenario_kwargs},
             agent_options={**config.agent_options, **options},
         )
+    return check_config(config)
+
+
+def check_config(config: RunConfig) -> RunConfig:
+    """Refuse, before any work, what would fail later with a traceback or a long wait:
+    bad scenario arguments, an unwritable ``--out``, ``remote`` seats without ``--listen``,
+    missing ``llm:`` models (``~`` is expanded; the default tiny model is built)."""
+    from parley.arena.cli.common import check_out_dir, check_scenario_kwargs, expand_agent_spec
+
+    if config.scenario:
+        check_scenario_kwargs(config.scenario, config.scenario_kwargs)
+    if config.out:
+        check_out_dir(config.out)
+    agents = config.agents
+    specs = list(agents.values()) if isinstance(agents, dict) else list(agents or [])
+    remote = [s for s in specs if s == "remote" or s.startswith("remote:")]
+    if remote and not config.listen:
+        raise ConfigError(
+            "--agents remote needs --listen ADDRESS (e.g. --listen tcp://127.0.0.1:5555) so "
+            "that `parley agent` in another process can connect"
+        )
+    if isinstance(agents, dict):
+        return config.replace(agents={k: expand_agent_spec(v) for k, v in agents.items()})
+    if agents:
+        return config.replace(agents=[expand_agent_spec(v) for v in agents])
     return config
 
 
@@ -194,22 +219,23 @@ async def _run(config: RunConfig, console: Console) -> Any:
 def main(args: argparse.Namespace) -> int:
     """Run the arena; exit status 1 when more episodes failed than ``max_failed_fraction``
     allows (any, by default), 2 on a bad configuration."""
+    from parley.arena.cli.common import console, error_line
     from parley.arena.run.records import encode_json
     from parley.arena.run.summary import summary_table
 
-    err = Console(stderr=True)
+    err = console(stderr=True)
     try:
         config = build_config(args)
         result = asyncio.run(_run(config, err))
     except ConfigError as exc:
-        err.print(f"[red]parley run: {exc}[/red]")
+        error_line("run", str(exc))
         return 2
     if args.json:
         sys.stdout.write(encode_json(result.summary).decode() + "\n")
     else:
         seats = ", ".join(f"{seat}={spec}" for seat, spec in result.summary["agents"].items())
         title = f"{config.scenario} — {seats}"
-        Console().print(summary_table(result.summary, title=title))
+        console().print(summary_table(result.summary, title=title))
         if config.out:
             err.print(f"wrote {config.out}/transcripts.jsonl, trajectories.jsonl, summary.json")
     episodes = result.summary["episodes"]

@@ -21,15 +21,20 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
+    from parley.arena.cli import common
+    from parley.arena.training.config import TrainConfig
     from parley.arena.training.loop import load_train_config, train
+    from parley.protocols.errors import ConfigError
 
     overrides = list(args.overrides)
     if args.out:
         overrides.append(f"out={args.out}")
-    config = load_train_config(args.config, overrides)
+    try:
+        config = load_train_config(args.config, _checked(args.config, overrides))
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}{common.valid_keys_hint(str(exc), TrainConfig)}") from None
     result = train(config)
     table = Table(title=f"{config.scenario}: training ({result.wall_s:.0f} s)")
     columns = ("stage", "updates", "episodes", "first", "last", "failed", "stale dropped", "wall s")
@@ -46,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             str(s.get("dropped_stale", 0)),
             f"{s['wall_s']:.0f}",
         )
-    console = Console()
+    console = common.console()
     console.print(table)
     for name, path in result.checkpoints.items():
         console.print(f"checkpoint {name}: {path}  (parley run ... --agents llm:{path})")
@@ -59,3 +64,30 @@ def run(args: argparse.Namespace) -> int:
 
 def _num(value: Any) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def _checked(path: str, overrides: list[str]) -> list[str]:
+    """``overrides``, once the config file and every override key are known fields of
+    ``TrainConfig`` (:class:`ConfigError` listing the valid keys otherwise)."""
+    from pathlib import Path
+
+    import yaml
+
+    from parley.arena.cli.common import check_config_keys, check_key_path
+    from parley.arena.training.config import TrainConfig
+    from parley.protocols.errors import ConfigError
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read --config {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            f"--config {path} is not valid YAML: {' '.join(str(exc).split())}"
+        ) from None
+    check_config_keys(data, TrainConfig)
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if sep and key:
+            check_key_path(key.split("."), TrainConfig)
+    return overrides
