@@ -6,7 +6,9 @@
 (function () {
   const SVG = "http://www.w3.org/2000/svg";
   const SKIP = new Set(["update", "stage_update", "wall_s", "stale_hist"]);
-  const FIRST = ["samples", "episodes", "stale_mean", "stale_max", "loss"];
+  // Per-role charts first, then the watched metric and the sampler's figures, then the rest.
+  const FIRST = ["success", "score", "reward_mean", "samples", "episodes", "stale_mean",
+                 "stale_max", "dropped_stale", "failed", "loss"];
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf"];
   const root = document.getElementById("dashboard");
   const statusEl = document.getElementById("status");
@@ -39,14 +41,14 @@
       }
     }
     const names = [...out.keys()].sort((a, b) => {
-      const score = (n) => (out.get(n).size > 1 ? 0 : FIRST.includes(n) ? 2 : 1);
+      const score = (n) => (out.get(n).size > 1 ? -1 : FIRST.includes(n) ? FIRST.indexOf(n) : 99);
       return score(a) - score(b) || a.localeCompare(b);
     });
     return names.map((n) => [n, out.get(n)]);
   }
 
   function chart(name, series) {
-    const W = 360, H = 170, L = 46, R = 8, T = 8, B = 24;
+    const W = 360, H = 170, L = 54, R = 8, T = 8, B = 24;
     let xs = [], ys = [];
     for (const pts of series.values()) for (const [x, y] of pts) { xs.push(x); ys.push(y); }
     const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1);
