@@ -20,19 +20,58 @@ __all__ = ["episode_page"]
 
 
 def _action_html(text: str) -> str:
+    """The seat's move: a chat bubble; a JSON move with ``tool_calls`` shows each call and
+    its ``message`` (what the other seats hear) apart."""
     stripped = text.strip()
     if stripped.startswith("{") and "tool" in stripped:
         try:
-            call = json.loads(stripped)
+            move = json.loads(stripped)
         except json.JSONDecodeError:
-            call = None
-        if isinstance(call, dict):
-            pretty = json.dumps(call, indent=1, ensure_ascii=False)
-            tag = "<span class=tag>tool call</span>"
-            return f"<div class='msg tool'>{tag}<pre>{esc(pretty)}</pre></div>"
+            move = None
+        if isinstance(move, dict):
+            return _tool_move_html(move)
     if not text:
         return "<div class='msg empty'>(empty)</div>"
     return f"<div class=msg>{esc(text)}</div>"
+
+
+def _tool_move_html(move: dict[str, Any]) -> str:
+    calls = move.get("tool_calls")
+    out = []
+    if isinstance(calls, list):
+        for call in calls:
+            if isinstance(call, dict):
+                name = esc(call.get("name", "?"))
+                args = esc(json.dumps(call.get("arguments", {}), ensure_ascii=False))
+                out.append(
+                    f"<div class='msg tool'><span class=tag>tool call</span> {name}{args}</div>"
+                )
+            else:
+                out.append(f"<div class='msg tool'>{esc(call)}</div>")
+    rest = {k: v for k, v in move.items() if k not in ("tool_calls", "message")}
+    if rest:
+        pretty = esc(json.dumps(rest, indent=1, ensure_ascii=False))
+        out.append(f"<div class='msg tool'><pre>{pretty}</pre></div>")
+    if "message" in move:
+        out.append(f"<div class=msg>{esc(move['message'])}</div>")
+    return "".join(out)
+
+
+def _tool_results_html(view: Any) -> str:
+    results = view.get("tool_results") if isinstance(view, Mapping) else None
+    if not isinstance(results, list):
+        return ""
+    out = []
+    for result in results:
+        if not isinstance(result, Mapping):
+            continue
+        label = "tool error" if result.get("error") else "tool result"
+        body = result.get("error") or result.get("content", "")
+        out.append(
+            f"<div class='msg result'><span class=tag>{label}</span> "
+            f"{esc(result.get('name', ''))}: {esc(body)}</div>"
+        )
+    return "".join(out)
 
 
 def _components(info: Mapping[str, Any]) -> str:
@@ -54,6 +93,7 @@ def _cell(seat: str, step: Mapping[str, Any]) -> str:
         )
     if seat in actions:
         out.append(_action_html(str(actions[seat])))
+        out.append(_tool_results_html(info.get("view")))
     if info.get("invalid"):
         out.append(f"<div class=invalid>invalid: {esc(info['invalid'])}</div>")
     if reward or info.get("components"):

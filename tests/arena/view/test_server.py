@@ -72,7 +72,7 @@ async def test_every_page_escapes_the_agents_markup(viewer: str) -> None:
 
 async def test_hostile_run_fields_stay_text(tmp_path: Path) -> None:
     hostile = episode(
-        EVIL,
+        "t2",
         "failed",
         scenario=EVIL,
         agents={EVIL: EVIL, "b": "scripted"},
@@ -81,20 +81,31 @@ async def test_hostile_run_fields_stay_text(tmp_path: Path) -> None:
             {
                 "turn": 0,
                 "observations": {EVIL: EVIL},
-                "actions": {EVIL: EVIL},
+                "actions": {EVIL: json.dumps({"tool_calls": [{"name": EVIL}], "message": EVIL})},
                 "rewards": {EVIL: 1.0},
-                "infos": {EVIL: {"invalid": EVIL, "components": {EVIL: 1.0}, "view": {EVIL: 1}}},
+                "infos": {
+                    EVIL: {
+                        "invalid": EVIL,
+                        "components": {EVIL: 1.0},
+                        "view": {EVIL: 1, "tool_results": [{"name": EVIL, "content": EVIL}]},
+                    }
+                },
             }
         ],
     )
     ok = episode("t1", metrics={EVIL: 1.0}, returns={EVIL: 2.0})
-    write_run(tmp_path / "r", [hostile, ok], {"scenario": EVIL, "agents": {EVIL: EVIL}})
+    bad_id = episode(EVIL, "failed", failed=EVIL)
+    write_run(tmp_path / "r", [hostile, ok, bad_id], {"scenario": EVIL, "agents": {EVIL: EVIL}})
     runner, url = await start([tmp_path])
     try:
-        for path in ["", "run/r", "run/r/episodes", "run/r/episode/t1"]:
+        for path in ["", "run/r", "run/r/episodes", "run/r/episode/t1", "run/r/episode/t2"]:
             status, text, _ = await _get(url + path)
             assert status == 200, path
             _no_live_markup(text)
+        _, text, _ = await _get(url + "run/r/episode/t2")
+        assert text.count("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;") >= 5
+        assert "tool call" in text
+        assert "tool result" in text
         status, text, _ = await _get(url + "run/r/episodes?reason=" + EVIL)
         _no_live_markup(text)
         # The hostile episode id is not a valid id: it gets no page (and no file on export).
