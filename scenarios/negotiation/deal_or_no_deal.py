@@ -28,11 +28,16 @@ Actions (choose phase, both players at once, independently)::
 Agreement holds iff, for every item type, the two players' "I take" numbers add up exactly
 to the count. The talk ends after ``max_turns`` messages at the latest (then both choose).
 An empty message or a malformed claim is an invalid move (a malformed claim counts as no
-agreement); in v1 so is a claim whose own two halves do not add up to the counts.
+agreement); in v1 so is a claim whose own two halves do not add up to the counts. In v1 a
+move the action space refuses (characters outside the charset, too long) is an invalid move
+that still uses up the seat's turn, as an empty message or a malformed claim does, so the
+talk always ends after ``max_turns`` messages.
 
 Observations: the private context first, then the partner's messages as they come, then a
 line saying what to do. ``infos[seat]["view"]`` holds ``phase``, ``counts``, ``values``,
-``turns_left``, ``last_message`` (the partner's latest message) and ``selector``.
+``turns_left``, ``last_message`` (the partner's latest message) and ``selector`` (the seat
+that wrote the selection token and so ended the talk; ``""`` while talking, and when the
+turn limit ended it).
 
 Rewards (on the last step):
 
@@ -52,7 +57,8 @@ Arguments: ``max_turns`` (20, messages before the choice is forced), ``invalid_p
     >>> env = make("negotiation/deal-or-no-deal-v1", max_turns=10)
 
 Version history: v0 — first version. v1 — contexts uniform over the valid contexts (the
-published distribution); a claim whose halves do not add up to the counts is invalid. Both:
+published distribution); a claim whose halves do not add up to the counts is invalid; a move
+outside the action space uses up the turn (in v0 it changes nothing). Both:
 text from the action is escaped into the observation charset (no score changes).
 """
 
@@ -409,6 +415,7 @@ class DealOrNoDealV1(DealOrNoDeal):
         "name": "negotiation/deal-or-no-deal-v1",
     }
     complete_claims = True
+    bad_input_takes_turn = True
 
     def draw_context(self, rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:
         return sample_context(rng)
