@@ -528,13 +528,33 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
 
 def _constraint(body: Json, *, chat: bool) -> Constraint | None:
     """A constraint from vLLM's structured-output fields or a json_schema response_format."""
-    fields: Json = dict(body.get("structured_outputs") or {})
+    given = body.get("structured_outputs")
+    if given is not None and not isinstance(given, dict):
+        raise _BadRequest(
+            "structured_outputs must be an object: {choice | regex | json: ...}",
+            "structured_outputs",
+        )
+    fields: Json = {k: v for k, v in (given or {}).items() if v is not None}
     for key in ("choice", "regex", "json"):
         if body.get(f"guided_{key}") is not None:
             fields[key] = body[f"guided_{key}"]
     fmt = body.get("response_format")
-    if chat and isinstance(fmt, dict) and fmt.get("type") == "json_schema":
-        fields["json"] = (fmt.get("json_schema") or {}).get("schema", {})
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if not chat or kind not in ("text", "json_schema"):
+            raise _BadRequest(
+                "response_format must be {type: text} or {type: json_schema, json_schema: "
+                "{schema: ...}} (chat only); json_object mode is not supported",
+                "response_format",
+            )
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise _BadRequest(
+                    "response_format.json_schema.schema must be a JSON schema object",
+                    "response_format",
+                )
+            fields["json"] = spec["schema"]
     if not fields:
         return None
     if len(fields) > 1:

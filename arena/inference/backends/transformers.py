@@ -474,6 +474,7 @@ def _top_p(logp: Any, top_p: Any) -> Any:
     sorted_logp, order = logp.sort(dim=-1, descending=True)
     before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()  # mass above each token
     drop_sorted = before >= top_p[:, None]
+    drop_sorted[:, 0] = False  # even when top_p rounds to 0 in float32 (1e-320)
     drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
     logp = logp.masked_fill(drop, float("-inf"))
     return logp - torch.logsumexp(logp, dim=-1, keepdim=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ GOOD: list[tuple[str, Json]] = [
     ("completions", {"prompt": "x", "max_tokens": 3, "seed": 0, "stop": ["zz"], "top_p": 0.5}),
     ("completions", {"prompt": "x", "max_tokens": 3, "seed": 4, "temperature": 1e-5}),
     ("completions", {"prompt": "ok", "max_tokens": 3, "seed": 8, "stream": True}),
+    ("completions", {"prompt": "x", "max_tokens": 3, "seed": 9, "top_p": 1e-320}),
     ("completions", {"prompt": "x", "max_tokens": 3, "seed": 5, "frequency_penalty": 0}),
     ("completions", {"prompt": "x", "max_tokens": 3, "seed": 6, "logit_bias": {}, "top_k": -1}),
     ("chat/completions", {"messages": [{"role": "user", "content": "offer?"}], "seed": 3}),
@@ -103,6 +105,16 @@ HOSTILE: list[tuple[str, Json | str, str | None]] = [
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, None),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}, None),
     ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": -3}, "n"),
+    ("completions", {"prompt": "x", "structured_outputs": 1}, "structured_outputs"),
+    ("completions", {"prompt": "x", "structured_outputs": {"grammar": "x"}}, None),
+    (
+        "chat/completions",
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_object"},
+        },
+        "response_format",
+    ),
     ("completions", "this is not json", None),
     ("completions", "[1, 2, 3]", None),
     ("completions", {"prompt": "x", "model": "nope"}, None),
@@ -160,8 +172,9 @@ async def test_hostile_requests_never_fail_good_ones(served: tuple[str, Inferenc
         jobs: list[tuple[str, Json | str]] = []
         for i, (path, body, _) in enumerate(HOSTILE):
             jobs.append((path, body))
-            if i % 5 == 0 and i // 5 < len(GOOD):
-                jobs.append(GOOD[i // 5])
+            if i % 4 == 0 and i // 4 < len(GOOD):
+                jobs.append(GOOD[i // 4])
+        assert len(HOSTILE) > 4 * len(GOOD), "every good request has hostile neighbours"
         replies = await asyncio.gather(*(_post(http, url, p, b) for p, b in jobs))
     together = pool.stats.batch_sizes[-(pool.stats.backend_calls - calls) :]
     assert max(together) > 1, "the good requests were not batched together"
@@ -226,3 +239,45 @@ async def test_a_batch_failure_is_isolated_to_its_request(tiny_model_dir: Path) 
     for got, want in zip(answers, alone, strict=True):
         assert not isinstance(got, BaseException), got
         assert [c.text for c in got.completions] == [c.text for c in want.completions]
+
+
+VALUES: list[Any] = [None, True, False, 0, 1, -1, 2**63, 2**64, 10**400, 1.5, 1e-320, "x", ""]
+VALUES += [[], [1], ["a"], [""], {}, {"a": 1}, {"1": 1}, [[1, 2]], [None], "NaN"]
+FIELDS = [
+    *("prompt", "messages", "n", "max_tokens", "max_completion_tokens", "temperature"),
+    *("top_p", "seed", "stop", "logprobs", "top_logprobs", "logit_bias", "top_k", "stream"),
+    *("stream_options", "echo", "best_of", "structured_outputs", "guided_choice"),
+    *("guided_regex", "guided_json", "response_format", "return_token_ids", "model"),
+    *("return_tokens_as_token_ids", "presence_penalty", "min_p", "tools", "suffix", "user"),
+]
+
+
+async def test_random_field_values_never_get_a_server_error(
+    served: tuple[str, InferencePool],
+) -> None:
+    """600 requests, each with 1-3 fields set to hostile JSON values (seeded): every answer
+    is a 4xx in OpenAI's shape or a well-formed 200, never a 5xx."""
+    url, _ = served
+    rnd = random.Random(0)
+    jobs: list[tuple[str, Json]] = []
+    for _ in range(600):
+        path = rnd.choice(["completions", "chat/completions"])
+        body: Json = {"max_tokens": 3}
+        if path == "completions":
+            body["prompt"] = "hi"
+        else:
+            body["messages"] = [{"role": "user", "content": "hi"}]
+        for field in rnd.sample(FIELDS, rnd.randint(1, 3)):
+            body[field] = rnd.choice(VALUES)
+        jobs.append((path, body))
+    async with aiohttp.ClientSession() as http:
+        replies = []
+        for start in range(0, len(jobs), 40):
+            wave = jobs[start : start + 40]
+            replies += await asyncio.gather(*(_post(http, url, p, b) for p, b in wave))
+    for (_, body), (status, reply) in zip(jobs, replies, strict=True):
+        assert status < 500, (body, reply)
+        if status == 200:
+            assert reply["choices"], (body, reply)
+        else:
+            assert reply["error"]["type"] == "invalid_request_error", (body, reply)
