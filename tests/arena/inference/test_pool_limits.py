@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq.asyncio
@@ -121,3 +123,42 @@ async def test_bad_requests_over_the_bus_get_bad_request(pool: InferencePool) ->
     for got in answers[len(GOOD) :]:
         assert isinstance(got, RemoteError), got
         assert got.code == "bad_request", got
+
+
+async def test_random_params_get_a_result_or_bad_request(pool: InferencePool) -> None:
+    """Seeded random values in every field (what a hostile bus peer can encode): the pool
+    answers each with a result or ``bad_request``, and nothing reaches a batch to fail."""
+    rnd = random.Random(0)
+    ints = [-(2**63), -1, 0, 1, 2, 3, 127, 129, 2**31, 2**63 - 1, 2**64 - 1]
+    floats = [math.nan, math.inf, -math.inf, -1.0, 0.0, 1e-320, 1e-6, 0.5, 1.0, 2.0, 1e300]
+    strings = ["", "x", "\x00", "é" * 3, "a" * 2000]
+
+    def pick(good: object, hostile: list[Any]) -> Any:
+        return rnd.choice(hostile) if rnd.random() < 0.15 else good
+
+    def random_request() -> GenerateRequest:
+        params = SamplingParams(
+            temperature=pick(1.0, floats),
+            top_p=pick(1.0, floats),
+            max_tokens=pick(3, ints),
+            n=pick(1, ints[:8]),
+            seed=pick(rnd.randrange(100), [None, *ints]),
+            stop=pick([], [rnd.sample(strings, 2), [strings[0]]]),
+        )
+        return GenerateRequest(
+            policy="p",
+            prompt=pick("hat", strings),
+            prompt_token_ids=pick([], [[1, 2], [-1], [2**40]]),
+            params=params,
+            timeout=pick(30.0, [0.0, -1.0, math.nan, math.inf]),
+        )
+
+    requests = [random_request() for _ in range(300)]
+    answers = []
+    for start in range(0, len(requests), 50):
+        wave = requests[start : start + 50]
+        answers += await asyncio.gather(*(pool.generate(r) for r in wave), return_exceptions=True)
+    kinds = {type(a).__name__ if not isinstance(a, PoolError) else a.code for a in answers}
+    assert kinds <= {"GenerateResult", "bad_request"}, kinds
+    assert "GenerateResult" in kinds
+    assert pool.stats.failed == 0
