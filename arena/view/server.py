@@ -12,6 +12,10 @@ Routes (ids come from :func:`parley.arena.view.data.discover`; nothing in a URL 
 ``/train/ID/events``                  metrics.jsonl rows as server-sent events
 ``/static/NAME``                      the package's CSS and scripts (a fixed list)
 ====================================  ===========================================
+
+Bound to a loopback address, it answers only requests whose ``Host`` is a loopback name
+(DNS rebinding cannot turn a web page into a reader of the runs); every response carries a
+Content Security Policy that allows no inline script.
 """
 
 from __future__ import annotations
@@ -87,11 +91,41 @@ async def _headers(request: web.Request, handler: Any) -> web.StreamResponse:
     return response
 
 
-def make_app(roots: Sequence[Path]) -> web.Application:
-    """The viewer application over the run folders under ``roots``."""
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
+def _host_name(host: str) -> str:
+    """``Host`` header without its port: ``[::1]:8000`` -> ``[::1]``, ``a:80`` -> ``a``."""
+    if host.startswith("["):
+        return host[: host.find("]") + 1]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _host_check(allowed: frozenset[str]) -> Any:
+    """Refuse requests whose Host is not one of ``allowed``: a web page whose domain is
+    re-pointed at 127.0.0.1 (DNS rebinding) cannot read the runs through the browser."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        host = _host_name(request.host or "")
+        if host.lower() not in allowed:
+            raise web.HTTPMisdirectedRequest(text="unexpected Host header")
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return check
+
+
+def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Application:
+    """The viewer application over the run folders under ``roots``; ``hosts`` are the
+    host names it answers to besides the loopback ones (none checked with ``"*"``)."""
     state = ViewerState(roots)
     links = Links()
-    app = web.Application(middlewares=[_headers])
+    middlewares = [_headers]
+    if "*" not in hosts:
+        allowed = LOOPBACK_NAMES | {h.lower() for h in hosts}
+        middlewares.insert(0, _host_check(frozenset(allowed)))
+    app = web.Application(middlewares=middlewares)
 
     async def index(request: web.Request) -> web.Response:
         return _html(index_page(state.rescan(), links))
@@ -229,7 +263,11 @@ async def start(
     roots: Sequence[Path], host: str = "127.0.0.1", port: int = 0
 ) -> tuple[web.AppRunner, str]:
     """Start the viewer; returns its runner (``await runner.cleanup()`` stops it) and URL."""
-    runner = web.AppRunner(make_app(roots), handle_signals=False, shutdown_timeout=1.0)
+    # Bound to a loopback address, answer only to loopback names; on another address the
+    # user chose to expose the runs, under whatever name reaches it.
+    hosts = () if host in ("127.0.0.1", "localhost", "::1") else ("*",)
+    app = make_app(roots, hosts=hosts)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

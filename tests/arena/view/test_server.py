@@ -7,6 +7,9 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -31,11 +34,12 @@ def _no_constants(name: str) -> None:
     raise AssertionError(f"{name} is not JSON: browsers reject it")
 
 
-async def _raw_get(url: str, path: str) -> tuple[int, str]:
+async def _raw_get(url: str, path: str, host_header: str = "127.0.0.1") -> tuple[int, str]:
     """GET ``path`` byte for byte (an HTTP client would normalise the dots away)."""
     host, port = url.removeprefix("http://").rstrip("/").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    head = f"GET {path} HTTP/1.1\r\nHost: {host_header}\r\nConnection: close\r\n\r\n"
+    writer.write(head.encode())
     await writer.drain()
     response = (await reader.read()).decode(errors="replace")
     writer.close()
@@ -139,6 +143,15 @@ async def test_urls_cannot_leave_the_run_folders(viewer: str, path: str) -> None
     assert status in (400, 404), (path, status)
     assert "root:" not in text
     assert "import" not in text
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:80", "127.0.0.1.evil.example"])
+async def test_a_rebound_domain_cannot_read_the_runs(viewer: str, host: str) -> None:
+    status, text = await _raw_get(viewer, "/run/hostile", host_header=host)
+    assert status == 421
+    assert "hostile" not in text.partition("\r\n\r\n")[2]
+    for ok in ("127.0.0.1", "localhost:8000", "[::1]:8000"):
+        assert (await _raw_get(viewer, "/run/hostile", host_header=ok))[0] == 200
 
 
 async def test_symlinks_out_of_the_folders_are_not_followed(tmp_path: Path) -> None:
@@ -293,3 +306,20 @@ async def test_training_events_stream_rows_as_they_are_written(tmp_path: Path) -
         assert 'src="/static/train.js"' in text
     finally:
         await runner.cleanup()
+
+
+def test_parley_view_serves_on_loopback_and_prints_its_url(runs_dir: Path) -> None:
+    cmd = [sys.executable, "-m", "parley.arena.cli", "view", str(runs_dir), "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert match, line
+        with urllib.request.urlopen(match.group(0), timeout=10) as r:
+            assert r.status == 200
+            assert "hostile" in r.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert cli_main(["view", str(runs_dir / "nope")]) == 2
