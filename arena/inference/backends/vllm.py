@@ -135,6 +135,7 @@ class VLLMBackend(Backend):
             "enforce_eager": enforce_eager,
             "logprobs_mode": logprobs_mode,
             **({"max_model_len": max_model_len} if max_model_len else {}),
+            **_cpu_engine_defaults(),
             **(engine_args or {}),
         }
         parsed: Any = vllm.AsyncEngineArgs(**args)
@@ -364,3 +365,19 @@ def _stage_weights(update: WeightUpdate, tmp: Path) -> str:
     arrays = {k: v.copy() for k, v in update.tensors.items()}
     safetensors.save_file(arrays, str(tmp / "model.safetensors"))
     return str(tmp)
+
+
+def _cpu_engine_defaults() -> dict[str, Any]:
+    """Engine arguments that keep vLLM's CPU engine alive under seeded requests.
+
+    With chunked prefill, vLLM splits a prompt that does not fit the step's token budget
+    across steps and, for a seeded request, rewinds its torch generator after the partial
+    step with ``Generator.set_offset``, which CPU generators do not have: the engine dies
+    with ``CPU Generator does not use offset`` as soon as many agents' long prompts fill a
+    step. Without chunked prefill a prompt waits for a step with room instead (vLLM then
+    raises the budget to at least ``max_model_len``). Users may still pass
+    ``enable_chunked_prefill`` in ``engine_args``.
+    """
+    from vllm.platforms import current_platform
+
+    return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
