@@ -215,6 +215,16 @@ async def test_constraints_are_complete_or_refused(backend: VLLMBackend) -> None
     assert err.value.field == "constraint"
 
 
+async def test_the_largest_allowed_seed_is_served(backend: VLLMBackend) -> None:
+    """The door admits seeds up to 2**63 - n (issue 12 §2); vLLM must serve the edge."""
+    edge = request([5, 6, 7], max_tokens=4, seed=2**63 - 2, n=2)
+    backend.validate(edge)
+    (res,) = await backend.generate([edge])
+    assert len(res.completions) == 2
+    with pytest.raises(RequestError):
+        backend.validate(request([5, 6, 7], max_tokens=4, seed=2**63 - 1, n=2))
+
+
 async def test_invalid_requests_are_rejected(backend: VLLMBackend) -> None:
     with pytest.raises(BackendError):
         await backend.generate([request([10**6])])
