@@ -127,7 +127,9 @@ class HumanHub:
             raise web.HTTPForbidden(text="this page needs the URL the run printed (token)")
 
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=4 * MAX_ACTION_CHARS + 4096)
+        app = web.Application(
+            client_max_size=4 * MAX_ACTION_CHARS + 4096, middlewares=[_one_request_per_connection]
+        )
 
         async def page(request: web.Request) -> web.Response:
             self._authorised(request)
@@ -196,6 +198,16 @@ PAGE = (
     "<span class=brand>parley</span><span class=title>your seat</span></header>"
     "<main id=play><p id=status>connecting…</p><div id=games></div></main></body></html>"
 )
+
+
+@web.middleware
+async def _one_request_per_connection(request: web.Request, handler: Any) -> web.StreamResponse:
+    """No keep-alive: a browser must not reuse a connection to the server of an earlier run
+    in this process (its event loop is gone; the new run's server shares the socket)."""
+    response: web.StreamResponse = await handler(request)
+    response.force_close()
+    return response
+
 
 _hub: HumanHub | None = None
 

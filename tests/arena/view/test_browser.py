@@ -135,6 +135,7 @@ def test_a_person_plays_deal_or_no_deal_in_the_browser(
     played = [s["actions"]["player_0"] for s in ep["steps"] if "player_0" in s["actions"]]
     assert played == moves
     assert result.summary["episodes"]["ok"] == 1
+    loop.call(server.close)
 
 
 TRAIN = """
@@ -190,3 +191,40 @@ def test_training_dashboard_updates_while_parley_train_runs(
         if proc.poll() is None:
             proc.kill()
         loop.call(runner.cleanup)
+
+
+def test_the_seat_page_shows_a_hostile_partner_as_text(
+    page: Page, loop: LoopThread, tmp_path: Path
+) -> None:
+    server = human.hub()
+    seat = resolve_agent_spec("human", SeatContext(SCENARIO, "player_0"))
+    config = RunConfig(
+        SCENARIO,
+        agents={"player_1": "tests.arena.view.hostile:MarkupAgent"},
+        episodes=1,
+        out=str(tmp_path),
+        progress=False,
+        act_timeout=60,
+    )
+    run = loop.submit(lambda: Runner(config, agents={"player_0": seat}).run())  # type: ignore[dict-item]
+    page.goto(server.url)
+    saw_payload = False
+    deadline = time.monotonic() + 60
+    while not run.done() and time.monotonic() < deadline:
+        field = page.locator("input.action")
+        try:
+            field.wait_for(state="visible", timeout=1000)
+        except PlaywrightTimeout:
+            continue
+        saw_payload = saw_payload or "<script>window.__xss = 1</script>" in page.inner_text("main")
+        hint = page.locator("#hint")
+        chose = hint.count() and "must match" in hint.inner_text()
+        before = page.locator("#status").get_attribute("data-version")
+        field.fill("no agreement" if chose else "hello")
+        field.press("Enter")
+        expect(page.locator("#status")).not_to_have_attribute("data-version", before or "")
+    run.result(30)
+    assert saw_payload, "the partner's markup was shown to the person, as text"
+    assert page.evaluate("window.__xss") is None
+    assert page.locator("main script, main img").count() == 0
+    loop.call(server.close)

@@ -145,3 +145,4 @@ async def test_browser_seat_api_plays_and_records_an_episode(tmp_path: Path) -> 
     assert played == moves
     state = human.hub().state()
     assert all(g["done"] for g in state["games"])
+    await server.close()  # this test's event loop ends here
