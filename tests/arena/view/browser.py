@@ -20,19 +20,24 @@ ARTIFACTS = Path(__file__).resolve().parents[3] / ".artifacts" / "view"
 """Screenshots of each page (gitignored)."""
 
 
-def chromium_or_skip() -> str:
-    """The chromium executable; skips (fails in CI) when it or Playwright is missing."""
+def find_chromium() -> str | None:
+    """The chromium executable, or None when it or Playwright is missing."""
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        path = None
-    if path is None:
-        why = "browser tests need chromium and playwright: make browser (apt-get install chromium)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(why)
-        pytest.skip(why, allow_module_level=True)
+        return None
     return path
+
+
+MISSING = "browser tests need chromium and playwright: make browser (apt-get install chromium)"
+
+
+def skip_unless_ci() -> None:
+    """Without a browser: skip the module in one line, except in CI (``CI=true``), where
+    each browser test fails (a collection error would stop the whole suite)."""
+    if find_chromium() is None and os.environ.get("CI", "").lower() != "true":
+        pytest.skip(MISSING, allow_module_level=True)
 
 
 class LoopThread:

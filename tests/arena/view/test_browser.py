@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from tests.arena.view.browser import ARTIFACTS, LoopThread, chromium_or_skip
+from tests.arena.view.browser import ARTIFACTS, MISSING, LoopThread, find_chromium, skip_unless_ci
 
-CHROMIUM = chromium_or_skip()
-
-from playwright.sync_api import Page, expect, sync_playwright  # noqa: E402
-from playwright.sync_api import TimeoutError as PlaywrightTimeout  # noqa: E402
+skip_unless_ci()
+CHROMIUM = find_chromium()
+if CHROMIUM is not None:
+    from playwright.sync_api import Page, expect, sync_playwright
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from parley.arena.run.agent_specs import SeatContext, resolve_agent_spec  # noqa: E402
 from parley.arena.run.config import RunConfig  # noqa: E402
@@ -35,6 +36,8 @@ SCENARIO = "negotiation/deal-or-no-deal-v1"
 
 @pytest.fixture(scope="module")
 def page() -> Iterator[Page]:
+    if CHROMIUM is None:
+        pytest.fail(MISSING)  # in CI: a missing browser is a failure
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
