@@ -117,7 +117,9 @@ def _host_check(allowed: frozenset[str]) -> Any:
 
 
 def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Application:
-    """The viewer application over the run folders under ``roots``; ``hosts`` are the
+    """The viewer application over the run folders under ``roots`` (pages that read
+    transcripts render in a worker thread: a large run does not stall the live feeds);
+    ``hosts`` are the
     host names it answers to besides the loopback ones (none checked with ``"*"``)."""
     state = ViewerState(roots)
     links = Links()
@@ -128,22 +130,27 @@ def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Applica
     app = web.Application(middlewares=middlewares)
 
     async def index(request: web.Request) -> web.Response:
-        return _html(index_page(state.rescan(), links))
+        return _html(await asyncio.to_thread(lambda: index_page(state.rescan(), links)))
 
     async def run(request: web.Request) -> web.Response:
-        return _html(run_page(state.get(request.match_info["rid"], "run"), links))
+        src = state.get(request.match_info["rid"], "run")
+        return _html(await asyncio.to_thread(run_page, src, links))
 
     async def episodes(request: web.Request) -> web.Response:
         src = state.get(request.match_info["rid"], "run")
         query = {k: v for k, v in request.query.items()}
-        shown = filter_episodes(load_jsonl(src.file("transcripts.jsonl")), query)
-        return _html(episodes_page(src, links, query, shown))
+
+        def render() -> str:
+            shown = filter_episodes(load_jsonl(src.file("transcripts.jsonl")), query)
+            return episodes_page(src, links, query, shown)
+
+        return _html(await asyncio.to_thread(render))
 
     async def episode(request: web.Request) -> web.Response:
         src = state.get(request.match_info["rid"], "run")
         eid = request.match_info["ep"]
         if EPISODE_ID.match(eid):
-            for ep in load_jsonl(src.file("transcripts.jsonl")):
+            for ep in await asyncio.to_thread(load_jsonl, src.file("transcripts.jsonl")):
                 if ep.get("episode") == eid:
                     return _html(episode_page(src, ep, links))
         raise web.HTTPNotFound(text=f"no episode {eid!r} in run {src.id!r}")
@@ -151,7 +158,7 @@ def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Applica
     async def compare(request: web.Request) -> web.Response:
         a = state.get(request.query.get("a", ""), "run")
         b = state.get(request.query.get("b", ""), "run")
-        return _html(compare_page(a, b, links))
+        return _html(await asyncio.to_thread(compare_page, a, b, links))
 
     async def train(request: web.Request) -> web.Response:
         return _html(train_page(state.get(request.match_info["tid"], "train"), links))
