@@ -119,8 +119,7 @@ def _host_check(allowed: frozenset[str]) -> Any:
 def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Application:
     """The viewer application over the run folders under ``roots`` (pages that read
     transcripts render in a worker thread: a large run does not stall the live feeds);
-    ``hosts`` are the
-    host names it answers to besides the loopback ones (none checked with ``"*"``)."""
+    ``hosts`` are the host names it answers to besides the loopback ones (``"*"``: any)."""
     state = ViewerState(roots)
     links = Links()
     middlewares = [_headers]
