@@ -133,17 +133,21 @@ class BusPoolClient:
         name: str = "",
         timeout: float | None = None,  # noqa: ASYNC109 - also the client's per-request bound
         context: Any = None,
+        config: Any = None,
     ) -> BusPoolClient:
         """A client on a new endpoint connected to the pool at ``address``.
 
         ``name`` defaults to a unique ``llm-agents-XXXXXXXX``: the pool refuses a second
         live peer with a name it already knows, and many arenas may share one pool.
+        ``config`` is the endpoint's :class:`~parley.protocols.bus.BusConfig` (CURVE keys
+        for a pool that requires them).
         """
         import uuid
 
         from parley.protocols.bus import Endpoint
 
-        endpoint = Endpoint(name or f"llm-agents-{uuid.uuid4().hex[:8]}", context=context)
+        name = name or f"llm-agents-{uuid.uuid4().hex[:8]}"
+        endpoint = Endpoint(name, context=context, config=config)
         try:
             peer = await endpoint.connect(address, timeout=timeout)
         except BaseException:

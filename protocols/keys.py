@@ -16,6 +16,7 @@ and the arena's public file::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -23,9 +24,10 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
+from parley.protocols.bus.config import BusConfig
 from parley.protocols.errors import ConfigError
 
-__all__ = ["make_key_pair", "load_public_key", "load_secret_key"]
+__all__ = ["make_key_pair", "load_public_key", "load_secret_key", "client_bus_config"]
 
 
 def make_key_pair(directory: str | Path, name: str) -> tuple[Path, Path]:
@@ -65,6 +67,29 @@ def load_secret_key(path: str | Path) -> tuple[bytes, bytes]:
     if secret is None:
         raise ConfigError(f"{path} holds no secret key: pass the NAME.key_secret file")
     return public, secret
+
+
+def client_bus_config(
+    secret_file: str | Path | None,
+    server_key: str | Path | None,
+    *,
+    base: BusConfig | None = None,
+) -> BusConfig | None:
+    """``base`` (default :class:`BusConfig`) as a CURVE client: this side's secret key file
+    and the server's public key; ``None`` when neither is given."""
+    if not secret_file and not server_key:
+        return base
+    if not (secret_file and server_key):
+        raise ConfigError(
+            "CURVE needs both this side's secret key file and the server's public key"
+        )
+    public, secret = load_secret_key(secret_file)
+    return dataclasses.replace(
+        base or BusConfig(),
+        curve_public_key=public,
+        curve_secret_key=secret,
+        curve_server_key=load_public_key(server_key),
+    )
 
 
 def _load(path: str) -> tuple[bytes, bytes | None]:

@@ -168,12 +168,27 @@ CONNECT_TIMEOUT = 30.0
 """Seconds an episode's agents wait for the bus connection to a pool (started or not)."""
 
 
-def _connect(address: str, timeout: float) -> Callable[[], Coroutine[Any, Any, PoolClient]]:
+def pool_bus_config(options: Mapping[str, Any]) -> Any:
+    """The pool client's bus config from ``agent_options``: ``pool_key`` (the pool's public
+    key, a ``.key`` file or Z85) and ``pool_client_key`` (this side's ``.key_secret`` file),
+    for a pool started with ``parley serve --curve-key``; ``None`` without them."""
+    from parley.protocols.keys import client_bus_config
+
+    secret, server = options.get("pool_client_key"), options.get("pool_key")
+    try:
+        return client_bus_config(secret, server)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (agent options pool_client_key and pool_key)") from exc
+
+
+def _connect(
+    address: str, timeout: float, config: Any = None
+) -> Callable[[], Coroutine[Any, Any, PoolClient]]:
     """Connect within ``timeout``; the client's bus requests keep the usual bound (a quick
     start-up check must not shorten every later generation's wait)."""
 
     async def connect() -> PoolClient:
-        client = await BusPoolClient.connect(address, timeout=timeout)
+        client = await BusPoolClient.connect(address, timeout=timeout, config=config)
         client.timeout = CONNECT_TIMEOUT
         return client
 
@@ -185,6 +200,7 @@ async def check_pool(
     policies: Sequence[str] = (),
     *,
     timeout: float = 5.0,  # noqa: ASYNC109 - the probe's own bound, not a per-call option
+    config: Any = None,
 ) -> None:
     """Check once that a pool answers at ``address`` and serves ``policies``.
 
@@ -195,12 +211,13 @@ async def check_pool(
     is there, ``unknown_policy`` that it is not.
     """
     try:
-        client = await shared_pool(("bus", address), _connect(address, timeout))
+        client = await shared_pool(("bus", address), _connect(address, timeout, config))
     except (RequestTimeout, TimeoutError, ParleyError):
         raise PoolUnreachable(
             f"no inference pool answers at {address} within {timeout:g} s; start one with "
             f"`parley serve --model MODEL --listen {address}`, or leave out --pool to load "
-            "the model in this process"
+            "the model in this process (a pool started with --curve-key needs --pool-key "
+            "and --curve-key here, its --client-key listing this side's key)"
         ) from None
     for policy in dict.fromkeys(policies):
         probe = GenerateRequest(policy=policy, prompt="", timeout=timeout)
@@ -226,10 +243,11 @@ async def check_llm_pools(specs: Mapping[str, str], options: Mapping[str, Any]) 
     address = options.get("pool")
     llm = [parse_llm_spec(spec[4:]) for spec in specs.values() if spec.startswith("llm:")]
     if isinstance(address, str) and address and llm:
-        await check_pool(address, [s.agent.policy for s in llm])
+        config = pool_bus_config(options)
+        await check_pool(address, [s.agent.policy for s in llm], config=config)
 
 
-def _pool_client(spec: LLMSpec, option: Any) -> PoolClient:
+def _pool_client(spec: LLMSpec, option: Any, options: Mapping[str, Any]) -> PoolClient:
     if option is not None and not isinstance(option, str):
         if not isinstance(option, PoolClient):
             raise ConfigError(
@@ -238,7 +256,8 @@ def _pool_client(spec: LLMSpec, option: Any) -> PoolClient:
             )
         return option
     if isinstance(option, str) and option:
-        return _LazyPool(("bus", option), _connect(option, CONNECT_TIMEOUT))
+        config = pool_bus_config(options)
+        return _LazyPool(("bus", option), _connect(option, CONNECT_TIMEOUT, config))
 
     async def start() -> PoolClient:
         from parley.arena.inference.backends import load_backend
@@ -266,7 +285,7 @@ def _system_prompt(seat: SeatContext) -> str:
 def resolve_llm(arg: str, seat: SeatContext) -> AgentSource:
     """The ``llm`` agent kind (:data:`parley.arena.run.agent_specs.AGENT_KINDS`)."""
     spec = parse_llm_spec(arg)
-    client = _pool_client(spec, seat.options.get("pool"))
+    client = _pool_client(spec, seat.options.get("pool"), seat.options)
     from parley.arena.inference.backends.tokenizer import load_tokenizer
 
     try:
