@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import signal
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
-
-from rich.console import Console
 
 from parley.protocols.errors import BusError, ConfigError
 
@@ -76,12 +77,14 @@ def client_bus_config(curve_key: str | None, server_key: str | None) -> BusConfi
 
 
 def main(args: argparse.Namespace) -> int:
-    """Play the seat; exit status 2 for a bad spec, 1 when no arena answered."""
+    """Play the seat; exit status 2 for a bad spec, 1 when no arena answered, 128 + N when
+    signal N (SIGINT, SIGTERM) stopped it."""
+    from parley.arena.cli.common import console, error_line
     from parley.arena.cli.run import parse_assignments
     from parley.arena.run.agent_host import join_arena
     from parley.arena.run.agent_specs import RemoteSeat, SeatContext, resolve_agent_spec
 
-    err = Console(stderr=True)
+    err = console(stderr=True)
     try:
         baseline = ""
         if args.scenario:
@@ -95,20 +98,56 @@ def main(args: argparse.Namespace) -> int:
             baseline=baseline,
             options=parse_assignments(args.agent_option, "--agent-option"),
         )
-        source = resolve_agent_spec(args.agent, seat)
+        from parley.arena.cli.common import check_agent_spec, load_agent_kinds
+
+        load_agent_kinds()
+        source = resolve_agent_spec(check_agent_spec(args.agent), seat)
         if isinstance(source, RemoteSeat):
             raise ConfigError("an agent cannot be `remote` itself: give module:Class")
         bus = client_bus_config(args.curve_key, args.server_key)
     except ConfigError as exc:
-        err.print(f"[red]parley agent: {exc}[/red]")
+        error_line("agent", str(exc))
         return 2
     names = {args.seat: args.name} if args.name else None
     err.print(f"joining {args.connect} as seat {args.seat} ({args.agent})")
+    play = join_arena(args.connect, {args.seat: source}, names=names, bus=bus,
+                      connect_timeout=args.wait)  # fmt: skip
     try:
-        asyncio.run(join_arena(args.connect, {args.seat: source}, names=names, bus=bus,
-                               connect_timeout=args.wait))  # fmt: skip
+        stopped_by = asyncio.run(_until_signal(play))
     except BusError as exc:
-        err.print(f"[red]parley agent: {exc}[/red]")
+        error_line("agent", str(exc))
         return 1
+    if stopped_by is not None:
+        name = signal.Signals(stopped_by).name
+        error_line("agent", f"stopped by {name}; left the arena at {args.connect}")
+        return 128 + stopped_by
     err.print("the arena closed; done")
     return 0
+
+
+async def _until_signal(play: Coroutine[Any, Any, None]) -> int | None:
+    """Run ``play`` until it ends (``None``) or SIGINT/SIGTERM arrives: then cancel it,
+    wait for it to close its sockets, and return the signal's number."""
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future[int] = loop.create_future()
+
+    def stop(signum: int) -> None:
+        if not got.done():
+            got.set_result(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop, int(sig))
+    task: asyncio.Future[Any] = asyncio.ensure_future(play)
+    waited: list[asyncio.Future[Any]] = [task, got]
+    try:
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()  # BusError when no arena answered
+            return None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, BusError):
+            await task
+        return got.result()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

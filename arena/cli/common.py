@@ -34,6 +34,8 @@ __all__ = [
     "check_scenario_kwargs",
     "check_out_dir",
     "expand_agent_spec",
+    "check_agent_spec",
+    "load_agent_kinds",
     "check_config_keys",
     "check_key_path",
     "valid_keys_hint",
@@ -154,6 +156,49 @@ def expand_agent_spec(spec: str, *, build_default: bool = True) -> str:
                 "directory (parley train writes them)"
             )
     return f"llm:{expanded}{sep}{query}"
+
+
+AGENT_KIND_GROUP = "parley.agent_kinds"
+"""Entry-point group of agent kinds: ``NAME = "module:resolver"`` makes ``NAME:ARG`` a spec
+(:func:`parley.arena.run.agent_specs.register_agent_kind`; the resolver is imported on use)."""
+
+
+def load_agent_kinds() -> None:
+    """Register the agent kinds that installed packages declare in :data:`AGENT_KIND_GROUP`
+    (the built-in kinds win a clash)."""
+    from importlib.metadata import entry_points
+
+    from parley.arena.run.agent_specs import AGENT_KINDS, register_agent_kind
+
+    for ep in entry_points(group=AGENT_KIND_GROUP):
+        if ep.name not in AGENT_KINDS:
+            register_agent_kind(ep.name, ep.value)
+
+
+def check_agent_spec(spec: str) -> str:
+    """``spec`` ready to resolve: ``llm:`` paths expanded (:func:`expand_agent_spec`), and a
+    ``module:Class`` whose module cannot be found refused with how to make it importable."""
+    import importlib.util
+
+    from parley.arena.run.agent_specs import AGENT_KINDS
+
+    spec = spec.strip()
+    kind, sep, _ = spec.partition(":")
+    if kind == "llm":
+        return expand_agent_spec(spec)
+    if not sep or kind in AGENT_KINDS:
+        return spec
+    try:
+        found = importlib.util.find_spec(kind)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ConfigError(
+            f"agent spec {spec!r}: no module {kind!r} on the import path; module:Class needs "
+            "the module importable: install its package, or put its folder on PYTHONPATH "
+            "(e.g. PYTHONPATH=examples parley run ... --agents custom_agent:Accommodating)"
+        )
+    return spec
 
 
 def check_config_keys(data: Any, cls: Any, where: str = "") -> None:

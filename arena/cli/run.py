@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import re
+import signal
 import sys
 from typing import Any
 
@@ -161,8 +163,14 @@ def check_config(config: RunConfig) -> RunConfig:
     """Refuse, before any work, what would fail later with a traceback or a long wait:
     bad scenario arguments, an unwritable ``--out``, ``remote`` seats without ``--listen``,
     missing ``llm:`` models (``~`` is expanded; the default tiny model is built)."""
-    from parley.arena.cli.common import check_out_dir, check_scenario_kwargs, expand_agent_spec
+    from parley.arena.cli.common import (
+        check_agent_spec,
+        check_out_dir,
+        check_scenario_kwargs,
+        load_agent_kinds,
+    )
 
+    load_agent_kinds()
     if config.scenario:
         check_scenario_kwargs(config.scenario, config.scenario_kwargs)
     if config.out:
@@ -176,10 +184,38 @@ def check_config(config: RunConfig) -> RunConfig:
             "that `parley agent` in another process can connect"
         )
     if isinstance(agents, dict):
-        return config.replace(agents={k: expand_agent_spec(v) for k, v in agents.items()})
+        return config.replace(agents={k: check_agent_spec(v) for k, v in agents.items()})
     if agents:
-        return config.replace(agents=[expand_agent_spec(v) for v in agents])
+        return config.replace(agents=[check_agent_spec(v) for v in agents])
     return config
+
+
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM stopped the run; ``summary`` is the partial one written (``None``
+    when the run stopped before its episodes started)."""
+
+    def __init__(self, signum: int, summary: dict[str, Any] | None) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.summary = signum, summary
+
+
+def _stop_on_signals() -> list[int]:
+    """Make SIGINT and SIGTERM cancel the current task (the run then ends on a whole
+    episode and writes a partial summary); returns the list the signals are noted in."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    stopped: list[int] = []
+
+    def stop(signum: int) -> None:
+        stopped.append(signum)
+        if task is not None:
+            task.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        # Not in the main thread: no handlers (the caller's own handling applies).
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+            loop.add_signal_handler(signum, stop, signum)
+    return stopped
 
 
 async def _run(config: RunConfig, console: Console) -> Any:
@@ -201,6 +237,7 @@ async def _run(config: RunConfig, console: Console) -> Any:
             console.print(f"  waiting for seat {seat}: {command}{keys.replace('SEAT', seat)}")
 
     runner = Runner(config, console=console, on_listen=announce)
+    stopped = _stop_on_signals()
     try:
         if isinstance(config.agent_options.get("pool"), str):
             # Check the pool once, before any episode waits for it (fails in seconds).
@@ -208,6 +245,10 @@ async def _run(config: RunConfig, console: Console) -> Any:
 
             await check_llm_pools(runner.specs, config.agent_options)
         return await runner.run()
+    except asyncio.CancelledError:
+        if not stopped:
+            raise
+        raise RunInterrupted(stopped[0], getattr(runner, "partial_summary", None)) from None
     finally:
         # llm: agents may have started in-process pools in this event loop; close them here.
         llm_spec = sys.modules.get("parley.arena.inference.llm_spec")
@@ -230,6 +271,8 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         error_line("run", str(exc))
         return 2
+    except RunInterrupted as stop:
+        return _interrupted(stop, config.out, summary_table)
     if args.json:
         sys.stdout.write(encode_json(result.summary).decode() + "\n")
     else:
@@ -247,3 +290,23 @@ def main(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _interrupted(stop: RunInterrupted, out: str | None, summary_table: Any) -> int:
+    """Show what an interrupted run kept, say where; exit status 128 + the signal."""
+    from parley.arena.cli.common import console, error_line
+
+    summary = stop.summary
+    if summary is None:
+        error_line("run", f"stopped by {stop} before any episode finished; nothing written")
+        return 128 + stop.signum
+    done, planned = summary["episodes"]["total"], summary["episodes_planned"]
+    console().print(summary_table(summary, title=f"{summary['scenario']} (partial)"))
+    where = (
+        f"{out}/transcripts.jsonl, trajectories.jsonl and timings.jsonl hold them, whole; "
+        f"{out}/summary.json is marked partial"
+        if out
+        else "no --out, nothing written"
+    )
+    error_line("run", f"stopped by {stop} after {done} of {planned} episodes; {where}")
+    return 128 + stop.signum

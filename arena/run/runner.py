@@ -212,6 +212,7 @@ class Runner:
 
                 async def worker() -> None:
                     for plan in todo:
+                        await asyncio.sleep(0)  # in-process episodes may never yield: signals
                         record = await self.play(plan)
                         builder.add(record)
                         writer.add(record)
@@ -220,7 +221,13 @@ class Runner:
                             kept.append(record)
 
                 workers = min(self.config.concurrency, len(plans))
-                await asyncio.gather(*(worker() for _ in range(workers)))
+                try:
+                    await asyncio.gather(*(worker() for _ in range(workers)))
+                except asyncio.CancelledError:  # SIGINT/SIGTERM: the files hold whole episodes
+                    self.partial_summary = self._summary(builder, time.perf_counter() - started)
+                    self.partial_summary.update(partial=True, episodes_planned=len(plans))
+                    writer.write_summary(self.partial_summary)
+                    raise
                 wall = time.perf_counter() - started
                 summary = self._summary(builder, wall)
                 writer.write_summary(summary)
