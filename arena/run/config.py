@@ -87,6 +87,13 @@ class RunConfig:
     insecure: bool = False
     """Allow ``listen`` on a non-loopback ``tcp://`` address without CURVE keys (plain text:
     anyone who reaches the port can take a free seat). Only on a network you trust."""
+    ray: str | None = None
+    """Play the episodes on Ray worker actors (:mod:`parley.arena.run.ray_runner`): a Ray
+    address (``auto``, ``HOST:6379``, ``ray://HOST:10001``) or ``local`` (a local Ray started
+    on demand); ``None`` plays on this host. Needs ``pip install 'parley[ray]'``."""
+    ray_workers: int = 0
+    """Ray worker actors (with ``ray``); 0 starts one per CPU of the cluster. Each plays
+    about ``concurrency`` episodes at once."""
     max_failed_fraction: float = 0.0
     """Fraction of episodes (0..1) that may fail before ``parley run`` exits with status 1;
     the default 0 means any failed episode makes the run fail."""
@@ -100,6 +107,10 @@ class RunConfig:
         if not 0.0 <= self.max_failed_fraction <= 1.0:
             raise ConfigError(
                 f"max_failed_fraction must be within 0..1, got {self.max_failed_fraction}"
+            )
+        if self.ray_workers < 0:
+            raise ConfigError(
+                f"ray_workers must be 0 (one per CPU) or more, got {self.ray_workers}"
             )
         for name in ("act_timeout", "join_timeout"):
             if getattr(self, name) <= 0:

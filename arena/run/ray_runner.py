@@ -1,0 +1,354 @@
+"""Episodes on Ray: the same run spread over worker actors on every node of a Ray cluster.
+
+``parley run … --ray [ADDRESS]`` (``ray:`` in YAML) plays the episode plan of a
+:class:`~parley.arena.run.config.RunConfig` on ``ray_workers`` Ray actors (default: one per
+CPU of the cluster). Each :class:`EpisodeWorker` runs the ordinary runner machinery
+(:class:`~parley.arena.run.runner.Runner` with its in-process agents) on the slices of the
+plan it is handed; the driver folds the records it gets back into the same
+:class:`~parley.arena.run.records.RecordWriter` and
+:class:`~parley.arena.run.summary.SummaryBuilder` as a single-host run. Seeds live in the plan
+(:func:`~parley.arena.run.episode.plan_episodes`), so an episode played on any worker writes
+the same transcript as in a local run.
+
+Slices: ``ceil(concurrency / 2)`` episodes each, two slices in flight per worker, so each
+worker plays about ``concurrency`` episodes at once (``concurrency`` is per worker here).
+
+Faults: a slice whose worker dies (``ray.kill``, a crash, its node removed) is never
+counted; its episodes go back to the front of the queue, are played again with the same
+seeds by another worker (a replacement actor is started in the dead one's place), and are
+listed in ``summary["ray"]["retried"]``. A slice that has lost ``MAX_ATTEMPTS`` workers is
+recorded as failed (``worker_lost``) rather than retried forever. ``summary["ray"]["nodes"]``
+gives per-node figures (workers, episodes, agent steps, busy seconds).
+
+Ray is an optional extra (``pip install 'parley[ray]'``), imported only here and only when
+used. Remote seats (``parley agent``) are not supported on Ray: workers host their agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+
+from parley.arena.run.config import RunConfig
+from parley.arena.run.episode import EpisodeLog, EpisodePlan, plan_episodes
+from parley.arena.run.records import EpisodeRecord, RecordWriter
+from parley.arena.run.runner import Runner, RunResult
+from parley.arena.run.summary import SummaryBuilder
+from parley.protocols.errors import ConfigError, require
+
+__all__ = ["MAX_ATTEMPTS", "EpisodeWorker", "RayRunner", "import_ray", "init_ray", "run_on_ray"]
+
+MAX_ATTEMPTS = 3
+"""Workers a slice may lose before its episodes are recorded as failed (``worker_lost``)."""
+MAX_LISTED_RETRIES = 1_000
+"""Retried episode ids listed in the summary; the rest are counted."""
+LOCAL = "local"
+"""``RunConfig.ray`` value (also ``""``) that starts a private local Ray when none is up."""
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or :class:`~parley.protocols.errors.MissingDependency` naming the
+    extra to install (``pip install 'parley[ray]'``)."""
+    return require("ray", "ray")
+
+
+def init_ray(address: str | None = LOCAL, *, num_cpus: int | None = None) -> bool:
+    """Connect to Ray at ``address`` (``auto``, ``HOST:PORT``, ``ray://HOST:10001``) or start
+    a local one (``local``/``""``/``None``); nothing when this process is connected already.
+    Returns whether this call started (or connected) Ray, so the caller knows to shut it down.
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+    if address in (None, "", LOCAL):
+        ray.init(num_cpus=num_cpus, **options)
+    else:
+        try:
+            ray.init(address=address, **options)
+        except ConnectionError as exc:
+            raise ConfigError(
+                f"cannot connect to Ray at {address}: {exc} (start one with `ray start --head`, "
+                "or pass --ray without an address for a local Ray)"
+            ) from exc
+    return True
+
+
+class EpisodeWorker:
+    """Body of one Ray worker actor: a :class:`Runner` whose bus stays open between calls.
+
+    The driver calls :meth:`start` once, then :meth:`play` with slices of the plan (any
+    number at once: the actor is asynchronous), and :meth:`stop` at the end.
+    """
+
+    def __init__(self, config: RunConfig, agents: dict[str, Any] | None = None) -> None:
+        quiet = Console(stderr=True, quiet=True)
+        self.runner = Runner(config.replace(progress=False, out=None), agents=agents, console=quiet)
+        self._open: contextlib.AbstractAsyncContextManager[str] | None = None
+
+    async def start(self) -> dict[str, Any]:
+        """Open the worker's bus; returns where it runs (node id, address, pid)."""
+        if self._open is None:
+            self._open = self.runner.open()
+            await self._open.__aenter__()
+        import ray
+
+        context = ray.get_runtime_context()
+        return {"node": context.get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid()}  # fmt: skip
+
+    async def play(self, plans: Sequence[EpisodePlan]) -> list[EpisodeRecord]:
+        """Play ``plans`` at once; their records in the same order."""
+        await self.start()
+        return list(await asyncio.gather(*(self.runner.play(plan) for plan in plans)))
+
+    async def stop(self) -> None:
+        """Close the worker's bus."""
+        if self._open is not None:
+            opened, self._open = self._open, None
+            await opened.__aexit__(None, None, None)
+
+
+@dataclass
+class _Slot:
+    """One worker actor as the driver sees it."""
+
+    name: str
+    actor: Any
+    started: Any  # ObjectRef of start()
+    where: dict[str, Any] = field(default_factory=dict)
+    in_flight: int = 0
+    alive: bool = True
+
+
+@dataclass
+class _Slice:
+    plans: list[EpisodePlan]
+    attempts: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+
+class RayRunner(Runner):
+    """A :class:`Runner` whose :meth:`run` plays the plan on Ray worker actors.
+
+    ``workers`` overrides ``config.ray_workers`` (0: one per CPU of the cluster);
+    ``actor_options`` are handed to ``ray.remote`` for each worker (default
+    ``num_cpus=1``, ``max_restarts=0``: the driver replaces dead workers itself).
+    :attr:`slots` lists the live and dead workers (tests kill them).
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        workers: int | None = None,
+        actor_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(config, **kwargs)
+        if self._remote():
+            raise ConfigError(
+                "--ray plays in-process agents only (scripted, module:Class, llm:); remote "
+                f"seats {sorted(self._remote())} need a single-host run with --listen"
+            )
+        self._agents = kwargs.get("agents")
+        self._workers = config.ray_workers if workers is None else workers
+        self._actor_options = {"num_cpus": 1, "max_restarts": 0, **(actor_options or {})}
+        self.slots: list[_Slot] = []
+        self.retried: list[str] = []
+        self.retried_count = 0
+        self.workers_lost: list[str] = []
+        self.startup_s = 0.0
+        self._max_spawns = 0
+
+    # ------------------------------------------------------------------ workers
+
+    def _spawn(self, ray: Any) -> _Slot:
+        name = f"worker-{len(self.slots)}"
+        cls = ray.remote(**self._actor_options)(EpisodeWorker)
+        worker_config = self.config.replace(ray=None)
+        actor = cls.options(scheduling_strategy="SPREAD").remote(worker_config, self._agents)
+        slot = _Slot(name, actor, actor.start.remote())
+        self.slots.append(slot)
+        return slot
+
+    def _worker_count(self, ray: Any) -> int:
+        if self._workers > 0:
+            return self._workers
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    # ------------------------------------------------------------------ the run
+
+    async def run(self) -> RunResult:
+        """Play every planned episode on Ray workers and write the output files."""
+        started_ray = init_ray(self.config.ray)
+        ray = import_ray()
+        try:
+            return await self._run(ray)
+        finally:
+            for slot in self.slots:
+                with contextlib.suppress(Exception):  # a dead or unreachable actor
+                    ray.kill(slot.actor)
+            if started_ray:
+                ray.shutdown()
+
+    async def _run(self, ray: Any) -> RunResult:
+        plans = plan_episodes(self.config, self.seats)
+        started = time.perf_counter()
+        kept: list[EpisodeRecord] | None = [] if self.keep_records else None
+        builder = SummaryBuilder(trials=self.config.trials)
+        size = max(1, math.ceil(self.config.concurrency / 2))
+        queue = deque(_Slice(plans[i : i + size]) for i in range(0, len(plans), size))
+        wanted = min(self._worker_count(ray), len(queue)) or 1
+        for _ in range(wanted):
+            self._spawn(ray)
+        self._max_spawns = wanted * (MAX_ATTEMPTS + 2)
+        # Start-up errors (a bad agent class, a scenario that does not import) end the run
+        # here, once, rather than as a stream of lost workers.
+        for slot in self.slots:
+            slot.where = await _await_ref(slot.started)
+            slot.started = None
+        self.startup_s = time.perf_counter() - started
+        nodes: dict[str, dict[str, Any]] = {}
+        done: set[int] = set()
+        duplicates = 0
+        pending: dict[asyncio.Future[Any], tuple[_Slot, _Slice | None]] = {}
+        with RecordWriter(self.config.out) as writer, self._progress(len(plans)) as advance:
+
+            def accept(record: EpisodeRecord, where: dict[str, Any], slot: str) -> None:
+                nonlocal duplicates
+                if record.index in done:  # never counted twice, whatever Ray replays
+                    duplicates += 1
+                    return
+                done.add(record.index)
+                builder.add(record)
+                writer.add(record)
+                advance(record)
+                node = nodes.setdefault(
+                    where.get("node", "?"),
+                    {"ip": where.get("ip", ""), "workers": [], "episodes": 0,
+                     "failed": 0, "agent_steps": 0, "busy_s": 0.0},
+                )  # fmt: skip
+                if slot not in node["workers"]:
+                    node["workers"].append(slot)
+                node["episodes"] += 1
+                node["failed"] += bool(record.failed)
+                node["agent_steps"] += record.agent_steps
+                node["busy_s"] += record.wall_s
+                if kept is not None:
+                    kept.append(record)
+
+            while queue or pending:
+                for slot in [s for s in self.slots if s.alive and s.where]:
+                    while queue and slot.in_flight < 2:
+                        piece = queue.popleft()
+                        ref = slot.actor.play.remote(piece.plans)
+                        pending[asyncio.wrap_future(ref.future())] = (slot, piece)
+                        slot.in_flight += 1
+                for slot in self.slots:  # replacements: wait for their start, not on them
+                    if slot.alive and not slot.where and slot.started is not None:
+                        pending[asyncio.wrap_future(slot.started.future())] = (slot, None)
+                        slot.started = None
+                if not pending:
+                    raise RuntimeError("no Ray worker is left to play the run's episodes")
+                finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for future in finished:
+                    slot, piece = pending.pop(future)
+                    if piece is None:  # a replacement worker started (or could not)
+                        try:
+                            slot.where = future.result()
+                        except ray.exceptions.RayError as exc:
+                            self._lost(ray, slot, None, exc, queue, accept)
+                        continue
+                    slot.in_flight -= 1
+                    try:
+                        records = future.result()
+                    except ray.exceptions.RayActorError as exc:
+                        self._lost(ray, slot, piece, exc, queue, accept)
+                        continue
+                    for record in records:
+                        accept(record, slot.where, slot.name)
+            wall = time.perf_counter() - started
+            summary = self._summary(builder, wall)
+            summary["ray"] = self._ray_summary(ray, nodes, duplicates)
+            played = wall - self.startup_s
+            summary["ray"]["startup_s"] = round(self.startup_s, 3)
+            summary["ray"]["episodes_per_s_after_startup"] = (
+                round(builder.total / played, 3) if played > 0 else None
+            )
+            writer.write_summary(summary)
+        if kept is not None:
+            kept.sort(key=lambda r: r.index)
+        address = str(ray.get_runtime_context().gcs_address)
+        return RunResult(summary, address, wall, self.config.out, kept_records=kept)
+
+    def _lost(
+        self,
+        ray: Any,
+        slot: _Slot,
+        piece: _Slice | None,
+        exc: BaseException,
+        queue: Any,
+        accept: Any,
+    ) -> None:
+        """``slot``'s worker died with ``piece`` in flight: retry it elsewhere (or record it
+        as failed after :data:`MAX_ATTEMPTS`) and start a replacement worker."""
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        reason = f"{slot.name}: {type(exc).__name__}: {first}"
+        if slot.alive:
+            slot.alive = False
+            self.workers_lost.append(reason)
+            with contextlib.suppress(Exception):
+                ray.kill(slot.actor)
+            if len(self.slots) < self._max_spawns:
+                self._spawn(ray)
+        if piece is None:
+            return
+        piece.attempts += 1
+        piece.reasons.append(reason)
+        if piece.attempts < MAX_ATTEMPTS:
+            self.retried_count += len(piece.plans)
+            room = MAX_LISTED_RETRIES - len(self.retried)
+            self.retried.extend(plan.episode_id for plan in piece.plans[: max(room, 0)])
+            queue.appendleft(piece)
+            return
+        for plan in piece.plans:
+            log = EpisodeLog(plan, self.config.scenario, self.seats, self.specs)
+            log.failed = f"worker_lost: {MAX_ATTEMPTS} workers died playing it ({reason})"
+            accept(log.record(), {"node": "lost"}, slot.name)
+
+    def _ray_summary(
+        self, ray: Any, nodes: dict[str, dict[str, Any]], duplicates: int
+    ) -> dict[str, Any]:
+        for node in nodes.values():
+            node["busy_s"] = round(node["busy_s"], 3)
+        return {
+            "address": str(ray.get_runtime_context().gcs_address),
+            "workers": len([s for s in self.slots if s.alive]),
+            "workers_started": len(self.slots),
+            "workers_lost": list(self.workers_lost),
+            "nodes": nodes,
+            "retried": {
+                "episodes": self.retried_count,
+                "episode_ids": sorted(set(self.retried)),
+            },
+            "duplicates_dropped": duplicates,
+        }
+
+
+async def _await_ref(ref: Any) -> Any:
+    return await asyncio.wrap_future(ref.future())
+
+
+def run_on_ray(config: RunConfig, **kwargs: Any) -> RunResult:
+    """Play ``config`` on Ray in a fresh event loop (``RayRunner(config, **kwargs).run()``)."""
+    return asyncio.run(RayRunner(config, **kwargs).run())

@@ -1,0 +1,190 @@
+"""Episodes on Ray (issue 15): the same files as a local run, and no episode lost or counted
+twice when a worker actor is killed or a whole (simulated) node is removed mid-run.
+
+One real Ray cluster per module (``ray.cluster_utils.Cluster``: a head and two worker nodes
+of one CPU each on this machine), so start-up is paid once; the node-removal test runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parley.agents.base import Agent
+from parley.arena.run.agent_specs import SeatContext, resolve_agent_spec
+from parley.arena.run.config import RunConfig
+from parley.arena.run.runner import Runner, _baseline, run
+from parley.protocols.errors import ConfigError, MissingDependency
+from parley.protocols.messages import Action, Observation
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from parley.arena.run.ray_runner import RayRunner, run_on_ray  # noqa: E402
+
+SCENARIO = "negotiation/deal-or-no-deal-v0"
+SEATS = ("alice", "bob")
+
+
+class _Slow(Agent):
+    """The seat's scripted baseline, 20 ms slower per action (same actions, same seeds)."""
+
+    def __init__(self, make: Any) -> None:
+        self.inner = make()
+
+    def reset(self, seed: int | None = None) -> None:
+        self.inner.reset(seed)
+
+    async def act(self, observation: Observation) -> Action:
+        await asyncio.sleep(0.02)
+        return await self.inner.act(observation)
+
+
+def _slow_agents() -> dict[str, Any]:
+    agents = {}
+    for seat in Runner(RunConfig(scenario=SCENARIO, progress=False)).seats:
+        context = SeatContext(
+            scenario=SCENARIO, seat=seat, baseline=_baseline(SCENARIO, seat), options={}
+        )
+        agents[seat] = functools.partial(_Slow, resolve_agent_spec("scripted", context))
+    return agents
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    fast_health = {
+        "health_check_initial_delay_ms": 0,
+        "health_check_period_ms": 500,
+        "health_check_failure_threshold": 3,
+    }
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": fast_health},
+    )
+    nodes = [c.add_node(num_cpus=1) for _ in range(2)]
+    ray.init(address=c.address, log_to_driver=False)
+    c.wait_for_nodes()
+    # Test-module classes travel by value: Ray workers need not import tests/.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield c, nodes
+    ray.shutdown()
+    c.shutdown()
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in ("transcripts.jsonl", "trajectories.jsonl")}
+
+
+@pytest.mark.slow
+def test_ray_writes_the_files_of_a_local_run(cluster: Any, tmp_path: Path) -> None:
+    config = RunConfig(
+        scenario=SCENARIO, episodes=12, trials=2, seed=5, concurrency=4, progress=False
+    )
+    local = run(config.replace(out=str(tmp_path / "local")))
+    on_ray = run_on_ray(config.replace(out=str(tmp_path / "ray"), ray="auto", ray_workers=2))
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+    for key in ("episodes", "metrics", "returns", "pass_hat_k", "agent_steps"):
+        assert on_ray.summary[key] == local.summary[key]
+    figures = on_ray.summary["ray"]
+    assert figures["workers"] == 2
+    assert figures["retried"]["episodes"] == 0
+    assert sum(node["episodes"] for node in figures["nodes"].values()) == 24
+    assert (
+        sum(node["agent_steps"] for node in figures["nodes"].values())
+        == local.summary["agent_steps"]
+    )
+    written = json.loads((tmp_path / "ray" / "summary.json").read_text())
+    assert written["ray"]["nodes"] == figures["nodes"]
+
+
+async def _run_and_break(runner: RayRunner, brk: Any) -> Any:
+    """Start ``runner``; once every worker is up and playing, call ``brk(runner)``."""
+    task = asyncio.create_task(runner.run())
+    deadline = time.monotonic() + 60
+    while not (runner.slots and all(s.where and s.in_flight for s in runner.slots)):
+        assert time.monotonic() < deadline, "the Ray workers never started"
+        assert not task.done(), "the run ended before it could be broken"
+        await asyncio.sleep(0.02)
+    brk(runner)
+    return await asyncio.wait_for(task, timeout=120)
+
+
+def _check_recovered(result: Any, local: Any, tmp_path: Path) -> None:
+    summary = result.summary
+    assert summary["episodes"] == {"total": 30, "ok": 30, "failed": 0}
+    assert summary["ray"]["retried"]["episodes"] >= 1  # what was in flight, played again
+    assert len(summary["ray"]["workers_lost"]) == 1
+    assert summary["ray"]["duplicates_dropped"] == 0
+    assert sum(n["episodes"] for n in summary["ray"]["nodes"].values()) == 30
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+    assert summary["metrics"] == local.summary["metrics"]
+
+
+@pytest.mark.slow
+def test_a_killed_worker_loses_no_episode(cluster: Any, tmp_path: Path) -> None:
+    config = RunConfig(scenario=SCENARIO, episodes=30, seed=3, concurrency=2, progress=False)
+    local = run(config.replace(out=str(tmp_path / "local")))
+    runner = RayRunner(
+        config.replace(out=str(tmp_path / "ray"), ray="auto", ray_workers=2),
+        agents=_slow_agents(),
+    )
+    result = asyncio.run(
+        _run_and_break(runner, lambda r: ray.kill(r.slots[0].actor, no_restart=True))
+    )
+    _check_recovered(result, local, tmp_path)
+    assert "worker-0" in result.summary["ray"]["workers_lost"][0]
+
+
+def test_config_errors_before_any_ray_work(tmp_path: Path, monkeypatch: Any) -> None:
+    remote = RunConfig(scenario=SCENARIO, agents=["remote", "scripted"], listen="tcp://127.0.0.1:0",
+                       ray="local", progress=False)  # fmt: skip
+    with pytest.raises(ConfigError, match="in-process agents only"):
+        RayRunner(remote)
+    with pytest.raises(ConfigError, match="ray_workers"):
+        RunConfig(scenario=SCENARIO, ray_workers=-1)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
+    with pytest.raises(MissingDependency, match=r"pip install 'parley\[ray\]'"):
+        run_on_ray(RunConfig(scenario=SCENARIO, ray="local", progress=False))
+
+
+@pytest.mark.slow
+def test_cli_run_ray_json(cluster: Any, capsys: Any) -> None:
+    from parley.arena.cli import main
+
+    argv = ["run", SCENARIO, "--episodes", "6", "--ray", "auto", "--ray-workers", "1"]
+    assert main([*argv, "--no-progress", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["episodes"]["ok"] == 6
+    assert summary["ray"]["workers"] == 1
+    assert summary["config"]["ray"] == "auto"
+
+
+@pytest.mark.slow
+def test_a_removed_node_loses_no_episode(cluster: Any, tmp_path: Path) -> None:
+    """Runs last in the module: it takes a node away from the shared cluster."""
+    c, nodes = cluster
+    config = RunConfig(scenario=SCENARIO, episodes=30, seed=4, concurrency=2, progress=False)
+    local = run(config.replace(out=str(tmp_path / "local")))
+    runner = RayRunner(
+        config.replace(out=str(tmp_path / "ray"), ray="auto", ray_workers=2),
+        agents=_slow_agents(),
+    )
+    removed: list[str] = []
+
+    def remove_a_node(r: RayRunner) -> None:
+        used = {slot.where["node"] for slot in r.slots}
+        victim = next(node for node in nodes if node.node_id in used)
+        removed.append(victim.node_id)
+        c.remove_node(victim)
+
+    result = asyncio.run(_run_and_break(runner, remove_a_node))
+    _check_recovered(result, local, tmp_path)
+    lost_on = result.summary["ray"]["nodes"].get(removed[0], {"episodes": 0})
+    assert lost_on["episodes"] < 30  # the rest were played on the nodes that stayed
