@@ -11,6 +11,7 @@ BENCHES: dict[str, str] = {
     "env": "parley.arena.bench.env",
     "sandbox": "parley.arena.bench.sandbox",
     "sampler": "parley.arena.bench.sampler",
+    "ray": "parley.arena.bench.ray_scale",
 }
 """Benchmark name -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``."""
 

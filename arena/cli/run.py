@@ -295,6 +295,10 @@ def main(args: argparse.Namespace) -> int:
         seats = ", ".join(f"{seat}={spec}" for seat, spec in result.summary["agents"].items())
         title = f"{config.scenario} — {seats}"
         console().print(summary_table(result.summary, title=title))
+        if "ray" in result.summary:
+            from parley.arena.run.ray_runner import ray_table
+
+            console().print(ray_table(result.summary["ray"]))
         if config.out:
             err.print(f"wrote {config.out}/transcripts.jsonl, trajectories.jsonl, summary.json")
     episodes = result.summary["episodes"]

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from parley.arena.run.config import RunConfig
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, plan_episodes
@@ -45,7 +47,15 @@ from parley.arena.run.runner import Runner, RunResult
 from parley.arena.run.summary import SummaryBuilder
 from parley.protocols.errors import ConfigError, require
 
-__all__ = ["MAX_ATTEMPTS", "EpisodeWorker", "RayRunner", "import_ray", "init_ray", "run_on_ray"]
+__all__ = [
+    "MAX_ATTEMPTS",
+    "EpisodeWorker",
+    "RayRunner",
+    "import_ray",
+    "init_ray",
+    "ray_table",
+    "run_on_ray",
+]
 
 MAX_ATTEMPTS = 3
 """Workers a slice may lose before its episodes are recorded as failed (``worker_lost``)."""
@@ -195,6 +205,10 @@ class RayRunner(Runner):
         try:
             return await self._run(ray)
         finally:
+            live = [slot for slot in self.slots if slot.alive and slot.where]
+            stops = [_await_ref(slot.actor.stop.remote()) for slot in live]
+            with contextlib.suppress(Exception):  # a worker that died on the way out
+                await asyncio.wait_for(asyncio.gather(*stops, return_exceptions=True), 10)
             for slot in self.slots:
                 with contextlib.suppress(Exception):  # a dead or unreachable actor
                     ray.kill(slot.actor)
@@ -343,6 +357,24 @@ class RayRunner(Runner):
             },
             "duplicates_dropped": duplicates,
         }
+
+
+def ray_table(figures: dict[str, Any]) -> Table:
+    """A rich table of ``summary["ray"]``: one row per node, then retries and lost workers."""
+    table = Table(title=f"Ray: {figures['workers']} workers at {figures['address']}")
+    for name in ("node", "ip", "workers", "episodes", "failed", "agent steps", "busy s"):
+        table.add_column(name, justify="left" if name in ("node", "ip") else "right")
+    for node, row in sorted(figures["nodes"].items()):
+        table.add_row(
+            escape(node[:12]), escape(str(row["ip"])), str(len(row["workers"])),
+            str(row["episodes"]), str(row["failed"]), str(row["agent_steps"]),
+            f"{row['busy_s']:.1f}",
+        )  # fmt: skip
+    table.add_section()
+    table.add_row("retried", "", "", str(figures["retried"]["episodes"]), "", "", "")
+    for lost in figures["workers_lost"]:
+        table.add_row("worker lost", escape(lost[:60]), "", "", "", "", "")
+    return table
 
 
 async def _await_ref(ref: Any) -> Any:

@@ -164,6 +164,22 @@ def test_cli_run_ray_json(cluster: Any, capsys: Any) -> None:
     assert summary["episodes"]["ok"] == 6
     assert summary["ray"]["workers"] == 1
     assert summary["config"]["ray"] == "auto"
+    assert main([*argv, "--no-progress"]) == 0
+    table = capsys.readouterr().out
+    assert "Ray: 1 workers" in table
+    assert "retried" in table
+
+
+@pytest.mark.slow
+def test_bench_ray_json(cluster: Any, capsys: Any) -> None:
+    from parley.arena.cli import main
+
+    argv = ["bench", "ray", "--json", "--episodes", "60", "--scaling-episodes", "12"]
+    assert main([*argv, "--concurrent", "32", "--repeats", "1", "--work-ms", "1"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    for key in ("ray_ratio_vs_local", "scaling_2_workers", "cpu_ms_per_episode"):
+        assert results[key] > 0
+    assert results["rss_kb_per_concurrent_episode"] >= 0
 
 
 @pytest.mark.slow
