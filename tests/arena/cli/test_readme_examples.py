@@ -1,0 +1,153 @@
+"""The README's first commands work as written from a clone (issue 14): ``examples/run.yaml``,
+a custom agent in the arena's process and from another process (``PYTHONPATH=examples``),
+and ``llm:`` at the documented default path, built on first use."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from parley.arena.cli import main
+
+ROOT = Path(__file__).parents[3]
+PARLEY = str(Path(sys.executable).with_name("parley"))
+
+
+def test_readme_names_only_files_that_exist() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "mypkg.agents" not in readme
+    for name in ("examples/run.yaml", "examples/custom_agent.py"):
+        assert name in readme
+        assert (ROOT / name).is_file()
+
+
+def test_run_yaml_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--config", str(ROOT / "examples" / "run.yaml"), "--episodes", "3"]
+    status = main([*argv, "--out", str(tmp_path), "--no-progress", "--json"])
+    assert status == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["scenario"] == "negotiation/deal-or-no-deal-v1"
+    assert summary["episodes"] == {"total": 3, "ok": 3, "failed": 0}
+    assert summary["config"]["scenario_kwargs"] == {"max_turns": 10}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.timeout(120)
+def test_custom_agent_in_process_and_remote(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "examples")}
+    env.pop("PARLEY_DEBUG", None)
+    local = subprocess.run(
+        [
+            PARLEY,
+            "run",
+            "negotiation/deal-or-no-deal-v1",
+            "--episodes",
+            "4",
+            "--json",
+            "--agents",
+            "custom_agent:Accommodating,scripted",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert local.returncode == 0, local.stderr
+    assert json.loads(local.stdout)["metrics"]["agreed"]["mean"] == 1.0
+
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    arena = subprocess.Popen(
+        [
+            PARLEY,
+            "run",
+            "negotiation/deal-or-no-deal-v1",
+            "--agents",
+            "remote,scripted",
+            "--listen",
+            address,
+            "--episodes",
+            "4",
+            "--json",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        agent = subprocess.run(
+            [
+                PARLEY,
+                "agent",
+                "--connect",
+                address,
+                "--seat",
+                "player_0",
+                "--agent",
+                "custom_agent:Accommodating",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        out, err = arena.communicate(timeout=60)
+    finally:
+        if arena.poll() is None:
+            arena.kill()
+            arena.communicate()
+    assert agent.returncode == 0, agent.stderr
+    assert arena.returncode == 0, err
+    assert json.loads(out)["metrics"]["agreed"]["mean"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_llm_default_path_is_built_on_first_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``llm:$PARLEY_CACHE/tiny-model`` (the README's ``~/.cache/parley/tiny-model``) with
+    nothing there: the tiny model is built, and the untrained model's episodes end."""
+    pytest.importorskip("torch")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PARLEY_CACHE": str(cache)}
+    env.pop("PARLEY_DEBUG", None)
+    done = subprocess.run(
+        [
+            PARLEY,
+            "run",
+            "negotiation/deal-or-no-deal-v1",
+            "--episodes",
+            "2",
+            "--json",
+            "--agents",
+            f"llm:{cache}/tiny-model,scripted",
+            "--no-progress",
+            "-s",
+            "max_turns=4",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (cache / "tiny-model" / "config.json").is_file()
+    summary = json.loads(done.stdout)
+    assert summary["episodes"]["ok"] == 2
+    assert summary["metrics"]["turns"]["mean"] <= 5  # max_turns talk turns + the choice
+    assert "invalid_move_rate" in summary
+    assert "it/s]" not in done.stderr  # no Hugging Face progress bars
