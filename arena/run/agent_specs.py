@@ -123,6 +123,7 @@ AGENT_KINDS: dict[str, str | Resolver] = {
     "remote": _remote,
     "llm": "parley.arena.inference.llm_spec:resolve_llm",
     "human": "parley.arena.view.human:resolve_human",
+    "replicas": "parley.arena.run.ray_agents:resolve_replicas",  # replicas:N:SPEC, on Ray
 }
 """Spec kind -> resolver, or ``"module:function"`` naming one (imported on first use)."""
 

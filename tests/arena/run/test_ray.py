@@ -30,7 +30,6 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from parley.arena.run.ray_runner import RayRunner, run_on_ray  # noqa: E402
 
 SCENARIO = "negotiation/deal-or-no-deal-v0"
-SEATS = ("alice", "bob")
 
 
 class _Slow(Agent):
@@ -180,6 +179,47 @@ def test_bench_ray_json(cluster: Any, capsys: Any) -> None:
     for key in ("ray_ratio_vs_local", "scaling_2_workers", "cpu_ms_per_episode"):
         assert results[key] > 0
     assert results["rss_kb_per_concurrent_episode"] >= 0
+
+
+@pytest.mark.slow
+def test_seat_replicas_spread_and_survive_a_killed_replica(cluster: Any, tmp_path: Path) -> None:
+    from parley.arena.run.ray_agents import SeatReplicas
+
+    config = RunConfig(scenario=SCENARIO, episodes=24, seed=8, concurrency=6, progress=False)
+    run(config.replace(out=str(tmp_path / "local")))
+    replicas = SeatReplicas(_slow_agents()["player_0"], 3)
+    runner = Runner(config.replace(out=str(tmp_path / "ray")), agents={"player_0": replicas})
+
+    async def play() -> Any:
+        task = asyncio.create_task(runner.run())
+        deadline = time.monotonic() + 60
+        while not (replicas.actors and all(replicas.busy.values())):
+            assert time.monotonic() < deadline, "the replicas never all got work"
+            assert not task.done(), "the run ended before a replica could be killed"
+            await asyncio.sleep(0.01)
+        ray.kill(replicas.actors[0], no_restart=True)
+        return await asyncio.wait_for(task, timeout=120)
+
+    result = asyncio.run(play())
+    assert result.summary["episodes"] == {"total": 24, "ok": 24, "failed": 0}
+    assert replicas.dead == {0}
+    assert replicas.failovers >= 1  # its sessions moved and replayed elsewhere
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+    served = ray.get([replicas.actors[i].stats.remote() for i in (1, 2)])
+    assert all(stat["served"] > 0 for stat in served)
+
+
+@pytest.mark.slow
+def test_replicas_agent_spec(cluster: Any) -> None:
+    config = RunConfig(scenario=SCENARIO, episodes=6, seed=2, progress=False)
+    plain = run(config, keep_records=True)
+    replicated = run(config.replace(agents={"player_1": "replicas:2:scripted"}), keep_records=True)
+    assert [r.transcript["steps"] for r in replicated.records] == [
+        r.transcript["steps"] for r in plain.records
+    ]
+    for bad in ("replicas:0:scripted", "replicas:two:scripted", "replicas:2:"):
+        with pytest.raises(ConfigError, match="replicas"):
+            Runner(config.replace(agents={"player_1": bad}))
 
 
 @pytest.mark.slow
