@@ -157,12 +157,6 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     """Longest observation; older lines are cut (marked ``[...]``) to fit."""
     default_invalid_penalty: ClassVar[float] = 0.0
     """Penalty of an invalid move unless the constructor's ``invalid_penalty`` overrides it."""
-    bad_input_takes_turn: ClassVar[bool] = False
-    """A move the action space refuses (not a string, too long, characters outside the
-    charset) still uses up the seat's turn: :meth:`play` sees it as ``""`` (the refusal's
-    reason is the one recorded). Scenarios from their v1 on set it; a v0 keeps its first
-    behaviour (kept reproducible), in which such a move changes nothing, so a seat that only
-    writes them (an untrained model) never ends the episode."""
 
     def __init__(
         self,
@@ -459,8 +453,6 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
                 reason = self._check(agent, action)
                 if reason is None:
                     reason = play(agent, action)
-                elif self.bad_input_takes_turn:
-                    play(agent, "")  # the turn is used up; the refusal is the reason
             if reason is not None:
                 self._record_invalid(agent, reason)
         done = self._done

@@ -415,7 +415,14 @@ class DealOrNoDealV1(DealOrNoDeal):
         "name": "negotiation/deal-or-no-deal-v1",
     }
     complete_claims = True
-    bad_input_takes_turn = True
+
+    def _check(self, agent: str, action: Any) -> str | None:
+        # A move the action space refuses (not a string, too long, outside the charset)
+        # still uses up the seat's turn, played as "" (v0: it changes nothing).
+        reason = super()._check(agent, action)
+        if reason is not None:
+            self.play(agent, "")
+        return reason
 
     def draw_context(self, rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:
         return sample_context(rng)

@@ -1,5 +1,5 @@
 """A move the action space refuses (characters outside the charset, too long, not a string)
-uses up the seat's turn in scenarios that set ``bad_input_takes_turn`` (v1 on), so a seat that
+uses up the seat's turn in deal-or-no-deal-v1, so a seat that
 writes only such moves (an untrained model) still ends the episode within the rules' bound;
 the v0 scenarios keep their first behaviour (issue 14)."""
 
