@@ -187,6 +187,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     n: int = 1
     seed: int | None = None
     logprobs: bool = True
+    top_logprobs: int = 0
+    """Most likely alternatives to record per generated token (0-20; needs ``logprobs``)."""
 
 
 class Constraint(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -220,6 +222,11 @@ class Completion(msgspec.Struct, kw_only=True, omit_defaults=True):
     token_ids: list[int]
     logprobs: list[float] = msgspec.field(default_factory=list)
     finish_reason: FinishReason = "stop"
+    top_token_ids: list[list[int]] = msgspec.field(default_factory=list)
+    """Per generated token (when ``params.top_logprobs`` > 0): the most likely tokens of the
+    distribution it was drawn from, most likely first (fewer when fewer have probability > 0)."""
+    top_logprobs: list[list[float]] = msgspec.field(default_factory=list)
+    """The log-probabilities of ``top_token_ids``, parallel to it."""
 
 
 class GenerateResult(Body, tag="generated"):

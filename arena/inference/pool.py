@@ -38,6 +38,13 @@ Guarantees (the contract the agents and the HTTP front rely on):
   :class:`WeightUpdate` for a policy is applied by its backend's ``update_weights`` between
   batches (a static lane finishes its running batch first), which sets the version.
 
+Streaming (the HTTP front's ``stream: true``): :meth:`InferencePool.generate` takes an
+optional ``on_tokens`` :data:`~parley.arena.inference.backends.base.TokenSink`; the lane
+hands it to backends that stream (``backend.streams_tokens``: transformers per decoding
+step of its batch, vLLM per engine step), which feed it each completion's new tokens while
+the batch runs. Batching, scheduling and the bus path are unchanged (bus requests carry no
+sink); a backend that does not stream just answers at the end.
+
 Error codes: ``timeout``, ``overloaded`` (retryable), ``unknown_policy``, ``bad_request``,
 ``backend_failed`` (retryable when the backend says so), ``stale_weights``, ``closed``.
 """
@@ -49,14 +56,14 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from parley.arena.inference.backends.errors import RequestError
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.protocols.messages import Error, GenerateRequest, GenerateResult, Ok, WeightUpdate
 
 if TYPE_CHECKING:
-    from parley.arena.inference.backends.base import Backend, ChatTokenizer
+    from parley.arena.inference.backends.base import Backend, ChatTokenizer, TokenSink
     from parley.protocols.bus import Endpoint
     from parley.protocols.messages import Envelope
 
@@ -154,6 +161,7 @@ class _Pending:
     arrived: float
     waiting: bool = True  # counted in the pool's queue (received, not started, not answered)
     task: asyncio.Task[None] | None = None  # continuous lanes: the call running it
+    on_tokens: TokenSink | None = None  # streaming callers: receives tokens as generated
 
 
 class _Gate:
@@ -283,7 +291,14 @@ class _Lane:
         pool.stats.batch_sizes.append(len(batch))
         try:
             async with self.gate.shared():
-                results = await self.backend.generate([p.request for p in batch])
+                requests = [p.request for p in batch]
+                streams = bool(getattr(self.backend, "streams_tokens", False))
+                if streams and any(p.on_tokens for p in batch):
+                    sinks = [p.on_tokens for p in batch]
+                    generate: Any = self.backend.generate  # takes sinks= (streams_tokens)
+                    results = await generate(requests, sinks=sinks)
+                else:
+                    results = await self.backend.generate(requests)
         except asyncio.CancelledError:
             for p in batch:
                 if not p.future.done():
@@ -443,8 +458,13 @@ class InferencePool:
 
     # --- requests ---------------------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
+    async def generate(
+        self, request: GenerateRequest, *, on_tokens: TokenSink | None = None
+    ) -> GenerateResult:
         """Answer one request (batched with whatever else is waiting).
+
+        ``on_tokens`` receives the tokens of each completion as the backend generates them
+        when the backend streams (see the module docstring); the result is the same.
 
         Raises :class:`PoolError` with the codes listed in the module docstring.
         """
@@ -476,7 +496,7 @@ class InferencePool:
             )
         lane = self._lane(backend)
         loop = asyncio.get_running_loop()
-        item = _Pending(request, loop.create_future(), loop.time())
+        item = _Pending(request, loop.create_future(), loop.time(), on_tokens=on_tokens)
         self._queued += 1
         lane.put(item)
         timeout = request.timeout or self.config.default_timeout

@@ -22,6 +22,10 @@ Request semantics shared by every backend:
 - ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the distribution it was
   sampled from (after the constraint mask, temperature and top-p; greedy rows use the
   temperature-1 distribution, so a greedy token's logprob is the row's maximum).
+- ``params.top_logprobs = k`` > 0 adds, per generated token, the ``k`` most likely tokens
+  of that same distribution and their logprobs (``Completion.top_token_ids`` /
+  ``top_logprobs``, most likely first). Tokens the constraint or top-p exclude have
+  probability 0 there and are never listed, so a list may hold fewer than ``k``.
 - ``constraint`` restricts the output (choice / regex / JSON schema); see
   :mod:`parley.arena.inference.backends.constraints` for what each backend supports.
 
@@ -37,14 +41,20 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from parley.arena.inference.backends.constraints import check_constraint
 from parley.arena.inference.backends.errors import BackendError, RequestError
 from parley.arena.inference.backends.limits import check_request
 from parley.protocols.errors import ConfigError
-from parley.protocols.messages import Constraint, GenerateRequest, GenerateResult, WeightUpdate
+from parley.protocols.messages import (
+    Completion,
+    Constraint,
+    GenerateRequest,
+    GenerateResult,
+    WeightUpdate,
+)
 
 __all__ = [
     "Backend",
@@ -53,7 +63,15 @@ __all__ = [
     "ChatTokenizer",
     "BACKENDS",
     "load_backend",
+    "TokenSink",
 ]
+
+TokenSink = Callable[[int, Completion], None]
+"""Receives a completion's tokens while it is generated: ``sink(j, delta)`` with the
+completion's index ``j`` in its request and a :class:`Completion` holding only the new
+``token_ids`` / ``logprobs`` / ``top_*`` (``text`` empty). Called on the event loop; the
+deltas of completion ``j`` join to its final ``token_ids`` unless the backend had to run
+the request again (an engine restart), which the receiver must check."""
 
 
 @runtime_checkable
@@ -99,6 +117,11 @@ class Backend(ABC):
 
     continuous_batching: bool = False
 
+    streams_tokens: bool = False
+    """Whether :meth:`generate` accepts ``sinks`` (one :data:`TokenSink` or None per
+    request) and feeds them tokens as they are generated; the pool passes sinks only to
+    backends that do."""
+
     def __init__(self) -> None:
         self.policy_version: int = 0
         self.dtype: str = ""
@@ -122,6 +145,9 @@ class Backend(ABC):
     @abstractmethod
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         """Complete every request; one result per request, in request order.
+
+        Backends with :attr:`streams_tokens` also take ``sinks=`` (keyword, a sequence
+        parallel to ``requests`` of :data:`TokenSink` or None).
 
         Raises :class:`BackendError` when the batch cannot be served at all; requests that
         pass :meth:`validate` never make the batch fail on their own.

@@ -7,24 +7,25 @@ touching the batch the request would have joined. Backends add their own checks 
 ids inside the vocabulary, prompt length against the context, constraints they can
 enforce) in :meth:`~parley.arena.inference.backends.base.Backend.validate`.
 
-=====================  ==============================================================
-field                  allowed
-=====================  ==============================================================
-``prompt`` / ids       one of them non-empty; ids are integers (the backend checks the
-                       vocabulary and the context)
-``params.n``           1 ..= :data:`MAX_N`
-``params.max_tokens``  1 ..= :data:`MAX_TOKENS` (clipped to the context by the backend)
-``params.temperature`` 0 (greedy) or :data:`MIN_TEMPERATURE` ..= :data:`MAX_TEMPERATURE`
-``params.top_p``       (0, 1]
-``params.seed``        none, or 0 ..= 2**63 - n (completion ``j`` uses ``seed + j``, and
-                       every seed must fit a signed 64-bit integer)
-``params.stop``        at most :data:`MAX_STOP` strings of 1 ..= :data:`MAX_STOP_CHARS`
-                       characters
-``timeout``            0 (no limit of its own) or a finite number of seconds > 0
-``constraint``         at most :data:`MAX_CHOICES` choices of at most
-                       :data:`MAX_CONSTRAINT_CHARS` characters each; a pattern or schema
-                       of at most :data:`MAX_CONSTRAINT_CHARS` characters
-=====================  ==============================================================
+=======================  ==============================================================
+field                    allowed
+=======================  ==============================================================
+``prompt`` / ids         one of them non-empty; ids are integers (the backend checks the
+                         vocabulary and the context)
+``params.n``             1 ..= :data:`MAX_N`
+``params.max_tokens``    1 ..= :data:`MAX_TOKENS` (clipped to the context by the backend)
+``params.temperature``   0 (greedy) or :data:`MIN_TEMPERATURE` ..= :data:`MAX_TEMPERATURE`
+``params.top_p``         (0, 1]
+``params.seed``          none, or 0 ..= 2**63 - n (completion ``j`` uses ``seed + j``, and
+                         every seed must fit a signed 64-bit integer)
+``params.stop``          at most :data:`MAX_STOP` strings of 1 ..= :data:`MAX_STOP_CHARS`
+                         characters
+``params.top_logprobs``  0 ..= :data:`MAX_TOP_LOGPROBS`; above 0 only with ``logprobs``
+``timeout``              0 (no limit of its own) or a finite number of seconds > 0
+``constraint``           at most :data:`MAX_CHOICES` choices of at most
+                         :data:`MAX_CONSTRAINT_CHARS` characters each; a pattern or schema
+                         of at most :data:`MAX_CONSTRAINT_CHARS` characters
+=======================  ==============================================================
 
 Numbers must be numbers (``bool`` is not one) and finite: NaN passes every ``<``
 comparison, so each check is written to fail on it.
@@ -49,6 +50,7 @@ __all__ = [
     "MAX_STOP_CHARS",
     "MAX_CHOICES",
     "MAX_CONSTRAINT_CHARS",
+    "MAX_TOP_LOGPROBS",
 ]
 
 MAX_N = 128
@@ -69,6 +71,8 @@ MAX_CHOICES = 4096
 """Most choices of a choice constraint."""
 MAX_CONSTRAINT_CHARS = 65536
 """Longest choice, regex pattern or JSON schema text, in characters."""
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per generated token (OpenAI's and vLLM's limit)."""
 
 
 def _is_int(value: Any) -> bool:
@@ -117,6 +121,14 @@ def check_request(request: GenerateRequest) -> None:
     _check_stop(p.stop)
     if not isinstance(p.logprobs, bool):
         raise RequestError("logprobs", f"params.logprobs must be a bool, got {p.logprobs!r}")
+    if not (_is_int(p.top_logprobs) and 0 <= p.top_logprobs <= MAX_TOP_LOGPROBS):
+        raise RequestError(
+            "top_logprobs",
+            f"params.top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+            f"got {p.top_logprobs!r}",
+        )
+    if p.top_logprobs and not p.logprobs:
+        raise RequestError("top_logprobs", "params.top_logprobs > 0 needs params.logprobs=true")
     if not (_is_number(request.timeout) and request.timeout >= 0):
         raise RequestError(
             "timeout",

@@ -11,7 +11,13 @@ Loads a checkpoint by path or hub id with ``AutoModelForCausalLM`` / ``AutoToken
   temperature, then top-p, then one draw per row from the row's own ``torch.Generator``
   (seeded by the request), so a seeded request is reproducible whatever shares its batch;
 - rows that finish leave the batch (their KV-cache rows are dropped), so a long row does
-  not make short ones pay for forward passes.
+  not make short ones pay for forward passes;
+- ``top_logprobs = k`` lists the ``k`` largest entries of the distribution the token was
+  drawn from (after the constraint mask, temperature and top-p): under a constraint the
+  alternatives are the tokens the constraint allows at that step, renormalised as the
+  sampled token's logprob is, and masked tokens (probability 0) are never listed;
+- with ``sinks`` (HTTP streaming) each row's new token goes to its sink after every
+  decoding step (handed to the event loop thread-safely), while the batch keeps decoding.
 
 Generation runs in one dedicated worker thread under a lock: the event loop stays free,
 weight updates happen between batches, and torch always computes on the same OS thread
@@ -26,14 +32,14 @@ import asyncio
 import dataclasses
 import inspect
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from parley.arena.inference.backends.base import Backend, BackendError, RequestError
+from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
 from parley.arena.inference.backends.constraints import TokenMatcher, TokenVocab
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
 from parley.protocols.errors import require
@@ -67,8 +73,12 @@ class _Row:
     max_tokens: int
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    top_ids: list[list[int]] = dataclasses.field(default_factory=list)
+    top_logprobs: list[list[float]] = dataclasses.field(default_factory=list)
     text: str | None = None  # set when a stop string cut the text
     finish: FinishReason | None = None
+    index: int = 0  # which of the request's n completions
+    sink: Callable[[int, Completion], None] | None = None  # thread-safe (HTTP streaming)
 
 
 class TransformersBackend(Backend):
@@ -84,6 +94,7 @@ class TransformersBackend(Backend):
     """
 
     kind = "transformers"
+    streams_tokens = True
 
     def __init__(
         self,
@@ -211,7 +222,12 @@ class TransformersBackend(Backend):
                     "(it cannot be satisfied); check the pattern, choices or schema",
                 )
 
-    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+    async def generate(
+        self,
+        requests: Sequence[GenerateRequest],
+        *,
+        sinks: Sequence[TokenSink | None] | None = None,
+    ) -> list[GenerateResult]:
         if self._closed:
             raise BackendError("the backend is closed")
         for request in requests:
@@ -221,8 +237,10 @@ class TransformersBackend(Backend):
         async with self._lock:
             version = self.policy_version
             cancel = threading.Event()
-            work = asyncio.get_running_loop().run_in_executor(
-                self._executor, self._generate_sync, list(requests), cancel
+            loop = asyncio.get_running_loop()
+            safe = [None if k is None else _threadsafe(loop, k) for k in sinks or ()]
+            work = loop.run_in_executor(
+                self._executor, self._generate_sync, list(requests), cancel, safe
             )
             try:
                 prompts, rows = await asyncio.shield(work)
@@ -299,7 +317,10 @@ class TransformersBackend(Backend):
         return [int(t) for t in ids]
 
     def _generate_sync(
-        self, requests: list[GenerateRequest], cancel: threading.Event
+        self,
+        requests: list[GenerateRequest],
+        cancel: threading.Event,
+        sinks: Sequence[Callable[[int, Completion], None] | None] = (),
     ) -> tuple[list[list[int]], list[_Row]]:
         prompts = [self._prompt_ids(r) for r in requests]
         rows: list[_Row] = []
@@ -317,6 +338,8 @@ class TransformersBackend(Backend):
                         if request.constraint is None
                         else TokenMatcher(self._vocab, request.constraint),
                         max_tokens=min(p.max_tokens, self._context - len(prompt)),
+                        index=j,
+                        sink=sinks[i] if i < len(sinks) else None,
                     )
                 )
         with torch.inference_mode():
@@ -342,10 +365,10 @@ class TransformersBackend(Backend):
         while True:
             if cancel.is_set():
                 raise _Cancelled
-            tokens, logprobs = self._sample(logits, live)
+            tokens, logprobs, tops = self._sample(logits, live)
             keep: list[int] = []
             for k, row in enumerate(live):
-                self._append(row, int(tokens[k]), float(logprobs[k]))
+                self._append(row, int(tokens[k]), float(logprobs[k]), tops[k])
                 if row.finish is None:
                     keep.append(k)
             if not keep:
@@ -371,8 +394,11 @@ class TransformersBackend(Backend):
         )
         return out.logits[:, -1, :].float()
 
-    def _sample(self, logits: Any, rows: list[_Row]) -> tuple[Any, Any]:
-        """Pick one token per row; returns (tokens (B,), their logprobs (B,)) on the CPU.
+    def _sample(
+        self, logits: Any, rows: list[_Row]
+    ) -> tuple[Any, Any, list[tuple[list[int], list[float]] | None]]:
+        """Pick one token per row; returns (tokens (B,), their logprobs (B,), per row the
+        top-k (ids, logprobs) of the same distribution or None) on the CPU.
 
         Order: constraint mask, temperature, top-p, draw. Greedy rows (temperature 0)
         take the argmax of the masked temperature-1 distribution.
@@ -397,9 +423,11 @@ class TransformersBackend(Backend):
             # right=True: the first token whose cdf exceeds u, which has probability > 0.
             picks = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
             tokens[sampled] = picks.flatten().clamp(max=logits.shape[-1] - 1)
-        return tokens, logp.gather(1, tokens[:, None]).flatten()
+        return tokens, logp.gather(1, tokens[:, None]).flatten(), _top_k(logp, rows)
 
-    def _append(self, row: _Row, token: int, logprob: float) -> None:
+    def _append(
+        self, row: _Row, token: int, logprob: float, top: tuple[list[int], list[float]] | None
+    ) -> None:
         """Record one token of ``row`` and decide whether the row is finished."""
         if not np.isfinite(logprob):
             # Only a constraint with no allowed token gets here (every logit masked).
@@ -407,6 +435,14 @@ class TransformersBackend(Backend):
             return
         row.tokens.append(token)
         row.logprobs.append(logprob)
+        if top is not None:
+            row.top_ids.append(top[0])
+            row.top_logprobs.append(top[1])
+        if row.sink is not None:
+            delta = Completion(text="", token_ids=[token], logprobs=[logprob])
+            if top is not None:
+                delta.top_token_ids, delta.top_logprobs = [top[0]], [top[1]]
+            row.sink(row.index, delta)
         if row.matcher is not None:
             row.matcher.advance(token)
         if token in self._eos:
@@ -438,6 +474,8 @@ class TransformersBackend(Backend):
                     token_ids=row.tokens,
                     logprobs=row.logprobs if row.params.logprobs else [],
                     finish_reason=row.finish or "error",
+                    top_token_ids=row.top_ids,
+                    top_logprobs=row.top_logprobs,
                 )
             )
         return [
@@ -464,6 +502,32 @@ def _torch_thread(num_threads: int) -> ThreadPoolExecutor:
         initializer=torch.set_num_threads,
         initargs=(num_threads,),
     )
+
+
+def _top_k(logp: Any, rows: list[_Row]) -> list[tuple[list[int], list[float]] | None]:
+    """Per row, the ``params.top_logprobs`` most likely (ids, logprobs) of ``logp`` (B, V),
+    most likely first, without tokens of probability 0 (masked); None where not asked."""
+    asked = [r.params.top_logprobs if r.params.logprobs else 0 for r in rows]
+    if not any(asked):
+        return [None] * len(rows)
+    values, ids = logp.topk(min(max(asked), logp.shape[-1]), dim=-1)  # (B, k), sorted
+    tops: list[tuple[list[int], list[float]] | None] = []
+    for k, want in enumerate(asked):
+        if not want:
+            tops.append(None)
+            continue
+        keep = torch.isfinite(values[k, :want])
+        tops.append((ids[k, :want][keep].tolist(), values[k, :want][keep].tolist()))
+    return tops
+
+
+def _threadsafe(loop: asyncio.AbstractEventLoop, sink: TokenSink) -> TokenSink:
+    """``sink`` called on ``loop`` from the decoding thread."""
+
+    def send(index: int, delta: Completion) -> None:
+        loop.call_soon_threadsafe(sink, index, delta)
+
+    return send
 
 
 def _top_p(logp: Any, top_p: Any) -> Any:

@@ -13,6 +13,11 @@ Mapping of parley's request onto vLLM:
   rule, which is parley's contract); ``max_tokens`` is clipped to the context;
 - logprobs are the sampled tokens' (``logprobs=0``), in ``processed_logprobs`` mode by
   default: under the distribution after temperature and top-p, as the contract says;
+  ``top_logprobs = k`` asks ``logprobs=k``, for which vLLM returns up to k + 1 entries per
+  position (the top k and the sampled token); the top k are taken by ``rank``, and
+  entries of probability 0 (masked by a constraint or top-p) are dropped;
+- with ``sinks`` (HTTP streaming) a request is run with ``RequestOutputKind.CUMULATIVE``
+  and each engine step's new tokens go to its sink; the last output is the result;
 - constraints become ``StructuredOutputsParams(choice=/regex=)``; a JSON schema is
   compiled by :func:`~parley.arena.inference.backends.constraints.json_schema_to_regex`
   and sent as a regex, so both backends accept the same schemas, refuse the same
@@ -42,13 +47,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from parley.arena.inference.backends.base import Backend, BackendError, RequestError
+from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
 from parley.arena.inference.backends.constraints import constraint_regex
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
 from parley.protocols.errors import require
@@ -75,6 +81,7 @@ class VLLMBackend(Backend):
 
     kind = "vllm"
     continuous_batching = True
+    streams_tokens = True
 
     def __init__(self, engine: Any, tokenizer: HFChatTokenizer, *, max_model_len: int) -> None:
         super().__init__()
@@ -179,7 +186,12 @@ class VLLMBackend(Backend):
                 "(prompt + at least one new token); shorten the prompt",
             )
 
-    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+    async def generate(
+        self,
+        requests: Sequence[GenerateRequest],
+        *,
+        sinks: Sequence[TokenSink | None] | None = None,
+    ) -> list[GenerateResult]:
         if self._closed:
             raise BackendError("the backend is closed")
         for request in requests:
@@ -190,7 +202,10 @@ class VLLMBackend(Backend):
         self._idle.clear()
         try:
             version = self.policy_version
-            results = await asyncio.gather(*(self._one(r, version) for r in requests))
+            each = list(sinks or ()) + [None] * (len(requests) - len(sinks or ()))
+            results = await asyncio.gather(
+                *(self._one(r, version, k) for r, k in zip(requests, each, strict=True))
+            )
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
@@ -215,7 +230,7 @@ class VLLMBackend(Backend):
 
     # --- machinery ---------------------------------------------------------------------
 
-    def _sampling_params(self, request: GenerateRequest, prompt_len: int) -> Any:
+    def _sampling_params(self, request: GenerateRequest, prompt_len: int, stream: bool) -> Any:
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         p = request.params
@@ -234,18 +249,20 @@ class VLLMBackend(Backend):
             max_tokens=max(1, min(p.max_tokens, self._max_len - prompt_len)),
             stop=list(p.stop) or None,
             seed=p.seed,
-            logprobs=0 if p.logprobs else None,
+            logprobs=p.top_logprobs if p.logprobs else None,
             structured_outputs=structured,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY,
         )
 
-    async def _one(self, request: GenerateRequest, version: int) -> GenerateResult:
+    async def _one(
+        self, request: GenerateRequest, version: int, sink: TokenSink | None = None
+    ) -> GenerateResult:
         """One request; if the engine dies under it, restart the engine (at most
         :attr:`max_restarts` times in the backend's life) and run it once more."""
         for _ in range(2):
             generation = self._generation
             try:
-                return await self._run(request, version)
+                return await self._run(request, version, sink)
             except EngineDeadError as exc:
                 await self._revive(generation, exc)
         raise BackendError(f"the vLLM engine died twice under one request; {self.failure}")
@@ -289,19 +306,27 @@ class VLLMBackend(Backend):
             finally:
                 self._open.set()
 
-    async def _run(self, request: GenerateRequest, version: int) -> GenerateResult:
+    async def _run(
+        self, request: GenerateRequest, version: int, sink: TokenSink | None = None
+    ) -> GenerateResult:
         from vllm.inputs import TokensPrompt
 
         ids = list(request.prompt_token_ids) or self._tokenizer.encode(request.prompt)
         if len(ids) >= self._max_len:
             raise BackendError(f"prompt of {len(ids)} tokens exceeds the context {self._max_len}")
-        final = None
+        latest: dict[int, Any] = {}  # completion index -> its latest (cumulative) output
+        top = request.params.top_logprobs if request.params.logprobs else 0
         try:
-            params = self._sampling_params(request, len(ids))
+            params = self._sampling_params(request, len(ids), stream=sink is not None)
             async for out in self.engine.generate(
                 TokensPrompt(prompt_token_ids=ids), params, request_id=f"parley-{next(_ids)}"
             ):
-                final = out
+                for o in out.outputs:
+                    if sink is not None:
+                        sent = len(latest[o.index].token_ids) if o.index in latest else 0
+                        if len(o.token_ids) > sent:
+                            sink(o.index, _completion(o, top, start=sent))
+                    latest[o.index] = o
         except VLLMValidationError as exc:  # e.g. regex syntax the grammar engine lacks
             field = "constraint" if request.constraint is not None else exc.parameter or "params"
             raise RequestError(field, f"vLLM refused the request: {exc}") from exc
@@ -309,24 +334,9 @@ class VLLMBackend(Backend):
             raise BackendError(f"vLLM failed the request: {exc}", retryable=True) from exc
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"vLLM failed the request: {exc}") from exc
-        if final is None:
+        if not latest:
             raise BackendError("vLLM returned no output for the request", retryable=True)
-        completions = []
-        for out in sorted(final.outputs, key=lambda o: o.index):
-            token_ids = [int(t) for t in out.token_ids]
-            logprobs = (
-                [float(step[t].logprob) for step, t in zip(out.logprobs, token_ids, strict=True)]
-                if out.logprobs is not None
-                else []
-            )
-            completions.append(
-                Completion(
-                    text=out.text,
-                    token_ids=token_ids,
-                    logprobs=logprobs,
-                    finish_reason=_FINISH.get(out.finish_reason, "error"),
-                )
-            )
+        completions = [_completion(latest[j], top) for j in sorted(latest)]
         if request.params.temperature == 0:
             completions *= request.params.n
         return GenerateResult(
@@ -346,6 +356,29 @@ class VLLMBackend(Backend):
             await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": directory})
         except (ValueError, RuntimeError, KeyError) as exc:
             raise BackendError(f"vLLM could not load the weights in {directory}: {exc}") from exc
+
+
+def _completion(out: Any, top: int, start: int = 0) -> Completion:
+    """A vLLM ``CompletionOutput`` as a :class:`Completion`, from token ``start`` on (a
+    streamed delta, ``text`` and ``finish_reason`` left at their defaults) or whole."""
+    token_ids = [int(t) for t in out.token_ids[start:]]
+    steps = list(out.logprobs[start:]) if out.logprobs is not None else []
+    c = Completion(
+        text="" if start else out.text,
+        token_ids=token_ids,
+        logprobs=[float(step[t].logprob) for step, t in zip(steps, token_ids, strict=True)],
+    )
+    if not start:
+        c.finish_reason = _FINISH.get(out.finish_reason, "error")
+    if top:
+        for step in steps:
+            # Up to top + 1 entries: the top ``top`` by rank, and the sampled token.
+            ranked = sorted(step.items(), key=lambda kv: kv[1].rank or 0)
+            best = [(t, lp.logprob) for t, lp in ranked if (lp.rank or 0) <= top][:top]
+            best = [(int(t), float(v)) for t, v in best if math.isfinite(v)]
+            c.top_token_ids.append([t for t, _ in best])
+            c.top_logprobs.append([v for _, v in best])
+    return c
 
 
 def _stage_weights(update: WeightUpdate, tmp: Path) -> str:

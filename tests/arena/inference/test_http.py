@@ -168,7 +168,7 @@ async def test_errors_have_openai_shape(client: openai.AsyncOpenAI) -> None:
             model="tiny",
             messages=[{"role": "user", "content": "x"}],
             logprobs=True,
-            top_logprobs=3,
+            top_logprobs=21,
         )
     assert top.value.param == "top_logprobs"
 
