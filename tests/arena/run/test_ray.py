@@ -223,6 +223,47 @@ def test_replicas_agent_spec(cluster: Any) -> None:
 
 
 @pytest.mark.slow
+def test_pool_replicas_balance_update_together_and_survive_a_death(
+    cluster: Any, tiny_model_dir: Path
+) -> None:
+    from parley.arena.inference.pool import PoolConfig, PoolError
+    from parley.arena.inference.ray_pool import RayPool, ReplicaSpec
+    from parley.protocols.messages import GenerateRequest, SamplingParams, WeightUpdate
+
+    config = PoolConfig(max_batch_size=8)
+    spec = ReplicaSpec("transformers", str(tiny_model_dir), policy="p", config=config)
+    request = GenerateRequest(policy="p", prompt="hi", params=SamplingParams(max_tokens=3))
+    update = WeightUpdate(policy="p", version=1, path=str(tiny_model_dir))
+
+    async def scenario() -> None:
+        pool = await RayPool(spec, 2, cpus_per_replica=1).start()
+        try:
+            before = await asyncio.gather(*(pool.generate(request) for _ in range(8)))
+            assert {r.policy_version for r in before} == {0}
+            assert all(count > 0 for count in await pool.requests_per_replica())
+            racing = [asyncio.create_task(pool.generate(request)) for _ in range(6)]
+            assert await pool.update_weights(update) == 1
+            after = await asyncio.gather(*(pool.generate(request) for _ in range(6)))
+            assert {r.policy_version for r in after} == {1}
+            assert {r.policy_version for r in await asyncio.gather(*racing)} <= {0, 1}
+            versions = await asyncio.gather(*(a.policies.remote() for a in pool.actors))
+            assert versions == [{"p": 1}, {"p": 1}]  # bumped everywhere together
+            with pytest.raises(PoolError, match="version"):
+                await pool.update_weights(update)  # stale: not newer than what is served
+            with pytest.raises(PoolError) as unknown:
+                await pool.generate(GenerateRequest(policy="nobody", prompt="hi"))
+            assert unknown.value.code == "unknown_policy"
+            ray.kill(pool.actors[0], no_restart=True)
+            survivors = await asyncio.gather(*(pool.generate(request) for _ in range(4)))
+            assert {r.policy_version for r in survivors} == {1}
+            assert pool.dead == {0}
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.slow
 def test_a_removed_node_loses_no_episode(cluster: Any, tmp_path: Path) -> None:
     """Runs last in the module: it takes a node away from the shared cluster."""
     c, nodes = cluster
