@@ -77,6 +77,15 @@ def add_parser(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="backend keyword argument (VALUE read as YAML), e.g. device=cuda; repeatable",
     )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="serve from pool replicas on Ray (a cluster address, or none for a local Ray; "
+        "pip install 'parley[ray]')",
+    )
+    p.add_argument("--replicas", type=int, default=1, help="pool replicas on Ray (with --ray)")
     p.set_defaults(func=main)
 
 
@@ -108,6 +117,11 @@ class ServeOptions:
     """Public key files (or Z85 keys) of the clients a CURVE pool admits."""
     insecure: bool = False
     """Allow a non-loopback ``tcp://`` listen address without CURVE keys (plain text)."""
+    ray: str | None = None
+    """Serve from :class:`~parley.arena.inference.ray_pool.RayPool` replicas on the Ray
+    cluster at this address (``local``: a local Ray); ``None``: one in-process pool."""
+    replicas: int = 1
+    """Pool replicas on Ray (with ``ray``), one GPU each where the cluster has GPUs."""
 
     def bus_security(self) -> dict[str, Any]:
         """The :class:`~parley.protocols.bus.BusConfig` fields for these keys."""
@@ -153,8 +167,22 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
         max_wait=options.max_wait,
         max_queue=options.max_queue,
     )
-    backend = await load_backend(options.backend, options.model, **dict(options.backend_options))
-    pool = InferencePool({options.policy: backend}, config)
+    pool: Any
+    if options.ray is not None:
+        from parley.arena.inference.ray_pool import RayPool, ReplicaSpec
+        from parley.arena.run.ray_runner import init_ray
+
+        if options.http:
+            raise ConfigError("--http is not served with --ray yet: use the bus front")
+        init_ray(options.ray)
+        spec = ReplicaSpec(options.backend, options.model, options.policy,
+                           options.backend_options, config)  # fmt: skip
+        pool = RayPool(spec, options.replicas)
+    else:
+        backend = await load_backend(
+            options.backend, options.model, **dict(options.backend_options)
+        )
+        pool = InferencePool({options.policy: backend}, config)
     # Room for every waiting and running request, so the pool (not the bus) says when it
     # is overloaded, with its own retryable error.
     bus = BusConfig(
@@ -193,12 +221,16 @@ async def _serve(options: ServeOptions) -> None:
         print(f"pool listening on {address}", flush=True)
         if url:
             print(f"openai api on {url}", flush=True)
-        backend = pool.backend(options.policy)
-        print(
-            f"policy {options.policy!r}: {options.backend} backend, {options.model}, "
-            f"dtype {backend.dtype or 'unknown'}",
-            flush=True,
-        )
+        if options.ray is not None:
+            print(f"policy {options.policy!r}: {options.replicas} {options.backend} replicas "
+                  f"on Ray, {options.model}", flush=True)  # fmt: skip
+        else:
+            backend = pool.backend(options.policy)
+            print(
+                f"policy {options.policy!r}: {options.backend} backend, {options.model}, "
+                f"dtype {backend.dtype or 'unknown'}",
+                flush=True,
+            )
         watch = loop.create_task(_watch(pool, stop))
         await stop.wait()
         watch.cancel()
@@ -242,6 +274,8 @@ def main(args: argparse.Namespace) -> int:
             curve_key=args.curve_key or "",
             client_keys=tuple(args.client_key),
             insecure=args.insecure,
+            ray=args.ray,
+            replicas=args.replicas,
         )
         options.bus_security()  # bad keys are a configuration error, before any loading
         asyncio.run(_serve(options))

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from parley.arena.inference.pool import InferencePool, PoolConfig, PoolError
@@ -170,6 +171,13 @@ class RayPool:
         """Policy -> version, as every live replica serves it."""
         live = [v for i, v in enumerate(self.versions) if i not in self.dead]
         return dict(live[0]) if live else {}
+
+    @property
+    def backends(self) -> list[Any]:
+        """For ``parley serve``'s watch: a failed stand-in once every replica has died."""
+        if self.actors and len(self.dead) == len(self.actors):
+            return [SimpleNamespace(failure=f"all {self.replicas} pool replicas died")]
+        return []
 
     @contextlib.asynccontextmanager
     async def _request_slot(self) -> AsyncIterator[None]:

@@ -226,28 +226,48 @@ def test_replicas_agent_spec(cluster: Any) -> None:
 def test_pool_replicas_balance_update_together_and_survive_a_death(
     cluster: Any, tiny_model_dir: Path
 ) -> None:
-    from parley.arena.inference.pool import PoolConfig, PoolError
-    from parley.arena.inference.ray_pool import RayPool, ReplicaSpec
-    from parley.protocols.messages import GenerateRequest, SamplingParams, WeightUpdate
+    from parley.arena.cli.serve import ServeOptions, serving
+    from parley.arena.inference.pool import PoolError
+    from parley.arena.inference.ray_pool import RayPool
+    from parley.protocols.bus import Endpoint
+    from parley.protocols.messages import (
+        GenerateRequest,
+        GenerateResult,
+        Ok,
+        SamplingParams,
+        WeightUpdate,
+    )
 
-    config = PoolConfig(max_batch_size=8)
-    spec = ReplicaSpec("transformers", str(tiny_model_dir), policy="p", config=config)
+    c, _ = cluster
+    options = ServeOptions(model=str(tiny_model_dir), listen="tcp://127.0.0.1:0", policy="p",
+                           max_batch_size=8, ray=c.address, replicas=2)  # fmt: skip
     request = GenerateRequest(policy="p", prompt="hi", params=SamplingParams(max_tokens=3))
-    update = WeightUpdate(policy="p", version=1, path=str(tiny_model_dir))
+    first = WeightUpdate(policy="p", version=1, path=str(tiny_model_dir))
 
     async def scenario() -> None:
-        pool = await RayPool(spec, 2, cpus_per_replica=1).start()
-        try:
+        async with serving(options) as (address, _, pool):
+            assert isinstance(pool, RayPool)
+            client = Endpoint("trainer")
+            try:
+                await client.connect(address, timeout=30)
+                reply = await client.request("pool", request, timeout=60)
+                assert isinstance(reply, GenerateResult)
+                assert reply.policy_version == 0
+                assert isinstance(await client.request("pool", first, timeout=60), Ok)
+            finally:
+                await client.close()
+            assert pool.policies == {"p": 1}
+            update = WeightUpdate(policy="p", version=2, path=str(tiny_model_dir))
             before = await asyncio.gather(*(pool.generate(request) for _ in range(8)))
-            assert {r.policy_version for r in before} == {0}
+            assert {r.policy_version for r in before} == {1}
             assert all(count > 0 for count in await pool.requests_per_replica())
             racing = [asyncio.create_task(pool.generate(request)) for _ in range(6)]
-            assert await pool.update_weights(update) == 1
+            assert await pool.update_weights(update) == 2
             after = await asyncio.gather(*(pool.generate(request) for _ in range(6)))
-            assert {r.policy_version for r in after} == {1}
-            assert {r.policy_version for r in await asyncio.gather(*racing)} <= {0, 1}
+            assert {r.policy_version for r in after} == {2}
+            assert {r.policy_version for r in await asyncio.gather(*racing)} <= {1, 2}
             versions = await asyncio.gather(*(a.policies.remote() for a in pool.actors))
-            assert versions == [{"p": 1}, {"p": 1}]  # bumped everywhere together
+            assert versions == [{"p": 2}, {"p": 2}]  # bumped everywhere together
             with pytest.raises(PoolError, match="version"):
                 await pool.update_weights(update)  # stale: not newer than what is served
             with pytest.raises(PoolError) as unknown:
@@ -255,10 +275,8 @@ def test_pool_replicas_balance_update_together_and_survive_a_death(
             assert unknown.value.code == "unknown_policy"
             ray.kill(pool.actors[0], no_restart=True)
             survivors = await asyncio.gather(*(pool.generate(request) for _ in range(4)))
-            assert {r.policy_version for r in survivors} == {1}
+            assert {r.policy_version for r in survivors} == {2}
             assert pool.dead == {0}
-        finally:
-            await pool.close()
 
     asyncio.run(scenario())
 
