@@ -20,3 +20,17 @@ the trainers. Import from the modules, e.g. :class:`parley.arena.run.runner.Runn
 :class:`parley.arena.inference.pool.InferencePool`,
 :class:`parley.arena.training.sampler.AsyncSampler`.
 """
+
+
+def __getattr__(name: str) -> str:
+    # ``parley`` is a namespace of four packages with no module of its own to hold the
+    # version: it lives here (``parley.arena.__version__``, ``parley --version``), read from
+    # the installed distribution's metadata when first asked for.
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("parley")
+        except PackageNotFoundError:
+            return "0+unknown"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,32 +4,35 @@
 Everything not listed here is imported by its full path (``parley.protocols.messages``).
 """
 
-from parley.protocols.bus import BusConfig, Endpoint
-from parley.protocols.codec import Codec
-from parley.protocols.errors import (
-    BusError,
-    ParleyError,
-    PeerDead,
-    ProtocolError,
-    RemoteError,
-    RequestTimeout,
-)
-from parley.protocols.messages import (
-    SCHEMA_VERSION,
-    Action,
-    Body,
-    Chat,
-    Envelope,
-    Error,
-    GenerateRequest,
-    GenerateResult,
-    Observation,
-    Ok,
-    ToolCall,
-    ToolResult,
-    Trajectory,
-    WeightUpdate,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from parley.protocols.bus import BusConfig, Endpoint
+    from parley.protocols.codec import Codec
+    from parley.protocols.errors import (
+        BusError,
+        ParleyError,
+        PeerDead,
+        ProtocolError,
+        RemoteError,
+        RequestTimeout,
+    )
+    from parley.protocols.messages import (
+        SCHEMA_VERSION,
+        Action,
+        Body,
+        Chat,
+        Envelope,
+        Error,
+        GenerateRequest,
+        GenerateResult,
+        Observation,
+        Ok,
+        ToolCall,
+        ToolResult,
+        Trajectory,
+        WeightUpdate,
+    )
 
 __all__ = [
     # messages
@@ -60,3 +63,46 @@ __all__ = [
     "BusConfig",
     "Endpoint",
 ]
+
+_WHERE: dict[str, str] = {
+    "BusConfig": "parley.protocols.bus",
+    "Endpoint": "parley.protocols.bus",
+    "Codec": "parley.protocols.codec",
+    "BusError": "parley.protocols.errors",
+    "ParleyError": "parley.protocols.errors",
+    "PeerDead": "parley.protocols.errors",
+    "ProtocolError": "parley.protocols.errors",
+    "RemoteError": "parley.protocols.errors",
+    "RequestTimeout": "parley.protocols.errors",
+    "SCHEMA_VERSION": "parley.protocols.messages",
+    "Action": "parley.protocols.messages",
+    "Body": "parley.protocols.messages",
+    "Chat": "parley.protocols.messages",
+    "Envelope": "parley.protocols.messages",
+    "Error": "parley.protocols.messages",
+    "GenerateRequest": "parley.protocols.messages",
+    "GenerateResult": "parley.protocols.messages",
+    "Observation": "parley.protocols.messages",
+    "Ok": "parley.protocols.messages",
+    "ToolCall": "parley.protocols.messages",
+    "ToolResult": "parley.protocols.messages",
+    "Trajectory": "parley.protocols.messages",
+    "WeightUpdate": "parley.protocols.messages",
+}
+"""Public name -> module; imported on first use (PEP 562), so importing this package (for
+``parley --help``, ``parley list``) costs nothing until a name is used."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -7,9 +7,15 @@
 Scenario modules are imported only when :func:`make` builds one.
 """
 
-from parley.scenarios.base import CHARSET, Event, Scenario, split_address
+from typing import TYPE_CHECKING, Any
+
+# Eager: the registry is light, and ``registry`` (the function) must win over the submodule
+# of the same name.
 from parley.scenarios.registry import ScenarioSpec, make, register, registry, spec
-from parley.scenarios.shaping import ShapedRewards, ShapingConfig, shape
+
+if TYPE_CHECKING:
+    from parley.scenarios.base import CHARSET, Event, Scenario, split_address
+    from parley.scenarios.shaping import ShapedRewards, ShapingConfig, shape
 
 __all__ = [
     # building scenarios
@@ -28,3 +34,30 @@ __all__ = [
     "shape",
     "ShapedRewards",
 ]
+
+_WHERE: dict[str, str] = {
+    "CHARSET": "parley.scenarios.base",
+    "Event": "parley.scenarios.base",
+    "Scenario": "parley.scenarios.base",
+    "split_address": "parley.scenarios.base",
+    "ShapedRewards": "parley.scenarios.shaping",
+    "ShapingConfig": "parley.scenarios.shaping",
+    "shape": "parley.scenarios.shaping",
+}
+"""Public name -> module; imported on first use (PEP 562), so importing this package (for
+``parley --help``, ``parley list``) costs nothing until a name is used."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

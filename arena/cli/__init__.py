@@ -18,8 +18,9 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["main", "build_parser", "COMMANDS"]
+__all__ = ["main", "build_parser", "COMMANDS", "SUMMARIES"]
 
 COMMANDS: tuple[str, ...] = (
     "list",
@@ -35,19 +36,80 @@ COMMANDS: tuple[str, ...] = (
 )
 """Modules of ``parley.arena.cli``, in the order ``parley --help`` lists them."""
 
+SUMMARIES: dict[str, str] = {
+    "list": "list the registered scenarios",
+    "bench": "measure parley beside its reference path",
+    "model": "build models parley needs (the tiny test model)",
+    "run": "play episodes of a scenario with agents in seats",
+    "agent": "join a running arena and play a seat",
+    "keys": "make CURVE key pairs for authenticated tcp (arena, pool, seats)",
+    "train": "train LLM policies on a scenario by RL (staged, async sampling)",
+    "serve": "start an inference pool that arenas connect to over the bus (and HTTP)",
+    "view": "browse runs, episodes and live training curves in a web page",
+    "demo": "train a speaker-listener team by RL, then play LLM and scripted agents",
+}
+"""Each command's one-line help, for ``parley --help`` without importing the commands
+(``tests/arena/cli/test_conventions.py`` checks they match the modules' own)."""
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser, with every subcommand registered."""
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends each option's line with its default, when it has a real one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        shown = default not in (None, False, "", [], argparse.SUPPRESS) and action.option_strings
+        if shown and "%(default)" not in text and "default" not in text.lower():
+            text += " (default: %(default)s)"
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every command's parser shows the defaults (:class:`_DefaultsFormatter`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed distribution's version (read only when asked)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print parley's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        from parley.arena import __version__
+
+        print(f"parley {__version__}")
+        parser.exit()
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser with every subcommand registered; given ``command``, only that
+    command's module is imported (the others are listed by their :data:`SUMMARIES`)."""
     parser = argparse.ArgumentParser(
         prog="parley",
         description="A multi-agent gym for LLMs: run scenario arenas, plug in agents, "
         "train cooperative policies.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action=_Version)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
     for name in COMMANDS:
-        module = importlib.import_module(f"parley.arena.cli.{name}")
-        module.add_parser(sub)
+        if command is None or name == command:
+            module = importlib.import_module(f"parley.arena.cli.{name}")
+            module.add_parser(sub)
+        else:
+            sub.add_parser(name, help=SUMMARIES[name], add_help=False)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str:
+    """The command ``argv`` names (its first word), or ``""`` (``parley --help``)."""
+    first = next((arg for arg in argv if not arg.startswith("-")), "")
+    return first if first in COMMANDS else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,8 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Hugging Face download/shard/weight-loading bars would interleave with ours (set it
     # to 0 to see them).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_list = sys.argv[1:] if argv is None else [*argv]  # (`list` is a submodule here)
+    parser = build_parser(_command(args_list) or "")
+    args = parser.parse_args(args_list)
     try:
         status = args.func(args)
     except KeyboardInterrupt:

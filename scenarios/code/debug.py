@@ -323,3 +323,7 @@ class CodeDebug(Scenario):
             "submitted": float(self.s.submitted),
             "tool_calls": float(self.s.tool_calls),
         }
+
+
+# help(env) shows the scenario's documentation page (this module's docstring).
+CodeDebug.__doc__ = __doc__

@@ -291,3 +291,7 @@ class HiddenProfile(Scenario):
             "messages": float(self.s.messages),
             "chance": 1.0 / len(self.options),
         }
+
+
+# help(env) shows the scenario's documentation page (this module's docstring).
+HiddenProfile.__doc__ = __doc__

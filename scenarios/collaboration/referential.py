@@ -252,3 +252,7 @@ class Referential(Scenario):
         if self.s.phase != "done":
             return {}
         return {"success": float(self.s.pick == self.s.target), "chance": 1.0 / self.k}
+
+
+# help(env) shows the scenario's documentation page (this module's docstring).
+Referential.__doc__ = __doc__

@@ -39,6 +39,14 @@ line saying what to do. ``infos[seat]["view"]`` holds ``phase``, ``counts``, ``v
 that wrote the selection token and so ended the talk; ``""`` while talking, and when the
 turn limit ended it).
 
+The scripted partner (:class:`parley.agents.scripted.negotiation.DealNegotiator`, the
+``scripted`` spec) writes ``propose: book=B hat=H ball=L (I take these, you take the rest)``
+(what it would take), concedes over its turns, and writes the selection token once the
+partner's last proposal in that form leaves it at least its current target; then each side
+claims that proposal (the proposer what it proposed to take, the selector the rest). An
+agent that wants to deal with it reads that form in ``view["last_message"]`` (case does not
+matter, spaces separate the three counts) and proposes in the same form.
+
 Rewards (on the last step):
 
 ==========  ====================================================================
@@ -426,3 +434,8 @@ class DealOrNoDealV1(DealOrNoDeal):
 
     def draw_context(self, rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:
         return sample_context(rng)
+
+
+# help(env) shows the scenario's documentation page (this module's docstring).
+DealOrNoDeal.__doc__ = __doc__
+DealOrNoDealV1.__doc__ = __doc__

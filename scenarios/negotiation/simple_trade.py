@@ -272,3 +272,7 @@ class SimpleTrade(Scenario):
         if self.s.outcome:
             out["draw"] = float(self.s.outcome[SEATS[0]] == 0)
         return out
+
+
+# help(env) shows the scenario's documentation page (this module's docstring).
+SimpleTrade.__doc__ = __doc__

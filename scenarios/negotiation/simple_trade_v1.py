@@ -379,3 +379,7 @@ def _random_values(rng: np.random.Generator) -> dict[str, Bundle]:
         a, b = values[SEATS[0]], values[SEATS[1]]
         if a["Wood"] * b["Gold"] != a["Gold"] * b["Wood"]:  # different ratios: gains exist
             return values
+
+
+# help(env) shows the scenario's documentation page (this module's docstring).
+SimpleNegotiation.__doc__ = __doc__

@@ -256,3 +256,7 @@ class SplitThePie(Scenario):
             out["proposer_share"] = self.s.proposal[index]
             out["total_payoff"] = sum(self.s.payoffs.values())
         return out
+
+
+# help(env) shows the scenario's documentation page (this module's docstring).
+SplitThePie.__doc__ = __doc__

@@ -416,3 +416,7 @@ class CalcChain(Scenario):
 
     def _finished(self) -> bool:
         return self.s.answer is not None or self.s.turns_left <= 0
+
+
+# help(env) shows the scenario's documentation page (this module's docstring).
+CalcChain.__doc__ = __doc__

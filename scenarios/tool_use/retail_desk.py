@@ -401,3 +401,7 @@ class RetailDesk(Scenario):
             "tool_calls": float(self.s.tool_calls),
             "tool_errors": float(self.s.tool_errors),
         }
+
+
+# help(env) shows the scenario's documentation page (this module's docstring).
+RetailDesk.__doc__ = __doc__
