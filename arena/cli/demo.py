@@ -124,10 +124,10 @@ def main(args: argparse.Namespace) -> int:
     """Build the model if needed, play the arena, print the tables; 0 if episodes finished."""
     from rich.table import Table
 
+    from parley.arena.cli.common import console
     from parley.arena.run.summary import summary_table
 
-    err = Console(stderr=True)
-    out = Console()
+    err, out = console(stderr=True), console()
     from transformers.utils import logging as hf_logging
 
     # A bar per checkpoint load drowns the demo's own. (Typed here: some transformers

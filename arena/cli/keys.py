@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rich.console import Console
-
 from parley.protocols.errors import ConfigError
 
 __all__ = ["add_parser"]
@@ -39,9 +37,10 @@ def add_parser(sub: Any) -> None:
 
 
 def _new(args: argparse.Namespace) -> int:
+    from parley.arena.cli.common import console
     from parley.protocols.keys import load_public_key, make_key_pair
 
-    out, err = Console(), Console(stderr=True)
+    out, err = console(), console(stderr=True)
     try:
         for name in args.names:
             public, secret = make_key_pair(args.dir, name)
@@ -54,11 +53,12 @@ def _new(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from parley.arena.cli.common import error_line
     from parley.protocols.keys import load_public_key
 
     try:
         print(load_public_key(args.file).decode())
     except ConfigError as exc:
-        Console(stderr=True).print(f"[red]parley keys: {exc}[/red]")
+        error_line("keys", str(exc))
         return 2
     return 0

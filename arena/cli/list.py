@@ -30,8 +30,9 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(row, sort_keys=True))
         return 0
 
-    from rich.console import Console
     from rich.table import Table
+
+    from parley.arena.cli.common import console
 
     table = Table(title=f"parley scenarios ({len(specs)})")
     table.add_column("id", style="bold", no_wrap=True)
@@ -42,5 +43,5 @@ def run(args: argparse.Namespace) -> int:
             f"{seat} -> {ref.rsplit(':', 1)[-1]}" for seat, ref in found.baselines.items()
         )
         table.add_row(found.id, seats, found.description)
-    Console().print(table)
+    console().print(table)
     return 0

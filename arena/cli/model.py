@@ -24,7 +24,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _run_tiny(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from parley.arena.inference.models.tiny import TinyModelConfig, build_tiny_model
 
@@ -36,7 +35,9 @@ def _run_tiny(args: argparse.Namespace) -> int:
         num_heads=args.heads,
         num_kv_heads=min(2, args.heads) if args.heads % 2 == 0 else args.heads,
     )
-    console = Console(stderr=True)
+    from parley.arena.cli.common import console as make_console
+
+    console = make_console(stderr=True)
     start = time.perf_counter()
     with console.status(f"building the tiny model into {args.directory}"):
         out = build_tiny_model(args.directory, config)
