@@ -59,7 +59,8 @@ class _Busy(Agent):
         end = time.process_time() + self.work_s
         while time.process_time() < end:
             pass
-        return await self.inner.act(observation)
+        action: Action = await self.inner.act(observation)
+        return action
 
 
 def busy_agents(work_s: float = 0.0, sleep_s: float = 0.0) -> dict[str, Any]:

@@ -113,7 +113,7 @@ class EpisodeWorker:
         import ray
 
         context = ray.get_runtime_context()
-        return {"node": context.get_node_id(), "ip": ray.util.get_node_ip_address(),
+        return {"node": context.get_node_id(), "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
                 "pid": os.getpid()}  # fmt: skip
 
     async def play(self, plans: Sequence[EpisodePlan]) -> list[EpisodeRecord]:
@@ -231,6 +231,7 @@ class RayRunner(Runner):
         for slot in self.slots:
             slot.where = await _await_ref(slot.started)
             slot.started = None
+        piece: _Slice | None
         self.startup_s = time.perf_counter() - started
         nodes: dict[str, dict[str, Any]] = {}
         done: set[int] = set()
