@@ -71,11 +71,11 @@ A whole scenario, to show the hooks (register it with :func:`parley.scenarios.re
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-import re
 from abc import abstractmethod
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple, final
+from typing import Any, ClassVar, final
 
 import numpy as np
 from gymnasium.spaces import Text
@@ -83,6 +83,7 @@ from pettingzoo import ParallelEnv
 
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.scenarios.charset import CHARSET, OUTSIDE_CHARSET, printable
+from parley.scenarios.events import Event, split_address
 
 __all__ = [
     "CHARSET",
@@ -99,44 +100,11 @@ ORACLE_KEY = "oracle"
 
 _STATE_MAX_LENGTH = 1 << 24
 _DEFAULT_PROMPT = "Your move."
-_ADDRESS = re.compile(r"^\s*@([A-Za-z0-9_,]+)\s*:?\s*", re.DOTALL)
 
 
 class StepContractError(ParleyError, TypeError):
     """The caller broke ``step``'s contract (PettingZoo's parallel API): ``actions`` must be a
     mapping from live seat names (``env.agents``) to actions."""
-
-
-class Event(NamedTuple):
-    """One line of the episode's record: a message, a notice, or an invalid move.
-
-    ``to`` is empty for events everyone sees; otherwise the recipients (private channel).
-    (A named tuple: scenarios record one per message, on the hot path of every step.)
-    """
-
-    turn: int
-    kind: str
-    sender: str
-    text: str
-    to: tuple[str, ...] = ()
-
-
-def split_address(text: str, seats: Sequence[str]) -> tuple[list[str] | None, str]:
-    """Split a leading ``@seat:`` / ``@seat1,seat2`` address off a message.
-
-    Returns ``(recipients, body)``; ``recipients`` is ``None`` for a public message (no
-    address, or ``@all``). An address naming an unknown seat is not an address: the whole text
-    is a public message (a scenario that wants stricter rules checks the names itself).
-    """
-    match = _ADDRESS.match(text)
-    if match is None:
-        return None, text.strip()
-    names = [name for name in match.group(1).split(",") if name]
-    if names == ["all"]:
-        return None, text[match.end() :].strip()
-    if not names or any(name not in seats for name in names):
-        return None, text.strip()
-    return names, text[match.end() :].strip()
 
 
 class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
@@ -186,13 +154,6 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
             self.default_invalid_penalty if invalid_penalty is None else float(invalid_penalty)
         )
         self.rng: np.random.Generator = np.random.default_rng()
-        self.observation_spaces = {
-            seat: Text(self.max_observation_length, min_length=0, charset=CHARSET) for seat in seats
-        }
-        self.action_spaces = {
-            seat: Text(self.max_action_length, min_length=0, charset=CHARSET) for seat in seats
-        }
-        self.state_space = Text(_STATE_MAX_LENGTH, min_length=0, charset=CHARSET)
         self.turn = 0
         # The event log: hooks append plain tuples (a named tuple costs ~10x more to build);
         # ``events`` turns them into Events when read.
@@ -360,6 +321,27 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         return self._invalid_count
 
     # ------------------------------------------------------------------ ParallelEnv
+
+    # The spaces are built on first use: a Text space indexes its charset when made (~0.1 ms
+    # each), a large share of a short episode's set-up, and the runner never reads them.
+    @functools.cached_property
+    def observation_spaces(self) -> dict[str, Text]:
+        """One :class:`~gymnasium.spaces.Text` space per seat (the same object every call)."""
+        return {seat: self._text(self.max_observation_length) for seat in self.possible_agents}
+
+    @functools.cached_property
+    def action_spaces(self) -> dict[str, Text]:
+        """One :class:`~gymnasium.spaces.Text` space per seat (the same object every call)."""
+        return {seat: self._text(self.max_action_length) for seat in self.possible_agents}
+
+    @functools.cached_property
+    def state_space(self) -> Text:
+        """The space :meth:`state` lies in (ASCII JSON)."""
+        return self._text(_STATE_MAX_LENGTH)
+
+    @staticmethod
+    def _text(max_length: int) -> Text:
+        return Text(max_length, min_length=0, charset=CHARSET)
 
     @final
     def observation_space(self, agent: str) -> Text:
