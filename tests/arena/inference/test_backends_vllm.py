@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,6 +109,118 @@ async def test_sampled_logprobs_are_the_trainers_by_default(
             want = logp.gather(1, torch.tensor(c.token_ids)[:, None]).flatten().tolist()
             worst = max(worst, *(abs(a - b) for a, b in zip(c.logprobs, want, strict=True)))
     assert worst < 1e-4, f"largest logprob difference to a float32 forward pass: {worst:.2e}"
+
+
+async def test_top_logprobs_agree_with_transformers_and_the_forward_pass(
+    backend: VLLMBackend, model_dir: Path
+) -> None:
+    """Issue 12 §6: vLLM's top-k (``logprobs=k``, extracted by rank) are the top-k of a
+    plain float32 forward pass, and greedy top-k lists equal the transformers backend's."""
+    from parley.arena.inference.backends.transformers import TransformersBackend
+
+    worst_ref = worst_hf = 0.0
+    hf = await TransformersBackend.create(str(model_dir))
+    try:
+        for i, text in enumerate(PROMPTS[:3]):
+            prompt = chat(backend, text)
+            (res,) = await backend.generate(
+                [request(prompt, temperature=1.0, max_tokens=12, seed=i, top_logprobs=5)]
+            )
+            c = res.completions[0]
+            assert len(c.top_token_ids) == len(c.top_logprobs) == len(c.token_ids)
+            values, ids = reference_logprobs(model_dir, prompt, c.token_ids).topk(5, dim=-1)
+            assert c.top_token_ids == ids.tolist()
+            for got, want in zip(c.top_logprobs, values.tolist(), strict=True):
+                worst_ref = max(worst_ref, *(abs(a - b) for a, b in zip(got, want, strict=True)))
+            for token, lp, top_ids, top_lps in zip(
+                c.token_ids, c.logprobs, c.top_token_ids, c.top_logprobs, strict=True
+            ):
+                if token in top_ids:
+                    assert top_lps[top_ids.index(token)] == pytest.approx(lp, abs=1e-6)
+                else:
+                    assert lp <= top_lps[-1] + 1e-6
+            greedy = request(prompt, temperature=0, max_tokens=12, top_logprobs=5)
+            (v,) = await backend.generate([greedy])
+            (t,) = await hf.generate([greedy])
+            cv, ct = v.completions[0], t.completions[0]
+            assert cv.token_ids == ct.token_ids
+            assert cv.top_token_ids == ct.top_token_ids
+            for got, want in zip(cv.top_logprobs, ct.top_logprobs, strict=True):
+                worst_hf = max(worst_hf, *(abs(a - b) for a, b in zip(got, want, strict=True)))
+    finally:
+        await hf.close()
+    print(f"top-5 logprobs: vLLM vs forward pass {worst_ref:.2e}, vs transformers {worst_hf:.2e}")
+    # Measured 4.1e-6 (forward pass) and 3.8e-6 (transformers) on the tiny model.
+    assert worst_ref < 5e-5
+    assert worst_hf < 5e-5
+
+
+async def test_top_logprobs_under_a_constraint_list_only_allowed_tokens(
+    backend: VLLMBackend,
+) -> None:
+    """Alternatives under a constraint are tokens it allows: at the first position every
+    listed token starts one of the choices (vLLM's grammar also allows spelling a choice
+    in smaller tokens, e.g. "d" + "eny", which parley's own matcher does not) and together
+    they carry all the probability."""
+    constraint = Constraint(type="choice", choices=["accept", "deny", "deal", "no"])
+    (res,) = await backend.generate(
+        [
+            GenerateRequest(
+                prompt_token_ids=chat(backend, "answer"),
+                params=SamplingParams(max_tokens=8, seed=2, top_logprobs=20),
+                constraint=constraint,
+            )
+        ]
+    )
+    c = res.completions[0]
+    assert c.text in constraint.choices
+    first = [backend.tokenizer.decode([t]) for t in c.top_token_ids[0]]
+    assert first
+    assert all(any(x.startswith(f) for x in constraint.choices) for f in first), first
+    assert len(c.top_token_ids[0]) < 20
+    assert sum(math.exp(v) for v in c.top_logprobs[0]) == pytest.approx(1, abs=1e-4)
+    for ids, lps in zip(c.top_token_ids, c.top_logprobs, strict=True):
+        assert all(math.isfinite(v) for v in lps)
+        assert len(ids) == len(lps)
+
+
+async def test_http_streams_tokens_as_vllm_generates_them(backend: VLLMBackend) -> None:
+    """The front over a vLLM pool: the first chunk arrives before the pool has finished
+    the request, and the streamed text and top logprobs equal the plain answer's."""
+    import openai
+
+    from parley.arena.inference.http import serve_http
+    from parley.arena.inference.pool import InferencePool
+
+    async with InferencePool({"tiny": backend}, owns_backends=False) as pool:
+        runner, url = await serve_http(pool)
+        try:
+            async with openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0) as client:
+                args: dict[str, Any] = {"model": "tiny", "max_tokens": 300, "temperature": 0}
+                args |= {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+                args["top_logprobs"] = 3
+                plain = await client.chat.completions.create(**args)
+                assert plain.choices[0].finish_reason == "length"
+                done_before = pool.stats.completed
+                first_unfinished = None
+                text, tops, chunks = "", [], 0
+                async for chunk in await client.chat.completions.create(stream=True, **args):
+                    for choice in chunk.choices:
+                        if choice.logprobs is not None and choice.logprobs.content:
+                            if first_unfinished is None:
+                                first_unfinished = pool.stats.completed == done_before
+                            chunks += 1
+                            tops += [
+                                [t.token for t in e.top_logprobs] for e in choice.logprobs.content
+                            ]
+                        text += choice.delta.content or ""
+        finally:
+            await runner.cleanup()
+    assert first_unfinished, "the first token came after the pool finished the request"
+    assert chunks == 300
+    assert text == plain.choices[0].message.content
+    content = plain.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert tops == [[t.token for t in e.top_logprobs] for e in content or []]
 
 
 async def test_batch_equals_single_with_greedy_decoding(backend: VLLMBackend) -> None:
