@@ -38,8 +38,11 @@ checked against the formats documented by TRL 1.16 and NeMo RL (``ResponseDatase
 - ``trl`` per turn: conversational prompt-completion (GRPO, KTO with ``label``, offline):
   ``{"prompt": <the whole chat>, "completion": [assistant], "label", "reward"}``; per
   conversation: conversational language modelling for SFT, ``{"messages": [...]}``.
-- ``openrlhf`` per turn: ``{"input": <the chat>, "output", "reward", "label"}``; pass
-  ``--input_key input --output_key output --apply_chat_template``.
+- ``openrlhf`` per turn: ``{"input": <the chat>, "output": [assistant], "reward", "label"}``;
+  pass ``--input_key input --output_key output --apply_chat_template`` (its SFT dataset
+  templates ``input`` with a generation prompt and ``input + output`` for the response, so
+  ``output`` must be a message list when ``input`` is; its prompt dataset reads ``input``
+  and ``--label_key label``).
 - ``nemo_rl``: ``{"messages": [...]}`` (the chat plus the completion; per conversation the
   whole episode). ``ResponseDataset`` uses a ``messages`` column as is and adds
   ``task_name`` itself (a row that carries one is rejected as a duplicate column).
@@ -287,7 +290,7 @@ def _trl(d: dict[str, Any], threshold: float) -> dict[str, Any]:
 def _openrlhf(d: dict[str, Any], threshold: float) -> dict[str, Any]:
     return {
         "input": d["messages"],
-        "output": d["completion"],
+        "output": [_assistant(d)],  # a chat too: OpenRLHF concatenates input + output
         "reward": d["return"],
         "label": d["return"] > threshold,
     }

@@ -90,7 +90,12 @@ def test_every_format_writes_one_json_row_per_decision(fmt: str, tmp_path: Path)
         assert rows[1]["completion"] == [{"role": "assistant", "content": "a2"}]
         assert [r["label"] for r in rows] == [True, False]  # return 1.25 vs 0.75 > 1.0
     elif fmt == "openrlhf":
-        assert rows[1] == {"input": chat, "output": "a2", "reward": 0.75, "label": False}
+        assert rows[1] == {
+            "input": chat,
+            "output": [{"role": "assistant", "content": "a2"}],
+            "reward": 0.75,
+            "label": False,
+        }
     elif fmt == "nemo_rl":
         assert set(rows[1]) == {"messages"}  # no task_name: ResponseDataset adds its own
         assert rows[1]["messages"] == [*chat, {"role": "assistant", "content": "a2"}]
