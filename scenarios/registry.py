@@ -279,3 +279,22 @@ register(
     description="Fix a buggy Python function with a sandboxed test runner; reward = share "
     "of hidden tests passed. Optional reviewer seat.",
 )
+
+# v1 of the scenarios whose v0 left a refused move's turn unused (an agent writing only
+# non-ASCII never ended its episode): same seats, baselines and arguments; the refused move
+# uses up the turn (parley.scenarios.refusals). Each v0 stays registered as it was.
+for _v0, _v1_class in (
+    ("collaboration/referential-v0", f"{_COL}.referential:ReferentialV1"),
+    ("negotiation/split-the-pie-v0", f"{_NEG}.split_the_pie:SplitThePieV1"),
+    ("tool_use/calc-chain-v0", f"{_TOOL}.calc_chain:CalcChainV1"),
+    ("tool_use/retail-desk-v0", f"{_TOOL}.retail_desk:RetailDeskV1"),
+    ("code/debug-v0", "parley.scenarios.code.debug:CodeDebugV1"),
+):
+    _first = _REGISTRY[_v0]
+    register(
+        _v0[: -len("v0")] + "v1",
+        _v1_class,
+        kwargs=_first.kwargs,
+        baselines=_first.baselines,
+        description=f"{_first.description} v1: a refused move uses up the turn.",
+    )

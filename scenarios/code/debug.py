@@ -75,6 +75,9 @@ built-in value`` instead of its ``repr``. Two corners differ: a result whose enc
 exceeds 1,500 characters counts as failed (no expected value is within a tenth of that), and
 the results line, up to ~6 KB for four tests instead of ~1 KB, shares the 20,000-byte stdout
 cap with the code's own prints.
+v1 — a move the action space refuses (characters outside the charset, too long) uses
+up the seat's turn (:mod:`parley.scenarios.refusals`), so every episode ends within the
+scenario's limits; v0 is kept as it was.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ import numpy as np
 from parley.scenarios.base import Scenario, printable
 from parley.scenarios.code.debug_tasks import TASKS, DebugTask
 from parley.scenarios.code.harness import TestRun, run_tests
+from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.tools.sandbox import Sandbox, SandboxLimits
 from parley.scenarios.tools.tool import (
     ToolBox,
@@ -325,5 +329,12 @@ class CodeDebug(Scenario):
         }
 
 
+class CodeDebugV1(RefusedMoveTakesTurn, CodeDebug):
+    """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
+
+    metadata: ClassVar[dict[str, Any]] = {**CodeDebug.metadata, "name": "code/debug-v1"}
+
+
 # help(env) shows the scenario's documentation page (this module's docstring).
 CodeDebug.__doc__ = __doc__
+CodeDebugV1.__doc__ = __doc__

@@ -61,6 +61,9 @@ what lets a tiny model learn it fast), ``invalid_penalty``, ``max_cycles``,
     >>> env = make("collaboration/referential-v0", n_candidates=4)
 
 Version history: v0 - first version.
+v1 — a move the action space refuses (characters outside the charset, too long) uses
+up the seat's turn (:mod:`parley.scenarios.refusals`), so every episode ends within the
+scenario's limits; v0 is kept as it was.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ import numpy as np
 
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
+from parley.scenarios.refusals import RefusedMoveTakesTurn
 
 __all__ = ["ATTRIBUTES", "Referential", "RefState", "describe", "messages"]
 
@@ -254,5 +258,15 @@ class Referential(Scenario):
         return {"success": float(self.s.pick == self.s.target), "chance": 1.0 / self.k}
 
 
+class ReferentialV1(RefusedMoveTakesTurn, Referential):
+    """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        **Referential.metadata,
+        "name": "collaboration/referential-v1",
+    }
+
+
 # help(env) shows the scenario's documentation page (this module's docstring).
 Referential.__doc__ = __doc__
+ReferentialV1.__doc__ = __doc__

@@ -81,6 +81,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parley.scenarios.base import Scenario
+from parley.scenarios.refusals import RefusedMoveTakesTurn
 
 __all__ = [
     "ITEMS",
@@ -415,7 +416,7 @@ class DealOrNoDeal(Scenario):
         return out
 
 
-class DealOrNoDealV1(DealOrNoDeal):
+class DealOrNoDealV1(RefusedMoveTakesTurn, DealOrNoDeal):
     """v1: contexts uniform over the valid ones, and claims must be complete divisions."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -423,14 +424,6 @@ class DealOrNoDealV1(DealOrNoDeal):
         "name": "negotiation/deal-or-no-deal-v1",
     }
     complete_claims = True
-
-    def _check(self, agent: str, action: Any) -> str | None:
-        # A move the action space refuses (not a string, too long, outside the charset)
-        # still uses up the seat's turn, played as "" (v0: it changes nothing).
-        reason = super()._check(agent, action)
-        if reason is not None:
-            self.play(agent, "")
-        return reason
 
     def draw_context(self, rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:
         return sample_context(rng)

@@ -48,6 +48,9 @@ Arguments: ``n_players`` (3), ``delta`` (0.9), ``max_rounds`` (10), ``invalid_pe
     >>> env = make("negotiation/split-the-pie-v0", n_players=5, delta=0.8)
 
 Version history: v0 - first version.
+v1 — a move the action space refuses (characters outside the charset, too long) uses
+up the seat's turn (:mod:`parley.scenarios.refusals`), so every episode ends within the
+scenario's limits; v0 is kept as it was.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ import numpy as np
 
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
+from parley.scenarios.refusals import RefusedMoveTakesTurn
 
 __all__ = ["SplitThePie", "PieState", "parse_proposal", "quota", "spe_shares"]
 
@@ -258,5 +262,15 @@ class SplitThePie(Scenario):
         return out
 
 
+class SplitThePieV1(RefusedMoveTakesTurn, SplitThePie):
+    """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        **SplitThePie.metadata,
+        "name": "negotiation/split-the-pie-v1",
+    }
+
+
 # help(env) shows the scenario's documentation page (this module's docstring).
 SplitThePie.__doc__ = __doc__
+SplitThePieV1.__doc__ = __doc__

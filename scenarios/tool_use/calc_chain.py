@@ -57,6 +57,9 @@ episode: answers are read in bounded time (``"1e999999999"`` used to stall ``ste
 any exponent over 1,000 is a wrong answer, as it always was); JSON nested deeper than 64 levels
 or holding integers over 4,300 digits is an invalid move (it used to raise out of ``step``);
 text from the action is escaped into the observation charset.
+v1 — a move the action space refuses (characters outside the charset, too long) uses
+up the seat's turn (:mod:`parley.scenarios.refusals`), so every episode ends within the
+scenario's limits; v0 is kept as it was.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ import numpy as np
 
 from parley.protocols.messages import ToolCall
 from parley.scenarios.base import Scenario
+from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.tools.calculator import (
     CalcError,
     convert,
@@ -418,5 +422,12 @@ class CalcChain(Scenario):
         return self.s.answer is not None or self.s.turns_left <= 0
 
 
+class CalcChainV1(RefusedMoveTakesTurn, CalcChain):
+    """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
+
+    metadata: ClassVar[dict[str, Any]] = {**CalcChain.metadata, "name": "tool_use/calc-chain-v1"}
+
+
 # help(env) shows the scenario's documentation page (this module's docstring).
 CalcChain.__doc__ = __doc__
+CalcChainV1.__doc__ = __doc__

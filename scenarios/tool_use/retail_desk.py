@@ -63,6 +63,9 @@ Version history: v0 — first version. Later fixes that change no score: the ass
 no longer holds the task index (the privileged ``oracle`` hook replaces it); JSON nested
 deeper than 64 levels or holding integers over 4,300 digits is an invalid move (it used to
 raise out of ``step``); text from agents is escaped into the observation charset.
+v1 — a move the action space refuses (characters outside the charset, too long) uses
+up the seat's turn (:mod:`parley.scenarios.refusals`), so every episode ends within the
+scenario's limits; v0 is kept as it was.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parley.scenarios.base import Scenario, printable
+from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.tool_use.retail_db import RetailDB, dollars
 from parley.scenarios.tools.tool import (
     ToolBox,
@@ -403,5 +407,12 @@ class RetailDesk(Scenario):
         }
 
 
+class RetailDeskV1(RefusedMoveTakesTurn, RetailDesk):
+    """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
+
+    metadata: ClassVar[dict[str, Any]] = {**RetailDesk.metadata, "name": "tool_use/retail-desk-v1"}
+
+
 # help(env) shows the scenario's documentation page (this module's docstring).
 RetailDesk.__doc__ = __doc__
+RetailDeskV1.__doc__ = __doc__

@@ -1,5 +1,5 @@
 """A move the action space refuses (characters outside the charset, too long, not a string)
-uses up the seat's turn in deal-or-no-deal-v1, so a seat that
+uses up the seat's turn from every scenario's v1 on, so a seat that
 writes only such moves (an untrained model) still ends the episode within the rules' bound;
 the v0 scenarios keep their first behaviour (issue 14)."""
 
@@ -35,3 +35,31 @@ def test_v0_keeps_its_first_behaviour() -> None:
     for _ in range(10):
         env.step({seat: "héllo" for seat in env.agents})
     assert env.agents, "v0 changed: a refused move now uses up the turn"
+
+
+def _latest_versions() -> list[str]:
+    from parley.scenarios import registry
+
+    latest: dict[str, str] = {}
+    for scenario_id in sorted(registry(), key=lambda i: int(i.rsplit("-v", 1)[1])):
+        latest[scenario_id.rsplit("-v", 1)[0]] = scenario_id
+    return sorted(latest.values())
+
+
+@pytest.mark.parametrize("scenario_id", _latest_versions())
+def test_every_scenario_ends_when_every_move_is_refused(scenario_id: str) -> None:
+    """The newest version of every scenario ends within the steps its own limits allow
+    (measured with empty moves), even when every move is refused: non-ASCII, as an
+    untrained model writes."""
+    bounds = []
+    for bad in ("", "héllo wörld"):
+        env = make(scenario_id)
+        env.reset(seed=5)
+        steps = 0
+        while env.agents and steps < 1000:
+            env.step({seat: bad for seat in env.agents})
+            steps += 1
+        assert not env.agents, f"{scenario_id}: {bad!r} moves never end the episode"
+        bounds.append(steps)
+        env.close()
+    assert bounds[1] <= bounds[0], (scenario_id, bounds)

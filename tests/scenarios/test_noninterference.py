@@ -19,7 +19,10 @@ from parley.scenarios.conformance import (
 from parley.scenarios.negotiation.deal_or_no_deal import DealOrNoDeal
 from parley.scenarios.tool_use.retail_desk import RetailDesk
 
-NOTHING_HIDDEN = {"tool_use/calc-chain-v0", "negotiation/split-the-pie-v0"}
+NOTHING_HIDDEN = {
+    *("tool_use/calc-chain-v0", "negotiation/split-the-pie-v0"),
+    *("tool_use/calc-chain-v1", "negotiation/split-the-pie-v1"),  # the same games (issue 14)
+}
 BUILT_IN = sorted(i for i, s in registry().items() if s.entry_point.startswith("parley."))
 
 
