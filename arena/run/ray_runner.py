@@ -32,7 +32,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,6 +179,7 @@ class RayRunner(Runner):
         self.workers_lost: list[str] = []
         self.startup_s = 0.0
         self._max_spawns = 0
+        self._ray: Any = None
 
     # ------------------------------------------------------------------ workers
 
@@ -205,15 +206,80 @@ class RayRunner(Runner):
         try:
             return await self._run(ray)
         finally:
-            live = [slot for slot in self.slots if slot.alive and slot.where]
-            stops = [_await_ref(slot.actor.stop.remote()) for slot in live]
-            with contextlib.suppress(Exception):  # a worker that died on the way out
-                await asyncio.wait_for(asyncio.gather(*stops, return_exceptions=True), 10)
-            for slot in self.slots:
-                with contextlib.suppress(Exception):  # a dead or unreachable actor
-                    ray.kill(slot.actor)
+            await self._stop_workers(ray)
             if started_ray:
                 ray.shutdown()
+
+    async def _stop_workers(self, ray: Any) -> None:
+        live = [slot for slot in self.slots if slot.alive and slot.where]
+        stops = [_await_ref(slot.actor.stop.remote()) for slot in live]
+        with contextlib.suppress(Exception):  # a worker that died on the way out
+            await asyncio.wait_for(asyncio.gather(*stops, return_exceptions=True), 10)
+        for slot in self.slots:
+            with contextlib.suppress(Exception):  # a dead or unreachable actor
+                ray.kill(slot.actor)
+
+    # ------------------------------------------------------------------ one episode at a time
+
+    @contextlib.asynccontextmanager
+    async def open(self) -> AsyncIterator[str]:
+        """Start the worker actors; yields the Ray address. Inside it, :meth:`play` plays
+        one plan on the least-busy worker, as :meth:`Runner.play` does in-process (a
+        sampler that keeps episodes running uses it unchanged)."""
+        started_ray = init_ray(self.config.ray)
+        ray = import_ray()
+        try:
+            wanted = self._worker_count(ray)
+            for _ in range(wanted):
+                self._spawn(ray)
+            self._max_spawns = wanted * (MAX_ATTEMPTS + 2)
+            for slot in self.slots:
+                slot.where = await _await_ref(slot.started)
+            self._ray = ray
+            yield str(ray.get_runtime_context().gcs_address)
+        finally:
+            self._ray = None
+            await self._stop_workers(ray)
+            if started_ray:
+                ray.shutdown()
+
+    async def play(self, plan: EpisodePlan) -> EpisodeRecord:
+        """Play ``plan`` on a worker actor; a worker that dies meanwhile is replaced and the
+        episode played again elsewhere with the same seeds (failed after
+        :data:`MAX_ATTEMPTS` lost workers)."""
+        ray = self._ray
+        if ray is None:
+            raise ConfigError("play episodes inside RayRunner.open()")
+        reasons: list[str] = []
+        while len(reasons) < MAX_ATTEMPTS:
+            live = [s for s in self.slots if s.alive and s.where]
+            if not live:
+                starting = [s for s in self.slots if s.alive]
+                if not starting:
+                    raise RuntimeError("no Ray worker is left to play episodes")
+                try:
+                    starting[0].where = await _await_ref(starting[0].started)
+                except ray.exceptions.RayError as exc:
+                    self._lost(ray, starting[0], None, exc, None, None)
+                continue
+            slot = min(live, key=lambda s: s.in_flight)
+            slot.in_flight += 1
+            try:
+                [record] = await _await_ref(slot.actor.play.remote([plan]))
+            except ray.exceptions.RayActorError as exc:
+                reasons.append(f"{slot.name}: {type(exc).__name__}")
+                self._lost(ray, slot, None, exc, None, None)
+                self.retried_count += 1
+                if len(self.retried) < MAX_LISTED_RETRIES:
+                    self.retried.append(plan.episode_id)
+                continue
+            finally:
+                slot.in_flight -= 1
+            assert isinstance(record, EpisodeRecord)  # what EpisodeWorker.play returns
+            return record
+        log = EpisodeLog(plan, self.config.scenario, self.seats, self.specs)
+        log.failed = f"worker_lost: {MAX_ATTEMPTS} workers died playing it ({reasons[-1]})"
+        return log.record()
 
     async def _run(self, ray: Any) -> RunResult:
         plans = plan_episodes(self.config, self.seats)

@@ -182,6 +182,30 @@ def test_bench_ray_json(cluster: Any, capsys: Any) -> None:
 
 
 @pytest.mark.slow
+def test_play_one_plan_at_a_time_on_workers_as_a_sampler_does(cluster: Any) -> None:
+    from parley.arena.run.episode import plan_episodes
+
+    config = RunConfig(scenario=SCENARIO, episodes=16, seed=6, concurrency=4, progress=False)
+    local = run(config, keep_records=True)
+    runner = RayRunner(config.replace(ray="auto", ray_workers=2), agents=_slow_agents())
+    plans = plan_episodes(config, runner.seats)
+
+    async def sample() -> list[Any]:
+        async with runner.open():
+            first = await asyncio.gather(*(runner.play(plan) for plan in plans[:4]))
+            ray.kill(runner.slots[0].actor, no_restart=True)
+            rest = await asyncio.gather(*(runner.play(plan) for plan in plans[4:]))
+        return [*first, *rest]
+
+    records = asyncio.run(sample())
+    assert [r.transcript for r in records] == [r.transcript for r in local.records]
+    assert runner.workers_lost  # found dead on first use, replaced
+    assert all(not r.failed for r in records)
+    with pytest.raises(ConfigError, match=r"inside RayRunner\.open"):
+        asyncio.run(runner.play(plans[0]))
+
+
+@pytest.mark.slow
 def test_seat_replicas_spread_and_survive_a_killed_replica(cluster: Any, tmp_path: Path) -> None:
     from parley.arena.run.ray_agents import SeatReplicas
 
