@@ -198,7 +198,7 @@ class OpenAIBackend(Backend):
         if p.seed is not None:
             body["seed"] = p.seed
         if p.logprobs:
-            body["logprobs"] = 1
+            body["logprobs"] = max(1, p.top_logprobs)
             body["return_tokens_as_token_ids"] = True
         c = request.constraint
         if c is not None:
@@ -224,10 +224,10 @@ class OpenAIBackend(Backend):
             policy=request.policy,
             policy_version=version,
             prompt_token_ids=prompt_ids,
-            completions=[self._completion(c) for c in choices],
+            completions=[self._completion(c, request.params.top_logprobs) for c in choices],
         )
 
-    def _completion(self, choice: dict[str, Any]) -> Completion:
+    def _completion(self, choice: dict[str, Any], top: int = 0) -> Completion:
         text = str(choice.get("text", ""))
         lp = choice.get("logprobs") or {}
         token_ids = _ints(choice.get("token_ids"))
@@ -237,12 +237,24 @@ class OpenAIBackend(Backend):
         if not token_ids and self._tokenizer is not None:
             token_ids = self._tokenizer.encode(text)  # approximate: the server gave no ids
         logprobs = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []]
-        return Completion(
+        c = Completion(
             text=text,
             token_ids=token_ids,
             logprobs=logprobs,
             finish_reason=_FINISH.get(choice.get("finish_reason"), "error"),
         )
+        if top:
+            for alternatives in lp.get("top_logprobs") or []:
+                best = sorted((alternatives or {}).items(), key=lambda kv: -kv[1])[:top]
+                if not all(str(t).startswith("token_id:") for t, _ in best):
+                    raise BackendError(
+                        "the server's top_logprobs are not spelled token_id:N (it ignores "
+                        "return_tokens_as_token_ids), so their token ids are unknown; "
+                        "ask for top_logprobs=0 from this server"
+                    )
+                c.top_token_ids.append([int(str(t).removeprefix("token_id:")) for t, _ in best])
+                c.top_logprobs.append([float(v) for _, v in best])
+        return c
 
     async def _post(self, url: str, body: dict[str, Any], seconds: float) -> dict[str, Any]:
         return await self._call("POST", url, body, seconds)

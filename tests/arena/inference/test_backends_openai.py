@@ -267,7 +267,9 @@ async def test_against_the_pools_http_front(tiny_model_dir: Path, tmp_path: Path
             reqs = [
                 GenerateRequest(
                     prompt_token_ids=prompt,
-                    params=SamplingParams(temperature=1.0, max_tokens=10, n=2, seed=3),
+                    params=SamplingParams(
+                        temperature=1.0, max_tokens=10, n=2, seed=3, top_logprobs=3
+                    ),
                 ),
                 GenerateRequest(
                     prompt_token_ids=prompt,
@@ -280,6 +282,9 @@ async def test_against_the_pools_http_front(tiny_model_dir: Path, tmp_path: Path
             for h, d in zip(via_front, expected, strict=True):
                 assert [c.token_ids for c in h.completions] == [c.token_ids for c in d.completions]
                 assert h.prompt_token_ids == prompt
+                for hc, dc in zip(h.completions, d.completions, strict=True):  # issue 12 §6
+                    assert hc.top_token_ids == dc.top_token_ids
+                    assert hc.top_logprobs == dc.top_logprobs
             assert via_front[1].completions[0].text in ("accept", "deny")
 
             from safetensors.torch import save_file
