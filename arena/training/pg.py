@@ -66,7 +66,17 @@ from parley.protocols.messages import Constraint
 __all__ = ["PGConfig", "PolicyGradientTrainer", "Sample"]
 
 # Running sums of one update's statistics (see PolicyGradientTrainer.step).
-_SUMS = ("loss", "steps", "tokens", "sequences", "ratio_sum", "clipped", "is_weight_sum", "kl_sum")
+_SUMS = (
+    "loss",
+    "steps",
+    "tokens",
+    "sequences",
+    "ratio_sum",
+    "clipped",
+    "is_weight_sum",
+    "kl_sum",
+    "entropy_sum",
+)
 
 
 @dataclass
@@ -132,6 +142,10 @@ class PGConfig:
     """rloo and reinforce: truncation of the sequence importance weights (TIS)."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to a frozen copy of the initial policy (0: none, no copy)."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus: minus this times the mean per-token entropy of the policy
+    (over the tokens the constraint allowed) is added to the loss (0: none, and the
+    ``entropy`` metric stays 0)."""
     micro_batch: int = 64
     """Samples per forward/backward; gradients accumulate over a minibatch's micro-batches."""
     replay: int = 0
@@ -167,6 +181,8 @@ class PGConfig:
             raise ConfigError("micro_batch, epochs and minibatches must be >= 1")
         if self.length_norm < 0:
             raise ConfigError("length_norm must be >= 0")
+        if self.entropy_coef < 0:
+            raise ConfigError("entropy_coef must be >= 0")
         if self.kl_coef < 0 or self.replay < 0 or not 0 <= self.replay_fraction < 1:
             raise ConfigError("kl_coef >= 0, replay >= 0 and 0 <= replay_fraction < 1")
 
@@ -305,6 +321,7 @@ class PolicyGradientTrainer:
             "clip_frac": totals["clipped"] / tokens,
             "is_weight_mean": totals["is_weight_sum"] / max(totals["sequences"], 1.0),
             "kl": totals["kl_sum"] / max(totals["sequences"], 1.0),
+            "entropy": totals["entropy_sum"] / tokens,
             "reward_mean": float(np.mean([s.reward for s in samples])),
         }
         for role in sorted({s.key.role for s in samples}):
@@ -352,7 +369,9 @@ class PolicyGradientTrainer:
         """The objective's share of the minibatch loss from micro-batch ``part``; adds the
         ratio statistics to ``totals``. ``size``: (sequences, tokens) of the minibatch."""
         torch, cfg = self.torch, self.config
-        logp, valid = self.token_logprobs(self.models[name], part)  # (n, T), (n, T)
+        entropy: list[Any] = []  # filled with the (n, T) per-token entropies, if asked
+        wanted = entropy if cfg.entropy_coef > 0 else None
+        logp, valid = self.token_logprobs(self.models[name], part, wanted)  # (n, T), (n, T)
         old = torch.zeros_like(valid)  # (n, T) log pi_old, right-aligned like logp
         for i, s in enumerate(part):
             if s.logprobs:
@@ -367,6 +386,10 @@ class PolicyGradientTrainer:
         adv = torch.tensor([s.advantage for s in part], dtype=logp.dtype)  # (n,)
         x = LossInputs(logp, old, valid, adv, kl, sequences=size[0], tokens=max(size[1], 1))
         loss = self._objective.loss(x, self._settings)
+        ent = (entropy[0] * valid).sum() if entropy else torch.zeros(())  # summed over tokens
+        if entropy:
+            # The bonus as a token mean over the minibatch (micro-batch shares add up to it).
+            loss = loss - cfg.entropy_coef * ent / max(size[1], 1)
         # Statistics: token ratios, active clips, sequence weights, KL.
         with torch.no_grad():
             ratio = (logp - old).exp()[valid > 0]  # (tokens,)
@@ -381,13 +404,18 @@ class PolicyGradientTrainer:
                 totals["clipped"] += clipped_tokens(x, self._settings)
             totals["is_weight_sum"] += float(seq.exp().clamp(max=cfg.is_cap).sum())
             totals["kl_sum"] += float(kl.sum() / cfg.kl_coef) if cfg.kl_coef > 0 else 0.0
+            totals["entropy_sum"] += float(ent)
         return loss
 
     # ------------------------------------------------------------------ scoring
 
-    def token_logprobs(self, model: Any, part: Sequence[Sample]) -> tuple[Any, Any]:
+    def token_logprobs(
+        self, model: Any, part: Sequence[Sample], entropy: list[Any] | None = None
+    ) -> tuple[Any, Any]:
         """Log-probabilities (n, T) of each sample's generated tokens under ``model``,
         right-aligned to T = the longest completion, and the 0/1 mask of real tokens.
+        ``entropy``, when given, receives the (n, T) entropy of the (masked) distribution at
+        each generated position (0 on padding).
 
         Prompt + completion rows are left-padded into one batch (B = n, L = longest row);
         position ids count real tokens only, so padding changes nothing.
@@ -420,6 +448,10 @@ class PolicyGradientTrainer:
         logp = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
         # Padding positions may be -inf (a masked pad id); zero them before any sum.
         logp = torch.where(valid > 0, logp, torch.zeros_like(logp))
+        if entropy is not None:
+            p_log_p = logp_all.exp() * logp_all  # (B, T, V); masked tokens give 0 * -inf
+            p_log_p = torch.where(torch.isfinite(logp_all), p_log_p, torch.zeros_like(p_log_p))
+            entropy.append(-p_log_p.sum(-1) * valid)  # (B, T)
         return logp, valid
 
     def _legal_masks(self, part: Sequence[Sample], t_max: int, width: int) -> Any:
