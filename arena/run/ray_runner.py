@@ -328,36 +328,43 @@ class RayRunner(Runner):
                 if kept is not None:
                     kept.append(record)
 
-            while queue or pending:
-                for slot in [s for s in self.slots if s.alive and s.where]:
-                    while queue and slot.in_flight < 2:
-                        piece = queue.popleft()
-                        ref = slot.actor.play.remote(piece.plans)
-                        pending[asyncio.wrap_future(ref.future())] = (slot, piece)
-                        slot.in_flight += 1
-                for slot in self.slots:  # replacements: wait for their start, not on them
-                    if slot.alive and not slot.where and slot.started is not None:
-                        pending[asyncio.wrap_future(slot.started.future())] = (slot, None)
-                        slot.started = None
-                if not pending:
-                    raise RuntimeError("no Ray worker is left to play the run's episodes")
-                finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for future in finished:
-                    slot, piece = pending.pop(future)
-                    if piece is None:  # a replacement worker started (or could not)
+            try:
+                while queue or pending:
+                    for slot in [s for s in self.slots if s.alive and s.where]:
+                        while queue and slot.in_flight < 2:
+                            piece = queue.popleft()
+                            ref = slot.actor.play.remote(piece.plans)
+                            pending[asyncio.wrap_future(ref.future())] = (slot, piece)
+                            slot.in_flight += 1
+                    for slot in self.slots:  # replacements: wait for their start, not on them
+                        if slot.alive and not slot.where and slot.started is not None:
+                            pending[asyncio.wrap_future(slot.started.future())] = (slot, None)
+                            slot.started = None
+                    if not pending:
+                        raise RuntimeError("no Ray worker is left to play the run's episodes")
+                    finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for future in finished:
+                        slot, piece = pending.pop(future)
+                        if piece is None:  # a replacement worker started (or could not)
+                            try:
+                                slot.where = future.result()
+                            except ray.exceptions.RayError as exc:
+                                self._lost(ray, slot, None, exc, queue, accept)
+                            continue
+                        slot.in_flight -= 1
                         try:
-                            slot.where = future.result()
-                        except ray.exceptions.RayError as exc:
-                            self._lost(ray, slot, None, exc, queue, accept)
-                        continue
-                    slot.in_flight -= 1
-                    try:
-                        records = future.result()
-                    except ray.exceptions.RayActorError as exc:
-                        self._lost(ray, slot, piece, exc, queue, accept)
-                        continue
-                    for record in records:
-                        accept(record, slot.where, slot.name)
+                            records = future.result()
+                        except ray.exceptions.RayActorError as exc:
+                            self._lost(ray, slot, piece, exc, queue, accept)
+                            continue
+                        for record in records:
+                            accept(record, slot.where, slot.name)
+            except asyncio.CancelledError:  # SIGINT/SIGTERM: the files hold whole episodes
+                self.partial_summary = self._summary(builder, time.perf_counter() - started)
+                self.partial_summary["ray"] = self._ray_summary(ray, nodes, duplicates)
+                self.partial_summary.update(partial=True, episodes_planned=len(plans))
+                writer.write_summary(self.partial_summary)
+                raise
             wall = time.perf_counter() - started
             summary = self._summary(builder, wall)
             summary["ray"] = self._ray_summary(ray, nodes, duplicates)

@@ -206,6 +206,34 @@ def test_play_one_plan_at_a_time_on_workers_as_a_sampler_does(cluster: Any) -> N
 
 
 @pytest.mark.slow
+def test_an_interrupted_run_writes_whole_episodes_and_a_partial_summary(
+    cluster: Any, tmp_path: Path
+) -> None:
+    config = RunConfig(scenario=SCENARIO, episodes=40, concurrency=2, progress=False,
+                       out=str(tmp_path), ray="auto", ray_workers=1)  # fmt: skip
+    runner = RayRunner(config, agents=_slow_agents())
+
+    async def interrupt() -> None:
+        task = asyncio.create_task(runner.run())
+        while not (tmp_path / "transcripts.jsonl").exists() or not (
+            (tmp_path / "transcripts.jsonl").stat().st_size
+        ):
+            assert not task.done(), "the run ended before it could be interrupted"
+            await asyncio.sleep(0.02)
+        task.cancel()  # what SIGINT does in parley run
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(interrupt())
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["partial"] is True
+    assert summary["episodes_planned"] == 40
+    lines = (tmp_path / "transcripts.jsonl").read_text().splitlines()
+    assert 0 < len(lines) == summary["episodes"]["total"] < 40
+    assert all(json.loads(line)["status"] == "ok" for line in lines)
+
+
+@pytest.mark.slow
 def test_seat_replicas_spread_and_survive_a_killed_replica(cluster: Any, tmp_path: Path) -> None:
     from parley.arena.run.ray_agents import SeatReplicas
 
