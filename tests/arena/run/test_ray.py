@@ -19,7 +19,7 @@ import pytest
 
 from parley.agents.base import Agent
 from parley.arena.run.agent_specs import SeatContext, resolve_agent_spec
-from parley.arena.run.config import RunConfig
+from parley.arena.run.config import RunConfig, load_run_config
 from parley.arena.run.runner import Runner, _baseline, run
 from parley.protocols.errors import ConfigError, MissingDependency
 from parley.protocols.messages import Action, Observation
@@ -148,6 +148,11 @@ def test_config_errors_before_any_ray_work(tmp_path: Path, monkeypatch: Any) -> 
         RayRunner(remote)
     with pytest.raises(ConfigError, match="ray_workers"):
         RunConfig(scenario=SCENARIO, ray_workers=-1)
+    (tmp_path / "run.yaml").write_text(f"scenario: {SCENARIO}\nray: auto\nray_workers: 3\n")
+    loaded = load_run_config(tmp_path / "run.yaml", {"ray_workers": 2})
+    assert (loaded.ray, loaded.ray_workers) == ("auto", 2)
+    with pytest.raises(ConfigError, match="ray"):
+        load_run_config(None, {"scenario": SCENARIO, "ray": 5})
     monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
     with pytest.raises(MissingDependency, match=r"pip install 'parley\[ray\]'"):
         run_on_ray(RunConfig(scenario=SCENARIO, ray="local", progress=False))
