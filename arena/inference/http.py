@@ -39,12 +39,13 @@ are listed, and a list may be shorter than asked.
 token, sent as the tokens are generated (transformers: after each decoding step of the
 batch the request is in; vLLM: after each engine step; the ``openai`` backend: at the
 end), see :mod:`~parley.arena.inference.http_stream`; ``stream_options.include_usage``
-adds the usage chunk.
+adds the usage chunk. Text that could still change (a split character, the start of a stop
+string) waits for the next chunk. An error found before the first token is an ordinary
+error response; one after it is an ``{"error": ...}`` event that ends the stream.
 
 Not supported (answered 400): ``echo``, ``tools``, ``best_of`` > ``n``, ``logit_bias``,
-``top_k``,
-penalties and ``min_p``/``min_tokens`` other than their neutral values. Every field's
-range is checked before the request reaches the pool
+``top_k``, penalties and ``min_p``/``min_tokens`` other than their neutral values. Every
+field's range is checked before the request reaches the pool
 (:mod:`~parley.arena.inference.backends.limits`); a 400 names the field in ``param``.
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 bad

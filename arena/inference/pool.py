@@ -311,6 +311,9 @@ class _Lane:
                 pool.stats.isolated_batches += 1
                 for p in batch:
                     if not p.future.done():
+                        # The retry is not streamed: its caller got tokens of the failed
+                        # run already and checks them against the final result.
+                        p.on_tokens = None
                         await self._run([p])
                 return
             if isinstance(exc, RequestError):  # the backend found the request bad itself

@@ -102,10 +102,41 @@ async def test_a_client_that_leaves_mid_stream_does_not_hurt_the_pool(
     async for _ in stream:
         break
     await stream.close()
-    # The abandoned request is cancelled: a short one is answered long before 2,000
-    # tokens would be done, and no error is counted.
+    # The pool forgets the abandoned request (its static batch finishes without it): the
+    # next request is answered normally and nothing counts as failed.
     short = await asyncio.wait_for(
         client.completions.create(model="tiny", prompt="ok", max_tokens=3), 30
     )
     assert short.choices[0].finish_reason in ("length", "stop")
     assert pool.stats.failed == 0
+
+
+async def test_an_error_after_the_first_token_ends_the_stream_with_an_error_event(
+    tiny_model_dir: Path,
+) -> None:
+    """A request that times out mid-stream: the tokens sent so far stay sent, then an
+    ``{"error": ...}`` event (the ``openai`` client raises ``APIError``), never a normal end
+    with ``finish_reason``."""
+    backend = await TransformersBackend.create(str(tiny_model_dir))
+    async with InferencePool({"tiny": backend}) as pool:
+        runner, url = await serve_http(pool, request_timeout=0.5)
+        try:
+            async with openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0) as client:
+                texts: list[str] = []
+                finishes: list[str] = []
+
+                async def read() -> None:
+                    stream = await client.completions.create(
+                        model="tiny", prompt="a hat", max_tokens=2000, temperature=0, stream=True
+                    )
+                    async for chunk in stream:
+                        texts.extend(c.text for c in chunk.choices)
+                        finishes.extend(c.finish_reason for c in chunk.choices if c.finish_reason)
+
+                with pytest.raises(openai.APIError) as failed:
+                    await read()
+        finally:
+            await runner.cleanup()
+    assert "".join(texts)  # tokens arrived before the error
+    assert finishes == []
+    assert "no result within 0.5 s" in failed.value.message
