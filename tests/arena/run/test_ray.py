@@ -119,7 +119,7 @@ def _check_recovered(result: Any, local: Any, tmp_path: Path) -> None:
     summary = result.summary
     assert summary["episodes"] == {"total": 30, "ok": 30, "failed": 0}
     assert summary["ray"]["retried"]["episodes"] >= 1  # what was in flight, played again
-    assert len(summary["ray"]["workers_lost"]) == 1
+    assert len(summary["ray"]["workers_lost"]) >= 1  # a replacement may land on a dying node
     assert summary["ray"]["duplicates_dropped"] == 0
     assert sum(n["episodes"] for n in summary["ray"]["nodes"].values()) == 30
     assert _files(tmp_path / "ray") == _files(tmp_path / "local")
