@@ -41,7 +41,8 @@ def _latest_versions() -> list[str]:
     from parley.scenarios import registry
 
     latest: dict[str, str] = {}
-    for scenario_id in sorted(registry(), key=lambda i: int(i.rsplit("-v", 1)[1])):
+    built_in = [i for i, s in registry().items() if s.entry_point.startswith("parley.")]
+    for scenario_id in sorted(built_in, key=lambda i: int(i.rsplit("-v", 1)[1])):
         latest[scenario_id.rsplit("-v", 1)[0]] = scenario_id
     return sorted(latest.values())
 
