@@ -103,6 +103,21 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print summary.json instead of a table")
     p.set_defaults(func=main)
+    _show_config_defaults(p)
+
+
+def _show_config_defaults(p: argparse.ArgumentParser) -> None:
+    """Options default to ``None`` (then ``--config``, then RunConfig decide): say in their
+    help what RunConfig's own default is."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    for action in p._actions:
+        default = defaults.get(action.dest)
+        hidden = default is None or default is False or default == ""
+        said = not action.help or "default" in action.help.lower()
+        if not (hidden or said or default is dataclasses.MISSING):
+            action.help = f"{action.help} (default: {default})"
 
 
 def parse_assignments(items: list[str], what: str) -> dict[str, Any]:

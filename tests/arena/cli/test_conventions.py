@@ -56,6 +56,11 @@ def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: scripted)" in text
     assert "(default: 60.0)" in text
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])  # options left None take RunConfig's defaults: shown
+    text = " ".join(capsys.readouterr().out.split())
+    assert "to play (default: 10)" in text
+    assert "episodes played at once (default: 8)" in text
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["list"]], ids=["help", "list"])
