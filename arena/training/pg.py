@@ -449,8 +449,11 @@ class PolicyGradientTrainer:
         # Padding positions may be -inf (a masked pad id); zero them before any sum.
         logp = torch.where(valid > 0, logp, torch.zeros_like(logp))
         if entropy is not None:
-            p_log_p = logp_all.exp() * logp_all  # (B, T, V); masked tokens give 0 * -inf
-            p_log_p = torch.where(torch.isfinite(logp_all), p_log_p, torch.zeros_like(p_log_p))
+            # Masked tokens (-inf) count 0; replaced *before* the product, since 0 * -inf
+            # would put NaN into the gradient even behind a torch.where.
+            legal = torch.isfinite(logp_all)  # (B, T, V)
+            safe = torch.where(legal, logp_all, torch.zeros_like(logp_all))  # (B, T, V)
+            p_log_p = torch.where(legal, safe.exp() * safe, torch.zeros_like(safe))
             entropy.append(-p_log_p.sum(-1) * valid)  # (B, T)
         return logp, valid
 

@@ -58,3 +58,28 @@ def test_entropy_bonus_alone_raises_the_entropy_it_reports(tiny: tuple[Any, Any]
 def test_entropy_coef_must_not_be_negative() -> None:
     with pytest.raises(ConfigError, match="entropy_coef"):
         PGConfig(entropy_coef=-0.1)
+
+
+@pytest.mark.timeout(120)
+def test_entropy_bonus_under_a_constraint_keeps_the_weights_finite(
+    tiny: tuple[Any, Any],
+) -> None:
+    """Masked tokens have logprob -inf: the bonus must not turn 0 * -inf into NaN gradients
+    (a first version did, and every weight became NaN after one update)."""
+    from parley.protocols.messages import Constraint
+
+    model, hf = copy.deepcopy(tiny[0]), tiny[1]
+    choice = Constraint(type="choice", choices=["red", "blue", "green"])
+    samples = _samples(model, hf)
+    for i, s in enumerate(samples):
+        s.token_ids = hf.encode(choice.choices[i % 3], add_special_tokens=False)
+        s.constraint = choice
+    trainer = PolicyGradientTrainer({"p": model}, hf, PGConfig(lr=1e-2, entropy_coef=0.01))
+    with torch.no_grad():
+        logp, _ = trainer.token_logprobs(model, samples)  # (n, T), under the constraint
+    for i, s in enumerate(samples):
+        s.logprobs = logp[i, logp.shape[1] - len(s.token_ids) :].tolist()
+    metrics = trainer.step(samples)
+    assert 0.0 < metrics["entropy"] < 2.0  # at most log 3 over three legal first tokens
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    assert trainer.step(samples)["reward_mean"] == pytest.approx(0.5)
