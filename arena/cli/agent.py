@@ -13,12 +13,9 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from parley.protocols.errors import BusError, ConfigError
-
-if TYPE_CHECKING:
-    from parley.protocols.bus import BusConfig
 
 __all__ = ["add_parser"]
 
@@ -59,23 +56,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=main)
 
 
-def client_bus_config(curve_key: str | None, server_key: str | None) -> BusConfig | None:
-    """The bus config of a CURVE client (own secret key file, the server's public key)."""
-    if not curve_key and not server_key:
-        return None
-    if not (curve_key and server_key):
-        raise ConfigError("CURVE needs both --curve-key (yours) and --server-key (the arena's)")
-    from parley.protocols.bus import BusConfig
-    from parley.protocols.keys import load_public_key, load_secret_key
-
-    public, secret = load_secret_key(curve_key)
-    return BusConfig(
-        curve_public_key=public,
-        curve_secret_key=secret,
-        curve_server_key=load_public_key(server_key),
-    )
-
-
 def main(args: argparse.Namespace) -> int:
     """Play the seat; exit status 2 for a bad spec, 1 when no arena answered, 128 + N when
     signal N (SIGINT, SIGTERM) stopped it."""
@@ -104,7 +84,12 @@ def main(args: argparse.Namespace) -> int:
         source = resolve_agent_spec(check_agent_spec(args.agent), seat)
         if isinstance(source, RemoteSeat):
             raise ConfigError("an agent cannot be `remote` itself: give module:Class")
-        bus = client_bus_config(args.curve_key, args.server_key)
+        from parley.protocols.keys import client_bus_config
+
+        try:
+            bus = client_bus_config(args.curve_key, args.server_key)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (--curve-key, --server-key)") from exc
     except ConfigError as exc:
         error_line("agent", str(exc))
         return 2

@@ -85,6 +85,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--pool", help="bus address of an inference pool for llm: agents")
     p.add_argument(
+        "--pool-key",
+        metavar="KEY",
+        help="public key (.key file or Z85) of a pool started with --curve-key; this side "
+        "authenticates with --curve-key",
+    )
+    p.add_argument(
         "--max-failed-fraction",
         type=float,
         metavar="F",
@@ -177,6 +183,11 @@ def build_config(args: argparse.Namespace) -> RunConfig:
     options = parse_assignments(args.agent_option, "--agent-option")
     if args.pool:
         options["pool"] = args.pool
+    if args.pool_key:
+        options["pool_key"] = args.pool_key
+        if not config.curve_key and "pool_client_key" not in options:
+            raise ConfigError("--pool-key needs --curve-key: this side's secret key file")
+        options.setdefault("pool_client_key", config.curve_key)
     if scenario_kwargs or options:
         config = config.replace(
             scenario_kwargs={**config.scenario_kwargs, **scenario_kwargs},
