@@ -58,6 +58,9 @@ BAD: list[tuple[GenerateRequest, str]] = [
     (req(stop=["x"] * 33), "stop"),
     (req(stop=["x" * 1025]), "stop"),
     (req(prompt=""), "prompt"),
+    (req(top_logprobs=21), "top_logprobs"),
+    (req(top_logprobs=-1), "top_logprobs"),
+    (req(top_logprobs=3, logprobs=False), "top_logprobs"),
     (req(timeout=-1.0), "timeout"),
     (req(timeout=math.nan), "timeout"),
     (req(constraint=Constraint(type="choice", choices=[])), "constraint"),
@@ -80,6 +83,7 @@ GOOD = [
     req(seed=1, temperature=100.0, top_p=1e-9),
     req(seed=2, stop=["x" * 1024] * 32),
     req(seed=3, constraint=Constraint(type="choice", choices=["deal", "no deal"])),
+    req(seed=4, top_logprobs=20, n=2),
 ]
 
 
@@ -129,6 +133,7 @@ async def test_random_params_get_a_result_or_bad_request(pool: InferencePool) ->
     """Seeded random values in every field (what a hostile bus peer can encode): the pool
     answers each with a result or ``bad_request``, and nothing reaches a batch to fail."""
     rnd = random.Random(0)
+    top = random.Random(1)
     ints = [-(2**63), -1, 0, 1, 2, 3, 127, 129, 2**31, 2**63 - 1, 2**64 - 1]
     floats = [math.nan, math.inf, -math.inf, -1.0, 0.0, 1e-320, 1e-6, 0.5, 1.0, 2.0, 1e300]
     strings = ["", "x", "\x00", "é" * 3, "a" * 2000]
@@ -144,6 +149,8 @@ async def test_random_params_get_a_result_or_bad_request(pool: InferencePool) ->
             n=pick(1, ints[:8]),
             seed=pick(rnd.randrange(100), [None, *ints]),
             stop=pick([], [rnd.sample(strings, 2), [strings[0]]]),
+            # Its own generator: the other fields' draws stay those of before top_logprobs.
+            top_logprobs=top.choice(ints) if top.random() < 0.15 else top.choice([0, 5]),
         )
         return GenerateRequest(
             policy="p",
