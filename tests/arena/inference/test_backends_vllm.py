@@ -66,7 +66,7 @@ def request(ids: list[int], **params: object) -> GenerateRequest:
 
 def reference_logprobs(
     model_dir: Path, prompt: list[int], tokens: list[int], temperature: float = 1.0
-):
+) -> Any:
     """(T, V) log-softmax of the checkpoint's logits / T, by a plain float32 torch forward
     pass (what the trainer computes)."""
     from transformers import AutoModelForCausalLM
@@ -219,7 +219,7 @@ async def test_http_streams_tokens_as_vllm_generates_them(backend: VLLMBackend) 
     assert first_unfinished, "the first token came after the pool finished the request"
     assert chunks == 300
     assert text == plain.choices[0].message.content
-    content = plain.choices[0].logprobs.content  # type: ignore[union-attr]
+    content = plain.choices[0].logprobs.content
     assert tops == [[t.token for t in e.top_logprobs] for e in content or []]
 
 
@@ -317,6 +317,7 @@ async def test_constraints_are_complete_or_refused(backend: VLLMBackend) -> None
     for bad in ({"type": "string", "pattern": "a+"}, {"type": "integer", "minimum": 3}):
         with pytest.raises(RequestError, match=r"not supported.*supported: type"):
             backend.validate(schema(bad))
+    impossible: dict[str, Any]
     for impossible in ({"enum": []}, {"type": "array", "minItems": 3, "maxItems": 1}):
         with pytest.raises(RequestError, match=r"cannot|no value"):
             backend.validate(schema(impossible))

@@ -30,7 +30,9 @@ async def backend(tiny_model_dir: Path) -> AsyncIterator[TransformersBackend]:
     await b.close()
 
 
-def reference(model_dir: Path, prompt: list[int], tokens: list[int], temperature: float = 1.0):
+def reference(
+    model_dir: Path, prompt: list[int], tokens: list[int], temperature: float = 1.0
+) -> Any:
     """(T, V) log-softmax of a plain float32 forward pass (what the trainer computes)."""
     from transformers import AutoModelForCausalLM
 
