@@ -259,6 +259,15 @@ class OpenAIFront:
                 error = {"message": exc.message, "type": _STATUS.get(exc.code, ("", ""))[1]}
                 await stream.fail({**error, "code": exc.code, "param": exc.param})
                 return stream.response
+            except Exception as exc:  # a bug: the started stream must still end, and say so
+                if stream is None:
+                    raise
+                _log.exception("internal error on %s", request.path)
+                message = f"internal error: {type(exc).__name__}: {exc}"
+                await stream.fail(
+                    {"message": message, "type": "server_error", "code": "internal_error"}
+                )
+                return stream.response
             out = self._body(model, body, results, chat=chat)
             if stream is None:
                 stream = await self._event_stream(request, body, model, requests, chat)
