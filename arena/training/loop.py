@@ -240,6 +240,7 @@ class _Run:
     log: ConstraintLog = field(default_factory=ConstraintLog)  # read back into samples
     summaries: list[dict[str, Any]] = field(default_factory=list)  # one per finished stage
     episodes_done: int = 0  # over the whole run
+    pool_mark: tuple[float, int, int, int] = (0.0, 0, 0, 0)  # time, tokens, batches, requests
 
     async def reading_stage(self, stage: StageConfig) -> None:
         """The reading warm start of each learner, then one row per step of the mean curve."""
@@ -389,9 +390,29 @@ class _Run:
             "stale_hist": batch.staleness_histogram(),  # [episodes 0, 1, ... versions old]
             "dropped_stale": batch.dropped_stale,
             "wall_s": round(time.perf_counter() - self.started, 3),
+            **self._pool_figures(),
             **metrics,
         }
         self.logger.log(row)
+
+    def _pool_figures(self) -> dict[str, float]:
+        """The inference pool since the last row: tokens/s, mean batch size, requests, and
+        each policy's weights version (what the live dashboard plots beside the curves)."""
+        pool = self.sync.pool
+        stats = pool.stats
+        now = time.perf_counter()
+        then, tokens, batches, requests = self.pool_mark
+        elapsed = now - (then or self.started)
+        new_batches = stats.batch_sizes[batches:]
+        self.pool_mark = (now, stats.generated_tokens, len(stats.batch_sizes), stats.completed)
+        rate = (stats.generated_tokens - tokens) / elapsed if elapsed > 0 else 0.0
+        mean_batch = sum(new_batches) / len(new_batches) if new_batches else 0.0
+        return {
+            "pool_tokens_per_s": round(rate, 1),
+            "pool_batch_mean": round(mean_batch, 2),
+            "pool_requests": stats.completed - requests,
+            **{f"version_{name}": version for name, version in pool.policies.items()},
+        }
 
     def _finish_stage(
         self,
