@@ -63,16 +63,21 @@ async def _setup(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     from parley.arena.inference.pool import InferencePool, PoolConfig
     from parley.arena.run.config import RunConfig
     from parley.arena.run.runner import Runner
+    from parley.arena.training.config import StageConfig, TrainConfig
     from parley.arena.training.loop import AgentConfig, _llm_factory, _load_policies
     from parley.arena.training.pg import PGConfig, PolicyGradientTrainer
     from parley.arena.training.sampler import ConstraintLog
     from parley.arena.training.sync import InProcessSync
 
-    class _Cfg:  # the fields _load_policies reads
-        max_batch_size = 256
-        seed = 0
-
-    policies = await _load_policies(_Cfg(), {"shared": model_dir})
+    # A training config only for what _load_policies reads (batch rows, seed).
+    config = TrainConfig(
+        scenario=SCENARIO,
+        policies=["shared"],
+        stages=[StageConfig(name="bench", train=["shared"], kind="reading")],
+        max_batch_size=256,
+        seed=0,
+    )
+    policies = await _load_policies(config, {"shared": model_dir})
     policy = policies["shared"]
     pool = await InferencePool({"shared": policy.backend}, PoolConfig(max_batch_size=256)).start()
     log = ConstraintLog()

@@ -72,7 +72,11 @@ class DirectAgents:
             raise self._failed(exc, sender) from exc
         else:
             task = asyncio.ensure_future(_finish(coro, yielded))
-            done, _ = await asyncio.wait({task}, timeout=timeout)
+            try:
+                done, _ = await asyncio.wait({task}, timeout=timeout)
+            except asyncio.CancelledError:
+                task.cancel()  # the episode was cancelled: so is the agent's act
+                raise
             if not done:
                 task.cancel()
                 raise RequestTimeout(

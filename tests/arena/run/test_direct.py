@@ -107,6 +107,28 @@ def test_an_agent_that_hangs_times_out_and_its_act_is_cancelled() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_a_cancelled_request_cancels_the_agents_act() -> None:
+    """An episode cancelled mid-request (a run interrupted, a sampler that stops) leaves no
+    agent task running on, to fail later with an exception nobody retrieves."""
+    _Hang.cancelled = False
+    direct = _agents(a=_Hang)
+
+    async def cancel_mid_act() -> None:
+        obs = Observation(agent="a", text="go")
+        request = asyncio.ensure_future(
+            direct.request(obs, timeout=60, episode="e1", sender="arena")
+        )
+        await asyncio.sleep(0.05)
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await asyncio.sleep(0)  # the agent's task runs its cancellation
+        assert _Hang.cancelled
+
+    asyncio.run(cancel_mid_act())
+
+
+@pytest.mark.timeout(10)
 def test_a_value_the_wire_cannot_carry_is_a_protocol_error_and_no_agent_sees_it() -> None:
     _Echo.seen.clear()
     with pytest.raises(ProtocolError, match="cannot encode Observation"):

@@ -53,8 +53,8 @@ def test_self_play_simple_trade_logs_per_role_metrics(tiny_model_dir: Path, tmp_
         assert row["pool_batch_mean"] >= 1
         assert row["pool_requests"] > 0
     assert [row["version_shared"] for row in rows] == [1, 2, 3]  # one push per update
-        # Zero-sum game: the two roles' mean rewards mirror each other (up to invalid-move
-        # penalties), which is why each role needs its own baseline.
+    # Zero-sum game: the two roles' mean rewards mirror each other (up to invalid-move
+    # penalties), which is why each role needs its own baseline.
     assert rows[-1]["update"] == 3
     checkpoint = result.checkpoints["shared"]
     assert (checkpoint / "config.json").exists()
