@@ -85,7 +85,9 @@ def test_fast_start(argv: list[str]) -> None:
 def test_help_env_shows_the_scenario_page() -> None:
     from parley.scenarios import make, registry
 
-    built_in = {i: s for i, s in registry().items() if s.entry_point.startswith("parley.scenarios.")}
+    built_in = {
+        i: s for i, s in registry().items() if s.entry_point.startswith("parley.scenarios.")
+    }
     for scenario_id, found in built_in.items():
         env = make(scenario_id)
         try:
