@@ -196,6 +196,11 @@ def build_config(args: argparse.Namespace) -> RunConfig:
     return check_config(config)
 
 
+HUMAN_ACT_TIMEOUT = 1800.0
+"""``act_timeout`` of a run with a human seat when it is left at RunConfig's default (60 s):
+30 minutes a move."""
+
+
 def check_config(config: RunConfig) -> RunConfig:
     """Refuse, before any work, what would fail later with a traceback or a long wait:
     bad scenario arguments, an unwritable ``--out``, ``remote`` seats without ``--listen``,
@@ -220,6 +225,11 @@ def check_config(config: RunConfig) -> RunConfig:
             "--agents remote needs --listen ADDRESS (e.g. --listen tcp://127.0.0.1:5555) so "
             "that `parley agent` in another process can connect"
         )
+    human = any(s == "human" or s.startswith("human:") for s in specs)
+    if human and config.act_timeout == RunConfig(scenario="-").act_timeout:
+        # A person takes minutes, not seconds: the agents' default would fail the episode
+        # while they read. Any other --act-timeout is kept.
+        config = config.replace(act_timeout=HUMAN_ACT_TIMEOUT)
     if isinstance(agents, dict):
         return config.replace(agents={k: check_agent_spec(v) for k, v in agents.items()})
     if agents:

@@ -9,8 +9,8 @@ Each episode a human seat is in shows up on that page as a game: the scenario's 
 action syntax (the system prompt an LLM in the seat would get), every observation the seat
 got, the action constraint when the scenario gives one (choices become buttons), and the
 scenario's reason when the previous move was invalid. The episode is run and recorded like
-any other. A person is slower than an agent: give the run ``--act-timeout 600`` (seconds
-per move) and ``--concurrency 1``.
+any other. A person is slower than an agent: ``parley run`` gives a run with a human seat 30
+minutes a move unless ``--act-timeout`` says otherwise; play with ``--concurrency 1``.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def hub(host: str = "127.0.0.1", port: int = 0) -> HumanHub:
     if _hub is None:
         _hub = HumanHub(host, port)
         print(
-            f"human seat: open {_hub.url}\n  (a person needs time: run with --act-timeout 600 "
+            f"human seat: open {_hub.url}\n  (one episode at a time is easier to follow: "
             "--concurrency 1)",
             file=sys.stderr,
             flush=True,

@@ -146,3 +146,19 @@ async def test_browser_seat_api_plays_and_records_an_episode(tmp_path: Path) -> 
     state = human.hub().state()
     assert all(g["done"] for g in state["games"])
     await server.close()  # this test's event loop ends here
+
+
+def test_a_run_with_a_human_seat_gives_a_person_time() -> None:
+    """The agents' 60 s per move would fail a person's episode while they read; any
+    act_timeout other than the default is kept."""
+    from parley.arena.cli.run import HUMAN_ACT_TIMEOUT, check_config
+    from parley.arena.run.config import RunConfig
+
+    def timeout(agents: list[str], **kw: float) -> float:
+        config = RunConfig(scenario="negotiation/deal-or-no-deal-v1", agents=agents, **kw)
+        return check_config(config).act_timeout
+
+    assert timeout(["human:tty", "scripted"]) == HUMAN_ACT_TIMEOUT
+    assert timeout(["scripted", "human"]) == HUMAN_ACT_TIMEOUT
+    assert timeout(["human:tty", "scripted"], act_timeout=90.0) == 90.0
+    assert timeout(["scripted", "scripted"]) == 60.0
