@@ -55,6 +55,7 @@ from parley.arena.run.config import RunConfig
 from parley.arena.run.direct import DirectAgents
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, derive_seed, plan_episodes
 from parley.arena.run.gather import send_all_then_gather
+from parley.arena.run.peers import AbsentPeers
 from parley.arena.run.records import EpisodeRecord, RecordWriter
 from parley.arena.run.security import SeatKeys, admission_policy, arena_bus_config
 from parley.arena.run.summary import SummaryBuilder
@@ -119,6 +120,14 @@ class RunResult:
 
 class _EpisodeFailed(Exception):
     """Internal: ends an episode early; ``str(exc)`` is the recorded reason."""
+
+
+def _scenario(what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``call(...)``, a scenario hook; a scenario bug fails the episode, never the run."""
+    try:
+        return call(*args, **kwargs)
+    except Exception as exc:
+        raise _EpisodeFailed(f"scenario_error: {what} raised {exc!r}") from exc
 
 
 class Runner:
@@ -193,8 +202,7 @@ class Runner:
         self._direct: DirectAgents | None = None
         self._keys = SeatKeys.load(config, self._remote())
         self.bus_config = arena_bus_config(self.bus_config, self._keys, insecure=config.insecure)
-        self._gone: dict[str, float] = {}  # remote peer -> when it was found absent
-        self._reported_gone: set[str] = set()
+        self._absent = AbsentPeers(config.join_timeout, self.console)
         self._arena: Endpoint | None = None
 
     # ------------------------------------------------------------------ the run
@@ -298,7 +306,7 @@ class Runner:
             # joining is not timed as play; one that never comes fails its episodes.
             for peer in sorted({self._peers[seat] for seat in self._remote()}):
                 with contextlib.suppress(RequestTimeout):
-                    await self._wait_for(arena, peer)
+                    await self._absent.wait_for(arena, peer)
             yield address
         finally:
             self._arena, self._direct = None, None
@@ -357,10 +365,7 @@ class Runner:
 
     async def _play(self, env: Any, episode: EpisodeLog, asked: set[str]) -> None:
         plan = episode.plan
-        try:
-            observations, infos = env.reset(seed=plan.seed)
-        except Exception as exc:  # a scenario bug: record it, keep the run going
-            raise _EpisodeFailed(f"scenario_error: reset raised {exc!r}") from exc
+        observations, infos = _scenario("reset", env.reset, seed=plan.seed)
         rewards: dict[str, float] = {}
         turn = 0
         while env.agents:
@@ -378,20 +383,17 @@ class Runner:
                 for seat in acting
             }
             for seat in self._privileged.intersection(acting):
-                requests[seat].info[ORACLE_KEY] = env.oracle(seat)
+                requests[seat].info[ORACLE_KEY] = _scenario("oracle", env.oracle, seat)
             asked.update(acting)
             asked_at = time.perf_counter()
             actions = await self._ask(requests, plan.episode_id, turn)
             episode.agents_s += time.perf_counter() - asked_at
             full = {seat: actions[seat].text if seat in actions else "" for seat in env.agents}
-            try:
-                step = env.step(full)
-            except Exception as exc:  # a scenario bug: record it, keep the run going
-                raise _EpisodeFailed(f"scenario_error: step raised {exc!r}") from exc
+            step = _scenario("step", env.step, full)
             episode.add_step(turn, observations, actions, *step)
             observations, rewards, _, _, infos = step
             turn += 1
-        episode.metrics = dict(env.episode_metrics())
+        episode.metrics = dict(_scenario("episode_metrics", env.episode_metrics))
 
     async def _ask(
         self, requests: Mapping[str, Observation], episode: str, turn: int
@@ -406,6 +408,7 @@ class Runner:
             raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
         # One look at the peer list per step (it is built on every read), not one per seat.
         live = arena.peers
+        self._absent.seen(live)
         direct = self._direct_seats
         missing = [s for s in requests if s not in direct and self._peers[s] not in live]
         if missing:
@@ -486,7 +489,7 @@ class Runner:
         """Wait up to ``join_timeout`` for the peers of ``seats`` (remote seats join late);
         raises :class:`_EpisodeFailed` naming every seat whose peer did not come."""
         peers = sorted({self._peers[seat] for seat in seats})
-        waits = [self._wait_for(arena, peer) for peer in peers]
+        waits = [self._absent.wait_for(arena, peer) for peer in peers]
         outcomes = await asyncio.gather(*waits, return_exceptions=True)
         absent: dict[str, BaseException] = {}
         for peer, outcome in zip(peers, outcomes, strict=True):
@@ -502,38 +505,6 @@ class Runner:
                     if self._peers[seat] in absent
                 )
             )
-
-    async def _wait_for(self, arena: Endpoint, peer: str) -> None:
-        """Wait for ``peer`` at most ``join_timeout`` from when it was first found absent.
-
-        Every episode that needs an agent that left (or never came) shares that one wait;
-        once it is over, they fail at once instead of each waiting ``join_timeout`` again
-        (a 200-episode run would otherwise take hours to fail). A peer that comes back is
-        waited for afresh the next time it goes.
-        """
-        if peer in arena.peers:
-            self._gone.pop(peer, None)
-            return
-        now = asyncio.get_running_loop().time()
-        since = self._gone.setdefault(peer, now)
-        left = since + self.config.join_timeout - now
-        if left <= 0:
-            raise RequestTimeout(
-                f"{peer} has been absent for {now - since:.0f} s (join_timeout "
-                f"{self.config.join_timeout:g} s); start its agent (parley agent) to rejoin"
-            )
-        try:
-            await arena.wait_for_peer(peer, timeout=left)
-        except RequestTimeout:
-            if peer not in self._reported_gone:
-                self._reported_gone.add(peer)
-                self.console.print(
-                    f"[red]{peer} did not join within {self.config.join_timeout:g} s: the "
-                    "episodes of its seat fail until it connects[/red]"
-                )
-            raise
-        self._gone.pop(peer, None)
-        self._reported_gone.discard(peer)
 
     async def _notify_end(self, episode: EpisodeLog, asked: set[str]) -> None:
         """Tell every seat that was asked something that its episode is over (one-way)."""
