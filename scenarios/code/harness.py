@@ -53,7 +53,7 @@ shares the sandbox's stdout cap with the code's own prints)."""
 RUNNER = r"""
 import json, os, signal, sys
 _type, _len, _str, _repr = type, len, str, repr
-with open("calls.json") as f:
+with open("calls.json", encoding="utf-8") as f:
     CALLS = json.load(f)
 MAX_DEPTH, MAX_NODES, MAX_CHARS, MAX_DETAIL, MAX_ENCODED, MARK = @LIMITS@
 SEQUENCES = {list: "l", tuple: "t", set: "S"}

@@ -240,7 +240,7 @@ class Sandbox:
                 if not target.is_relative_to(work.resolve()):
                     raise ValueError(f"file name {name!r} leaves the work directory")
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text)
+                target.write_text(text, encoding="utf-8")
             return self._run_staged(stage)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
