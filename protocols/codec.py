@@ -293,7 +293,7 @@ def _scan_head(data: bytes) -> Head:
     """:class:`Head` from the top-level map in ``data``, skipping every other value."""
     fields: dict[str, Any] = {}
     # Truncated at the scan limit, or malformed further on: keep what was found.
-    with contextlib.suppress(IndexError, KeyError, msgspec.DecodeError):
+    with contextlib.suppress(IndexError, KeyError, msgspec.DecodeError, RecursionError):
         _read_head_fields(data, fields)
     try:
         return msgspec.convert(fields, Head)
@@ -311,8 +311,19 @@ def _read_head_fields(data: bytes, fields: dict[str, Any]) -> None:
         return
     for _ in range(count):
         key_end = _skip(data, pos)
-        key = msgspec.msgpack.decode(data[pos:key_end])
         value_end = _skip(data, key_end)
-        if key in ("id", "reply_to", "expects_reply"):
-            fields[key] = msgspec.msgpack.decode(data[key_end:value_end])
+        # Only string keys can name a field, and only scalars are decoded: no recursion.
+        if _is_str(data[pos]) and _is_scalar(data[key_end]):
+            key = msgspec.msgpack.decode(data[pos:key_end])
+            if key in ("id", "reply_to", "expects_reply"):
+                fields[key] = msgspec.msgpack.decode(data[key_end:value_end])
         pos = value_end
+
+
+def _is_str(t: int) -> bool:
+    return 0xA0 <= t <= 0xBF or t in (0xD9, 0xDA, 0xDB)
+
+
+def _is_scalar(t: int) -> bool:
+    """An int, bool or nil type byte (the types of :class:`Head`'s fields)."""
+    return t <= 0x7F or t >= 0xE0 or t in (0xC0, 0xC2, 0xC3) or 0xCC <= t <= 0xD3

@@ -86,7 +86,11 @@ class ZapHandler:
             except zmq.ZMQError as exc:
                 log.warning("ZAP handler stopped reading: %s", exc)
                 return
-            self.sock.send_multipart(self._answer(request))
+            try:
+                self.sock.send_multipart(self._answer(request))
+            except zmq.ZMQError as exc:  # the context is closing: libzmq refuses the client
+                log.warning("ZAP handler could not answer: %s", exc)
+                return
 
     def _answer(self, request: list[bytes]) -> list[bytes]:
         if len(request) < 6:

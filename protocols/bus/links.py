@@ -37,6 +37,12 @@ class _Links(_Sender):
             )
         elif not name or name == self.name:
             refusal = Error(code="bad_name", message=f"peer name {name!r} is empty or mine")
+        elif (known := sock.links.get(rid)) is not None and known.name and known.name != name:
+            # One connection, one name: a rename would leave it holding two (two seats).
+            refusal = Error(
+                code="bad_name",
+                message=f"this connection is {known.name!r}; connect again to be {name!r}",
+            )
         elif self._admission is not None and (reason := self._admission(name, user)):
             refusal = Error(code="not_admitted", message=reason)
         elif (
@@ -164,8 +170,13 @@ class _Links(_Sender):
             for sock in list(self._socks):
                 # Read what is waiting first: after the loop was blocked for a while, a
                 # peer's heartbeats may sit unread, and a silent-looking peer is not dead.
-                # This also covers a descriptor edge that was missed.
-                self._drain(sock)
+                # This also covers a descriptor edge that was missed. Whatever a message
+                # does, the ticker must live on: without it no peer is ever declared dead.
+                try:
+                    self._drain(sock)
+                except Exception:
+                    self._log_limited("tick_drain", "%s: receive failed in the ticker",
+                                      self.name, exc_info=True)  # fmt: skip
             now = self._now = self._loop.time()
             for sock in list(self._socks):
                 links = list(sock.links.values()) if sock.router else [sock.link]

@@ -120,7 +120,11 @@ class _Receiver(_Links):
         try:
             env = self._codec.decode(frames)
         except ProtocolError as exc:
-            self._bad_message(sock, rid, link, frames, exc)
+            try:
+                self._bad_message(sock, rid, link, frames, exc)
+            except Exception:  # answering a bad message must not end the receive loop
+                self._log_limited("bad_message_reply", "%s: could not answer a bad message",
+                                  self.name, exc_info=True)  # fmt: skip
             return
         try:
             self._dispatch(sock, rid, link, env)

@@ -128,3 +128,66 @@ def test_salvage_head_never_raises_and_finds_the_id_past_deep_nesting() -> None:
         junk = rng.randbytes(rng.randrange(0, 64))
         assert isinstance(salvage_head(junk), Head)
         assert isinstance(salvage_head(deep_first[: rng.randrange(len(deep_first))]), Head)
+
+
+def _deep_keys_frame() -> bytes:
+    """A map whose first value and second *key* nest 3,000 maps deep (review finding)."""
+    deep = b"\x81\xa1a" * 3_000 + b"\x80"
+    return b"\x82" + msgpack.packb("body") + deep + deep + msgpack.packb(1)
+
+
+def test_salvage_head_survives_deeply_nested_keys() -> None:
+    from parley.protocols.codec import Head, salvage_head
+
+    assert salvage_head(_deep_keys_frame()) == Head()
+
+
+async def test_deeply_nested_keys_do_not_stop_the_receive_loop_or_the_ticker() -> None:
+    async def echo(env: Envelope) -> Action:
+        assert isinstance(env.body, Observation)
+        return Action(agent=env.body.agent, text=env.body.text)
+
+    server = Endpoint("arena", config=FAST)
+    client = Endpoint("alice", config=FAST)
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 10_000
+    try:
+        server.on(Observation, echo)
+        address = await server.bind(_ipc())
+        await client.connect(address)
+        raw.connect(address)
+        for _ in range(50):
+            raw.send(_deep_keys_frame())
+        await asyncio.sleep(3 * FAST.heartbeat_interval)  # several ticks drain them too
+        reply = await client.request("arena", Observation(agent="alice", text="still here"))
+        assert isinstance(reply, Action)
+        assert reply.text == "still here"
+        assert server._ticker is not None
+        assert not server._ticker.done()
+        assert server.stats.bad_messages == 50
+    finally:
+        raw.close()
+        ctx.term()
+        await client.close()
+        await server.close()
+
+
+async def test_one_connection_cannot_take_a_second_name() -> None:
+    server = Endpoint("arena", config=FAST)
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 10_000
+    try:
+        address = await server.bind(_ipc())
+        raw.connect(address)
+        for i, name in enumerate(("agent-a", "agent-b")):
+            hello = {"body": {"kind": "hello", "name": name}, "id": i + 1, "expects_reply": True}
+            raw.send(msgpack.packb(hello))
+            reply = msgpack.unpackb(await asyncio.to_thread(raw.recv))
+        assert reply["body"]["code"] == "bad_name"
+        assert server.peers == ["agent-a"]
+    finally:
+        raw.close()
+        ctx.term()
+        await server.close()
