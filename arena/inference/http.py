@@ -271,7 +271,8 @@ class OpenAIFront:
             out = self._body(model, body, results, chat=chat)
             if stream is None:
                 stream = await self._event_stream(request, body, model, requests, chat)
-            await stream.finish(out["choices"], [c for r in results for c in r.completions])
+            if not await stream.finish(out["choices"], [c for r in results for c in r.completions]):
+                return stream.response  # ended with an error event: nothing more to write
             if (body.get("stream_options") or {}).get("include_usage"):
                 await stream.usage(out["usage"])
             await stream.done()

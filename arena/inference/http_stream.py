@@ -163,9 +163,10 @@ class EventStream:
             piece = text[len(sent) :] if text.startswith(sent) else ""
             await self._token(index, piece, delta, k)
 
-    async def finish(self, choices: Sequence[Json], completions: Sequence[Completion]) -> None:
+    async def finish(self, choices: Sequence[Json], completions: Sequence[Completion]) -> bool:
         """Send what is left of each choice (``choices`` of the non-streamed body, with
-        their ``completions``), the finish chunks, and end the stream."""
+        their ``completions``) and the finish chunks. True: the caller ends the stream
+        (usage, ``done``); False: the stream was ended with an error event, write no more."""
         for choice, c in zip(choices, completions, strict=True):
             i = choice["index"]
             ids, sent = self.sent_ids.get(i, []), self.sent_text.get(i, "")
@@ -174,7 +175,7 @@ class EventStream:
                 # Only a request that had to run again (an engine restart) gets here.
                 message = "the completion was regenerated after part of it was streamed"
                 await self.fail({"message": message, "type": "server_error", "code": "retry"})
-                return
+                return False
             if not text.startswith(sent):  # a detokenizer that rewrites earlier text
                 _log.warning("streamed text %r is not a prefix of the final %r", sent, text)
             pieces = token_pieces(self.decode, c.token_ids, text, len(ids), len(sent))
@@ -191,6 +192,7 @@ class EventStream:
                 if extra in choice:
                     last[extra] = choice[extra]
             await self._send({**self.head, "choices": [last]})
+        return True
 
     async def usage(self, usage: Json) -> None:
         await self._send({**self.head, "choices": [], "usage": usage})

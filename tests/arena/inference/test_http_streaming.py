@@ -6,11 +6,13 @@ not hurt the pool."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import openai
 import pytest
 
@@ -140,3 +142,63 @@ async def test_an_error_after_the_first_token_ends_the_stream_with_an_error_even
     assert "".join(texts)  # tokens arrived before the error
     assert finishes == []
     assert "no result within 0.5 s" in failed.value.message
+
+
+class FailsOnceAfterStreaming(TransformersBackend):
+    """The first streamed call sends tokens (sampled with other seeds, as a restarted engine
+    would not reproduce them) and then fails; later calls are the plain backend."""
+
+    failed = False
+
+    async def generate(self, requests: Any, sinks: Any = None) -> Any:
+        if sinks and not self.failed:
+            self.failed = True
+            other = [
+                msgspec.structs.replace(
+                    r, params=msgspec.structs.replace(r.params, seed=(r.params.seed or 0) + 99)
+                )
+                for r in requests
+            ]
+            await super().generate(other, sinks=sinks)
+            raise RuntimeError("engine died after streaming")
+        return await super().generate(requests, sinks=sinks)
+
+
+async def test_a_regenerated_batch_member_ends_its_stream_with_one_error_event(
+    tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A streamed batch that fails after sending tokens is run again member by member; the
+    new tokens differ from those sent, so the stream ends with a ``retry`` error event and
+    nothing after it (it used to write usage and ``[DONE]`` after ``write_eof``)."""
+    backend = await FailsOnceAfterStreaming.create(str(tiny_model_dir))
+    async with InferencePool({"tiny": backend}, PoolConfig(max_wait=0.3)) as pool:
+        runner, url = await serve_http(pool)
+        try:
+            async with openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0) as client:
+
+                async def read(seed: int) -> str:
+                    stream = await client.completions.create(
+                        model="tiny",
+                        prompt="a hat",
+                        max_tokens=24,
+                        temperature=1.0,
+                        seed=seed,
+                        stream=True,
+                        stream_options={"include_usage": True},
+                    )
+                    try:
+                        async for _chunk in stream:
+                            pass
+                    except openai.APIError as exc:
+                        return exc.message
+                    return "ended normally"
+
+                messages = await asyncio.gather(read(1), read(2))
+        finally:
+            await runner.cleanup()
+    assert backend.failed
+    assert pool.stats.isolated_batches == 1
+    for message in messages:
+        assert "regenerated after part of it was streamed" in message
+    handler_errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert handler_errors == [], [r.getMessage() for r in handler_errors]
