@@ -22,6 +22,7 @@ Called directly, an ``act`` past its timeout is cancelled.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,8 @@ from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Action, Body, Envelope, Observation
 
 __all__ = ["AgentHost", "AGENT_SEED_KEY", "FAILED_KEY", "join_arena"]
+
+log = logging.getLogger(__name__)
 
 AGENT_SEED_KEY = "agent_seed"
 """``Observation.info`` key with the seed the agent of this seat and episode resets with."""
@@ -111,8 +114,12 @@ class AgentHost:
 
     async def _end(self, key: tuple[str, str]) -> None:
         agent = self._agents.pop(key, None)
-        if agent is not None:
+        if agent is None:
+            return
+        try:
             await agent.close()
+        except Exception as exc:  # the episode is over: an agent's failing close is its bug
+            log.warning("closing the agent of seat %s, episode %s failed: %r", key[1], key[0], exc)
 
     async def close(self) -> None:
         """Close every agent still held (the endpoint's owner closes the endpoint)."""

@@ -178,3 +178,27 @@ def test_an_agent_cannot_reach_the_runners_objects_through_what_it_is_shown() ->
     assert asyncio.run(ask()).text == "ok"
     assert view == {"hand": ["two"], "score": 1}  # the scenario's state, untouched
     assert obs.info == {"view": view}
+
+
+class _BadClose(Agent):
+    """Plays, then raises when closed at the end of each episode."""
+
+    async def act(self, observation: Observation) -> Action:
+        return Action(agent=observation.agent, text="ok")
+
+    async def close(self) -> None:
+        raise RuntimeError("close failed")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("over_bus", [False, True])
+def test_an_agent_whose_close_raises_ends_no_run(over_bus: bool) -> None:
+    from parley.arena.run.config import RunConfig
+    from parley.arena.run.runner import run
+    from tests.arena.run.test_runner import SCENARIO
+
+    config = RunConfig(
+        scenario=SCENARIO, episodes=4, progress=False, local_agents_over_bus=over_bus
+    )
+    result = run(config, agents={"a": _BadClose, "b": _BadClose})
+    assert result.summary["episodes"] == {"total": 4, "ok": 4, "failed": 0}
