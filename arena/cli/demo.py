@@ -113,7 +113,7 @@ async def play_arena(
         "requests": stats.completed,
         "backend_calls": stats.backend_calls,
         "mean_batch_size": round(stats.mean_batch_size, 2),
-        "max_batch_size": max(stats.batch_sizes, default=0),
+        "max_batch_size": stats.max_batch_size,
         "generated_tokens": stats.generated_tokens,
         "tokens_per_s": round(stats.generated_tokens / wall, 1) if wall else 0.0,
     }

@@ -55,7 +55,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from parley.arena.inference.backends.errors import RequestError
@@ -138,7 +138,11 @@ class PoolStats:
     completed: int = 0
     generated_tokens: int = 0
     backend_calls: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
+    batches: int = 0
+    """Batches handed to a backend (a member-by-member rerun counts each member)."""
+    batched_requests: int = 0
+    """Requests in those batches, summed (bounded counters: no per-batch list)."""
+    max_batch_size: int = 0
     timeouts: int = 0
     overloaded: int = 0
     failed: int = 0
@@ -149,7 +153,7 @@ class PoolStats:
 
     @property
     def mean_batch_size(self) -> float:
-        return sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else 0.0
+        return self.batched_requests / self.batches if self.batches else 0.0
 
 
 @dataclass(eq=False)
@@ -288,7 +292,9 @@ class _Lane:
         """One backend call for ``batch``; answers every future that is still open."""
         pool = self.pool
         pool.stats.backend_calls += 1
-        pool.stats.batch_sizes.append(len(batch))
+        pool.stats.batches += 1
+        pool.stats.batched_requests += len(batch)
+        pool.stats.max_batch_size = max(pool.stats.max_batch_size, len(batch))
         try:
             async with self.gate.shared():
                 requests = [p.request for p in batch]

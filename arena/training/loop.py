@@ -240,7 +240,8 @@ class _Run:
     log: ConstraintLog = field(default_factory=ConstraintLog)  # read back into samples
     summaries: list[dict[str, Any]] = field(default_factory=list)  # one per finished stage
     episodes_done: int = 0  # over the whole run
-    pool_mark: tuple[float, int, int, int] = (0.0, 0, 0, 0)  # time, tokens, batches, requests
+    # time, tokens, batches, batched requests, completed requests
+    pool_mark: tuple[float, int, int, int, int] = (0.0, 0, 0, 0, 0)
 
     async def reading_stage(self, stage: StageConfig) -> None:
         """The reading warm start of each learner, then one row per step of the mean curve."""
@@ -401,12 +402,19 @@ class _Run:
         pool = self.sync.pool
         stats = pool.stats
         now = time.perf_counter()
-        then, tokens, batches, requests = self.pool_mark
+        then, tokens, batches, batched, requests = self.pool_mark
         elapsed = now - (then or self.started)
-        new_batches = stats.batch_sizes[batches:]
-        self.pool_mark = (now, stats.generated_tokens, len(stats.batch_sizes), stats.completed)
+        new_batches = stats.batches - batches
+        new_batched = stats.batched_requests - batched
+        self.pool_mark = (
+            now,
+            stats.generated_tokens,
+            stats.batches,
+            stats.batched_requests,
+            stats.completed,
+        )
         rate = (stats.generated_tokens - tokens) / elapsed if elapsed > 0 else 0.0
-        mean_batch = sum(new_batches) / len(new_batches) if new_batches else 0.0
+        mean_batch = new_batched / new_batches if new_batches else 0.0
         return {
             "pool_tokens_per_s": round(rate, 1),
             "pool_batch_mean": round(mean_batch, 2),

@@ -79,7 +79,9 @@ async def test_concurrent_requests_share_batches(backend: RecordingBackend) -> N
     async with InferencePool({"default": backend}, config) as pool:
         results = await asyncio.gather(*(pool.generate(request(backend, i)) for i in range(16)))
     assert backend.batch_sizes == [8, 8]
-    assert pool.stats.batch_sizes == [8, 8]
+    assert (pool.stats.batches, pool.stats.batched_requests) == (2, 16)
+    assert pool.stats.max_batch_size == 8
+    assert pool.stats.mean_batch_size == 8.0
     assert [len(r.completions) for r in results] == [1] * 16
     # Each answer belongs to its own request (same order in, same order out).
     for i, r in enumerate(results):

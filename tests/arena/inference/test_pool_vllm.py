@@ -58,10 +58,11 @@ async def test_requests_go_to_the_engine_at_once(pool: InferencePool) -> None:
         )
         for i in range(16)
     ]
-    before = len(pool.stats.batch_sizes)
+    before = pool.stats.batches, pool.stats.batched_requests
     results = await asyncio.gather(*(pool.generate(r) for r in requests))
     # Continuous batching: no gathering wait (max_wait is 1 s here), one call per request.
-    assert pool.stats.batch_sizes[before:] == [1] * 16
+    # 16 batches holding 16 requests in all: each batch held one.
+    assert (pool.stats.batches, pool.stats.batched_requests) == (before[0] + 16, before[1] + 16)
     assert [r.prompt_token_ids for r in results] == [r.prompt_token_ids for r in requests]
     assert all(len(r.completions[0].token_ids) == len(r.completions[0].logprobs) for r in results)
 
