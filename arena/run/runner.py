@@ -368,6 +368,7 @@ class Runner:
         observations, infos = _scenario("reset", env.reset, seed=plan.seed)
         rewards: dict[str, float] = {}
         turn = 0
+        blocking = bool(getattr(env, "metadata", {}).get("blocking_step", False))
         while env.agents:
             if turn >= self.config.max_steps:
                 raise _EpisodeFailed(f"max_steps: no end after {turn} steps")
@@ -389,7 +390,10 @@ class Runner:
             actions = await self._ask(requests, plan.episode_id, turn)
             episode.agents_s += time.perf_counter() - asked_at
             full = {seat: actions[seat].text if seat in actions else "" for seat in env.agents}
-            step = _scenario("step", env.step, full)
+            if blocking:  # its step runs subprocesses: keep other episodes going meanwhile
+                step = await asyncio.to_thread(_scenario, "step", env.step, full)
+            else:
+                step = _scenario("step", env.step, full)
             episode.add_step(turn, observations, actions, *step)
             observations, rewards, _, _, infos = step
             turn += 1
