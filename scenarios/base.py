@@ -112,6 +112,12 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
 
     Subclasses set :attr:`metadata` (at least ``"name"``, the registry id), call
     ``super().__init__(seats, ...)`` with their declared seats, and override the hooks below.
+
+    :attr:`metadata` keys: ``"name"`` (the registry id), ``"render_modes"``,
+    ``"is_parallelizable"`` (PettingZoo's), and ``"blocking_step"`` (``True`` where ``step``
+    waits on subprocesses, e.g. sandboxed code runs, for up to seconds; the runner then runs
+    that scenario's steps in a worker thread so they cannot block other episodes; absent or
+    ``False``: ``step`` is quick, in-process work).
     """
 
     metadata: ClassVar[dict[str, Any]] = {

@@ -1,6 +1,6 @@
 """code/debug-v0 — fix a buggy Python function; the score is the share of hidden tests passed.
 
-The coder gets a small function with a bug, its description and its visible tests (32 bundled
+The coder gets a small function with a bug, its description and its visible tests (33 bundled
 tasks, :mod:`parley.scenarios.code.debug_tasks`; ``reset(seed=...)`` draws one, ``task``
 pins one). It may run code and the visible tests in the sandbox
 (:mod:`parley.scenarios.tools.sandbox`: no network, no host files, CPU, memory, output and
@@ -29,13 +29,30 @@ actions without a submission the episode ends with reward 0.
 Observations: the task (description, buggy code, visible tests) first, then tool results and
 the other seat's messages. ``infos[seat]["view"]``: ``name``, ``description``, ``code`` (the
 buggy module), ``visible`` (``[call, expected]`` pairs), ``reviewer`` (bool),
-``last_message``, ``tools``, ``tool_results`` (no task index: with the public task table it
-would give away the hidden tests and the fix); ``infos[seat]["constraint"]`` is a ``json``
-constraint for structured output (the tool-call form or the seat's final form). Scripted
-oracles get the fix through the privileged ``oracle`` hook (``{"fixed": ...}``), which the
-runner gives only to in-process agents marked ``privileged``.
+``last_message``, ``tools``, ``tool_results``, ``hidden_problem`` (empty, or after the
+submission why the hidden tests gave no or partial results); ``infos[seat]["constraint"]``
+is a ``json`` constraint for structured output (the tool-call form or the seat's final
+form). Scripted oracles get the fix through the privileged ``oracle`` hook
+(``{"fixed": ...}``), which the runner gives only to in-process agents marked ``privileged``.
+
+What "hidden" means: the hidden tests and the fix are in no observation, view or tool result,
+and never enter the sandbox. They are not secret from a policy that can read the installed
+package: the task table (:mod:`parley.scenarios.code.debug_tasks`) ships with it, and the
+view's ``name`` and buggy ``code`` identify the task as surely as an index would. Scores are
+honest for agents that see only their observations; for secrecy against code with access to
+the host, evaluate with a held-out task file that is not installed where the policy runs.
 
 Each sandbox run (a tool call, the hidden tests) takes about 0.1-0.2 s inside ``step``.
+The tool calls of one step share a wall-time budget of ``step_budget_s`` (4 s): each call
+runs with a wall limit of what is left (at most 8 s), and a call made after the budget is
+spent returns the error ``this turn's sandbox time budget (4 s) is spent`` without running;
+the next step has a fresh budget. The hidden-test run at submission keeps its own 8 s limit,
+so one ``step`` takes at most about ``step_budget_s`` + 8 s (``max_step_wall_s``). Because
+``step`` waits on subprocesses, the class sets ``metadata["blocking_step"] = True``.
+A sandbox failure (:class:`~parley.scenarios.tools.SandboxError`) in a tool call is that
+call's error; at submission it means no results: score 0, the reason in ``view``'s
+``hidden_problem`` and the metric ``sandbox_failed`` 1 (in the weak mode the code itself can
+end the sandbox without a report, so this is not an infrastructure error of the episode).
 
 Rewards (both seats, on submission or at the step limit):
 
@@ -47,7 +64,7 @@ invalid    -``invalid_penalty`` (0.05) per invalid move
 =========  ===================================================================
 
 Metrics: ``success`` (all hidden tests pass), ``hidden_pass_rate``, ``submitted``,
-``tool_calls``.
+``tool_calls``, ``sandbox_failed`` (the hidden-test run failed in the sandbox itself).
 
 The score depends only on what the submitted functions return
 (:mod:`parley.scenarios.code.harness`): the sandbox gets the submission and the test calls,
@@ -63,7 +80,8 @@ attacks this with 14 exploit families.
 Arguments: ``task`` (None: drawn by the seed), ``reviewer`` (False), ``max_steps`` (12),
 ``invalid_penalty``, ``max_cycles``, ``render_mode``, ``allow_weak_sandbox`` (False: refuse
 to run where the sandbox has no namespace isolation; also set by
-``PARLEY_SANDBOX_ALLOW_WEAK=1``).
+``PARLEY_SANDBOX_ALLOW_WEAK=1``), ``step_budget_s`` (4.0: wall seconds of sandbox time for
+the tool calls of one step).
 
     >>> env = make("code/debug-v0", reviewer=True)
 
@@ -78,13 +96,21 @@ cap with the code's own prints.
 v1 — a move the action space refuses (characters outside the charset, too long) uses
 up the seat's turn (:mod:`parley.scenarios.refusals`), so every episode ends within the
 scenario's limits; v0 is kept as it was.
+Without a version bump (both versions): the per-step tool budget, the metric
+``sandbox_failed``, the view's ``hidden_problem``, and a sandbox failure at submission scoring
+0 instead of raising. Honest play is unaffected: a tool run takes 0.1-0.2 s, so even eight
+calls in one turn stay well within 4 s. What changes is code that runs for seconds: a
+script that ran 4-8 s now ends by timeout at 4 s, and a slow call uses up the turn's
+remaining calls (they ran before, for up to 8 s each).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, ClassVar
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -92,9 +118,10 @@ from parley.scenarios.base import Scenario, printable
 from parley.scenarios.code.debug_tasks import TASKS, DebugTask
 from parley.scenarios.code.harness import TestRun, run_tests
 from parley.scenarios.refusals import RefusedMoveTakesTurn
-from parley.scenarios.tools.sandbox import Sandbox, SandboxLimits
+from parley.scenarios.tools.sandbox import Sandbox, SandboxError, SandboxLimits
 from parley.scenarios.tools.tool import (
     ToolBox,
+    ToolFailure,
     action_constraint,
     ascii_text,
     parse_turn,
@@ -104,6 +131,11 @@ from parley.scenarios.tools.tool import (
 )
 
 __all__ = ["CodeDebug", "TestRun", "run_tests"]
+
+T = TypeVar("T")
+
+HIDDEN_WALL_SECONDS = 8.0
+"""Wall limit of the hidden-test run at submission (outside the per-step tool budget)."""
 
 
 @dataclasses.dataclass
@@ -116,6 +148,8 @@ class DebugState:
     hidden_passed: float = 0.0
     ended: bool = False
     tool_calls: int = 0
+    hidden_problem: str = ""
+    sandbox_failed: bool = False
     last_message: dict[str, str] = dataclasses.field(default_factory=dict)
     last_results: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
 
@@ -127,6 +161,7 @@ class CodeDebug(Scenario):
         "name": "code/debug-v0",
         "render_modes": ["ansi"],
         "is_parallelizable": True,
+        "blocking_step": True,
     }
     max_action_length = 6000
     default_invalid_penalty = 0.05
@@ -139,6 +174,7 @@ class CodeDebug(Scenario):
         max_steps: int = 12,
         *,
         allow_weak_sandbox: bool = False,
+        step_budget_s: float = 4.0,
         invalid_penalty: float | None = None,
         max_cycles: int | None = None,
         render_mode: str | None = "ansi",
@@ -151,10 +187,16 @@ class CodeDebug(Scenario):
             raise ValueError(f"task must be in 0..{len(TASKS) - 1}, got {task}")
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if not 0 < step_budget_s <= 600:
+            raise ValueError(f"step_budget_s must be in (0, 600], got {step_budget_s}")
         self.fixed_task, self.has_reviewer, self.max_steps = task, reviewer, max_steps
-        weak = allow_weak_sandbox or os.environ.get("PARLEY_SANDBOX_ALLOW_WEAK") == "1"
-        limits = SandboxLimits(cpu_seconds=3, wall_seconds=8, max_output_bytes=20_000)
-        self.sandbox = Sandbox(limits, allow_weak=weak)
+        self.step_budget_s = float(step_budget_s)
+        self._budget_left = self.step_budget_s
+        self._weak = allow_weak_sandbox or os.environ.get("PARLEY_SANDBOX_ALLOW_WEAK") == "1"
+        limits = SandboxLimits(
+            cpu_seconds=3, wall_seconds=HIDDEN_WALL_SECONDS, max_output_bytes=20_000
+        )
+        self.sandbox = Sandbox(limits, allow_weak=self._weak)
         self.tools = ToolBox([tool(self.run_tests), tool(self.run_python)])
         text = {"type": "string"}
         coder = {"submit": text, "message": text} if reviewer else {"submit": text}
@@ -163,7 +205,37 @@ class CodeDebug(Scenario):
             "reviewer": action_constraint(self.tools, {"comment": text}),
         }
 
+    @property
+    def max_step_wall_s(self) -> float:
+        """Most wall time one ``step`` can take: the tool budget, the hidden-test run, slack."""
+        return self.step_budget_s + HIDDEN_WALL_SECONDS + 2.0
+
     # --- tools -----------------------------------------------------------------------------
+
+    def _sandboxed(self, run: Callable[[Sandbox], T]) -> T:
+        """Run a tool's sandbox work within what is left of this step's time budget."""
+        left = self._budget_left
+        if left < 0.05:
+            raise ToolFailure(
+                f"this turn's sandbox time budget ({self.step_budget_s:g} s) is spent; "
+                "call again next turn"
+            )
+        wall = min(self.sandbox.limits.wall_seconds, left)
+        sandbox = Sandbox(
+            dataclasses.replace(self.sandbox.limits, wall_seconds=wall), allow_weak=self._weak
+        )
+        start = time.monotonic()
+        try:
+            return run(sandbox)
+        except SandboxError as exc:
+            # Reported to the caller as a tool error, deliberately: in the weak mode the code
+            # itself can end the sandbox without a report (it can kill its supervisor), so the
+            # failure may be the caller's doing and must not end the episode as an
+            # infrastructure error; a host failure also shows up in every later run, including
+            # the hidden tests (see _end), where it is recorded in the metrics.
+            raise ToolFailure(f"the sandbox failed: {str(exc)[:300]}") from exc
+        finally:
+            self._budget_left -= time.monotonic() - start
 
     def run_tests(self, code: str) -> str:
         """Run the visible tests against a version of the module (the whole file).
@@ -171,7 +243,8 @@ class CodeDebug(Scenario):
         Args:
             code: the full Python module to test
         """
-        run = run_tests(self.sandbox, code, self.s.task.visible)
+        visible = self.s.task.visible
+        run = self._sandboxed(lambda sandbox: run_tests(sandbox, code, visible))
         lines = [f"{run.passed}/{len(run.results)} visible tests passed"]
         if run.problem:
             lines.append(run.problem)
@@ -187,7 +260,7 @@ class CodeDebug(Scenario):
         Args:
             code: the script
         """
-        run = self.sandbox.run(code)
+        run = self._sandboxed(lambda sandbox: sandbox.run(code))
         status = (
             f"exit code {run.exit_code}" if run.ended_by == "exit" else f"ended by {run.ended_by}"
         )
@@ -198,6 +271,7 @@ class CodeDebug(Scenario):
     def new_episode(self, rng: np.random.Generator) -> None:
         index = self.fixed_task if self.fixed_task is not None else int(rng.integers(len(TASKS)))
         self.s = DebugState(TASKS[index], index)
+        self._budget_left = self.step_budget_s
         task = self.s.task
         tests = "\n".join(f"  {call} == {expected}" for call, expected in task.visible)
         brief = (
@@ -212,6 +286,7 @@ class CodeDebug(Scenario):
 
     def play(self, agent: str, action: str) -> str | None:
         self.s.steps += 1
+        self._budget_left = self.step_budget_s
         reason = self._play(agent, action)
         if not self.s.ended and self.s.steps >= self.max_steps:
             self.announce("Step limit reached without a submission.")
@@ -252,8 +327,16 @@ class CodeDebug(Scenario):
         self.s.ended = True
         if code is not None:
             self.s.submitted = True
-            run = run_tests(self.sandbox, code, self.s.task.hidden)
-            self.s.hidden_passed = run.passed / len(run.results)
+            try:
+                run = run_tests(self.sandbox, code, self.s.task.hidden)
+            except SandboxError as exc:
+                # In the weak mode the submission can end the sandbox without a report (it
+                # can kill its supervisor): no results, score 0, the reason kept.
+                self.s.sandbox_failed = True
+                self.s.hidden_problem = f"the sandbox failed: {str(exc)[:300]}"
+            else:
+                self.s.hidden_passed = run.passed / len(run.results)
+                self.s.hidden_problem = run.problem[:300]
         for agent in self.possible_agents:
             self.reward(agent, "task", self.s.hidden_passed)
         self.announce(f"Hidden tests passed: {self.s.hidden_passed:.0%}.")
@@ -279,6 +362,7 @@ class CodeDebug(Scenario):
             "last_message": printable(self.s.last_message.get(agent, "")),
             "tools": self.tools.specs(),
             "tool_results": self.s.last_results.get(agent, []),
+            "hidden_problem": printable(self.s.hidden_problem),
         }
 
     def oracle(self, agent: str) -> dict[str, Any]:
@@ -326,6 +410,7 @@ class CodeDebug(Scenario):
             "hidden_pass_rate": self.s.hidden_passed,
             "submitted": float(self.s.submitted),
             "tool_calls": float(self.s.tool_calls),
+            "sandbox_failed": float(self.s.sandbox_failed),
         }
 
 
