@@ -65,6 +65,10 @@ def error_line(command: str, message: str) -> None:
     sys.stderr.flush()
 
 
+_KNOWN_ERRNOS = {errno.EADDRINUSE, errno.EACCES, errno.EROFS, errno.ENOSPC, errno.ENOENT}
+"""OS errors that are the surroundings' (a path, a port, a disk): others are shown as bugs."""
+
+
 def user_error_status(exc: BaseException) -> tuple[int, str] | None:
     """``(exit status, one-line message)`` for an error that is the user's or the
     surroundings' (a bad config, a busy port, an unwritable path), else ``None``."""
@@ -73,8 +77,10 @@ def user_error_status(exc: BaseException) -> tuple[int, str] | None:
     if isinstance(exc, ConfigError):
         return 2, str(exc)
     if isinstance(exc, ParleyError):
-        return 1, str(exc)
-    if isinstance(exc, OSError):
+        return 1, str(exc) or type(exc).__name__
+    if isinstance(exc, TimeoutError):  # an OSError in 3.11, usually with no message at all
+        return 1, f"timed out{f': {exc}' if str(exc) else ''} (PARLEY_DEBUG=1 shows where)"
+    if isinstance(exc, OSError) and (exc.filename or exc.errno in _KNOWN_ERRNOS):
         what = exc.strerror or str(exc)
         where = f"{exc.filename}: " if exc.filename else ""
         hint = {

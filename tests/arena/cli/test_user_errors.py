@@ -167,3 +167,17 @@ def test_errors_in_a_real_process(tmp_path: Path) -> None:
     assert line.startswith("parley run: cannot write to --out")
     assert str(deep) in line
     assert len(line) > 80
+
+
+def test_error_lines_are_never_empty_and_unknown_os_errors_stay_bugs() -> None:
+    import errno
+
+    from parley.arena.cli.common import user_error_status
+
+    status = user_error_status(TimeoutError())  # asyncio.wait_for's: no message at all
+    assert status is not None
+    assert status[1].startswith("timed out")
+    assert user_error_status(OSError(errno.EPIPE, "Broken pipe")) is None  # a traceback
+    busy = user_error_status(OSError(errno.EADDRINUSE, "Address already in use"))
+    assert busy is not None
+    assert "another process" in busy[1]
