@@ -45,7 +45,13 @@ from parley.agents.llm import (
 )
 from parley.arena.inference.pool import InferencePool, PoolConfig
 from parley.arena.run.agent_specs import AgentSource, SeatContext
-from parley.protocols.errors import ConfigError, ParleyError, RemoteError, RequestTimeout
+from parley.protocols.errors import (
+    ConfigError,
+    ParleyError,
+    PeerDead,
+    RemoteError,
+    RequestTimeout,
+)
 from parley.protocols.messages import GenerateRequest, GenerateResult
 
 __all__ = [
@@ -208,11 +214,13 @@ async def check_pool(
     (instead of every episode waiting :data:`CONNECT_TIMEOUT` to fail). The connection is
     kept: the ``llm:`` agents of this event loop use it. Each policy is probed with a
     request the pool refuses at once (an empty prompt): ``bad_request`` means the policy
-    is there, ``unknown_policy`` that it is not.
+    is there (``overloaded`` too: it answered), ``unknown_policy`` that it is not; any other
+    answer is reported as it is. A bad address or key (:class:`ConfigError`) is raised as
+    it is, not taken for an absent pool.
     """
     try:
         client = await shared_pool(("bus", address), _connect(address, timeout, config))
-    except (RequestTimeout, TimeoutError, ParleyError):
+    except (RequestTimeout, TimeoutError, PeerDead):
         raise PoolUnreachable(
             f"no inference pool answers at {address} within {timeout:g} s; start one with "
             f"`parley serve --model MODEL --listen {address}`, or leave out --pool to load "
@@ -230,7 +238,12 @@ async def check_pool(
                     f"({exc.remote_message}); start it with `parley serve --policy {policy}` "
                     "or set policy= in the llm: spec"
                 ) from None
-        except (TimeoutError, ParleyError) as exc:
+            if exc.code not in ("bad_request", "overloaded"):
+                raise PoolUnreachable(
+                    f"the pool at {address} answered the probe for policy {policy!r} with "
+                    f"{exc.code}: {exc.remote_message}; it cannot serve this run"
+                ) from None
+        except (RequestTimeout, TimeoutError, PeerDead) as exc:
             raise PoolUnreachable(
                 f"the pool at {address} did not answer a probe within {timeout:g} s ({exc}); "
                 "is it overloaded or stuck?"

@@ -15,6 +15,8 @@ import zmq.asyncio
 from parley.arena.inference.llm_spec import PoolUnreachable, check_pool, close_shared_pools
 from parley.arena.inference.pool import POOL_ENDPOINT, InferencePool
 from parley.protocols.bus import Endpoint
+from parley.protocols.errors import ParleyError
+from parley.protocols.messages import Envelope, Error, GenerateRequest
 
 pytest.importorskip("torch")
 from parley.arena.inference.backends.transformers import TransformersBackend
@@ -70,6 +72,47 @@ async def test_check_pool_finds_policies(tiny_model_dir: Path) -> None:
         with pytest.raises(PoolUnreachable, match=f"no inference pool answers at {address}"):
             await check_pool(address, ["tiny"], timeout=1)
         assert time.monotonic() - started < 5
+    finally:
+        await close_shared_pools()
+        ctx.term()
+
+
+async def test_a_bad_address_is_reported_as_it_is() -> None:
+    """A malformed address is the user's mistake, not an absent pool: its own error."""
+    try:
+        with pytest.raises(
+            ParleyError, match=r"cannot connect to tcp://127\.0\.0\.1:notaport"
+        ) as e:
+            await check_pool("tcp://127.0.0.1:notaport", ["tiny"], timeout=1)
+        assert not isinstance(e.value, PoolUnreachable)
+    finally:
+        await close_shared_pools()
+
+
+@pytest.mark.parametrize(
+    ("code", "present"),
+    [("closed", False), ("backend_failed", False), ("overloaded", True), ("bad_request", True)],
+)
+async def test_a_pool_answering_the_probe_with_an_error_is_not_taken_as_serving(
+    code: str, present: bool
+) -> None:
+    """A hostile (or broken) pool answers every request with ``code``: only ``bad_request``
+    and ``overloaded`` mean the policy is there; anything else is reported with its code."""
+
+    async def answer(env: Envelope) -> Error:
+        return Error(code=code, message=f"pool says {code}")
+
+    ctx = zmq.asyncio.Context()
+    try:
+        async with Endpoint(POOL_ENDPOINT, context=ctx) as server:
+            server.on(GenerateRequest, answer)
+            address = await server.bind("tcp://127.0.0.1:0")
+            if present:
+                await check_pool(address, ["tiny"], timeout=5)
+            else:
+                with pytest.raises(PoolUnreachable, match=f"with {code}: pool says {code}"):
+                    await check_pool(address, ["tiny"], timeout=5)
+            await close_shared_pools()
     finally:
         await close_shared_pools()
         ctx.term()
