@@ -301,7 +301,7 @@ class _Run:
         done = sum(s.max_updates for s in self.config.stages[: len(self.summaries) + 1])
         self.progress.update(self.bar, completed=done)
         episodes = len(curve) * self.config.sampler.batch_size
-        failed, dropped = len(sampler.failures), sampler.dropped_stale
+        failed, dropped = sampler.failed, sampler.dropped_stale
         self._finish_stage(stage, curve, stage_start, episodes, failed, dropped)
 
     def _start_stage(self, stage: StageConfig) -> tuple[Any, AsyncSampler, set[str]]:

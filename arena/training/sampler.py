@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +71,9 @@ __all__ = [
     "oldest_version",
     "samples_from_record",
 ]
+
+KEEP_FAILURES = 100
+"""Failed episode records an :class:`AsyncSampler` keeps (the newest)."""
 
 _TRAIN_KEY = 7  # purpose tag for derive_seed: training episode seeds
 
@@ -176,7 +179,10 @@ class AsyncSampler:
         self.policies = None if policies is None else frozenset(policies)
         self.updates = 0
         self.handed = 0
-        self.failures: list[EpisodeRecord] = []
+        self.failures: deque[EpisodeRecord] = deque(maxlen=KEEP_FAILURES)
+        """The latest failed episodes (their records hold whole transcripts: a long run
+        keeps only the last :data:`KEEP_FAILURES`); :attr:`failed` counts them all."""
+        self.failed = 0
         self.dropped_stale = 0
         """Episodes dropped over the sampler's life because they were older than S."""
         self.dropped_ages: Counter[int] = Counter()
@@ -256,10 +262,11 @@ class AsyncSampler:
         """File a finished episode: failed, too old, or ready."""
         if record.failed:
             self.failures.append(record)
+            self.failed += 1
             self._new_failures.append(record)
             self._failures_in_a_row += 1
             if self._failures_in_a_row >= self.config.max_consecutive_failures:
-                reasons = "; ".join(sorted({r.failed for r in self.failures[-5:]}))
+                reasons = "; ".join(sorted({r.failed for r in list(self.failures)[-5:]}))
                 raise SamplerError(
                     f"{self._failures_in_a_row} episodes failed in a row "
                     f"(sampler.max_consecutive_failures); last reasons: {reasons}"
