@@ -140,13 +140,21 @@ HOSTILE_VALUES: tuple[str, ...] = (
     "-Infinity",
     "null",
     '{"__proto__": {"x": 1}}',
+    '"import time\\nwhile True:\\n    time.sleep(1)\\n"',
 )
-"""JSON value texts the hostile check puts under every key and tool argument it finds."""
+"""JSON value texts the hostile check puts under every key and tool argument it finds (the
+last, a script that never ends, also fills one turn with :data:`HOSTILE_MAX_CALLS` calls of
+each tool: a scenario that runs code must bound the whole step, not only each run)."""
+
+HOSTILE_MAX_CALLS = 8
+"""Tool calls per turn in the hostile many-calls action (``parse_turn``'s maximum)."""
 
 STEP_CPU_BUDGET_S = 0.05
 """Most CPU time one ``step`` may take in the stepping thread, on any action."""
 STEP_WALL_LIMIT_S = 5.0
-"""Most wall time one ``step`` may take (sandboxed tool runs wait on a child process)."""
+"""Most wall time one ``step`` may take (sandboxed tool runs wait on a child process),
+unless the scenario declares a larger bound as its ``max_step_wall_s`` attribute (code/debug:
+its per-step tool budget plus the hidden-test run's limit)."""
 
 
 def _fail(message: str) -> ConformanceFailure:
@@ -333,6 +341,10 @@ def hostile_actions(info: dict[str, Any]) -> list[str]:
             args = "{" + ", ".join(f'"{p}": {value}' for p in params) + "}"
             call = f'{{"tool_calls": [{{"name": "{name}", "arguments": {args}}}]}}'
             actions += [call, f'{{"tool_calls": [{{"name": "{name}", "arguments": {value}}}]}}']
+        endless = HOSTILE_VALUES[-1]
+        args = "{" + ", ".join(f'"{p}": {endless}' for p in params) + "}"
+        many = ", ".join([f'{{"name": "{name}", "arguments": {args}}}'] * HOSTILE_MAX_CALLS)
+        actions.append(f'{{"tool_calls": [{many}]}}')
     return actions
 
 
@@ -342,6 +354,7 @@ def check_hostile(scenario_id: str) -> dict[str, float]:
     Returns the largest CPU and wall time of one step, in seconds.
     """
     env = make(scenario_id)
+    wall_limit = float(getattr(env.unwrapped, "max_step_wall_s", STEP_WALL_LIMIT_S))
     worst = {"cpu_s": 0.0, "wall_s": 0.0}
     _, infos = env.reset(seed=0)
     queues = {seat: hostile_actions(infos[seat]) for seat in env.possible_agents}
@@ -359,7 +372,7 @@ def check_hostile(scenario_id: str) -> dict[str, float]:
         cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
         worst = {"cpu_s": max(worst["cpu_s"], cpu), "wall_s": max(worst["wall_s"], wall)}
         shown_action = {a: v[:80] for a, v in actions.items() if v}
-        if cpu > STEP_CPU_BUDGET_S or wall > STEP_WALL_LIMIT_S:
+        if cpu > STEP_CPU_BUDGET_S or wall > wall_limit:
             raise _fail(f"a step took {cpu:.3f} s CPU / {wall:.3f} s wall on {shown_action}")
         _check_step_output(env, observations, infos)
         for agent, info in infos.items():
