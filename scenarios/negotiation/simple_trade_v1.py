@@ -172,7 +172,6 @@ class NegotiationState:
     turn_index: int = 0
     pending: dict[str, Any] | None = None  # {"from": seat, "give": Bundle, "get": Bundle}
     trades: int = 0
-    invalid_seen: int = 0
     forfeit: str = ""
     outcome: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -290,7 +289,8 @@ class SimpleNegotiation(Scenario):
         # action outside the action space, when play is not called at all).
         mover = self.acting()[0]
         self.s.turn_index += 1
-        if self.invalid_moves() > self.s.invalid_seen:  # SPIRAL: error_allowance=0
+        # SPIRAL: error_allowance=0, so the first invalid move (which ends the game) forfeits.
+        if self.invalid_moves() > 0:
             self.s.forfeit = mover
             self._end({mover: -1.0}, f"{mover} made an invalid move.")
         elif self.s.turn_index >= self.max_turns:
