@@ -63,7 +63,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--insecure",
         action="store_true",
-        help="allow --listen on a non-loopback tcp address without keys (plain text)",
+        help="allow --listen on a non-loopback tcp address without keys (plain text), and --http "
+        "on a non-loopback host (no authentication)",
     )
     p.add_argument("--policy", default="default", help="policy name the model serves under")
     p.add_argument("--max-batch-size", type=int, default=32, help="requests per backend call")
@@ -278,6 +279,10 @@ def main(args: argparse.Namespace) -> int:
             replicas=args.replicas,
         )
         options.bus_security()  # bad keys are a configuration error, before any loading
+        if options.http:  # an HTTP front off loopback needs --insecure, before any loading
+            from parley.arena.inference.http_guard import check_http_bind
+
+            check_http_bind(options.http, insecure=options.insecure)
         asyncio.run(_serve(options))
     except ConfigError as exc:
         print(f"parley serve: {exc}", file=sys.stderr)

@@ -77,6 +77,7 @@ from parley.arena.inference.http_fields import (
     stream_asked,
     want_logprobs,
 )
+from parley.arena.inference.http_guard import guard, http_is_loopback
 from parley.arena.inference.http_stream import EventStream, logprobs_json
 from parley.arena.inference.pool import InferencePool, PoolError
 from parley.protocols.messages import (
@@ -118,11 +119,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class OpenAIFront:
     """The HTTP application over ``pool``; ``request_timeout`` bounds each generation."""
 
-    def __init__(self, pool: InferencePool, *, request_timeout: float = 300.0) -> None:
+    def __init__(
+        self, pool: InferencePool, *, request_timeout: float = 300.0, loopback_only: bool = True
+    ) -> None:
         self.pool = pool
         self.request_timeout = request_timeout
         self.created = int(time.time())
-        self.app = web.Application(middlewares=[self._errors])
+        # JSON-only POST (CSRF); loopback Host headers when bound to loopback (DNS rebinding)
+        self.app = web.Application(middlewares=[guard(loopback_only=loopback_only), self._errors])
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
         self.app.router.add_post("/v1/completions", self.completions)
@@ -455,7 +459,7 @@ async def serve_http(
 ) -> tuple[web.AppRunner, str]:
     """Start the front on ``host:port`` (0 picks a port); returns the runner (call
     ``await runner.cleanup()`` to stop) and the base URL, ``http://host:port/v1``."""
-    front = OpenAIFront(pool, **options)
+    front = OpenAIFront(pool, loopback_only=http_is_loopback(host, port), **options)
     runner = web.AppRunner(front.app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

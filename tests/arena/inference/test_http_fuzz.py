@@ -137,7 +137,7 @@ async def _post(http: aiohttp.ClientSession, url: str, path: str, body: Json | s
     if isinstance(body, str):
         data, headers = body, {"Content-Type": "application/json"}
     else:
-        data, headers = json.dumps({"model": "tiny", **body}), {}
+        data, headers = json.dumps({"model": "tiny", **body}), {"Content-Type": "application/json"}
     async with http.post(f"{url}/{path}", data=data, headers=headers) as r:
         if r.content_type == "text/event-stream":
             return r.status, _collect(await r.text())
