@@ -11,15 +11,44 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-__all__ = ["MeanCI", "Moments", "PassHatK", "mean_ci", "pass_hat_k", "pass_hat_k_curve"]
+__all__ = [
+    "MeanCI",
+    "Moments",
+    "PassHatK",
+    "mean_ci",
+    "pass_hat_k",
+    "pass_hat_k_curve",
+    "t975",
+]
 
-# Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom; beyond 30 the
-# normal quantile 1.96 is within 4% (no scipy dependency for one table).
+# Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (no scipy dependency
+# for one table); beyond 30, a Cornish-Fisher expansion (error below 1e-4).
 _T_975 = (
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
     2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 )  # fmt: skip
+_Z = 1.959963984540054
+
+
+def t975(df: float) -> float:
+    """The 97.5 % quantile of Student's t with ``df`` degrees of freedom (Welch's df may be
+    fractional: interpolated in the table up to 30, Cornish-Fisher expansion above)."""
+    if not math.isfinite(df) or df <= 0:
+        return math.nan
+    if df < 1:
+        return _T_975[0]
+    if df <= 30:
+        lo = math.floor(df)
+        hi = min(lo + 1, 30)
+        return _T_975[lo - 1] + (df - lo) * (_T_975[hi - 1] - _T_975[lo - 1])
+    z = _Z
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
 
 
 @dataclass(frozen=True)
@@ -97,7 +126,7 @@ class Moments:
             var = float(Fraction(spread, n * (n - 1) << (2 * _SCALE)))
         except OverflowError:  # values near the float limit: their variance is not a float
             var = math.inf
-        t = _T_975[n - 2] if n - 1 <= len(_T_975) else 1.96
+        t = t975(n - 1)
         return MeanCI(mean, t * math.sqrt(var / n), n)
 
 

@@ -21,7 +21,15 @@ from rich.table import Table
 from parley.arena.run.records import EpisodeRecord
 from parley.arena.run.stats import Moments, PassHatK
 
-__all__ = ["MAX_LISTED_FAILURES", "SUCCESS_METRIC", "SummaryBuilder", "summarize", "summary_table"]
+__all__ = [
+    "FAILURE_KINDS",
+    "MAX_LISTED_FAILURES",
+    "SUCCESS_METRIC",
+    "SummaryBuilder",
+    "failure_kind",
+    "summarize",
+    "summary_table",
+]
 
 SUCCESS_METRIC = "success"
 """The 0/1 episode metric pass^k is computed from."""
@@ -61,7 +69,7 @@ class SummaryBuilder:
         self.invalid_moves += record.invalid_moves
         if record.failed:
             self.failed += 1
-            self._failure_kinds[_kind(record.failed)] += 1
+            self._failure_kinds[failure_kind(record.failed)] += 1
             entry = (-record.index, record.episode, record.failed)
             if len(self._failures) < MAX_LISTED_FAILURES:
                 heapq.heappush(self._failures, entry)
@@ -114,17 +122,19 @@ def summarize(records: Iterable[EpisodeRecord], *, trials: int) -> dict[str, Any
     return builder.summary()
 
 
-def _kind(reason: str) -> str:
-    # Reasons read "seat: kind: detail" or "kind: detail"; the kind is the last short label.
+def failure_kind(reason: str) -> str:
+    """The kind of a failure reason (``SEAT: KIND: detail`` or ``KIND: detail``), one of
+    :data:`FAILURE_KINDS` or ``other``."""
     parts = [p.strip() for p in reason.split(":")]
-    kinds = [p for p in parts[:2] if p in _FAILURE_KINDS]
+    kinds = [p for p in parts[:2] if p in FAILURE_KINDS]
     return kinds[0] if kinds else "other"
 
 
-_FAILURE_KINDS = frozenset(
+FAILURE_KINDS = frozenset(
     {"timeout", "peer_dead", "agent_error", "bus_error", "protocol_error", "bad_reply",
-     "scenario_error", "max_steps", "not_joined"}
+     "scenario_error", "max_steps", "not_joined", "worker_lost"}
 )  # fmt: skip
+"""The kinds SCHEMA.md lists for a failed episode's reason."""
 
 
 def _fmt(value: float | None, ci: float | None = None) -> str:

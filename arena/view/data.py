@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parley.arena.run.stats import mean_ci, pass_hat_k_curve
+from parley.arena.run.stats import mean_ci, pass_hat_k_curve, t975
+from parley.arena.run.summary import failure_kind
 
 __all__ = [
     "RUN_FILES",
@@ -161,20 +162,6 @@ def read_json(path: Path | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-FAILURE_KINDS = frozenset(
-    {"timeout", "peer_dead", "agent_error", "bus_error", "protocol_error", "bad_reply",
-     "scenario_error", "max_steps", "not_joined"}
-)  # fmt: skip
-"""The kinds SCHEMA.md lists for a failed episode's reason."""
-
-
-def failure_kind(reason: str) -> str:
-    """The kind of a failure reason (``SEAT: KIND: detail`` or ``KIND: detail``)."""
-    parts = [p.strip() for p in reason.split(":")]
-    kinds = [p for p in parts[:2] if p in FAILURE_KINDS]
-    return kinds[0] if kinds else "other"
-
-
 def failure_groups(episodes: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[str, str]]]:
     """Failed episodes grouped by failure kind: ``{kind: [(episode, reason), ...]}``."""
     groups: dict[str, list[tuple[str, str]]] = defaultdict(list)
@@ -240,36 +227,6 @@ def pass_k(episodes: Sequence[Mapping[str, Any]]) -> dict[int, float]:
         if ep.get("status") == "ok" and "success" in (ep.get("metrics") or {}):
             per_task[int(ep.get("task", 0))].append(float(ep["metrics"]["success"]))
     return pass_hat_k_curve(per_task, trials) if per_task else {}
-
-
-_Z = 1.959963984540054
-_T = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-"""Student's t 97.5 % quantiles for 1..30 degrees of freedom."""
-
-
-def t975(df: float) -> float:
-    """The 97.5 % quantile of Student's t with ``df`` degrees of freedom (Welch's df may be
-    fractional: interpolated in the table up to 30, Cornish-Fisher expansion above, whose
-    error there is below 1e-4)."""
-    if not math.isfinite(df) or df <= 0:
-        return math.nan
-    if df < 1:
-        return _T[0]
-    if df <= 30:
-        lo = math.floor(df)
-        hi = min(lo + 1, 30)
-        return _T[lo - 1] + (df - lo) * (_T[hi - 1] - _T[lo - 1])
-    z = _Z
-    return (
-        z
-        + (z**3 + z) / (4 * df)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
-    )
 
 
 @dataclass

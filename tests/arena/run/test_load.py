@@ -26,7 +26,7 @@ from parley.arena.run.config import RunConfig
 from parley.arena.run.records import EpisodeRecord
 from parley.arena.run.runner import Runner, _baseline, run
 from parley.arena.run.stats import _T_975, Moments, PassHatK, pass_hat_k_curve
-from parley.arena.run.summary import MAX_LISTED_FAILURES, SummaryBuilder, _kind
+from parley.arena.run.summary import MAX_LISTED_FAILURES, SummaryBuilder, failure_kind
 from parley.protocols.bus import BusConfig
 from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Action, Observation
@@ -234,7 +234,7 @@ def _reference_summary(records: Sequence[EpisodeRecord], trials: int) -> dict[st
         "invalid_moves": invalid,
         "invalid_move_rate": invalid / steps,
         "failures": [{"episode": r.episode, "reason": r.failed} for r in failed],
-        "failure_kinds": dict(Counter(_kind(r.failed) for r in failed)),
+        "failure_kinds": dict(Counter(failure_kind(r.failed) for r in failed)),
         "pass_hat_k": {str(k): v for k, v in pass_hat_k_curve(per_task, trials).items()},
         "pass_hat_k_tasks": len(per_task),
     }

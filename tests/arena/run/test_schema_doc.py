@@ -15,7 +15,7 @@ import pytest
 from parley.agents.base import Agent
 from parley.arena.run.config import RunConfig
 from parley.arena.run.runner import run
-from parley.arena.run.summary import _FAILURE_KINDS
+from parley.arena.run.summary import FAILURE_KINDS
 from parley.protocols.messages import Observation
 
 SCHEMA = Path(__file__).parents[3] / "arena" / "run" / "SCHEMA.md"
@@ -28,7 +28,7 @@ def _kinds_table() -> dict[str, str]:
 
 
 def test_schema_lists_exactly_the_failure_kinds() -> None:
-    assert set(_kinds_table()) == set(_FAILURE_KINDS)
+    assert set(_kinds_table()) == set(FAILURE_KINDS)
 
 
 class ReturnsText(Agent):
