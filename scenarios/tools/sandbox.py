@@ -9,10 +9,19 @@ CPU time                  ``RLIMIT_CPU`` (SIGXCPU, then SIGKILL one second later
 wall time                 the parent kills the whole process group at the deadline
 memory                    ``RLIMIT_AS`` (allocation fails with ``MemoryError``)
 output                    stdout and stderr read with a cap; the parent kills at the cap
-processes                 ``RLIMIT_NPROC`` for a uid used by this run only
+processes                 ``RLIMIT_NPROC`` (what it counts depends on the mode; below)
 disk                      the work directory is a tmpfs of ``disk_mb``; ``RLIMIT_FSIZE``
 open files                ``RLIMIT_NOFILE``
 ========================  ==================================================================
+
+``RLIMIT_NPROC`` counts the processes of a uid. Run as root (``"namespaces"``, or
+``"rlimits"`` as root), the code gets a uid used by this run only, so the limit is the run's
+own. In ``"userns"`` the code keeps the caller's uid (uid 0 inside its user namespace): on
+Linux 5.14 and later the kernel counts processes per user namespace, so the limit is about
+this run's; on older kernels it counts all the caller's processes. In ``"rlimits"`` without
+root the limit is raised by the caller's process count at the start of the run, so the run
+gets about ``max_processes`` more than the caller had then (a bound shared with whatever the
+caller starts or ends meanwhile).
 
 Isolation, detected once per process (:func:`isolation`), strongest first:
 
