@@ -138,13 +138,13 @@ class Endpoint(_Receiver):
         try:
             return await asyncio.wait_for(self._handshake(link), limit)
         except TimeoutError:
-            await self._drop_sock(sock)
+            self._close_sock(sock)
             raise RequestTimeout(
                 f"no Hello from {address} within {limit:g} s: is an endpoint bound there "
                 "(and, over tcp, do the CURVE keys match)?"
             ) from None
         except BaseException:
-            await self._drop_sock(sock)
+            self._close_sock(sock)
             raise
 
     async def request(
@@ -307,9 +307,6 @@ class Endpoint(_Receiver):
         self._loop.add_reader(sock.fd, self._drain, sock)
         sock.reading = True
         self._wake(sock)  # messages may have queued before the reader was registered
-
-    async def _drop_sock(self, sock: _Sock) -> None:
-        self._close_sock(sock)
 
     def _close_sock(self, sock: _Sock) -> None:
         for link in [*sock.links.values(), *([sock.link] if sock.link else [])]:
