@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -44,6 +45,8 @@ from parley.protocols.messages import (
 )
 
 __all__ = ["PoolReplica", "RayPool", "ReplicaSpec"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -224,8 +227,6 @@ class RayPool:
 
     async def update_weights(self, update: WeightUpdate) -> int:
         """Apply ``update`` on every live replica together; returns the new version."""
-        from ray.exceptions import RayActorError
-
         await self.start()
         async with self._changed:
             await self._changed.wait_for(lambda: not self._updating)
@@ -245,10 +246,10 @@ class RayPool:
             for index, answer in zip(live, answers, strict=True):
                 if isinstance(answer, int):
                     self.versions[index][update.policy] = answer
-                elif isinstance(answer, (Error, RayActorError)):
-                    self.dead.add(index)  # it would answer with other weights than the rest
-                else:
-                    raise answer
+                else:  # an Error, a dead actor, a lost object: it would serve other weights
+                    self.dead.add(index)
+                    log.warning("pool replica %d dropped: its weight update failed: %r",
+                                index, answer)  # fmt: skip
             return max(applied)
         finally:
             async with self._changed:
