@@ -258,13 +258,16 @@ class VLLMBackend(Backend):
         self, request: GenerateRequest, version: int, sink: TokenSink | None = None
     ) -> GenerateResult:
         """One request; if the engine dies under it, restart the engine (at most
-        :attr:`max_restarts` times in the backend's life) and run it once more."""
+        :attr:`max_restarts` times in the backend's life) and run it once more. The rerun
+        is not streamed (as the pool's reruns): ``sink`` got tokens of the dead run already,
+        and its caller checks them against the final result."""
         for _ in range(2):
             generation = self._generation
             try:
                 return await self._run(request, version, sink)
             except EngineDeadError as exc:
                 await self._revive(generation, exc)
+                sink = None
         raise BackendError(f"the vLLM engine died twice under one request; {self.failure}")
 
     async def _revive(self, generation: int, exc: BaseException) -> None:
