@@ -13,7 +13,8 @@ import json
 import math
 import os
 import re
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +110,11 @@ def discover(roots: Sequence[Path]) -> dict[str, Source]:
     return found
 
 
-_cache: dict[Path, tuple[tuple[int, int], Any]] = {}
+_CACHE_FILES = 8
+"""Parsed files kept (least recently used out): a long-lived viewer opening many large runs
+would otherwise hold every transcript it ever read."""
+_cache: OrderedDict[Path, tuple[tuple[int, int], Any]] = OrderedDict()
+_cache_lock = threading.Lock()  # pages are built in worker threads
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -122,10 +127,12 @@ def load_jsonl(path: Path | None) -> list[dict[str, Any]]:
     if path is None:
         return []
     stamp = _stamp(path)
-    hit = _cache.get(path)
-    if hit is not None and hit[0] == stamp:
-        rows: list[dict[str, Any]] = hit[1]
-        return rows
+    with _cache_lock:
+        hit = _cache.get(path)
+        if hit is not None and hit[0] == stamp:
+            _cache.move_to_end(path)
+            rows: list[dict[str, Any]] = hit[1]
+            return rows
     rows = []
     with path.open(encoding="utf-8", errors="replace") as f:
         for line in f:
@@ -135,7 +142,11 @@ def load_jsonl(path: Path | None) -> list[dict[str, Any]]:
                 continue
             if isinstance(row, dict):
                 rows.append(row)
-    _cache[path] = (stamp, rows)
+    with _cache_lock:
+        _cache[path] = (stamp, rows)
+        _cache.move_to_end(path)
+        while len(_cache) > _CACHE_FILES:
+            _cache.popitem(last=False)
     return rows
 
 

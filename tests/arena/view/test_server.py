@@ -323,3 +323,13 @@ def test_parley_view_serves_on_loopback_and_prints_its_url(runs_dir: Path) -> No
         proc.terminate()
         proc.wait(10)
     assert cli_main(["view", str(runs_dir / "nope")]) == 2
+
+
+def test_the_parsed_file_cache_is_bounded(tmp_path: Path) -> None:
+    from parley.arena.view import data
+
+    for i in range(3 * data._CACHE_FILES):
+        path = tmp_path / f"t{i}.jsonl"
+        path.write_text(json.dumps({"episode": i}) + "\n")
+        assert data.load_jsonl(path) == [{"episode": i}]
+    assert len(data._cache) <= data._CACHE_FILES
