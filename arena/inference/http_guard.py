@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from parley.protocols.bus.auth import is_loopback
 from parley.protocols.errors import ConfigError
@@ -59,9 +60,7 @@ def _refuse(status: int, message: str, code: str) -> web.Response:
     return web.json_response({"error": error}, status=status)
 
 
-def guard(
-    *, loopback_only: bool
-) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def guard(*, loopback_only: bool) -> Middleware:
     """The middleware: JSON-only ``POST``; with ``loopback_only``, loopback ``Host`` only."""
 
     @web.middleware
