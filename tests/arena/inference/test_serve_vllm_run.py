@@ -11,6 +11,7 @@ waits for a step with room instead of being split.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -32,7 +33,9 @@ def test_sixteen_seeded_llm_episodes_against_a_served_vllm_pool(
     serve = [sys.executable, "-m", "parley.arena.cli", "serve", "--model", str(tiny_model_dir)]
     serve += ["--backend", "vllm", "--listen", "tcp://127.0.0.1:0", "--policy", "tiny"]
     serve += ["-b", "max_model_len=2048"]
-    pool = subprocess.Popen(serve, stdout=subprocess.PIPE, bufsize=0)
+    # Its own process group: on failure the whole group (vLLM's engine processes included)
+    # is killed, not only the server, which would leave the engine running.
+    pool = subprocess.Popen(serve, stdout=subprocess.PIPE, bufsize=0, start_new_session=True)
     try:
         address = _read_line(pool, "pool listening on ", 240)
         # Keep reading the pool's stdout (vLLM logs there): a full pipe would block it.
@@ -62,5 +65,5 @@ def test_sixteen_seeded_llm_episodes_against_a_served_vllm_pool(
         assert pool.wait(60) == 0
     finally:
         if pool.poll() is None:
-            pool.kill()
+            os.killpg(pool.pid, signal.SIGKILL)
         pool.wait(30)

@@ -76,5 +76,6 @@ def test_a_killed_engine_restarts_then_the_server_exits(tmp_path: Path) -> None:
         assert "parley serve: the vLLM engine process died" in out.read_text()
     finally:
         if proc.poll() is None:
+            _kill_engine(proc)  # its engine processes too: they outlive a killed server
             proc.kill()
             proc.wait(30)
