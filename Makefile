@@ -37,7 +37,8 @@ lint: $(STAMP)
 	@# hook is invisible to it, and without it every parley import would be Any.
 	@mkdir -p $(VENV)/mypy-path/parley
 	@for p in protocols scenarios agents arena; do ln -sfn "$(CURDIR)/$$p" $(VENV)/mypy-path/parley/$$p; done
-	MYPYPATH=$(VENV)/mypy-path $(BIN)/mypy -p parley.protocols -p parley.scenarios -p parley.agents -p parley.arena
+	@ln -sfn "$(CURDIR)/parley/__init__.py" $(VENV)/mypy-path/parley/__init__.py
+	MYPYPATH=$(VENV)/mypy-path $(BIN)/mypy -p parley
 
 # The viewer's browser tests drive Debian's chromium with Playwright: installed here when
 # missing and apt-get can (as root, as in CI); otherwise those tests skip (fail if CI=true).

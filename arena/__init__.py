@@ -23,14 +23,9 @@ the trainers. Import from the modules, e.g. :class:`parley.arena.run.runner.Runn
 
 
 def __getattr__(name: str) -> str:
-    # ``parley`` is a namespace of four packages with no module of its own to hold the
-    # version: it lives here (``parley.arena.__version__``, ``parley --version``), read from
-    # the installed distribution's metadata when first asked for.
+    # Kept for code written before ``parley.__version__`` existed.
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
+        import parley
 
-        try:
-            return version("parley")
-        except PackageNotFoundError:
-            return "0+unknown"
+        return str(parley.__version__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -79,7 +79,7 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help="print parley's version and exit")
 
     def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        from parley.arena import __version__
+        from parley import __version__
 
         print(f"parley {__version__}")
         parser.exit()

@@ -41,13 +41,15 @@ def test_summaries_match_the_commands_own_help() -> None:
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
-    from parley.arena import __version__
+    import parley
+    import parley.arena
 
-    assert __version__ == importlib.metadata.version("parley")
+    assert parley.__version__ == importlib.metadata.version("parley")
+    assert parley.arena.__version__ == parley.__version__  # the older spelling still works
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0
-    assert capsys.readouterr().out == f"parley {__version__}\n"
+    assert capsys.readouterr().out == f"parley {parley.__version__}\n"
 
 
 def test_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
