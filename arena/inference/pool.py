@@ -38,6 +38,12 @@ Guarantees (the contract the agents and the HTTP front rely on):
   :class:`WeightUpdate` for a policy is applied by its backend's ``update_weights`` between
   batches (a static lane finishes its running batch first), which sets the version.
 
+Per-seat LoRA adapters: :meth:`InferencePool.add_adapter` loads an adapter into the backend
+of a base policy and serves it under its own policy name, in the same lane (so the base and
+its adapters batch together). Versions are per policy (``backend.version_of(name)``): an
+update of one adapter bumps only that adapter's version, and the stale-weights check
+compares with it.
+
 Streaming (the HTTP front's ``stream: true``): :meth:`InferencePool.generate` takes an
 optional ``on_tokens`` :data:`~parley.arena.inference.backends.base.TokenSink`; the lane
 hands it to backends that stream (``backend.streams_tokens``: transformers per decoding
@@ -54,11 +60,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from parley.arena.inference.backends.errors import RequestError
+from parley.arena.inference.gate import Gate
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.protocols.messages import Error, GenerateRequest, GenerateResult, Ok, WeightUpdate
 
@@ -168,44 +175,6 @@ class _Pending:
     on_tokens: TokenSink | None = None  # streaming callers: receives tokens as generated
 
 
-class _Gate:
-    """Many generate calls or one weight update at a time; a waiting update goes first."""
-
-    def __init__(self) -> None:
-        self._cond = asyncio.Condition()
-        self._active = 0
-        self._updating = False
-        self._waiting_updates = 0
-
-    @contextlib.asynccontextmanager
-    async def shared(self) -> AsyncIterator[None]:
-        async with self._cond:
-            await self._cond.wait_for(lambda: not self._updating and not self._waiting_updates)
-            self._active += 1
-        try:
-            yield
-        finally:
-            async with self._cond:
-                self._active -= 1
-                self._cond.notify_all()
-
-    @contextlib.asynccontextmanager
-    async def exclusive(self) -> AsyncIterator[None]:
-        async with self._cond:
-            self._waiting_updates += 1
-            try:
-                await self._cond.wait_for(lambda: not self._updating and self._active == 0)
-            finally:
-                self._waiting_updates -= 1
-            self._updating = True
-        try:
-            yield
-        finally:
-            async with self._cond:
-                self._updating = False
-                self._cond.notify_all()
-
-
 class _Lane:
     """The queue and the scheduler of one backend (shared by the policies it serves)."""
 
@@ -213,7 +182,7 @@ class _Lane:
         self.backend = backend
         self.pool = pool
         self.queue: deque[_Pending] = deque()
-        self.gate = _Gate()
+        self.gate = Gate()
         self._wake = asyncio.Event()
         self._in_flight = asyncio.Semaphore(pool.config.max_in_flight)
         self._calls: set[asyncio.Task[None]] = set()
@@ -427,8 +396,8 @@ class InferencePool:
 
     @property
     def policies(self) -> dict[str, int]:
-        """Policy name -> current weights version."""
-        return {name: b.policy_version for name, b in self._backends.items()}
+        """Policy name -> current weights version (an adapter's own version)."""
+        return {name: b.version_of(name) for name, b in self._backends.items()}
 
     @property
     def backends(self) -> list[Backend]:
@@ -457,6 +426,23 @@ class InferencePool:
         self._backends[name] = backend
         if self._started:
             self._lane(backend)
+
+    async def add_adapter(self, policy: str, base_policy: str, path: str) -> None:
+        """Load the PEFT adapter directory ``path`` into the backend serving
+        ``base_policy`` and serve ``policy`` with it from now on (version 0).
+
+        ``policy`` then shares ``base_policy``'s lane: its requests batch with those of the
+        base and of the backend's other adapters. Raises
+        :class:`~parley.protocols.errors.ConfigError` when ``policy`` is already served or
+        the backend cannot load the adapter (no adapter support, another base, ...), and
+        :class:`PoolError` ``unknown_policy`` when ``base_policy`` is not served; on any
+        error the pool serves what it served before.
+        """
+        if policy in self._backends:
+            raise ConfigError(f"policy {policy!r} is already served by this pool")
+        backend = self.backend(base_policy)
+        await backend.add_adapter(policy, path)
+        self.add_policy(policy, backend)
 
     def _lane(self, backend: Backend) -> _Lane:
         lane = self._lanes.get(id(backend))
@@ -546,10 +532,11 @@ class InferencePool:
         than the version being served, ``unknown_policy``, or ``backend_failed``.
         """
         backend = self.backend(update.policy)
-        if update.version <= backend.policy_version:
+        served = backend.version_of(update.policy)
+        if update.version <= served:
             raise PoolError(
                 "stale_weights",
-                f"policy {update.policy!r} already serves version {backend.policy_version}; "
+                f"policy {update.policy!r} already serves version {served}; "
                 f"an update must carry a newer version than that, got {update.version}",
             )
         lane = self._lane(backend)
@@ -566,8 +553,7 @@ class InferencePool:
                     f"{type(exc).__name__}: {exc}",
                 ) from exc
         self.stats.weight_updates += 1
-        version: int = backend.policy_version
-        return version
+        return backend.version_of(update.policy)
 
     # --- bus --------------------------------------------------------------------------
 

@@ -122,6 +122,10 @@ class Backend(ABC):
     request) and feeds them tokens as they are generated; the pool passes sinks only to
     backends that do."""
 
+    supports_adapters: bool = False
+    """Whether :meth:`add_adapter` can serve LoRA adapters on this backend's base model
+    (requests of different adapters then share batches)."""
+
     def __init__(self) -> None:
         self.policy_version: int = 0
         self.dtype: str = ""
@@ -146,6 +150,9 @@ class Backend(ABC):
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         """Complete every request; one result per request, in request order.
 
+        A request whose ``policy`` names one of :attr:`adapters` decodes with that adapter
+        (and its result carries ``version_of(policy)``); any other request uses the base.
+
         Backends with :attr:`streams_tokens` also take ``sinks=`` (keyword, a sequence
         parallel to ``requests`` of :data:`TokenSink` or None).
 
@@ -157,10 +164,46 @@ class Backend(ABC):
     async def update_weights(self, update: WeightUpdate) -> None:
         """Load new weights (``update.path`` or ``update.tensors``), then set
         ``policy_version = update.version``. Generations already running finish on the
-        old weights and report the old version."""
+        old weights and report the old version.
+
+        When ``update.policy`` names one of :attr:`adapters`, only that adapter's tensors
+        change and only ``version_of(update.policy)`` is set (see :meth:`add_adapter`)."""
 
     async def close(self) -> None:
         """Release the model, engine processes and connections. Idempotent."""
+
+    # --- adapters (per-seat LoRA; defaults for backends without adapter support) ------
+
+    @property
+    def adapters(self) -> dict[str, int]:
+        """Adapter name -> the version of its weights (empty without adapters)."""
+        return {}
+
+    def version_of(self, policy: str) -> int:
+        """The weights version serving ``policy``: its adapter's version when ``policy``
+        is an adapter of this backend, otherwise ``policy_version`` (the base model)."""
+        return self.adapters.get(policy, self.policy_version)
+
+    async def add_adapter(self, policy: str, path: str) -> None:
+        """Load the PEFT adapter directory ``path`` (``adapter_config.json`` +
+        ``adapter_model.safetensors``) and serve it under the name ``policy``, version 0.
+
+        From then on a request whose ``policy`` is ``policy`` decodes with the adapter
+        (batched with requests of other adapters and of the base), and a
+        :class:`WeightUpdate` whose ``policy`` is ``policy`` replaces only that adapter's
+        tensors (``update.tensors`` named as ``peft.get_peft_model_state_dict`` names them,
+        or ``update.path``: such a .safetensors file or an adapter directory), bumping only
+        ``version_of(policy)``.
+
+        Raises :class:`~parley.protocols.errors.ConfigError` when the backend serves no
+        adapters (this default), when the adapter does not fit the base model (another
+        base, rank above the backend's limit, unknown target modules), or when ``policy``
+        is taken; the backend then serves exactly what it served before.
+        """
+        raise ConfigError(
+            f"the {self.kind or type(self).__name__} backend cannot serve LoRA adapters "
+            f"(asked to load {path!r} as {policy!r}); use the transformers or vllm backend"
+        )
 
     def validate(self, request: GenerateRequest) -> None:
         """Raise :class:`BackendError` (not retryable) if ``request`` cannot be served.
