@@ -8,6 +8,8 @@ them.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,9 @@ from typing import Any
 from parley.arena.inference.backends.base import BackendError
 from parley.protocols.errors import require
 
-__all__ = ["HFChatTokenizer", "load_tokenizer"]
+__all__ = ["HFChatTokenizer", "check_hub_model", "load_tokenizer"]
+
+_log = logging.getLogger(__name__)
 
 
 class HFChatTokenizer:
@@ -70,6 +74,7 @@ def load_tokenizer(name_or_path: str, **options: Any) -> HFChatTokenizer:
             f"no model directory at {name_or_path!r}; make one with `parley model tiny DIR` "
             "or pass an existing checkpoint directory"
         )
+    check_hub_model(name_or_path)
     try:
         hf = transformers.AutoTokenizer.from_pretrained(name_or_path, **options)
     except (OSError, ValueError) as exc:  # no such directory, no files, not on the hub
@@ -80,3 +85,42 @@ def load_tokenizer(name_or_path: str, **options: Any) -> HFChatTokenizer:
         ) from exc
     hf.padding_side = "left"
     return HFChatTokenizer(hf)
+
+
+def check_hub_model(name: str) -> None:
+    """Fail fast on a model name that is neither a local directory nor reachable.
+
+    Loading a hub id from a machine that cannot reach the hub spends a minute in Hugging
+    Face's retries before failing. One probe without retries (a fraction of a second) says
+    at once: a missing repository is a :class:`BackendError`; an unreachable hub with the
+    model in the local cache switches this process to offline mode (``HF_HUB_OFFLINE``,
+    inherited by engine subprocesses) and loads the cached copy; an unreachable hub without
+    it is a :class:`BackendError` that says what to do.
+    """
+    if Path(name).expanduser().exists():
+        return
+    hub: Any = require("huggingface_hub", "torch")
+    if hub.constants.HF_HUB_OFFLINE:
+        return  # the user chose offline mode: loading reads the cache only, without retries
+    cached = isinstance(hub.try_to_load_from_cache(name, "config.json"), str)
+    try:
+        hub.model_info(name, timeout=10)
+    except (hub.errors.RepositoryNotFoundError, hub.errors.GatedRepoError) as exc:
+        if cached:
+            return
+        raise BackendError(
+            f"no model {name!r} on the Hugging Face hub ({type(exc).__name__}), and no "
+            "local directory of that name; check the id (or log in with `hf auth login` "
+            "for a gated or private model), or pass a model directory"
+        ) from exc
+    except Exception as exc:  # any network failure: DNS, refused, TLS, proxy, timeout
+        if not cached:
+            raise BackendError(
+                f"{name!r} is not a local directory and the Hugging Face hub cannot be "
+                f"reached ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); pass a "
+                "model directory (e.g. one made by `parley model tiny DIR`), or download the "
+                "model where the hub is reachable and set HF_HUB_OFFLINE=1"
+            ) from exc
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        hub.constants.HF_HUB_OFFLINE = True
+        _log.warning("the Hugging Face hub cannot be reached: loading %s from the cache", name)
