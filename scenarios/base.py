@@ -131,6 +131,10 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     """Longest observation; older lines are cut (marked ``[...]``) to fit."""
     default_invalid_penalty: ClassVar[float] = 0.0
     """Penalty of an invalid move unless the constructor's ``invalid_penalty`` overrides it."""
+    default_max_cycles: ClassVar[int] = 1000
+    """The step cap when the constructor's ``max_cycles`` is None: a guard, far above what
+    every scenario's own rules allow, so that no episode runs forever (a policy looping on
+    moves the rules do not count, a scenario bug); the episode is then truncated."""
 
     def __init__(
         self,
@@ -154,8 +158,9 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         self.possible_agents: list[str] = list(seats)
         self.agents: list[str] = []
         self.render_mode = render_mode
-        self.max_cycles = max_cycles
-        """Truncate the episode after this many steps (``None``: the rules end it)."""
+        self.max_cycles: int = self.default_max_cycles if max_cycles is None else max_cycles
+        """Truncate the episode after this many steps (invalid moves included); the
+        constructor's ``None`` means :attr:`default_max_cycles`."""
         self.invalid_penalty = (
             self.default_invalid_penalty if invalid_penalty is None else float(invalid_penalty)
         )
@@ -448,7 +453,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
             self.resolve()
             done = self._done
         self.turn = turn = self.turn + 1
-        if not done and self.max_cycles is not None and turn >= self.max_cycles:
+        if not done and turn >= self.max_cycles:
             self._truncated = True
         truncated = self._truncated and not done
         ended = done or truncated

@@ -120,6 +120,32 @@ def test_max_cycles_truncates() -> None:
     assert env.agents == []
 
 
+def test_no_episode_runs_forever_by_default() -> None:
+    # Chat's rules never end an episode that nobody ends: the default cap truncates it.
+    env = Chat()
+    assert env.max_cycles == Scenario.default_max_cycles
+    env.reset(seed=0)
+    steps = 0
+    while env.agents:
+        (agent,) = env.acting()
+        *_, terms, truncs, _ = env.step({agent: "bad"})  # invalid moves count too
+        steps += 1
+    assert steps == Scenario.default_max_cycles
+    assert all(truncs.values())
+    assert not any(terms.values())
+
+
+def test_every_registered_scenario_has_a_step_cap() -> None:
+    from parley.scenarios import make, registry
+
+    for name in registry():
+        env = make(name)
+        try:
+            assert 1 <= env.max_cycles <= Scenario.default_max_cycles, name
+        finally:
+            env.close()
+
+
 def test_state_is_ascii_json_in_state_space() -> None:
     env = Chat()
     env.reset(seed=3)
