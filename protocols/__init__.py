@@ -4,7 +4,9 @@
 Everything not listed here is imported by its full path (``parley.protocols.messages``).
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from parley.protocols.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from parley.protocols.bus import BusConfig, Endpoint
@@ -92,17 +94,4 @@ _WHERE: dict[str, str] = {
 """Public name -> module; imported on first use (PEP 562), so importing this package (for
 ``parley --help``, ``parley list``) costs nothing until a name is used."""
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, __all__)

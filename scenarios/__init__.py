@@ -7,7 +7,9 @@
 Scenario modules are imported only when :func:`make` builds one.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from parley.protocols.lazy import lazy_exports
 
 # Eager: the registry is light, and ``registry`` (the function) must win over the submodule
 # of the same name.
@@ -47,17 +49,4 @@ _WHERE: dict[str, str] = {
 """Public name -> module; imported on first use (PEP 562), so importing this package (for
 ``parley --help``, ``parley list``) costs nothing until a name is used."""
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, __all__)
