@@ -115,6 +115,41 @@ def show(bundle: Bundle) -> str:
     return ", ".join(f"{n} {r}" for r, n in bundle.items()) or "nothing"
 
 
+def transfer(inventory: dict[str, Bundle], offer: dict[str, Any], taker: str) -> None:
+    """Execute ``offer`` (``{"from": seat, "give": Bundle, "get": Bundle}``) between its
+    author and ``taker``; the caller has checked both sides cover it."""
+    offerer = offer["from"]
+    for resource, n in offer["give"].items():
+        inventory[offerer][resource] -= n
+        inventory[taker][resource] += n
+    for resource, n in offer["get"].items():
+        inventory[taker][resource] -= n
+        inventory[offerer][resource] += n
+
+
+def pending_view(offer: dict[str, Any] | None, agent: str) -> dict[str, Bundle] | None:
+    """The pending ``offer`` as ``agent`` sees it: what it gives and gets if it goes through."""
+    if offer is None:
+        return None
+    if offer["from"] == agent:
+        return {"give": dict(offer["give"]), "get": dict(offer["get"])}
+    return {"give": dict(offer["get"]), "get": dict(offer["give"])}
+
+
+def trade_view(
+    agent: str, inventory: Bundle, values: Bundle, offer: dict[str, Any] | None, turns_left: int
+) -> dict[str, Any]:
+    """``Scenario.view`` of both versions: the seat's own state and the pending offer."""
+    return {
+        "seat": agent,
+        "inventory": dict(inventory),
+        "values": dict(values),
+        "pending": pending_view(offer, agent),
+        "pending_from_partner": bool(offer and offer["from"] != agent),
+        "turns_left": turns_left,
+    }
+
+
 @dataclasses.dataclass
 class TradeState:
     inventory: dict[str, Bundle]
@@ -191,12 +226,7 @@ class SimpleTrade(Scenario):
             self.s.inventory[agent], offer["get"]
         ):
             return "the trade can no longer be covered"
-        for resource, n in offer["give"].items():
-            self.s.inventory[offerer][resource] -= n
-            self.s.inventory[agent][resource] += n
-        for resource, n in offer["get"].items():
-            self.s.inventory[agent][resource] -= n
-            self.s.inventory[offerer][resource] += n
+        transfer(self.s.inventory, offer, agent)
         self.s.trades += 1
         self.announce(f"Trade done: {offerer} gave {show(offer['give'])} for {show(offer['get'])}.")
         return None
@@ -219,12 +249,7 @@ class SimpleTrade(Scenario):
         self.finish()
 
     def pending_for(self, agent: str) -> dict[str, Bundle] | None:
-        offer = self.s.pending
-        if offer is None:
-            return None
-        if offer["from"] == agent:
-            return {"give": offer["give"], "get": offer["get"]}
-        return {"give": offer["get"], "get": offer["give"]}
+        return pending_view(self.s.pending, agent)
 
     def prompt(self, agent: str) -> str:
         left = self.max_turns - self.s.turn_index
@@ -241,14 +266,8 @@ class SimpleTrade(Scenario):
         )
 
     def view(self, agent: str) -> dict[str, Any]:
-        return {
-            "seat": agent,
-            "inventory": dict(self.s.inventory[agent]),
-            "values": dict(self.values[agent]),
-            "pending": self.pending_for(agent),
-            "pending_from_partner": bool(self.s.pending and self.s.pending["from"] != agent),
-            "turns_left": self.max_turns - self.s.turn_index,
-        }
+        left = self.max_turns - self.s.turn_index
+        return trade_view(agent, self.s.inventory[agent], self.values[agent], self.s.pending, left)
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The partner's values (each player knows only its own)."""

@@ -75,13 +75,21 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parley.scenarios.base import Scenario
+from parley.scenarios.negotiation.simple_trade import (
+    RESOURCES,
+    SEATS,
+    START,
+    VALUES,
+    Bundle,
+    covers,
+    pending_view,
+    show,
+    trade_view,
+    transfer,
+)
 
 __all__ = ["SimpleNegotiation", "NegotiationState", "find_offer", "parse_offer", "parse_resources"]
 
-RESOURCES = ("Wood", "Gold")
-SEATS = ("player_0", "player_1")
-START = {"Wood": 10, "Gold": 10}
-VALUES = {"player_0": {"Wood": 5, "Gold": 15}, "player_1": {"Wood": 15, "Gold": 5}}
 # SPIRAL's patterns. Its offer pattern, r"\[Offer:\s*(?:I\s+(?:give|offer)\s+)?([^\[\]]+?)\s*\.*\]",
 # backtracks quadratically (20 ms on 1,000 characters of spaces); find_offer matches the same
 # bodies in linear time.
@@ -91,8 +99,6 @@ _OFFER_START = re.compile(r"\[Offer:", re.IGNORECASE)
 _LEAD = re.compile(r"I(\s+)(?:give|offer)(\s+)", re.IGNORECASE)
 _ITEM = re.compile(r"^(\d+)\s+(.+)$")
 _ALIASES = {"Woods": "Wood", "Golds": "Gold"}
-
-Bundle = dict[str, int]
 
 
 def parse_resources(text: str) -> Bundle | None:
@@ -154,14 +160,6 @@ def parse_offer(text: str) -> tuple[Bundle, Bundle] | None:
         return None
     give, get = parse_resources(parts[0].strip()), parse_resources(parts[1].strip())
     return (give, get) if give and get else None
-
-
-def covers(stock: Bundle, bundle: Bundle) -> bool:
-    return all(stock.get(r, 0) >= n for r, n in bundle.items())
-
-
-def show(bundle: Bundle) -> str:
-    return ", ".join(f"{n} {r}" for r, n in bundle.items()) or "nothing"
 
 
 @dataclasses.dataclass
@@ -256,12 +254,7 @@ class SimpleNegotiation(Scenario):
         if not offerer_ok:
             self.announce(f"Trade cancelled: {offerer} no longer holds what it offered.")
             return None
-        for resource, n in offer["give"].items():
-            self.s.inventory[offerer][resource] -= n
-            self.s.inventory[agent][resource] += n
-        for resource, n in offer["get"].items():
-            self.s.inventory[agent][resource] -= n
-            self.s.inventory[offerer][resource] += n
+        transfer(self.s.inventory, offer, agent)
         self.s.trades += 1
         self.announce(f"{agent} accepted the offer from {offerer}.")
         return None
@@ -317,12 +310,7 @@ class SimpleNegotiation(Scenario):
         }
 
     def pending_for(self, agent: str) -> dict[str, Bundle] | None:
-        offer = self.s.pending
-        if offer is None:
-            return None
-        if offer["from"] == agent:
-            return {"give": dict(offer["give"]), "get": dict(offer["get"])}
-        return {"give": dict(offer["get"]), "get": dict(offer["give"])}
+        return pending_view(self.s.pending, agent)
 
     def prompt(self, agent: str) -> str:
         left = self.max_turns - self.s.turn_index
@@ -337,14 +325,8 @@ class SimpleNegotiation(Scenario):
         )
 
     def view(self, agent: str) -> dict[str, Any]:
-        return {
-            "seat": agent,
-            "inventory": dict(self.s.inventory[agent]),
-            "values": dict(self.s.values[agent]),
-            "pending": self.pending_for(agent),
-            "pending_from_partner": bool(self.s.pending and self.s.pending["from"] != agent),
-            "turns_left": self.max_turns - self.s.turn_index,
-        }
+        s, left = self.s, self.max_turns - self.s.turn_index
+        return trade_view(agent, s.inventory[agent], s.values[agent], s.pending, left)
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The partner's values (its stock decides which trades go through, which both see)."""
