@@ -17,7 +17,9 @@ import msgspec
 import yaml
 
 from parley.arena.run.episode import derive_seed
+from parley.arena.training.adapters import LoraConfig
 from parley.arena.training.pg import PGConfig
+from parley.arena.training.precision import PRECISIONS
 from parley.arena.training.sampler import SamplerConfig
 from parley.protocols.errors import ConfigError
 
@@ -96,6 +98,19 @@ class TrainConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     pg: PGConfig = field(default_factory=PGConfig)
+    lora: LoraConfig | None = None
+    """LoRA adapters (:class:`~parley.arena.training.adapters.LoraConfig`: ``r``, ``alpha``,
+    ``dropout``, ``target_modules``, ``init_seed``): the policies that start from the same
+    weights share one frozen base, in the trainer and in the pool, each with its own
+    adapter and optimizer; weight sync ships only adapters; checkpoints are PEFT adapter
+    directories. None (the default): every policy is a whole model, fully fine-tuned."""
+    precision: str = "fp32"
+    """``fp32``, ``bf16`` or ``fp16``: the trainer's forward passes run under autocast in
+    that dtype (weights and optimizer in float32) and the pool serves the policies in it
+    (:mod:`~parley.arena.training.precision`; a ConfigError where the device cannot)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them (less memory,
+    about one more forward pass of time per update)."""
     shaping: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-seat reward shaping (:class:`~parley.scenarios.shaping.ShapingConfig` fields;
     ``"*"`` for every seat). Empty: each decision gets its raw return-to-go."""
@@ -120,6 +135,8 @@ class TrainConfig:
                 raise ConfigError(f"stage {stage.name!r}: an rl stage needs agents (seat: spec)")
         if not self.stages:
             raise ConfigError("a training run needs at least one stage")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r}: choose one of {sorted(PRECISIONS)}")
         for stage in self.stages:
             unknown = set(stage.train) - set(self.policies)
             if unknown:
@@ -148,6 +165,8 @@ class RunSeeds:
       own (LLM agents seed each request from their episode's agent seed).
     - ``trainer``: the trainer's numpy generator (minibatch order, replay draws):
       ``pg.seed`` if set, else the run's seed.
+    - ``lora``: per policy, its adapter's initialisation (``lora.init_seed`` or the run's
+      seed, plus the policy's index in ``policies``). Empty without ``lora``.
     """
 
     run: int
@@ -156,6 +175,7 @@ class RunSeeds:
     torch: int
     backend: int
     trainer: int
+    lora: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> RunSeeds:
@@ -172,6 +192,7 @@ class RunSeeds:
             torch=config.seed,
             backend=config.seed,
             trainer=config.pg.seed if config.pg.seed is not None else config.seed,
+            lora=_lora_seeds(config),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -182,7 +203,15 @@ class RunSeeds:
             "torch": self.torch,
             "backend": self.backend,
             "trainer": self.trainer,
+            "lora": dict(self.lora),
         }
+
+
+def _lora_seeds(config: TrainConfig) -> dict[str, int]:
+    if config.lora is None:
+        return {}
+    first = config.lora.init_seed if config.lora.init_seed is not None else config.seed
+    return {name: first + i for i, name in enumerate(config.policies)}
 
 
 def load_train_config(

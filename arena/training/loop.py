@@ -20,17 +20,19 @@ rewards and advantages, the objective's ratio and clip statistics, and the stale
 the batch: ``stale_max``, ``stale_mean``, ``stale_hist`` (episodes 0, 1, ... versions
 old) and ``dropped_stale``), TensorBoard events when ``tensorboard`` is installed,
 ``checkpoints/<policy>/`` in Hugging Face format (``parley run --agents
-llm:OUT/checkpoints/<policy>`` loads them), ``learning_curve.png``, ``config.yaml`` and
-``summary.json`` (every seed used, and per stage its curve, failed and dropped episodes).
+llm:OUT/checkpoints/<policy>`` loads them) or, with ``lora``, as PEFT adapter directories
+(``llm:BASE?adapter=OUT/checkpoints/<policy>``; ``OUT/adapters/<policy>`` holds each
+adapter as it started), ``learning_curve.png``, ``config.yaml`` and ``summary.json`` (every
+seed used, the trained parameters per policy, and per stage its curve, failed and dropped
+episodes). Which models the trainer and the pool hold: :mod:`parley.arena.training.models`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from parley.arena.training.config import (
     load_train_config,
     plain,
 )
+from parley.arena.training.models import Policies, load_policies
 from parley.arena.training.outputs import MetricsLogger, save_checkpoints, write_summary
 from parley.arena.training.pg import PolicyGradientTrainer
 from parley.arena.training.sampler import (
@@ -86,13 +89,6 @@ class TrainResult:
 # ------------------------------------------------------------------------------ models
 
 
-@dataclass
-class _Policy:
-    name: str
-    model: Any  # trained copy
-    backend: Any  # the pool's copy, updated by weight sync
-
-
 def _prepare_run(config: TrainConfig, seeds: RunSeeds, out: Path) -> dict[str, Path]:
     """Create ``out``, save the config, return the initial weights' directory per policy
     (building tiny models from ``seeds.init`` if asked)."""
@@ -113,24 +109,6 @@ def _prepare_run(config: TrainConfig, seeds: RunSeeds, out: Path) -> dict[str, P
             built[seed] = target
         dirs[name] = built[seed]
     return dirs
-
-
-async def _load_policies(config: TrainConfig, dirs: Mapping[str, Path]) -> dict[str, _Policy]:
-    transformers: Any = require("transformers", "train")
-    from parley.arena.inference.backends.tokenizer import load_tokenizer
-    from parley.arena.inference.backends.transformers import TransformersBackend
-
-    policies: dict[str, _Policy] = {}
-    for name, path in dirs.items():
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype="float32")
-        model.train()
-        served = copy.deepcopy(model).eval()
-        tokenizer = load_tokenizer(str(path))
-        backend = TransformersBackend(
-            served, tokenizer, max_batch_rows=config.max_batch_size, seed=config.seed
-        )
-        policies[name] = _Policy(name, model, backend)
-    return policies
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -183,18 +161,24 @@ async def run_training(config: TrainConfig) -> TrainResult:
     seeds = RunSeeds.from_config(config)  # every seed the run uses, from config.seed
     torch.manual_seed(seeds.torch)  # before any model is loaded
     dirs = await asyncio.to_thread(_prepare_run, config, seeds, out)
-    policies = await _load_policies(config, dirs)
-    tokenizer = next(iter(policies.values())).backend.tokenizer
+    policies = await asyncio.to_thread(load_policies, config, seeds, dirs, out)
+    tokenizer = policies.tokenizer
     # One trainer over every policy; each stage sets which of them learn. Dr. GRPO's
     # constant length is the generation budget unless the config names one.
     pg = dataclasses.replace(
         config.pg, seed=seeds.trainer, length_norm=config.pg.length_norm or config.agent.max_tokens
     )
-    models = {n: p.model for n, p in policies.items()}
-    trainer = PolicyGradientTrainer(models, tokenizer.hf, pg, trainable=[])
+    trainer = PolicyGradientTrainer(
+        policies.weights, tokenizer.hf, pg, trainable=[], precision=config.precision
+    )
     pool_config = PoolConfig(max_batch_size=config.max_batch_size, max_wait=0.002)
-    pool = await InferencePool({n: p.backend for n, p in policies.items()}, pool_config).start()
+    pool = await InferencePool(policies.served, pool_config).start()
     system = _system_prompts(config) if config.agent.system_prompt else {}
+    try:
+        await policies.attach(pool)  # LoRA: each policy an adapter of its base's backend
+    except BaseException:
+        await pool.close()
+        raise
     logger = MetricsLogger(out)
     sync = InProcessSync(pool)
     run = _Run(config, seeds, started, policies, tokenizer, trainer, sync, system, logger)
@@ -212,13 +196,14 @@ async def run_training(config: TrainConfig) -> TrainResult:
             # Stages run in order, each from the weights the previous one left.
             for stage in config.stages:
                 await (run.reading_stage if stage.kind == "reading" else run.rl_stage)(stage)
-        checkpoints = await asyncio.to_thread(save_checkpoints, models, tokenizer, out)
+        checkpoints = await asyncio.to_thread(save_checkpoints, trainer.weights, tokenizer, out)
     finally:
         logger.close()
         await pool.close()
     wall = time.perf_counter() - started
     history, summaries = logger.history, run.summaries
-    await asyncio.to_thread(write_summary, out, wall, history, summaries, seeds.as_dict())
+    trained = {n: w.trainable_numel() for n, w in trainer.weights.items()}
+    await asyncio.to_thread(write_summary, out, wall, history, summaries, seeds.as_dict(), trained)
     return TrainResult(out, history, checkpoints, wall, summaries, seeds.as_dict())
 
 
@@ -229,7 +214,7 @@ class _Run:
     config: TrainConfig
     seeds: RunSeeds
     started: float  # perf_counter at the run's start: the rows' wall_s
-    policies: dict[str, _Policy]
+    policies: Policies
     tokenizer: Any
     trainer: PolicyGradientTrainer
     sync: InProcessSync  # pushes weights to the inference pool (sync.pool)
@@ -250,15 +235,24 @@ class _Run:
         stage_start = time.perf_counter()
         curves = []
         for name in stage.train:
-            policy = self.policies[name]
-            model, tok = policy.model, policy.backend.tokenizer
+            weights = self.policies.weights[name]
             # The stage's seed (RunSeeds.episodes) draws the exercises unless it names one.
             kwargs = {"seed": self.seeds.episodes[len(self.summaries)], **stage.reading}
-            curve = await asyncio.to_thread(
-                pretrain_reading, model, tok, steps=stage.max_updates, target=stage.target, **kwargs
-            )
-            policy.model.train()
-            curves.append(curve)
+
+            def read(weights: Any = weights, kwargs: dict[str, Any] = kwargs) -> list[float]:
+                with weights.selected() as model:  # an adapter: only it learns
+                    curve: list[float] = pretrain_reading(
+                        model,
+                        self.tokenizer,
+                        steps=stage.max_updates,
+                        target=stage.target,
+                        params=weights.parameters(),
+                        **kwargs,
+                    )
+                    model.train()
+                return curve
+
+            curves.append(await asyncio.to_thread(read))
             # Supervised steps change the weights too: a new version for the pool.
             self.trainer.version += 1
             await self.sync.push(name, self.trainer.version, self.trainer.state_tensors(name))

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from parley.arena.training.adapters import PolicyWeights
+
 __all__ = ["MetricsLogger", "save_checkpoints", "write_summary"]
 
 
@@ -48,21 +50,26 @@ def write_summary(
     history: list[dict[str, Any]],
     summaries: list[dict[str, Any]],
     seeds: Mapping[str, Any],
+    trained: Mapping[str, int] | None = None,
 ) -> None:
-    """``summary.json`` (wall time, every seed the run used, one entry per stage) and the
-    learning-curve plot."""
-    summary = {"wall_s": wall, "seeds": dict(seeds), "stages": summaries}
+    """``summary.json`` (wall time, every seed the run used, the number of trained
+    parameters per policy, one entry per stage) and the learning-curve plot."""
+    summary: dict[str, Any] = {"wall_s": wall, "seeds": dict(seeds), "stages": summaries}
+    if trained is not None:
+        summary["trained_parameters"] = dict(trained)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     _plot(history, summaries, out / "learning_curve.png")
 
 
-def save_checkpoints(models: Mapping[str, Any], tokenizer: Any, out: Path) -> dict[str, Path]:
-    """Each policy's model and the tokenizer, in Hugging Face format, under
-    ``out/checkpoints/<policy>``."""
-    paths = {name: out / "checkpoints" / name for name in models}
-    for name, model in models.items():
-        model.save_pretrained(paths[name])
-        tokenizer.hf.save_pretrained(paths[name])
+def save_checkpoints(
+    weights: Mapping[str, PolicyWeights], tokenizer: Any, out: Path
+) -> dict[str, Path]:
+    """Each policy under ``out/checkpoints/<policy>``: a whole model with the tokenizer in
+    Hugging Face format, or a PEFT adapter directory
+    (:meth:`~parley.arena.training.adapters.PolicyWeights.save`)."""
+    paths = {name: out / "checkpoints" / name for name in weights}
+    for name, policy in weights.items():
+        policy.save(paths[name], tokenizer)
     return paths
 
 

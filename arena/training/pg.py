@@ -7,7 +7,7 @@ One update, in the order it happens (cf. ``cleanrl/ppo.py``)::
     A        <- advantages.compute_advantages(returns, keys)            # (N,)
     for epoch in 1..epochs:                                   # PPO-style reuse of the batch
         for minibatch in a shuffled split into `minibatches`:  # one optimizer step each
-            for micro-batch (gradient accumulation):
+            for micro-batch (gradient accumulation; by count, or by padded tokens):
                 logp  <- log pi_theta(token_t | prompt, tokens_<t) per generated token
                          (logits / temperature, illegal tokens masked out exactly as the
                          backend's constraint masked them)               # (n, T)
@@ -30,8 +30,18 @@ Why these choices:
   of an older policy (staleness S > 0) and for later epochs and minibatches the ratio
   differs from 1, and the clip (or, for the REINFORCE objectives, the truncated
   sequence importance weight) bounds the update.
-- One model per policy name. Seats map to policies (``seat_policy``): one shared policy
-  for self-play, or one per seat.
+- One model per policy name, or one LoRA adapter per policy name on a base that several
+  share (:mod:`parley.arena.training.adapters`: the trainer sees :class:`PolicyWeights`
+  either way; an adapter's optimizer holds only that adapter's parameters). Seats map to
+  policies (``seat_policy``): one shared policy for self-play, or one per seat.
+- Micro-batches: ``micro_batch`` samples at most, and with ``token_budget`` at most that
+  many padded tokens (rows x longest row) per forward/backward; the objectives divide by
+  the whole minibatch's counts, so the accumulated gradient is the one-batch gradient.
+- Precision (:mod:`parley.arena.training.precision`): forward passes under autocast in
+  bf16/fp16, master weights float32. ``logp_gap`` (metric) is the mean |log pi_theta -
+  log pi_old| over the tokens of on-policy samples, scored before the update's first
+  optimizer step: ~0 when trainer and pool compute alike; larger when their dtypes or
+  code paths differ (then every ratio starts off 1 by that much).
 
 :class:`PolicyGradientTrainer` does the maths; the sampler and the weight sync live in
 :mod:`parley.arena.training.sampler` and :mod:`parley.arena.training.sync`.
@@ -39,7 +49,6 @@ Why these choices:
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from parley.arena.training.adapters import PolicyWeights, as_weights
 from parley.arena.training.advantages import (
     ESTIMATORS,
     GROUPINGS,
@@ -60,6 +70,8 @@ from parley.arena.training.objectives import (
     LossSettings,
     clipped_tokens,
 )
+from parley.arena.training.precision import autocast, check_precision, grad_scaler
+from parley.arena.training.scoring import LegalMasks
 from parley.protocols.errors import ConfigError, require
 from parley.protocols.messages import Constraint
 
@@ -76,6 +88,10 @@ _SUMS = (
     "is_weight_sum",
     "kl_sum",
     "entropy_sum",
+    "micro_batches",
+    "over_budget",
+    "gap_sum",
+    "gap_tokens",
 )
 
 
@@ -147,7 +163,12 @@ class PGConfig:
     (over the tokens the constraint allowed) is added to the loss (0: none, and the
     ``entropy`` metric stays 0)."""
     micro_batch: int = 64
-    """Samples per forward/backward; gradients accumulate over a minibatch's micro-batches."""
+    """Most samples per forward/backward; gradients accumulate over a minibatch's
+    micro-batches."""
+    token_budget: int = 0
+    """Most padded tokens (rows x the longest prompt + completion among them) per
+    forward/backward (0: no limit but ``micro_batch``). Samples are packed by length; one
+    sample longer than the budget goes alone (counted in the ``over_budget`` metric)."""
     replay: int = 0
     """Past samples kept in a replay buffer and mixed into each update (0: none)."""
     replay_fraction: float = 0.0
@@ -179,6 +200,8 @@ class PGConfig:
             raise ConfigError("clip_eps must be in (0, 1) and clip_eps_high > 0")
         if self.micro_batch < 1 or self.epochs < 1 or self.minibatches < 1:
             raise ConfigError("micro_batch, epochs and minibatches must be >= 1")
+        if self.token_budget < 0:
+            raise ConfigError("token_budget must be >= 0 (0: no token limit)")
         if self.length_norm < 0:
             raise ConfigError("length_norm must be >= 0")
         if self.entropy_coef < 0:
@@ -205,12 +228,15 @@ class PGConfig:
 
 
 class PolicyGradientTrainer:
-    """Trains one or several causal LMs (one per policy name) from :class:`Sample` lists.
+    """Trains one or several policies (causal LMs or LoRA adapters) from :class:`Sample` lists.
 
-    ``models`` maps a policy name to a ``transformers`` causal LM (trained in place);
-    ``tokenizer`` is a Hugging Face tokenizer (pad id, constraint masks); ``trainable``
-    names the policies that learn (the others are scored but frozen — a staged recipe
-    freezes one side while the other learns).
+    ``models`` maps a policy name to a ``transformers`` causal LM (trained in place) or to
+    its :class:`~parley.arena.training.adapters.PolicyWeights` (an adapter on a shared
+    base: :func:`~parley.arena.training.adapters.attach_adapters`); ``tokenizer`` is a
+    Hugging Face tokenizer (pad id, constraint masks); ``trainable`` names the policies
+    that learn (the others are scored but frozen — a staged recipe freezes one side while
+    the other learns). ``precision`` (``fp32``, ``bf16``, ``fp16``) is the autocast of the
+    forward passes (:class:`ConfigError` where the models' device cannot do it).
     """
 
     def __init__(
@@ -220,16 +246,22 @@ class PolicyGradientTrainer:
         config: PGConfig | None = None,
         *,
         trainable: Sequence[str] | None = None,
+        precision: str = "fp32",
     ) -> None:
         self.torch: Any = require("torch", "train")
         self.config = config or PGConfig()
-        self.models = dict(models)
+        self.weights: dict[str, PolicyWeights] = {n: as_weights(m) for n, m in models.items()}
+        self.models = {n: w.module for n, w in self.weights.items()}
         self.tokenizer = tokenizer
         self.trainable = set(self.models if trainable is None else trainable)
         self.version = 0
         self.baselines = BaselineState(decay=self.config.baseline_decay)
+        self.precision = precision
+        devices = {str(_device(m)) for m in self.models.values()}
+        for device in devices:
+            check_precision(precision, device)
         self._optims: dict[str, Any] = {}
-        self._refs: dict[str, Any] = {}
+        self._scalers: dict[str, Any] = {}
         self._replay: deque[Sample] = deque(maxlen=max(self.config.replay, 1))
         self._rng = np.random.default_rng(self.config.seed or 0)
         self._settings = self.config.loss_settings()
@@ -239,7 +271,7 @@ class PolicyGradientTrainer:
                 "pg.length_norm: Dr. GRPO divides by a constant length; set it to the "
                 "generation budget (parley train uses agent.max_tokens)"
             )
-        self._vocab: Any = None
+        self._masks = LegalMasks(tokenizer)
         for name in self.trainable:
             self._ensure_optimizer(name)
 
@@ -255,15 +287,13 @@ class PolicyGradientTrainer:
             self._ensure_optimizer(name)
 
     def _ensure_optimizer(self, name: str) -> None:
-        cfg = self.config
+        cfg, weights = self.config, self.weights[name]
         if name not in self._optims:
-            params = self.models[name].parameters()
+            params = weights.parameters()
             self._optims[name] = self.torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas)
-        if cfg.kl_coef > 0 and name not in self._refs:
-            ref = copy.deepcopy(self.models[name]).eval()
-            for p in ref.parameters():
-                p.requires_grad_(False)
-            self._refs[name] = ref
+            self._scalers[name] = grad_scaler(self.precision, _device(weights.module).type)
+        if cfg.kl_coef > 0:
+            weights.prepare_reference()  # the policy as it is when it first learns
 
     # ------------------------------------------------------------------ one update
 
@@ -274,7 +304,9 @@ class PolicyGradientTrainer:
         of frozen policies only update the baselines. Metrics: ``loss`` (mean over the
         optimizer steps), ``ratio_mean``, ``ratio_min``, ``ratio_max``, ``clip_frac``
         (share of tokens whose clip was active), ``is_weight_mean``, ``kl``,
-        ``optimizer_steps`` and, per role, ``reward/<role>`` and ``advantage_abs/<role>``.
+        ``optimizer_steps``, ``micro_batches``, ``over_budget`` (micro-batches of one sample
+        longer than ``token_budget``), ``logp_gap`` (see the module docstring; absent when
+        no sample was on-policy) and, per role, ``reward/<role>`` and ``advantage_abs/<role>``.
         """
         cfg = self.config
         samples = list(samples)
@@ -306,9 +338,10 @@ class PolicyGradientTrainer:
                 )
         for name in sorted({s.policy for s in learners}):
             own = [s for s in learners if s.policy == name]
-            for _ in range(cfg.epochs):
-                for minibatch in self._minibatches(own):
-                    self._optimizer_step(name, minibatch, totals)
+            for epoch in range(cfg.epochs):
+                for k, minibatch in enumerate(self._minibatches(own)):
+                    # Before its first optimizer step the policy is the one that sampled.
+                    self._optimizer_step(name, minibatch, totals, gap=epoch == 0 and k == 0)
         self.version += 1
         # 3. metrics
         steps, tokens = max(totals["steps"], 1.0), max(totals["tokens"], 1.0)
@@ -323,7 +356,11 @@ class PolicyGradientTrainer:
             "kl": totals["kl_sum"] / max(totals["sequences"], 1.0),
             "entropy": totals["entropy_sum"] / tokens,
             "reward_mean": float(np.mean([s.reward for s in samples])),
+            "micro_batches": totals["micro_batches"],
+            "over_budget": totals["over_budget"],
         }
+        if totals["gap_tokens"]:
+            metrics["logp_gap"] = totals["gap_sum"] / totals["gap_tokens"]
         for role in sorted({s.key.role for s in samples}):
             mine = [s for s in samples if s.key.role == role]
             metrics[f"reward/{role}"] = float(np.mean([s.reward for s in mine]))
@@ -339,20 +376,70 @@ class PolicyGradientTrainer:
         parts = np.array_split(order, min(cfg.minibatches, len(own)))
         return [[own[i] for i in part] for part in parts]
 
-    def _optimizer_step(self, name: str, minibatch: list[Sample], totals: dict[str, float]) -> None:
+    def _optimizer_step(
+        self, name: str, minibatch: list[Sample], totals: dict[str, float], *, gap: bool = False
+    ) -> None:
         """Accumulate the objective's gradient over micro-batches, clip, step."""
-        cfg = self.config
-        optim = self._optims[name]
-        optim.zero_grad(set_to_none=True)
-        size = (len(minibatch), sum(len(s.token_ids) for s in minibatch))  # sequences, tokens
-        for start in range(0, len(minibatch), cfg.micro_batch):
-            part = minibatch[start : start + cfg.micro_batch]
-            loss = self._loss(name, part, size, totals)
-            loss.backward()
-            totals["loss"] += float(loss.detach())
-        self.torch.nn.utils.clip_grad_norm_(self.models[name].parameters(), cfg.max_grad_norm)
-        optim.step()
+        optim, scaler = self._optims[name], self._scalers[name]
+        self.accumulate_gradients(name, minibatch, totals, gap=gap)
+        if scaler is not None:
+            scaler.unscale_(optim)  # clip the true gradient, not the scaled one
+        params = self.weights[name].parameters()
+        self.torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        if scaler is not None:
+            scaler.step(optim)  # skipped when the scaled gradient overflowed
+            scaler.update()
+        else:
+            optim.step()
         totals["steps"] += 1
+
+    def accumulate_gradients(
+        self,
+        name: str,
+        minibatch: Sequence[Sample],
+        totals: dict[str, float] | None = None,
+        *,
+        gap: bool = False,
+    ) -> None:
+        """Zero ``name``'s gradients, then accumulate the objective's gradient over
+        ``minibatch`` one micro-batch (:meth:`micro_batches`) at a time: the parameters'
+        ``.grad`` is then the minibatch's gradient (times the loss scale under fp16).
+        Samples need their ``advantage`` set. ``totals`` receives the statistics."""
+        if totals is None:
+            totals = dict.fromkeys(_SUMS, 0.0)
+            totals["ratio_min"], totals["ratio_max"] = float("inf"), float("-inf")
+        cfg, weights, scaler = self.config, self.weights[name], self._scalers.get(name)
+        self._optims[name].zero_grad(set_to_none=True)
+        size = (len(minibatch), sum(len(s.token_ids) for s in minibatch))  # sequences, tokens
+        for part in self.micro_batches(minibatch):
+            with weights.selected():
+                loss = self._loss(name, part, size, totals, gap=gap)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            totals["loss"] += float(loss.detach())
+            totals["micro_batches"] += 1
+            if cfg.token_budget and len(part) * max(map(_row_length, part)) > cfg.token_budget:
+                totals["over_budget"] += 1
+
+    def micro_batches(self, samples: Sequence[Sample]) -> list[list[Sample]]:
+        """``samples`` in the parts of one forward/backward each: at most ``micro_batch``
+        samples and, with a ``token_budget``, at most that many padded tokens (rows x the
+        longest row); then the samples are packed shortest first, so little is padding."""
+        cfg = self.config
+        if not cfg.token_budget:
+            step = cfg.micro_batch
+            return [list(samples[i : i + step]) for i in range(0, len(samples), step)]
+        parts: list[list[Sample]] = []
+        part: list[Sample] = []
+        for s in sorted(samples, key=_row_length):  # stable: a deterministic packing
+            # Shortest first: the sample being added is its part's longest row.
+            full = len(part) >= cfg.micro_batch
+            if part and (full or (len(part) + 1) * _row_length(s) > cfg.token_budget):
+                parts.append(part)
+                part = []
+            part.append(s)
+        if part:
+            parts.append(part)
+        return parts
 
     def _from_replay(self, fresh: int) -> list[Sample]:
         cfg = self.config
@@ -364,10 +451,17 @@ class PolicyGradientTrainer:
         return [pool[int(i)] for i in picks]
 
     def _loss(
-        self, name: str, part: Sequence[Sample], size: tuple[int, int], totals: dict[str, float]
+        self,
+        name: str,
+        part: Sequence[Sample],
+        size: tuple[int, int],
+        totals: dict[str, float],
+        *,
+        gap: bool = False,
     ) -> Any:
         """The objective's share of the minibatch loss from micro-batch ``part``; adds the
-        ratio statistics to ``totals``. ``size``: (sequences, tokens) of the minibatch."""
+        ratio statistics to ``totals`` (and with ``gap`` the on-policy logprob gap).
+        ``size``: (sequences, tokens) of the minibatch."""
         torch, cfg = self.torch, self.config
         entropy: list[Any] = []  # filled with the (n, T) per-token entropies, if asked
         wanted = entropy if cfg.entropy_coef > 0 else None
@@ -377,13 +471,13 @@ class PolicyGradientTrainer:
             if s.logprobs:
                 old[i, old.shape[1] - len(s.logprobs) :] = torch.tensor(s.logprobs)
         kl = torch.zeros_like(valid)  # (n, T)
-        if cfg.kl_coef > 0 and name in self._refs:
-            with torch.no_grad():
-                ref_logp, _ = self.token_logprobs(self._refs[name], part)  # (n, T)
+        if cfg.kl_coef > 0:
+            with torch.no_grad(), self.weights[name].reference() as ref:
+                ref_logp, _ = self.token_logprobs(ref, part)  # (n, T)
             # k3 estimator of KL(pi || ref) per token: exp(d) - d - 1 with d = ref - logp.
             d = (ref_logp - logp) * valid
             kl = cfg.kl_coef * (torch.exp(d) - d - 1) * valid
-        adv = torch.tensor([s.advantage for s in part], dtype=logp.dtype)  # (n,)
+        adv = torch.tensor([s.advantage for s in part], dtype=logp.dtype, device=logp.device)
         x = LossInputs(logp, old, valid, adv, kl, sequences=size[0], tokens=max(size[1], 1))
         loss = self._objective.loss(x, self._settings)
         ent = (entropy[0] * valid).sum() if entropy else torch.zeros(())  # summed over tokens
@@ -405,6 +499,11 @@ class PolicyGradientTrainer:
             totals["is_weight_sum"] += float(seq.exp().clamp(max=cfg.is_cap).sum())
             totals["kl_sum"] += float(kl.sum() / cfg.kl_coef) if cfg.kl_coef > 0 else 0.0
             totals["entropy_sum"] += float(ent)
+            if gap:  # samples of the weights being trained, scored before any step
+                fresh = [float(s.policy_version == self.version) for s in part]
+                on = valid * torch.tensor(fresh, dtype=valid.dtype, device=valid.device)[:, None]
+                totals["gap_sum"] += float(((logp - old).abs() * on).sum())
+                totals["gap_tokens"] += float(on.sum())
         return loss
 
     # ------------------------------------------------------------------ scoring
@@ -418,9 +517,11 @@ class PolicyGradientTrainer:
         each generated position (0 on padding).
 
         Prompt + completion rows are left-padded into one batch (B = n, L = longest row);
-        position ids count real tokens only, so padding changes nothing.
+        position ids count real tokens only, so padding changes nothing. The forward pass
+        runs under the trainer's ``precision``; the softmax in float32, on ``model``'s device.
         """
         torch, cfg = self.torch, self.config
+        device = _device(model)
         pad = int(self.tokenizer.pad_token_id or 0)
         rows = [s.prompt_ids + s.token_ids for s in part]
         n, length = len(rows), max(len(r) for r in rows)
@@ -431,15 +532,17 @@ class PolicyGradientTrainer:
             ids[i, length - len(row) :] = torch.tensor(row, dtype=torch.long)
             attn[i, length - len(row) :] = 1
         positions = (attn.cumsum(1) - 1).clamp(min=0)  # (B, L)
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=positions).logits
+        ids, attn, positions = ids.to(device), attn.to(device), positions.to(device)
+        with autocast(self.precision, device.type):
+            logits = model(input_ids=ids, attention_mask=attn, position_ids=positions).logits
         # The logits at position j predict token j + 1: keep the T positions before the end.
         logits = logits[:, length - t_max - 1 : length - 1, :].float() / cfg.temperature
-        mask = self._legal_masks(part, t_max, logits.shape[-1])  # (B, T, V) bool or None
+        mask = self._masks(part, t_max, logits.shape[-1])  # (B, T, V) bool or None
         if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf"))
+            logits = logits.masked_fill(~torch.from_numpy(mask).to(device), float("-inf"))
         logp_all = torch.log_softmax(logits, dim=-1)  # (B, T, V)
-        target = torch.full((n, t_max), pad, dtype=torch.long)  # (B, T)
-        valid = torch.zeros((n, t_max), dtype=logp_all.dtype)  # (B, T)
+        target = torch.full((n, t_max), pad, dtype=torch.long, device=device)  # (B, T)
+        valid = torch.zeros((n, t_max), dtype=logp_all.dtype, device=device)  # (B, T)
         for i, s in enumerate(part):
             k = len(s.token_ids)
             if k:
@@ -457,39 +560,20 @@ class PolicyGradientTrainer:
             entropy.append(-p_log_p.sum(-1) * valid)  # (B, T)
         return logp, valid
 
-    def _legal_masks(self, part: Sequence[Sample], t_max: int, width: int) -> Any:
-        """(B, T, V) masks of the tokens the constraint allowed at each generated position,
-        rebuilt with the backend's own matcher; None when no sample was constrained."""
-        if all(s.constraint is None for s in part):
-            return None
-        from parley.arena.inference.backends.constraints import TokenMatcher, TokenVocab
-
-        torch = self.torch
-        if self._vocab is None or self._vocab.size != width:
-            hf = getattr(self.tokenizer, "hf", self.tokenizer)
-            eos = self.tokenizer.eos_token_id
-            self._vocab = TokenVocab(hf, width, -1 if eos is None else int(eos))
-        mask = np.ones((len(part), t_max, width), dtype=bool)
-        for i, s in enumerate(part):
-            if s.constraint is None:
-                continue
-            matcher = TokenMatcher(self._vocab, s.constraint)
-            offset = t_max - len(s.token_ids)
-            for t, token in enumerate(s.token_ids):
-                allowed = matcher.allowed()
-                # A token the mask refuses means the sample was not made under this
-                # constraint (e.g. a different tokenizer): fall back to the full softmax.
-                if not allowed[token]:
-                    mask[i, offset:] = True
-                    break
-                mask[i, offset + t] = allowed
-                matcher.advance(token)
-        return torch.from_numpy(mask)
-
     # ------------------------------------------------------------------ weights
 
     def state_tensors(self, name: str) -> dict[str, np.ndarray]:
-        """The policy's parameters as numpy arrays (for a ``WeightUpdate``); tied weights
-        appear once, under the name ``named_parameters`` gives them."""
-        model = self.models[name]
-        return {k: v.detach().cpu().numpy().copy() for k, v in model.named_parameters()}
+        """What a ``WeightUpdate`` of the policy carries, as numpy arrays: every parameter
+        of a whole model (tied weights once, under the name ``named_parameters`` gives
+        them), or only the tensors of its adapter (named as ``peft`` names them)."""
+        return self.weights[name].state_tensors()
+
+
+def _row_length(sample: Sample) -> int:
+    """Tokens in the sample's scored row (prompt + completion)."""
+    return len(sample.prompt_ids) + len(sample.token_ids)
+
+
+def _device(model: Any) -> Any:
+    """The device of the model's (first) parameters."""
+    return next(model.parameters()).device

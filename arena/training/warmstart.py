@@ -103,6 +103,7 @@ def pretrain_reading(
     task: str = "lookup",
     question: str = "",
     query: str = "",
+    params: Sequence[Any] | None = None,
 ) -> list[float]:
     """Train ``model`` on :func:`lookup_example` answers for up to ``steps`` steps.
 
@@ -111,13 +112,14 @@ def pretrain_reading(
     attribute word of the referential scenario), ``min_items``..``max_items`` lines of
     1..``max_words`` words shape the lists; ``task`` picks the exercise (:data:`TASKS`)
     and ``question`` replaces its closing line (``query``: the lookup's first word).
-    Stops early when the mean accuracy of the last 10 steps reaches ``target``. Returns
-    accuracy per step.
+    Stops early when the mean accuracy of the last 10 steps reaches ``target``. ``params``:
+    the parameters that learn (default: all of ``model``'s; a LoRA adapter's alone when
+    the model is a ``PeftModel``). Returns accuracy per step.
     """
     torch: Any = require("torch", "train")
     rng = np.random.default_rng(seed)
     words = list(words) if words else _words()
-    optim = torch.optim.Adam(model.parameters(), lr=lr)
+    optim = torch.optim.Adam(list(params) if params is not None else model.parameters(), lr=lr)
     pad = int(tokenizer.pad_token_id)
     eos = tokenizer.eos_token_id
     model.train()
