@@ -41,6 +41,7 @@ import numpy as np
 
 from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
 from parley.arena.inference.backends.constraints import TokenMatcher, TokenVocab
+from parley.arena.inference.backends.lora import LoraAdapters
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
 from parley.protocols.errors import require
 from parley.protocols.messages import (
@@ -78,6 +79,7 @@ class _Row:
     text: str | None = None  # set when a stop string cut the text
     finish: FinishReason | None = None
     index: int = 0  # which of the request's n completions
+    policy: str = ""  # the request's policy: an adapter's name, or the base
     sink: Callable[[int, Completion], None] | None = None  # thread-safe (HTTP streaming)
 
 
@@ -91,10 +93,15 @@ class TransformersBackend(Backend):
     ``num_threads``: torch intra-op threads of the decoding thread only (the setting is
     per thread, so the rest of the process keeps its own); default 1 for models under
     50 M parameters on the CPU, torch's default otherwise.
+
+    LoRA adapters (:meth:`add_adapter`, :mod:`~parley.arena.inference.backends.lora`):
+    requests of every adapter and of the base decode together; ``max_lora_rank`` is the
+    largest rank accepted. Adding one modifies ``model`` in place (peft wraps its layers).
     """
 
     kind = "transformers"
     streams_tokens = True
+    supports_adapters = True
 
     def __init__(
         self,
@@ -104,9 +111,11 @@ class TransformersBackend(Backend):
         max_batch_rows: int = 256,
         seed: int = 0,
         num_threads: int | None = None,
+        max_lora_rank: int = 64,
     ) -> None:
         super().__init__()
         self.model = model.eval()
+        self._lora = LoraAdapters(model, max_rank=max_lora_rank)
         if num_threads is None:
             # Small models gain nothing from intra-op parallelism and lose a lot to it on
             # a busy CPU (threads wait for each other at every op); big ones need it.
@@ -147,6 +156,7 @@ class TransformersBackend(Backend):
         tokenizer: str | None = None,
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
+        max_lora_rank: int = 64,
     ) -> TransformersBackend:
         """Load ``model`` (path or hub id) onto ``device``.
 
@@ -181,6 +191,7 @@ class TransformersBackend(Backend):
                 max_batch_rows=max_batch_rows,
                 seed=seed,
                 num_threads=num_threads,
+                max_lora_rank=max_lora_rank,
             )
 
         backend = await asyncio.to_thread(load)
@@ -235,7 +246,7 @@ class TransformersBackend(Backend):
         if not requests:
             return []
         async with self._lock:
-            version = self.policy_version
+            versions = [self.version_of(r.policy) for r in requests]
             cancel = threading.Event()
             loop = asyncio.get_running_loop()
             safe = [None if k is None else _threadsafe(loop, k) for k in sinks or ()]
@@ -251,14 +262,28 @@ class TransformersBackend(Backend):
                 if not work.cancelled():
                     work.exception()  # retrieved: it is the expected _Cancelled
                 raise
-        return self._results(requests, prompts, rows, version)
+        return self._results(requests, prompts, rows, versions)
+
+    @property
+    def adapters(self) -> dict[str, int]:
+        return dict(self._lora.versions)
+
+    async def add_adapter(self, policy: str, path: str) -> None:
+        async with self._lock:
+            if self._closed:
+                raise BackendError("the backend is closed")
+            run = asyncio.get_running_loop().run_in_executor
+            await run(self._executor, self._lora.add, policy, path)
 
     async def update_weights(self, update: WeightUpdate) -> None:
         async with self._lock:
-            await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._load_weights, update
-            )
-            self.policy_version = update.version
+            run = asyncio.get_running_loop().run_in_executor
+            if update.policy in self._lora.versions:
+                await run(self._executor, self._lora.update, update.policy, update)
+                self._lora.versions[update.policy] = update.version
+            else:
+                await run(self._executor, self._load_weights, update)
+                self.policy_version = update.version
 
     async def close(self) -> None:
         async with self._lock:
@@ -280,22 +305,7 @@ class TransformersBackend(Backend):
                 state.update(safetensors.load_file(str(f)))
         else:
             state = {k: torch.from_numpy(np.asarray(v)) for k, v in update.tensors.items()}
-        if not state:
-            raise BackendError("weight update carries no tensors: set path or tensors")
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
-        # Check every name and shape first, so a bad update changes nothing.
-        for name, tensor in state.items():
-            if name not in params:
-                raise BackendError(f"weight update names unknown tensor {name!r}")
-            if tuple(params[name].shape) != tuple(tensor.shape):
-                raise BackendError(
-                    f"weight {name!r} has shape {tuple(tensor.shape)}, "
-                    f"the model expects {tuple(params[name].shape)}"
-                )
-        with torch.no_grad():
-            for name, tensor in state.items():
-                params[name].copy_(tensor)
+        self._lora.load_base(state)  # checks every name, shape and value before copying
 
     # --- decoding ----------------------------------------------------------------------
 
@@ -340,11 +350,15 @@ class TransformersBackend(Backend):
                         max_tokens=min(p.max_tokens, self._context - len(prompt)),
                         index=j,
                         sink=sinks[i] if i < len(sinks) else None,
+                        policy=request.policy,
                     )
                 )
-        with torch.inference_mode():
-            for start in range(0, len(rows), self.max_batch_rows):
-                self._decode(rows[start : start + self.max_batch_rows], cancel)
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(rows), self.max_batch_rows):
+                    self._decode(rows[start : start + self.max_batch_rows], cancel)
+        finally:
+            self._lora.rows = None  # any other forward of the model is the base's
         return prompts, rows
 
     def _decode(self, rows: list[_Row], cancel: threading.Event) -> None:
@@ -361,6 +375,7 @@ class TransformersBackend(Backend):
         transformers: Any = require("transformers", "torch")
         cache = transformers.DynamicCache()
         live = list(rows)
+        self._lora.rows = self._lora.row_names([r.policy for r in live])
         logits = self._forward(ids, mask, positions, cache)
         while True:
             if cancel.is_set():
@@ -378,6 +393,7 @@ class TransformersBackend(Backend):
                 cache.batch_select_indices(index)
                 mask, next_pos, tokens = mask[keep], next_pos[keep], tokens[keep]
                 live = [live[k] for k in keep]
+                self._lora.rows = self._lora.row_names([r.policy for r in live])
             mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype)], dim=1)
             logits = self._forward(tokens.view(-1, 1), mask, next_pos, cache)
             next_pos = next_pos + 1
@@ -463,7 +479,7 @@ class TransformersBackend(Backend):
         requests: Sequence[GenerateRequest],
         prompts: list[list[int]],
         rows: list[_Row],
-        version: int,
+        versions: list[int],
     ) -> list[GenerateResult]:
         completions: list[list[Completion]] = [[] for _ in requests]
         for row in rows:
@@ -485,7 +501,7 @@ class TransformersBackend(Backend):
                 prompt_token_ids=prompt,
                 completions=c,
             )
-            for r, prompt, c in zip(requests, prompts, completions, strict=True)
+            for r, prompt, c, version in zip(requests, prompts, completions, versions, strict=True)
         ]
 
 
