@@ -20,6 +20,16 @@ Query keys (all optional): ``policy``, ``temperature``, ``top_p``, ``max_tokens`
 of :class:`~parley.arena.inference.pool.PoolConfig`). The in-process pool serves the model under the
 agent's ``policy`` name.
 
+Per-seat LoRA adapters: ``llm:BASE?adapter=DIR[&policy=NAME]`` plays the seat with the
+PEFT adapter directory ``DIR`` on the model ``BASE``, served under the policy ``NAME``
+(default: the adapter directory's name, so ``OUT/checkpoints/<policy>`` keeps its name).
+In-process, every seat naming the same ``BASE``, ``backend`` and backend options shares
+ONE backend and pool (started with the first such seat's pool settings; the base itself is
+served under the policy ``BASE``), each adapter is loaded once, and the seats' requests
+batch together. Two different adapter directories under one policy name are refused. With
+a pool elsewhere (``--pool ADDRESS`` or a pool object) the adapter is not loaded here: that
+pool must serve the policy already (``parley serve --adapter NAME=DIR``).
+
 System prompt: the agent is told ``system_prompt(seat)`` of the scenario (taken from an
 instance the resolver makes once), unless an observation's ``info["system_prompt"]``
 overrides it. ``system_prompt=none`` sends none: evaluate a policy with the prompt it was
@@ -32,6 +42,7 @@ import asyncio
 import dataclasses
 import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from pathlib import Path, PurePath
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -67,6 +78,7 @@ __all__ = [
 
 _POOL_KEYS = {"max_batch_size", "max_wait"}
 _BACKEND_KEYS = {"backend", "device"}
+_ADAPTER_KEY = "adapter"
 _AGENT_KEYS = {f.name for f in dataclasses.fields(LLMAgentConfig)} - {"stop"}
 
 
@@ -81,6 +93,8 @@ class LLMSpec:
     pool: PoolConfig = dataclasses.field(default_factory=PoolConfig)
     system_prompt: bool = True
     """Tell the agent the scenario's system prompt for its seat (``system_prompt=none``: no)."""
+    adapter: str = ""
+    """A PEFT LoRA adapter directory played on ``model`` ("" = the plain model)."""
 
 
 _SYSTEM_PROMPT_VALUES = {"scenario": True, "none": False}
@@ -96,11 +110,16 @@ def parse_llm_spec(arg: str) -> LLMSpec:
     backend = "transformers"
     backend_options: list[tuple[str, str]] = []
     system_prompt = True
+    adapter = ""
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
         if key == "system_prompt":
             if value not in _SYSTEM_PROMPT_VALUES:
                 raise ConfigError(f"system_prompt={value!r} in llm:{arg}; use scenario or none")
             system_prompt = _SYSTEM_PROMPT_VALUES[value]
+        elif key == _ADAPTER_KEY:
+            if not value:
+                raise ConfigError(f"adapter= in llm:{arg} needs a PEFT adapter directory")
+            adapter = value
         elif key in _AGENT_KEYS:
             agent[key] = value
         elif key in _POOL_KEYS:
@@ -110,15 +129,18 @@ def parse_llm_spec(arg: str) -> LLMSpec:
         elif key in _BACKEND_KEYS:
             backend_options.append((key, value))
         else:
-            known = sorted(_AGENT_KEYS | _POOL_KEYS | _BACKEND_KEYS | {"system_prompt"})
+            known = sorted(_AGENT_KEYS | _POOL_KEYS | _BACKEND_KEYS | {"system_prompt", "adapter"})
             raise ConfigError(f"unknown key {key!r} in llm:{arg}; known keys: {known}")
+    if adapter and "policy" not in agent:
+        agent["policy"] = PurePath(adapter).name or adapter
     try:
         # strict=False: query values are strings; convert "0.7" -> 0.7, "32" -> 32.
         agent_config = msgspec.convert(agent, LLMAgentConfig, strict=False)
         pool_config = msgspec.convert(pool, PoolConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"bad value in llm:{arg}: {exc}") from exc
-    return LLMSpec(path, agent_config, backend, tuple(backend_options), pool_config, system_prompt)
+    options = tuple(backend_options)
+    return LLMSpec(path, agent_config, backend, options, pool_config, system_prompt, adapter)
 
 
 PoolKey = tuple[str, ...]
@@ -272,6 +294,9 @@ def _pool_client(spec: LLMSpec, option: Any, options: Mapping[str, Any]) -> Pool
         config = pool_bus_config(options)
         return _LazyPool(("bus", option), _connect(option, CONNECT_TIMEOUT, config))
 
+    if spec.adapter:
+        return _AdapterPool(spec)
+
     async def start() -> PoolClient:
         from parley.arena.inference.backends import load_backend
 
@@ -280,6 +305,58 @@ def _pool_client(spec: LLMSpec, option: Any, options: Mapping[str, Any]) -> Pool
 
     key = ("local", spec.backend, spec.model, spec.agent.policy, repr(spec.backend_options))
     return _LazyPool(key, start)
+
+
+_ADAPTERS: weakref.WeakKeyDictionary[Any, dict[str, tuple[str, asyncio.Task[None]]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per shared in-process pool: adapter policy -> (its directory, the task loading it)."""
+
+
+class _AdapterPool(_LazyPool):
+    """A seat's client of the shared pool of its base model: the pool serves the base
+    under the policy ``spec.model``; the seat's adapter is loaded into it once."""
+
+    def __init__(self, spec: LLMSpec) -> None:
+        key = ("local-adapters", spec.backend, spec.model, repr(spec.backend_options))
+        super().__init__(key, self._start_base)
+        self._spec = spec
+        self._path = str(Path(spec.adapter).resolve())
+        if not (Path(self._path) / "adapter_config.json").is_file():
+            raise ConfigError(
+                f"adapter={spec.adapter} in llm:{spec.model}: no PEFT adapter there (expected "
+                "a directory with adapter_config.json, as peft's save_pretrained writes)"
+            )
+
+    async def _start_base(self) -> PoolClient:
+        from parley.arena.inference.backends import load_backend
+
+        spec = self._spec
+        backend = await load_backend(spec.backend, spec.model, **dict(spec.backend_options))
+        return await InferencePool({spec.model: backend}, spec.pool).start()
+
+    async def pool(self) -> InferencePool:
+        """The shared pool (started on first use), this seat's adapter not yet loaded."""
+        pool: InferencePool = await shared_pool(self._key, self._start)
+        return pool
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        pool = await self.pool()
+        policy, path = self._spec.agent.policy, self._path
+        loads = _ADAPTERS.setdefault(pool, {})
+        if policy not in loads:
+            task = asyncio.get_running_loop().create_task(
+                pool.add_adapter(policy, self._spec.model, path)
+            )
+            loads[policy] = (path, task)
+        loaded, task = loads[policy]
+        if loaded != path:
+            raise ConfigError(
+                f"two adapters under the policy name {policy!r} ({loaded} and {path}); "
+                "give one of the llm: specs its own policy="
+            )
+        await asyncio.shield(task)
+        return await pool.generate(request)
 
 
 def _system_prompt(seat: SeatContext) -> str:
