@@ -534,7 +534,8 @@ class PolicyGradientTrainer:
         positions = (attn.cumsum(1) - 1).clamp(min=0)  # (B, L)
         ids, attn, positions = ids.to(device), attn.to(device), positions.to(device)
         with autocast(self.precision, device.type):
-            logits = model(input_ids=ids, attention_mask=attn, position_ids=positions).logits
+            out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False)
+            logits = out.logits
         # The logits at position j predict token j + 1: keep the T positions before the end.
         logits = logits[:, length - t_max - 1 : length - 1, :].float() / cfg.temperature
         mask = self._masks(part, t_max, logits.shape[-1])  # (B, T, V) bool or None
