@@ -8,6 +8,8 @@ Owns:
 - :mod:`~parley.arena.run.backpressure` — bus bounds sized for a run, retries of
   ``overloaded`` requests, failure reasons;
 - :mod:`~parley.arena.run.direct` — in-process agents asked without the bus hops;
+- :mod:`~parley.arena.run.process` — the play clock, and the GC freeze of the heap a run
+  starts with;
 - :mod:`~parley.arena.run.agent_host` — hosts agents in-process or in another process
   (``join_arena``); :mod:`~parley.arena.run.agent_specs` — ``scripted``, ``module:Class``,
   ``llm:PATH`` … seat specs;

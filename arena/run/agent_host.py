@@ -81,12 +81,21 @@ class AgentHost:
 
     async def answer(self, episode: str, obs: Observation) -> Action:
         """The action of ``obs.agent``'s agent in ``episode`` (made on first use)."""
+        agent = self.agent(episode, obs)
+        return self.own(await agent.act(obs), obs, agent)
+
+    def agent(self, episode: str, obs: Observation) -> Agent:
+        """The agent of ``obs.agent`` in ``episode``, made and reset on first use."""
         key = (episode, obs.agent)
         agent = self._agents.get(key)
         if agent is None:
             agent = self._new_agent(obs)
             self._agents[key] = agent
-        action = await agent.act(obs)
+        return agent
+
+    @staticmethod
+    def own(action: Any, obs: Observation, agent: Agent) -> Action:
+        """``action`` (what ``agent`` returned for ``obs``) checked, in ``obs``'s seat."""
         if not isinstance(action, Action):
             raise TypeError(
                 f"{type(agent).__name__}.act returned {type(action).__name__}, not an Action"

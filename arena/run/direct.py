@@ -1,39 +1,53 @@
 """In-process agents called directly: the bus's semantics without its hops.
 
 An agent in the runner's own process needs no socket, heartbeat, timer or receive loop to
-be asked for an action. :class:`DirectAgents` calls the run's
+be asked for an action. :class:`DirectAgents` calls the agents of the run's
 :class:`~parley.arena.run.agent_host.AgentHost` itself, and keeps what the bus would do to
 the messages and the failures, so in-process and remote agents stay interchangeable and
 transcripts identical:
 
-- the observation and the action pass through the wire codec (an agent sees exactly the
-  decoded copy a remote agent would get; a value the wire cannot carry is a
-  ``ProtocolError``, as over the bus); a plain action (ASCII text, no tokens) skips the
-  round trip, which could not change it;
+- an agent sees exactly the decoded copy of its observation a remote agent would get, and
+  the runner gets the decoded copy of the action (a value the wire cannot carry is a
+  ``ProtocolError``, as over the bus). The observation's round trip is msgpack's alone (no
+  envelope: ~1.1 µs for a small one, against ~1.5 µs through the codec, measured); a body
+  msgpack cannot carry without the codec's hooks (arrays) or near the size limit takes the
+  codec's. A plain ASCII action (no tokens) skips its round trip, which could not change it;
 - an agent that raises is a :class:`RemoteError` ``handler_failed`` with the message the
   bus sends, logged the same way;
 - an agent that does not answer within the timeout is a :class:`RequestTimeout` (its
   ``act`` is then cancelled).
 
-A scripted agent that answers without suspending costs no task and no timer: ``act`` runs
-eagerly in the episode's task; only one that suspends is finished in a task of its own.
+:meth:`DirectAgents.ask_all` asks several seats at once, as the pipelined runner does over
+the bus: every ``act`` runs to its first suspension before any is awaited. A scripted agent
+that answers without suspending costs no task and no timer: ``act`` runs eagerly in the
+episode's task; only one that suspends is finished in a task of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import types
+from collections.abc import Sequence
 from typing import Any, cast
 
+import msgspec
+
+from parley.agents.base import Agent
 from parley.arena.run.agent_host import AgentHost
 from parley.arena.run.gather import _drive
 from parley.protocols.codec import Codec
-from parley.protocols.errors import RemoteError, RequestTimeout
+from parley.protocols.errors import ProtocolError, RemoteError, RequestTimeout
 from parley.protocols.messages import Action, AnyBody, Body, Envelope, Observation
 
 __all__ = ["DirectAgents"]
 
 log = logging.getLogger("parley.arena.run")
+
+# What encoding a value outside the closed protocol may raise: the codec then decides.
+_ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
+_DECODE_ERRORS = (msgspec.DecodeError, ValueError, TypeError, RecursionError)
 
 
 class DirectAgents:
@@ -44,13 +58,47 @@ class DirectAgents:
         self._codec = codec
         self._name = name  # the bus name this host would have, for messages
         self.seats = frozenset(host.seats)
-        self._plain_limit = codec.max_message_bytes // 2  # well within one message
+        # Room for the envelope around a body (sender, episode, ids, keys).
+        self._plain_limit = codec.max_message_bytes - 1024
+        self._encode = msgspec.msgpack.Encoder().encode  # no hook: builtin types only
+        self._decode = msgspec.msgpack.Decoder(Observation).decode
 
     def _wire(self, body: Body, sender: str, episode: str) -> Body:
         """``body`` as the receiving end of the bus would decode it."""
         codec = self._codec
         envelope = Envelope(body=cast("AnyBody", body), sender=sender, episode=episode)
         return codec.decode(codec.encode(envelope)).body
+
+    def _seen(self, obs: Observation, sender: str, episode: str) -> Observation:
+        """``obs`` as its agent would receive it over the bus (a copy; never ``obs``)."""
+        # The common case costs one msgpack round trip of the body alone; a body the plain
+        # encoder refuses (arrays, foreign types), one that is near the size limit or one
+        # that does not decode back takes the full codec, which names the problem.
+        try:
+            data = self._encode(obs)
+        except _ENCODE_ERRORS:
+            data = b""
+        if data and len(data) + len(sender) + len(episode) <= self._plain_limit:
+            with contextlib.suppress(*_DECODE_ERRORS):
+                seen: Body = self._decode(data)
+                return cast(Observation, seen)
+        seen = self._wire(obs, sender, episode)
+        assert isinstance(seen, Observation)  # the codec decodes the type it was given
+        return seen
+
+    def _returned(self, returned: Any, obs: Observation, agent: Agent, episode: str) -> Body:
+        """The runner's decoded copy of what ``agent`` returned for ``obs``."""
+        action = self.host.own(returned, obs, agent)
+        text = action.text
+        if (
+            not action.tokens
+            and type(text) is str
+            and text.isascii()
+            and len(text) < self._plain_limit
+        ):
+            # A plain ASCII action decodes as itself: the round trip would change nothing.
+            return action
+        return self._wire(action, self._name, episode)
 
     async def request(
         self,
@@ -61,43 +109,93 @@ class DirectAgents:
         sender: str,
     ) -> Body:
         """The action of ``obs.agent`` in ``episode``, or the bus's error for its failure."""
-        seen = self._wire(obs, sender, episode)
-        assert isinstance(seen, Observation)  # the codec decodes the type it was given
-        coro = self.host.answer(episode, seen)
-        try:
-            yielded = coro.send(None)
-        except StopIteration as stop:
-            action: Any = stop.value
-        except Exception as exc:
-            raise self._failed(exc, sender) from exc
-        else:
-            task = asyncio.ensure_future(_finish(coro, yielded))
+        result = (await self.ask_all([obs], timeout=timeout, episode=episode, sender=sender))[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def ask_all(
+        self,
+        observations: Sequence[Observation],
+        *,
+        timeout: float,  # noqa: ASYNC109 -- the act timeout, as for bus requests
+        episode: str,
+        sender: str,
+    ) -> list[Body | BaseException]:
+        """The reply (an action) or the error of each of ``observations``, in order.
+
+        Every agent's ``act`` runs to its first suspension before any is awaited, as bus
+        requests all go out first; the suspended ones then share ``timeout``. Cancellation
+        cancels the ``act``s still running and propagates.
+        """
+        host = self.host
+        results: list[Body | BaseException] = []
+        waiting: list[tuple[int, Observation, Agent, asyncio.Task[Action]]] = []
+        for obs in observations:
             try:
-                done, _ = await asyncio.wait({task}, timeout=timeout)
-            except asyncio.CancelledError:
-                task.cancel()  # the episode was cancelled: so is the agent's act
-                raise
-            if not done:
+                seen = self._seen(obs, sender, episode)
+            except ProtocolError as exc:
+                results.append(exc)
+                continue
+            agent: Any = None
+            try:
+                agent = host.agent(episode, seen)
+                act = agent.act(seen)
+                if type(act) is not types.CoroutineType:
+                    act = _await(act)  # not a coroutine: awaited as the bus's handler would
+                yielded = act.send(None)
+            except StopIteration as stop:
+                try:
+                    results.append(self._returned(stop.value, seen, agent, episode))
+                except ProtocolError as exc:
+                    results.append(exc)
+                except Exception as exc:
+                    results.append(self._failed(exc, sender))
+            except Exception as exc:
+                results.append(self._failed(exc, sender))
+            else:
+                task = asyncio.ensure_future(_resume(act, yielded))
+                waiting.append((len(results), seen, agent, task))
+                results.append(_PENDING)
+        if waiting:
+            await self._finish(waiting, results, timeout, episode, sender)
+        return results
+
+    async def _finish(
+        self,
+        waiting: list[tuple[int, Observation, Agent, asyncio.Task[Action]]],
+        results: list[Body | BaseException],
+        timeout: float,  # noqa: ASYNC109 -- what is left of the act timeout
+        episode: str,
+        sender: str,
+    ) -> None:
+        """Fill ``results`` with the outcome of each suspended ``act`` (see :meth:`ask_all`)."""
+        tasks = {task for *_, task in waiting}
+        try:
+            await asyncio.wait(tasks, timeout=timeout)
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()  # the episode was cancelled: so are the agents' acts
+            raise
+        for index, seen, agent, task in waiting:
+            if not task.done():
                 task.cancel()
-                raise RequestTimeout(
-                    f"no reply from {self._name} ({obs.agent}) within {timeout:g} s"
+                results[index] = RequestTimeout(
+                    f"no reply from {self._name} ({seen.agent}) within {timeout:g} s"
                 )
+                continue
             error = task.exception()
             if error is not None:
                 if not isinstance(error, Exception):
                     raise error
-                raise self._failed(error, sender) from error
-            action = task.result()
-        if (
-            type(action) is Action
-            and not action.tokens
-            and type(action.text) is str
-            and action.text.isascii()
-            and len(action.text) < self._plain_limit
-        ):
-            # A plain ASCII action decodes as itself: the round trip would change nothing.
-            return action
-        return self._wire(action, self._name, episode)
+                results[index] = self._failed(error, sender)
+                continue
+            try:
+                results[index] = self._returned(task.result(), seen, agent, episode)
+            except ProtocolError as exc:
+                results[index] = exc
+            except Exception as exc:
+                results[index] = self._failed(exc, sender)
 
     def _failed(self, exc: Exception, sender: str) -> RemoteError:
         message = f"{type(exc).__name__}: {exc}"
@@ -113,7 +211,17 @@ class DirectAgents:
         await self.host.close()
 
 
-async def _finish(coro: Any, yielded: Any) -> Body:
-    """Finish, in a task, a coroutine that suspended at ``yielded`` outside one."""
-    result: Body = await _drive(coro, yielded)
+_PENDING = RuntimeError("internal: request not finished")
+
+
+async def _resume(act: Any, yielded: Any) -> Action:
+    """Finish, in a task, an ``act`` that suspended at ``yielded`` outside one."""
+    action = await _drive(act, yielded)
+    return cast(Action, action)
+
+
+async def _await(awaitable: Any) -> Action:
+    """Await what an ``act`` returned that is not a coroutine (the error, if any, is
+    Python's, as when the bus's handler awaits it)."""
+    result: Action = await awaitable
     return result

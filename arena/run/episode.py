@@ -22,6 +22,7 @@ __all__ = ["EpisodePlan", "EpisodeLog", "derive_seed", "plan_episodes"]
 
 
 _SCENARIO, _AGENT = 0, 1  # purpose tags of derive_seed keys
+_EMPTY: Mapping[str, Any] = {}
 
 
 def derive_seed(*keys: int) -> int:
@@ -104,6 +105,8 @@ class EpisodeLog:
         truncations: Mapping[str, bool],
         infos: Mapping[str, Mapping[str, Any]],
     ) -> None:
+        # Hot path (every step): one pass per mapping, lookups hoisted; the transcript keeps
+        # copies (an env may reuse its dicts), the trajectories one TurnRecord per action.
         self.steps.append(
             {
                 "turn": turn,
@@ -115,28 +118,35 @@ class EpisodeLog:
                 "infos": {seat: dict(info) for seat, info in infos.items()},
             }
         )
+        trajectories = self.trajectories
+        self.agent_steps += len(actions)
         for seat, action in actions.items():
-            invalid = str(infos.get(seat, {}).get("invalid", ""))
-            self.agent_steps += 1
-            self.invalid_moves += bool(invalid)
-            self.trajectories[seat].turns.append(
+            invalid = str(infos.get(seat, _EMPTY).get("invalid", ""))
+            if invalid:
+                self.invalid_moves += 1
+            tokens = action.tokens
+            trajectories[seat].turns.append(
                 TurnRecord(
                     turn=turn,
                     observation=shown.get(seat, ""),
                     action=action.text,
-                    tokens=list(action.tokens),
+                    tokens=list(tokens) if tokens else [],
                     invalid=invalid,
                 )
             )
         for seat, reward in rewards.items():
-            trajectory = self.trajectories[seat]
-            trajectory.reward += float(reward)
-            # A reward earned on a step the seat sat out belongs to its latest decision.
-            if trajectory.turns:
-                trajectory.turns[-1].reward += float(reward)
-            components = infos.get(seat, {}).get("components", {})
-            for name, value in components.items():
-                trajectory.components[name] = trajectory.components.get(name, 0.0) + float(value)
+            trajectory = trajectories[seat]
+            value = float(reward)
+            if value:  # adding 0.0 changes no sum (and NaN is truthy: it is added)
+                trajectory.reward += value
+                # A reward earned on a step the seat sat out belongs to its latest decision.
+                if trajectory.turns:
+                    trajectory.turns[-1].reward += value
+            components = infos.get(seat, _EMPTY).get("components")
+            if components:
+                totals = trajectory.components
+                for name, part in components.items():
+                    totals[name] = totals.get(name, 0.0) + float(part)
 
     def record(self) -> EpisodeRecord:
         plan = self.plan

@@ -56,6 +56,7 @@ from parley.arena.run.direct import DirectAgents
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, derive_seed, plan_episodes
 from parley.arena.run.gather import send_all_then_gather
 from parley.arena.run.peers import AbsentPeers
+from parley.arena.run.process import PlayClock, frozen_heap
 from parley.arena.run.records import EpisodeRecord, RecordWriter
 from parley.arena.run.security import SeatKeys, admission_policy, arena_bus_config
 from parley.arena.run.summary import SummaryBuilder
@@ -214,6 +215,7 @@ class Runner:
         started = time.perf_counter()
         kept: list[EpisodeRecord] | None = [] if self.keep_records else None
         builder = SummaryBuilder(trials=self.config.trials)
+        clock = PlayClock()
         async with self.open() as address:
             with RecordWriter(self.config.out) as writer, self._progress(len(plans)) as advance:
                 todo = iter(plans)  # shared by the workers; nothing is copied per plan
@@ -221,7 +223,9 @@ class Runner:
                 async def worker() -> None:
                     for plan in todo:
                         await asyncio.sleep(0)  # in-process episodes may never yield: signals
+                        clock.start()
                         record = await self.play(plan)
+                        clock.agents_s += record.agents_s
                         builder.add(record)
                         writer.add(record)
                         advance(record)
@@ -232,18 +236,22 @@ class Runner:
                 try:
                     await asyncio.gather(*(worker() for _ in range(workers)))
                 except asyncio.CancelledError:  # SIGINT/SIGTERM: the files hold whole episodes
-                    self.partial_summary = self._summary(builder, time.perf_counter() - started)
+                    self.partial_summary = self._summary(
+                        builder, time.perf_counter() - started, clock
+                    )
                     self.partial_summary.update(partial=True, episodes_planned=len(plans))
                     writer.write_summary(self.partial_summary)
                     raise
                 wall = time.perf_counter() - started
-                summary = self._summary(builder, wall)
+                summary = self._summary(builder, wall, clock)
                 writer.write_summary(summary)
         if kept is not None:
             kept.sort(key=lambda r: r.index)
         return RunResult(summary, address, wall, self.config.out, kept_records=kept)
 
-    def _summary(self, builder: SummaryBuilder, wall: float) -> dict[str, Any]:
+    def _summary(
+        self, builder: SummaryBuilder, wall: float, clock: PlayClock | None = None
+    ) -> dict[str, Any]:
         summary: dict[str, Any] = builder.summary()
         summary["scenario"] = self.config.scenario
         summary["agents"] = dict(self.specs)
@@ -258,6 +266,9 @@ class Runner:
             "agent_steps_per_s": round(steps / wall, 1) if wall else None,
             "overloaded_retries": self.overloaded_retries,
         }
+        if clock is not None:
+            summary["timing"]["play_s"] = round(clock.play_s(), 6)
+            summary["timing"]["agents_s"] = round(clock.agents_s, 6)
         return summary
 
     def _expected_peers(self) -> dict[str, bytes | None]:
@@ -280,6 +291,7 @@ class Runner:
         arena = Endpoint(ARENA_NAME, config=self.bus_config, context=context)
         host_endpoint: Endpoint | None = None
         host: AgentHost | None = None
+        heap = frozen_heap()
         try:
             arena.set_admission(admission_policy(self._expected_peers()))
             # In-process agents join over a private inproc address, before anything else
@@ -309,6 +321,7 @@ class Runner:
                     await self._absent.wait_for(arena, peer)
             yield address
         finally:
+            heap.close()
             self._arena, self._direct = None, None
             if host is not None:
                 await host.close()
@@ -383,8 +396,9 @@ class Runner:
                 )
                 for seat in acting
             }
-            for seat in self._privileged.intersection(acting):
-                requests[seat].info[ORACLE_KEY] = _scenario("oracle", env.oracle, seat)
+            if self._privileged:
+                for seat in self._privileged.intersection(acting):
+                    requests[seat].info[ORACLE_KEY] = _scenario("oracle", env.oracle, seat)
             asked.update(acting)
             asked_at = time.perf_counter()
             actions = await self._ask(requests, plan.episode_id, turn)
@@ -410,13 +424,14 @@ class Runner:
         arena = self._arena
         if arena is None:
             raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
-        # One look at the peer list per step (it is built on every read), not one per seat.
-        live = arena.peers
-        self._absent.seen(live)
         direct = self._direct_seats
-        missing = [s for s in requests if s not in direct and self._peers[s] not in live]
-        if missing:
-            await self._join(arena, missing)
+        if not direct.issuperset(requests):  # remote seats: are their peers here?
+            # One look at the peer list per step (it is built on every read), not one per seat.
+            live = arena.peers
+            self._absent.seen(live)
+            missing = [s for s in requests if s not in direct and self._peers[s] not in live]
+            if missing:
+                await self._join(arena, missing)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.act_timeout
         actions: dict[str, Action] = {}
@@ -465,6 +480,12 @@ class Runner:
         """The replies (or errors) of ``seats``' requests, in order; one at a time without
         ``pipeline``, stopping at the first request that brought no action."""
         peers, direct = self._peers, self._direct
+        if self.config.pipeline and direct is not None and self._direct_seats.issuperset(seats):
+            # Only in-process seats (the usual case): asked together, without the bus.
+            observations = [requests[seat] for seat in seats]
+            return await direct.ask_all(
+                observations, timeout=timeout, episode=episode, sender=ARENA_NAME
+            )
 
         def call(seat: str) -> Coroutine[Any, Any, Body]:
             if direct is not None and seat in self._direct_seats:
