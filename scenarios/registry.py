@@ -199,6 +199,17 @@ register(
     "halves do not add up to the counts is invalid.",
 )
 
+register(
+    "negotiation/deal-or-no-deal-v2",
+    f"{_NEG}.deal_or_no_deal:DealOrNoDealV2",
+    baselines={
+        "player_0": f"{_SCRIPTED_NEG}:DealNegotiator",
+        "player_1": f"{_SCRIPTED_NEG}:DealNegotiator",
+    },
+    description="deal-or-no-deal-v1 with moves='proposals': offered proposals, a 'deal' "
+    "claim and short prompts, for small models trained by RL (default: as v1).",
+)
+
 _TOOL = "parley.scenarios.tool_use"
 _SCRIPTED_TOOL = "parley.agents.scripted.tool_use"
 
@@ -256,6 +267,17 @@ register(
     },
     description="2-5 agents each hold part of the facts; the best option shows only when "
     "they are pooled. Team reward, small cost per message.",
+)
+
+register(
+    "collaboration/hidden-profile-v1",
+    f"{_COL}.hidden_profile:HiddenProfileV1",
+    baselines={
+        **{f"agent_{i}": f"{_SCRIPTED_COL}:FactSharer" for i in range(3)},
+        "*": f"{_SCRIPTED_COL}:FactSharer",
+    },
+    description="hidden-profile with a 'share' move and a per-agent notebook of known facts "
+    "(options; the defaults play as v0).",
 )
 
 register(

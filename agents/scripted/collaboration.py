@@ -4,10 +4,13 @@
   index in mixed radix written in base ``vocab_size`` (lossless whenever
   ``vocab_size ** message_length >= n_values ** n_attributes``). The listener answers by
   number or by name, as the scenario's ``answer`` option asks.
-* :class:`FactSharer` - hidden-profile: shares all its facts in the first round, then counts
-  every distinct fact it has seen and votes for the best option (reaches 100%).
+* :class:`FactSharer` - hidden-profile: shares all its facts in the first round (with the
+  ``share`` move where the scenario offers it), then counts every distinct fact it has seen
+  (hidden-profile-v1's notebook included) and votes for the best option (reaches 100%).
 * :class:`FactHoarder` - hidden-profile: never talks and votes from its own facts alone,
   breaking ties at random (stays near chance: the reference for how much talking buys).
+* :class:`FactTeller` - hidden-profile: shares like :class:`FactSharer`, then abstains (a
+  partner that informs a learner but leaves the team's choice to it).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from parley.protocols.messages import Observation
 from parley.scenarios.collaboration.hidden_profile import Fact, parse_facts, tally
 from parley.scenarios.collaboration.referential import describe
 
-__all__ = ["CodeListener", "CodeSpeaker", "FactHoarder", "FactSharer", "encode"]
+__all__ = ["CodeListener", "CodeSpeaker", "FactHoarder", "FactSharer", "FactTeller", "encode"]
 
 
 def encode(obj: list[int], n_values: int, vocab: str, length: int) -> str:
@@ -76,11 +79,15 @@ class FactSharer(ScriptedAgent):
             self.seen.update(Fact(**f) for f in view.get("facts", []))
         if self.share:
             self.seen.update(parse_facts(observation.text))
+            # hidden-profile-v1's notebook: the scenario's record of the facts told to us
+            # (shared facts then travel as bare ids, which parse_facts cannot read).
+            self.seen.update(Fact(**f) for f in view.get("known", []))
         if view.get("phase") == "vote":
             return self.vote(view["options"])
         if self.share and not self.spoke:
             self.spoke = True
-            return "My facts: " + " ".join(self.own)
+            choices = (observation.info.get("constraint") or {}).get("choices", [])
+            return "share" if "share" in choices else "My facts: " + " ".join(self.own)
         return "pass"
 
     def vote(self, options: str) -> str:
@@ -93,3 +100,15 @@ class FactSharer(ScriptedAgent):
 class FactHoarder(FactSharer):
     name = "fact-hoarder"
     share = False
+
+
+class FactTeller(FactSharer):
+    """Shares like :class:`FactSharer`, then abstains (``abstain`` is an invalid vote, which
+    counts as no vote): a partner whose facts help but who leaves the team's choice to the
+    others, so a learner beside two of them decides it alone (the scripted partner of the
+    first stages of ``examples/hidden-profile.yaml``)."""
+
+    name = "fact-teller"
+
+    def vote(self, options: str) -> str:
+        return "abstain"

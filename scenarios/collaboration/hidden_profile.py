@@ -44,7 +44,30 @@ Arguments: ``n_agents`` (3), ``n_options`` (3), ``facts_per_agent`` (2),
 
     >>> env = make("collaboration/hidden-profile-v0", n_agents=4)
 
-Version history: v0 - first version.
+v1 (``collaboration/hidden-profile-v1``) plays the same game with two more arguments, whose
+defaults give v0's rules, observations and transcripts:
+
+* ``talk`` (``"text"``): ``"share"`` adds a talk move ``share`` - post every fact the agent
+  holds to the team in one message (one ``message_cost``) - and offers the talk step as a
+  "choice" between ``share`` and ``pass`` (free text stays legal, as in v0).
+* ``notebook`` (False): True keeps, per agent, the set of distinct *real* facts it holds or
+  has been told (a fact line in a message enters its recipients' notebooks only when the
+  deal holds that fact: a made-up fact is ignored), and shows it as a short line in every
+  prompt, the option letter of each known fact (``Known: C A C B``, in fact-id order, so the
+  order carries no information). The brief is then left out (the notebook carries the
+  facts) and a ``share`` message reads ``share`` (what it shared is in the recipients'
+  notebooks). ``view["known"]`` holds the notebook as fact dicts.
+
+Why: a tiny model trained from reward alone cannot count distinct fact ids across several
+long messages, but it can read the most frequent letter of one short line. The task stays
+the task: alone each agent still sees a tie (``Known: A B C``); only facts shared by the
+others break it, and the team wins only if a plurality votes the best option
+(``examples/hidden-profile.md`` has the measured difference).
+
+    >>> env = make("collaboration/hidden-profile-v1", talk="share", notebook=True)
+
+Version history: v0 - first version. v1 - the ``talk`` and ``notebook`` arguments (v0 is
+kept as it was; v1 with the defaults plays exactly as v0).
 """
 
 from __future__ import annotations
@@ -64,6 +87,7 @@ __all__ = [
     "FACT",
     "Fact",
     "HiddenProfile",
+    "HiddenProfileV1",
     "ProfileState",
     "deal_facts",
     "parse_facts",
@@ -293,5 +317,113 @@ class HiddenProfile(Scenario):
         }
 
 
+TALK_MODES = ("text", "share")
+SHARE = "share"
+
+
+class HiddenProfileV1(HiddenProfile):
+    """v1: hidden-profile with the ``talk`` and ``notebook`` arguments; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        **HiddenProfile.metadata,
+        "name": "collaboration/hidden-profile-v1",
+    }
+
+    def __init__(
+        self,
+        n_agents: int = 3,
+        n_options: int = 3,
+        facts_per_agent: int = 2,
+        discussion_rounds: int = 2,
+        message_cost: float = 0.01,
+        *,
+        talk: str = "text",
+        notebook: bool = False,
+        invalid_penalty: float | None = None,
+        max_cycles: int | None = None,
+        render_mode: str | None = "ansi",
+    ) -> None:
+        if talk not in TALK_MODES:
+            raise ConfigError(f"talk must be one of {TALK_MODES}, got {talk!r}")
+        if not isinstance(notebook, bool):
+            raise ConfigError(f"notebook must be true or false, got {notebook!r}")
+        super().__init__(
+            n_agents,
+            n_options,
+            facts_per_agent,
+            discussion_rounds,
+            message_cost,
+            invalid_penalty=invalid_penalty,
+            max_cycles=max_cycles,
+            render_mode=render_mode,
+        )
+        self.talk, self.notebook = talk, notebook
+        self.known: dict[str, set[Fact]] = {}
+
+    def brief(self) -> None:
+        # After redraw_private (conformance): the notebooks start from the facts as dealt.
+        self.known = {seat: set(facts) for seat, facts in self.s.held.items()}
+        self._deal = {f for facts in self.s.held.values() for f in facts}
+        if not self.notebook:
+            super().brief()
+
+    def play(self, agent: str, action: str) -> str | None:
+        text = action.strip()
+        if self.s.phase == "talk" and self.talk == SHARE and text.lower() == SHARE:
+            own = sorted(self.s.held[agent], key=lambda f: f.id)
+            # With a notebook what it shared shows there (and in the state), not in the text.
+            body = SHARE if self.notebook else "My facts: " + " ".join(f.line() for f in own)
+            self.say(agent, body)
+            self._learn(agent, own, None)
+            self.s.messages += 1
+            self.reward(agent, "message_cost", -self.message_cost)
+            return None
+        reason = super().play(agent, action)
+        if self.s.phase == "talk" and reason is None and text and text.lower() != "pass":
+            to, body = split_address(text, self.possible_agents)
+            self._learn(agent, [f for f in parse_facts(body) if f in self._deal], to)
+        return reason
+
+    def _learn(self, sender: str, facts: list[Fact], to: list[str] | None) -> None:
+        """Real ``facts`` from ``sender`` enter the notebooks of its recipients."""
+        if not facts:
+            return
+        deal = {f: f for f in self._deal}  # the dealt copy keeps the pro's wording
+        for seat in self.possible_agents if to is None else to:
+            if seat != sender and seat in self.known:
+                self.known[seat].update(deal[f] for f in facts)
+
+    def notebook_line(self, agent: str) -> str:
+        """``Known: C A C B`` - the option of each distinct fact ``agent`` knows, by fact id."""
+        return "Known: " + " ".join(f.option for f in sorted(self.known[agent], key=lambda f: f.id))
+
+    def prompt(self, agent: str) -> str:
+        if not self.notebook:
+            if self.s.phase == "talk" and self.talk == SHARE:
+                left = self.rounds - self.s.round
+                return f"Talk ({left} rounds left): 'share' (all your facts), a message, or 'pass'."
+            return super().prompt(agent)
+        what = "Vote:" if self.s.phase == "vote" else "Share or pass:"
+        return f"{self.notebook_line(agent)}\n{what}"
+
+    def constraint(self, agent: str) -> dict[str, Any] | None:
+        if self.s.phase == "talk" and self.talk == SHARE:
+            return {"type": "choice", "choices": [SHARE, "pass"]}
+        return super().constraint(agent)
+
+    def view(self, agent: str) -> dict[str, Any]:
+        view = super().view(agent)
+        if self.notebook:
+            view["known"] = [f.as_dict() for f in sorted(self.known[agent], key=lambda f: f.id)]
+        return view
+
+    def system_prompt(self, agent: str) -> str:
+        text = super().system_prompt(agent)
+        if self.notebook:
+            text += " 'Known' lists the option of each distinct fact you know."
+        return text
+
+
 # help(env) shows the scenario's documentation page (this module's docstring).
 HiddenProfile.__doc__ = __doc__
+HiddenProfileV1.__doc__ = __doc__

@@ -64,9 +64,29 @@ Arguments: ``max_turns`` (20, messages before the choice is forced), ``invalid_p
 
     >>> env = make("negotiation/deal-or-no-deal-v1", max_turns=10)
 
+v2 (``negotiation/deal-or-no-deal-v2``) is v1 with one more argument, ``moves``: ``"text"``
+(the default) plays exactly as v1; ``"proposals"`` is the game for small models trained by RL
+(``examples/deal-or-no-deal.md``):
+
+* talk moves are offered as a "choice" between every ``propose: book=B hat=H ball=L`` (what
+  the speaker would take; the scripted partner's own form) and ``<selection>`` (free text
+  stays legal, as in v1);
+* the choice step offers ``deal`` (claim the division of the last proposal in the dialogue:
+  what I proposed to take, or the rest of what my partner proposed to take), every complete
+  claim, and ``no agreement``; ``deal`` with no proposal in the dialogue is an invalid move
+  (no agreement);
+* prompts are short: the brief is ``Items: book 1x2 hat 3x1 ball 1x3`` (count x your value)
+  and the talk prompt ``Propose or <selection>:``, the choice prompt ``Claim:``.
+
+The rules are Lewis's: each side still states its division independently and scores only if
+the two add up; ``deal`` only spares a small model the copying of three numbers.
+
+    >>> env = make("negotiation/deal-or-no-deal-v2", moves="proposals", max_turns=6)
+
 Version history: v0 — first version. v1 — contexts uniform over the valid contexts (the
 published distribution); a claim whose halves do not add up to the counts is invalid; a move
-outside the action space uses up the turn (in v0 it changes nothing). Both:
+outside the action space uses up the turn (in v0 it changes nothing). v2 — the ``moves``
+argument (v2 with ``moves="text"`` plays as v1). All:
 text from the action is escaped into the observation charset (no score changes).
 """
 
@@ -93,6 +113,7 @@ __all__ = [
     "pareto_optimal",
     "parse_claim",
     "DealOrNoDealV1",
+    "DealOrNoDealV2",
     "sample_context",
     "score",
     "valid_context",
@@ -429,6 +450,97 @@ class DealOrNoDealV1(RefusedMoveTakesTurn, DealOrNoDeal):
         return sample_context(rng)
 
 
+MOVES = ("text", "proposals")
+DEAL = "deal"
+PROPOSAL = re.compile(r"propose:\s*book=(\d+)\s+hat=(\d+)\s+ball=(\d+)", re.IGNORECASE)
+
+
+def proposal_text(take: Counts) -> str:
+    """``propose: book=1 hat=0 ball=2`` - what the speaker would take."""
+    return "propose: book={} hat={} ball={}".format(*take)
+
+
+def claim_text(take: Counts, counts: Counts) -> str:
+    """The complete claim ``book=1 hat=0 ball=2 / book=0 hat=2 ball=1`` of ``take``."""
+    rest = tuple(c - t for c, t in zip(counts, take, strict=True))
+    return "book={} hat={} ball={} / book={} hat={} ball={}".format(*take, *rest)
+
+
+class DealOrNoDealV2(DealOrNoDealV1):
+    """v2: v1 plus ``moves="proposals"`` (offered proposals, a ``deal`` claim, short prompts)."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        **DealOrNoDeal.metadata,
+        "name": "negotiation/deal-or-no-deal-v2",
+    }
+
+    def __init__(
+        self,
+        max_turns: int = 20,
+        *,
+        moves: str = "text",
+        invalid_penalty: float | None = None,
+        max_cycles: int | None = None,
+        render_mode: str | None = "ansi",
+    ) -> None:
+        if moves not in MOVES:
+            raise ValueError(f"moves must be one of {MOVES}, got {moves!r}")
+        super().__init__(
+            max_turns,
+            invalid_penalty=invalid_penalty,
+            max_cycles=max_cycles,
+            render_mode=render_mode,
+        )
+        self.proposals = moves == "proposals"
+
+    def last_proposal(self, agent: str) -> Counts | None:
+        """What ``agent`` takes under the last proposal in the dialogue (None: there is none)."""
+        for who, text in reversed(self.s.dialogue):
+            match = PROPOSAL.search(text)
+            if match is None:
+                continue
+            take: Counts = tuple(int(g) for g in match.groups())  # type: ignore[assignment]
+            if any(t > c for t, c in zip(take, self.s.counts, strict=True)):
+                continue  # not a division of these items
+            if who == agent:
+                return take
+            return tuple(c - t for c, t in zip(self.s.counts, take, strict=True))  # type: ignore[return-value]
+        return None
+
+    def brief(self) -> None:
+        if not self.proposals:
+            super().brief()
+            return
+        for agent in SEATS:
+            items = " ".join(
+                f"{item} {c}x{v}"
+                for item, c, v in zip(ITEMS, self.s.counts, self.s.values[agent], strict=True)
+            )
+            self.tell(agent, f"Items: {items}")
+
+    def play(self, agent: str, action: str) -> str | None:
+        if self.proposals and self.s.phase == "choose" and action.strip().lower() == DEAL:
+            take = self.last_proposal(agent)
+            self.s.claims[agent] = take
+            return None if take is not None else "no proposal in the dialogue to claim"
+        return super().play(agent, action)
+
+    def prompt(self, agent: str) -> str:
+        if not self.proposals:
+            return super().prompt(agent)
+        return "Claim:" if self.s.phase == "choose" else f"Propose or {SELECTION}:"
+
+    def constraint(self, agent: str) -> dict[str, Any] | None:
+        if not self.proposals:
+            return super().constraint(agent)
+        takes = divisions(self.s.counts)
+        if self.s.phase == "choose":
+            claims = [claim_text(t, self.s.counts) for t in takes]
+            return {"type": "choice", "choices": [DEAL, *claims, NO_AGREEMENT]}
+        return {"type": "choice", "choices": [*map(proposal_text, takes), SELECTION]}
+
+
 # help(env) shows the scenario's documentation page (this module's docstring).
 DealOrNoDeal.__doc__ = __doc__
 DealOrNoDealV1.__doc__ = __doc__
+DealOrNoDealV2.__doc__ = __doc__
