@@ -164,7 +164,6 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         self.invalid_penalty = (
             self.default_invalid_penalty if invalid_penalty is None else float(invalid_penalty)
         )
-        self.rng: np.random.Generator = np.random.default_rng()
         self.turn = 0
         # The event log: hooks append plain tuples (a named tuple costs ~10x more to build);
         # ``events`` turns them into Events when read.
@@ -349,6 +348,13 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     def state_space(self) -> Text:
         """The space :meth:`state` lies in (ASCII JSON)."""
         return self._text(_STATE_MAX_LENGTH)
+
+    # Unseeded, a generator draws OS entropy (~20 µs: a third of a short episode's set-up);
+    # made on first use, since reset(seed=...) replaces it anyway.
+    @functools.cached_property
+    def rng(self) -> np.random.Generator:
+        """The instance's generator: ``reset(seed=...)`` seeds it; until then, OS entropy."""
+        return np.random.default_rng()
 
     @staticmethod
     def _text(max_length: int) -> Text:
