@@ -1,0 +1,246 @@
+"""Training on Ray: a stage's episodes on Ray worker actors, its LLM seats on the trainer's pool.
+
+``parley train --ray [ADDRESS]`` (``ray:`` in the config) plays each RL stage's episodes
+with a :class:`TrainRayRunner`: a :class:`~parley.arena.run.ray_runner.RayRunner` (worker
+actors on every node, dead workers replaced, their episodes re-run with the same seeds)
+whose seats played by a trained policy (``policy:NAME``) are :class:`PolicySeat` agents.
+They ask the trainer's own inference pool over the bus, so every action is tagged with the
+version of the weights the trainer last pushed, exactly as in a local run:
+
+- The pool is served on ``tcp://`` (``127.0.0.1`` for a local Ray, the driver's node
+  address on a cluster), always with CURVE: a key pair for the pool and one for the
+  workers are made for each stage, the pool admits only the workers' key, and the keys
+  travel to the workers with the actors' arguments (inside Ray, never on the listener).
+- Each worker notes the constraint of every generate request its agents make
+  (:class:`~parley.arena.training.sampler.RecordingClient`) and ships, with each
+  finished episode, the constraints of that episode's generations; the driver notes them in
+  the run's :class:`~parley.arena.training.sampler.ConstraintLog`, so
+  :func:`~parley.arena.training.sampler.samples_from_record` rebuilds the same legal-token
+  masks as for a local episode. Token ids and logprobs travel in the episode record itself.
+- The :class:`~parley.arena.training.sampler.AsyncSampler` is unchanged: it calls
+  :meth:`RayRunner.play` per episode, so its staleness rule (drop at batch time) and its
+  admission budget hold as they do locally.
+
+The trainer stays in the driver process (the pool and the trainer share its weights; an
+actor of its own would need the pool's weights shipped to it and back on every update).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from parley.arena.run.config import RunConfig
+from parley.arena.run.ray_runner import LOCAL, EpisodeWorker, RayRunner, import_ray, init_ray
+from parley.arena.run.records import EpisodeRecord
+from parley.arena.training.sampler import ConstraintLog, RecordingClient
+from parley.protocols.errors import ConfigError
+from parley.protocols.messages import Constraint, GenerateRequest, GenerateResult
+
+__all__ = ["PolicySeat", "SeatPolicy", "TrainEpisodeWorker", "TrainRayRunner"]
+
+ShippedConstraint = tuple[str, list[int], Constraint]
+"""(policy, prompt token ids, constraint) of one generation, shipped with its episode."""
+
+
+@dataclass(frozen=True)
+class SeatPolicy:
+    """How one seat is played by a policy the trainer serves."""
+
+    policy: str
+    system_prompt: str = ""
+
+
+@dataclass(frozen=True)
+class _PoolAccess:
+    """Where the trainer's pool listens and the CURVE keys to reach it (Z85)."""
+
+    address: str
+    server_key: bytes
+    client_public: bytes
+    client_secret: bytes
+
+
+class _BusPool:
+    """One bus client per worker, connected on first use (inside the worker's event loop)."""
+
+    def __init__(self, access: _PoolAccess) -> None:
+        self.access = access
+        self.client: Any = None
+        self._lock: asyncio.Lock | None = None
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if self.client is None:
+            self._lock = self._lock or asyncio.Lock()
+            async with self._lock:
+                if self.client is None:
+                    self.client = await self._connect()
+        result: GenerateResult = await self.client.generate(request)
+        return result
+
+    async def _connect(self) -> Any:
+        from parley.agents.llm import BusPoolClient
+        from parley.protocols.bus.config import BusConfig
+
+        access = self.access
+        config = BusConfig(
+            curve_public_key=access.client_public,
+            curve_secret_key=access.client_secret,
+            curve_server_key=access.server_key,
+        )
+        return await BusPoolClient.connect(access.address, timeout=30.0, config=config)
+
+    async def close(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            await client.close()
+
+
+class PolicySeat:
+    """Factory of the :class:`~parley.agents.llm.LLMAgent` of a seat played by a trained
+    policy, pickled to each Ray worker; the worker :meth:`bind` s it to its pool client."""
+
+    def __init__(self, seat: SeatPolicy, tokenizer: Any, agent_config: Any) -> None:
+        self.seat = seat
+        self.tokenizer = tokenizer
+        self.agent_config = agent_config
+        self.client: RecordingClient | None = None
+
+    def bind(self, client: RecordingClient) -> None:
+        self.client = client
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "client": None}  # each worker binds its own
+
+    def __call__(self) -> Any:
+        from parley.agents.llm import LLMAgent
+
+        if self.client is None:
+            raise ConfigError(f"policy seat {self.seat.policy!r} is not bound to a pool client")
+        return LLMAgent(
+            self.client,
+            self.tokenizer,
+            system_prompt=self.seat.system_prompt,
+            config=self.agent_config,
+        )
+
+
+class TrainEpisodeWorker(EpisodeWorker):
+    """An :class:`EpisodeWorker` whose policy seats ask the trainer's pool; :meth:`play`
+    returns each record with the constraints of its generations."""
+
+    def __init__(
+        self, config: RunConfig, agents: dict[str, Any] | None = None, access: Any = None
+    ) -> None:
+        super().__init__(config, agents)
+        if not isinstance(access, _PoolAccess):
+            raise ConfigError("a training worker needs the trainer pool's address and keys")
+        self.pool = _BusPool(access)
+        self.log = ConstraintLog()
+        for source in (agents or {}).values():
+            if isinstance(source, PolicySeat):
+                source.bind(RecordingClient(self.pool, self.log))
+
+    def items(self, records: Sequence[EpisodeRecord]) -> list[Any]:
+        return [(record, self._constraints(record)) for record in records]
+
+    def _constraints(self, record: EpisodeRecord) -> list[ShippedConstraint]:
+        shipped: dict[tuple[str, tuple[int, ...]], ShippedConstraint] = {}
+        for trajectory in record.trajectories:
+            for turn in trajectory.turns:
+                for tokens in turn.tokens:
+                    key = (tokens.policy, tuple(tokens.prompt_token_ids))
+                    constraint = self.log.get(*key)
+                    if constraint is not None and key not in shipped:
+                        shipped[key] = (tokens.policy, list(tokens.prompt_token_ids), constraint)
+        return list(shipped.values())
+
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:
+            await self.pool.close()
+
+
+class TrainRayRunner(RayRunner):
+    """A stage's runner on Ray: seats in ``policy_seats`` ask ``pool`` (served on the bus
+    while :meth:`open` lasts); the others are played by their spec in ``config.agents``.
+
+    ``log`` is the run's :class:`ConstraintLog`: the constraints shipped with each episode
+    are noted there before the sampler sees the episode.
+    """
+
+    worker_class = TrainEpisodeWorker
+    item_type = tuple[EpisodeRecord, list[ShippedConstraint]]
+
+    def __init__(
+        self,
+        config: RunConfig,
+        policy_seats: Mapping[str, SeatPolicy],
+        *,
+        pool: Any,
+        tokenizer: Any,
+        agent_config: Any,
+        log: ConstraintLog,
+        **kwargs: Any,
+    ) -> None:
+        if config.ray is None:
+            config = config.replace(ray=LOCAL)
+        agents = {seat: PolicySeat(s, tokenizer, agent_config) for seat, s in policy_seats.items()}
+        super().__init__(config, agents=agents, **kwargs)
+        self.pool = pool
+        self.log = log
+        self.access: _PoolAccess | None = None
+
+    def _worker_args(self) -> tuple[Any, ...]:
+        if self.access is None:
+            raise ConfigError("start training workers inside TrainRayRunner.open()")
+        return (*super()._worker_args(), self.access)
+
+    def _record(self, result: Any) -> EpisodeRecord:
+        record, constraints = result
+        for policy, prompt_ids, constraint in constraints:
+            self.log.note(
+                GenerateRequest(policy=policy, prompt_token_ids=prompt_ids, constraint=constraint)
+            )
+        return super()._record(record)
+
+    @contextlib.asynccontextmanager
+    async def open(self) -> AsyncIterator[str]:
+        """Serve the pool on an authenticated ``tcp://`` listener, then start the workers."""
+        import zmq
+
+        from parley.arena.inference.pool import POOL_ENDPOINT
+        from parley.protocols.bus import Endpoint
+        from parley.protocols.bus.config import BusConfig
+
+        started_ray = init_ray(self.config.ray)
+        ray = import_ray()
+        server_public, server_secret = zmq.curve_keypair()
+        client_public, client_secret = zmq.curve_keypair()
+        bus = BusConfig(
+            curve_public_key=server_public,
+            curve_secret_key=server_secret,
+            curve_allowed_clients=(client_public,),
+        )
+        host = "127.0.0.1" if self.config.ray in (None, "", LOCAL) else _node_ip(ray)
+        endpoint = Endpoint(POOL_ENDPOINT, config=bus)
+        try:
+            self.pool.serve(endpoint)
+            address = await endpoint.bind(f"tcp://{host}:0")
+            self.access = _PoolAccess(address, server_public, client_public, client_secret)
+            async with super().open() as ray_address:
+                yield ray_address
+        finally:
+            self.access = None
+            await endpoint.close()
+            if started_ray:
+                ray.shutdown()
+
+
+def _node_ip(ray: Any) -> str:
+    address: str = ray.util.get_node_ip_address()
+    return address

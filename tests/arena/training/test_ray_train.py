@@ -1,0 +1,197 @@
+"""Training on Ray (issue 15): episodes on Ray worker actors, LLM seats on the trainer's pool.
+
+One real local Ray for the module (``ray.init(num_cpus=2)``, no dashboard). The pool is the
+trainer's: a transformers backend over the tiny model, served on an authenticated ``tcp://``
+listener while a stage's runner is open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+ray = pytest.importorskip("ray")
+
+from parley.agents.llm import BusPoolClient, LLMAgentConfig  # noqa: E402
+from parley.arena.run.config import RunConfig  # noqa: E402
+from parley.arena.run.runner import Runner  # noqa: E402
+from parley.arena.training.ray_train import SeatPolicy, TrainRayRunner  # noqa: E402
+from parley.arena.training.sampler import (  # noqa: E402
+    AsyncSampler,
+    ConstraintLog,
+    RecordingClient,
+    SamplerConfig,
+    samples_from_record,
+)
+from parley.protocols.bus.config import BusConfig  # noqa: E402
+from parley.protocols.errors import PeerDead, RequestTimeout  # noqa: E402
+from parley.protocols.messages import WeightUpdate  # noqa: E402
+
+SCENARIO = "collaboration/referential-v0"
+KWARGS = {"n_candidates": 4, "n_attributes": 1, "n_values": 8, "vocab_size": 8,
+          "message_length": 1, "answer": "name", "show_others": False}  # fmt: skip
+AGENT = LLMAgentConfig(policy="listener", temperature=1.0, max_tokens=4, request_timeout=0.0)
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+async def _pool(model_dir: Path) -> Any:
+    import transformers
+
+    from parley.arena.inference.backends.tokenizer import load_tokenizer
+    from parley.arena.inference.backends.transformers import TransformersBackend
+    from parley.arena.inference.pool import InferencePool, PoolConfig
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="float32")
+    backend = TransformersBackend(model.eval(), load_tokenizer(str(model_dir)), seed=0)
+    return await InferencePool({"listener": backend}, PoolConfig(max_wait=0.002)).start()
+
+
+def _config() -> RunConfig:
+    return RunConfig(
+        scenario=SCENARIO,
+        scenario_kwargs=KWARGS,
+        agents={"speaker": "scripted", "listener": "llm:listener"},
+        progress=False,
+        act_timeout=120.0,
+    )
+
+
+@pytest.mark.timeout(240)
+async def test_samples_from_ray_workers_carry_tokens_and_constraints_as_local_ones(
+    tiny_model_dir: Path, local_ray: None
+) -> None:
+    pool = await _pool(tiny_model_dir)
+    tokenizer = pool.tokenizer("listener")
+    ray_log, local_log = ConstraintLog(), ConstraintLog()
+    runner = TrainRayRunner(
+        _config(),
+        {"listener": SeatPolicy("listener")},
+        pool=pool,
+        tokenizer=tokenizer,
+        agent_config=AGENT,
+        log=ray_log,
+        workers=2,
+    )
+    from parley.agents.llm import LLMAgent
+
+    local_client = RecordingClient(pool, local_log)
+    local = Runner(
+        _config(),
+        agents={"listener": lambda: LLMAgent(local_client, tokenizer, config=AGENT)},
+    )
+    try:
+        sampler = AsyncSampler(
+            runner, SamplerConfig(batch_size=4, concurrency=4, seed=3), policies=["listener"]
+        )
+        batches = []
+        model = pool.backend("listener").model
+        same = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+        async with runner.open():
+            assert runner.access is not None
+            assert runner.access.address.startswith("tcp://127.")
+            async for batch in sampler.batches(limit=2):
+                batches.append(batch)
+                # As the loop does after each update: new weights (the same values here, so
+                # the local replay below matches) under a new version, then publish.
+                await pool.update_weights(
+                    WeightUpdate(policy="listener", version=len(batches), tensors=same)
+                )
+                sampler.publish(len(batches))
+        assert [len(b.records) for b in batches] == [4, 4]
+        assert all(max(b.staleness) == 0 for b in batches)  # S = 0 holds on Ray
+        # The same plans played locally against the same pool give the same transcripts,
+        # token records and constraints: nothing is lost on the way back from a worker.
+        async with local.open():
+            for batch in batches:
+                for record in batch.records:
+                    plan = sampler_plan(sampler, record.index)
+                    mirror = await local.play(plan)
+                    assert _generated(mirror) == _generated(record)
+                    ray_samples = samples_from_record(record, log=ray_log)
+                    local_samples = samples_from_record(mirror, log=local_log)
+                    assert ray_samples
+                    assert len(ray_samples) == len(local_samples)
+                    for got, want in zip(ray_samples, local_samples, strict=True):
+                        assert got.token_ids
+                        assert got.logprobs
+                        assert got.constraint is not None  # the listener picks a name
+                        assert got.constraint == want.constraint
+                        assert got.prompt_ids == want.prompt_ids
+        assert {s.policy_version for b in batches for r in b.records
+                for s in samples_from_record(r)} == {0, 1}  # fmt: skip
+    finally:
+        await pool.close()
+
+
+def _generated(record: Any) -> list[tuple[str, list[int]]]:
+    """Each generation of an episode: the seat and its token ids (versions aside)."""
+    return [
+        (trajectory.agent, list(tokens.token_ids))
+        for trajectory in record.trajectories
+        for turn in trajectory.turns
+        for tokens in turn.tokens
+    ]
+
+
+def sampler_plan(sampler: AsyncSampler, index: int) -> Any:
+    """The plan the sampler made for episode ``index`` (plans depend on the index only)."""
+    saved = sampler._next_index
+    sampler._next_index = index
+    try:
+        return sampler._plan()
+    finally:
+        sampler._next_index = saved
+
+
+@pytest.mark.timeout(120)
+async def test_the_pool_listener_admits_only_the_workers_key(
+    tiny_model_dir: Path, local_ray: None
+) -> None:
+    import zmq
+
+    pool = await _pool(tiny_model_dir)
+    runner = TrainRayRunner(
+        _config(),
+        {"listener": SeatPolicy("listener")},
+        pool=pool,
+        tokenizer=pool.tokenizer("listener"),
+        agent_config=AGENT,
+        log=ConstraintLog(),
+        workers=1,
+    )
+    try:
+        async with runner.open():
+            access = runner.access
+            assert access is not None
+            public, secret = zmq.curve_keypair()  # a stranger who knows the pool's key
+            strangers = [
+                BusConfig(connect_timeout=2.0),
+                BusConfig(curve_public_key=public, curve_secret_key=secret,
+                          curve_server_key=access.server_key, connect_timeout=2.0),
+            ]  # fmt: skip
+            for config in strangers:
+                with pytest.raises((RequestTimeout, PeerDead, TimeoutError)):
+                    await BusPoolClient.connect(access.address, timeout=2.0, config=config)
+            # The workers' own key gets in.
+            ok = BusConfig(curve_public_key=access.client_public,
+                           curve_secret_key=access.client_secret,
+                           curve_server_key=access.server_key)  # fmt: skip
+            client = await asyncio.wait_for(
+                BusPoolClient.connect(access.address, timeout=10.0, config=ok), 15
+            )
+            await client.close()
+    finally:
+        await pool.close()
