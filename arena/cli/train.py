@@ -54,12 +54,24 @@ def run(args: argparse.Namespace) -> int:
     console = common.console()
     console.print(table)
     for name, path in result.checkpoints.items():
-        console.print(f"checkpoint {name}: {path}  (parley run ... --agents llm:{path})")
+        console.print(f"checkpoint {name}: {path}  (parley run ... --agents {_spec(path)})")
     console.print(
         f"metrics: {result.out / 'metrics.jsonl'}  plot: {result.out / 'learning_curve.png'}"
     )
     console.print(f"seeds (summary.json): {result.seeds}")
     return 0
+
+
+def _spec(checkpoint: Any) -> str:
+    """The agent spec that plays ``checkpoint``: ``llm:DIR`` for a whole model,
+    ``llm:BASE?adapter=DIR`` for a LoRA adapter (its base named in adapter_config.json)."""
+    import json
+
+    config = checkpoint / "adapter_config.json"
+    if not config.is_file():
+        return f"llm:{checkpoint}"
+    base = json.loads(config.read_text()).get("base_model_name_or_path") or "BASE"
+    return f"llm:{base}?adapter={checkpoint}"
 
 
 def _num(value: Any) -> str:

@@ -23,8 +23,9 @@ old) and ``dropped_stale``), TensorBoard events when ``tensorboard`` is installe
 llm:OUT/checkpoints/<policy>`` loads them) or, with ``lora``, as PEFT adapter directories
 (``llm:BASE?adapter=OUT/checkpoints/<policy>``; ``OUT/adapters/<policy>`` holds each
 adapter as it started), ``learning_curve.png``, ``config.yaml`` and ``summary.json`` (every
-seed used, the trained parameters per policy, and per stage its curve, failed and dropped
-episodes). Which models the trainer and the pool hold: :mod:`parley.arena.training.models`.
+seed used; ``models``: LoRA or not, the trained parameters per policy, the precision and
+the dtype the pool served in; per stage its curve, failed and dropped episodes). Which
+models the trainer and the pool hold: :mod:`parley.arena.training.models`.
 """
 
 from __future__ import annotations
@@ -202,8 +203,13 @@ async def run_training(config: TrainConfig) -> TrainResult:
         await pool.close()
     wall = time.perf_counter() - started
     history, summaries = logger.history, run.summaries
-    trained = {n: w.trainable_numel() for n, w in trainer.weights.items()}
-    await asyncio.to_thread(write_summary, out, wall, history, summaries, seeds.as_dict(), trained)
+    models = {
+        "lora": config.lora is not None,
+        "trained_parameters": {n: w.trainable_numel() for n, w in trainer.weights.items()},
+        "precision": config.precision,  # the trainer's autocast; weights stay float32
+        "served_dtype": {name: backend.dtype for name, backend in policies.served.items()},
+    }
+    await asyncio.to_thread(write_summary, out, wall, history, summaries, seeds.as_dict(), models)
     return TrainResult(out, history, checkpoints, wall, summaries, seeds.as_dict())
 
 

@@ -50,13 +50,13 @@ def write_summary(
     history: list[dict[str, Any]],
     summaries: list[dict[str, Any]],
     seeds: Mapping[str, Any],
-    trained: Mapping[str, int] | None = None,
+    models: Mapping[str, Any] | None = None,
 ) -> None:
-    """``summary.json`` (wall time, every seed the run used, the number of trained
-    parameters per policy, one entry per stage) and the learning-curve plot."""
+    """``summary.json`` (wall time, every seed the run used, ``models``: what was trained
+    and in which dtypes, one entry per stage) and the learning-curve plot."""
     summary: dict[str, Any] = {"wall_s": wall, "seeds": dict(seeds), "stages": summaries}
-    if trained is not None:
-        summary["trained_parameters"] = dict(trained)
+    if models is not None:
+        summary["models"] = dict(models)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     _plot(history, summaries, out / "learning_curve.png")
 

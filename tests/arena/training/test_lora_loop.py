@@ -61,6 +61,8 @@ def test_each_stage_moves_only_its_learners_adapter_in_the_pool(
 ) -> None:
     from safetensors.numpy import load_file
 
+    from parley.arena.cli.train import _spec
+
     config = _config(
         tiny_model_dir,
         tmp_path / "run",
@@ -80,7 +82,9 @@ def test_each_stage_moves_only_its_learners_adapter_in_the_pool(
     # Trainer and pool compute alike (float32): on-policy logprobs agree.
     assert all(r["logp_gap"] < 1e-4 for r in rows if "logp_gap" in r)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    trained = summary["trained_parameters"]
+    assert summary["models"]["lora"] is True
+    assert summary["models"]["served_dtype"] == {"_base0": "float32"}
+    trained = summary["models"]["trained_parameters"]
     # r = 4 on 7 linear layers (in + out widths 256, 192, 192, 256, 384, 384, 384) x 2 blocks
     assert trained == {"speaker": 4 * 2 * 2048, "listener": 4 * 2 * 2048}
     assert summary["seeds"]["lora"] == {"speaker": 0, "listener": 1}
@@ -93,6 +97,8 @@ def test_each_stage_moves_only_its_learners_adapter_in_the_pool(
         ]
         config_json = json.loads((path / "adapter_config.json").read_text())
         assert config_json["base_model_name_or_path"] == str(tiny_model_dir.resolve())
+        # parley train prints the spec that plays it.
+        assert _spec(path) == f"llm:{tiny_model_dir.resolve()}?adapter={path}"
         final = load_file(str(path / "adapter_model.safetensors"))
         initial = load_file(
             str(tmp_path / "run" / "adapters" / policy / "adapter_model.safetensors")
