@@ -64,7 +64,12 @@ from typing import Any
 from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
 from parley.arena.inference.backends.constraints import constraint_regex
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
-from parley.arena.inference.backends.vllm_lora import LoRAAdapters, base_shapes, lora_engine_args
+from parley.arena.inference.backends.vllm_lora import (
+    LoRAAdapters,
+    base_shapes,
+    lora_engine_args,
+    spare_slots,
+)
 from parley.protocols.errors import require
 from parley.protocols.messages import (
     Completion,
@@ -114,7 +119,13 @@ class VLLMBackend(Backend):
         self._restart_lock = asyncio.Lock()
         self._generation = 0  # bumped at each restart
         lora = getattr(getattr(engine, "vllm_config", None), "lora_config", None)
-        self._lora = LoRAAdapters(lambda: self.engine, int(getattr(lora, "max_lora_rank", 0)), None)
+        slots = int(getattr(lora, "max_loras", 0))
+        self._lora = LoRAAdapters(
+            lambda: self.engine,
+            int(getattr(lora, "max_lora_rank", 0)),
+            None,
+            limit=max(0, slots - spare_slots(_on_cpu())),
+        )
 
     @classmethod
     async def create(
@@ -145,7 +156,8 @@ class VLLMBackend(Backend):
         ``max_loras`` > 0 turns on LoRA adapters (:meth:`add_adapter`): at most that many
         different adapters run in one engine step (more are served in turns), each of rank
         at most ``max_lora_rank`` (0: 16; rounded up to a value vLLM accepts: 1, 8, 16,
-        32, 64, ...).
+        32, 64, ...); at most ``max_loras`` adapters are served (the engine gets a spare
+        slot or two, see :mod:`~parley.arena.inference.backends.vllm_lora`).
         ``engine_args`` are passed to ``vllm.AsyncEngineArgs`` as they are (e.g.
         ``gpu_memory_utilization``, ``enable_lora``); ``kv_cache_space_gib`` sets
         ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds only).
@@ -162,7 +174,7 @@ class VLLMBackend(Backend):
             "logprobs_mode": logprobs_mode,
             **({"max_model_len": max_model_len} if max_model_len else {}),
             **_cpu_engine_defaults(),
-            **lora_engine_args(max_loras, max_lora_rank),
+            **lora_engine_args(max_loras, max_lora_rank, cpu=_on_cpu()),
             **(engine_args or {}),
         }
         parsed: Any = vllm.AsyncEngineArgs(**args)
@@ -474,6 +486,10 @@ def _cpu_engine_defaults() -> dict[str, Any]:
     raises the budget to at least ``max_model_len``). Users may still pass
     ``enable_chunked_prefill`` in ``engine_args``.
     """
+    return {"enable_chunked_prefill": False} if _on_cpu() else {}
+
+
+def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
-    return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
+    return bool(current_platform.is_cpu())

@@ -28,10 +28,20 @@ Rules (the owner's choices where the contract in issue 17 is silent):
   adapter and the base keep serving throughout.
 - ``update.tensors`` (or a ``.safetensors`` file) may name a subset of the adapter's
   tensors; the others keep their values. Names and shapes must be the adapter's own.
+- At most ``max_loras`` adapters are served (one more is a ConfigError naming the option).
+  The engine gets one slot more, so a version being swapped out and its successor can
+  run side by side (a second swap waits for the first's old version to drain), and on
+  CPU one more again that stays empty: vLLM's CPU LoRA ops (``torch_ops.bgmv_*``) read
+  the "no adapter" index -1 of base-model tokens as the LAST slot, so a base request
+  batched with adapter requests got the adapter in the last slot applied (measured here:
+  with 2 slots and 2 adapters, base requests decoded exactly as one adapter;
+  vllm-project/vllm#48421, open). vLLM fills the lowest free slot first and a removed
+  adapter's slot is zeroed, so with at most slots - 1 registered the last stays zero.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -72,18 +82,25 @@ def rank_limit(rank: int) -> int:
     raise ConfigError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank {LORA_RANKS[-1]}")
 
 
-def lora_engine_args(max_loras: int, max_lora_rank: int = 0) -> dict[str, Any]:
-    """The ``AsyncEngineArgs`` that turn on multi-LoRA serving (empty when ``max_loras``
-    is 0). ``max_lora_rank`` 0 means vLLM's default, 16; others are rounded up to an
-    allowed value. The CPU cache holds twice ``max_loras`` adapters, so an adapter being
-    swapped (old and new version both registered for a moment) evicts nothing."""
+def spare_slots(cpu: bool) -> int:
+    """Engine LoRA slots beyond ``max_loras``: one for a swap, and on CPU one kept empty
+    (see the module docstring)."""
+    return 2 if cpu else 1
+
+
+def lora_engine_args(max_loras: int, max_lora_rank: int = 0, *, cpu: bool) -> dict[str, Any]:
+    """The ``AsyncEngineArgs`` that turn on multi-LoRA serving of ``max_loras`` adapters
+    (empty when it is 0). ``max_lora_rank`` 0 means vLLM's default, 16; others are rounded
+    up to an allowed value. The engine's slots and its adapter cache (``max_cpu_loras``)
+    both hold ``max_loras + spare_slots(cpu)``, so nothing is ever evicted."""
     if max_loras <= 0:
         return {}
+    slots = max_loras + spare_slots(cpu)
     return {
         "enable_lora": True,
-        "max_loras": max_loras,
+        "max_loras": slots,
         "max_lora_rank": rank_limit(max_lora_rank or 16),
-        "max_cpu_loras": 2 * max_loras,
+        "max_cpu_loras": slots,
     }
 
 
@@ -206,6 +223,9 @@ class LoRAAdapters:
     engine: Callable[[], Any]
     max_rank: int
     base: dict[str, tuple[int, ...]] | None
+    limit: int = 0
+    """Most adapters served (the engine's slots less :func:`spare_slots`)."""
+    _drained: asyncio.Event = field(default_factory=asyncio.Event)
     _current: dict[str, _Slot] = field(default_factory=dict)
     _slots: dict[int, _Slot] = field(default_factory=dict)
     _ids: Any = field(default_factory=lambda: itertools.count(1))
@@ -244,6 +264,11 @@ class LoRAAdapters:
             raise ConfigError(f"adapter {name!r} is served already; send a weight update")
         info = read_adapter(path)
         check_fits(info, self.base, self.max_rank)
+        if len(self._current) >= self.limit:
+            raise ConfigError(
+                f"this vLLM engine serves at most {self.limit} adapters: create the backend "
+                f"with max_loras={len(self._current) + 1} or more"
+            )
         directory = self._stage_dir(name)
         try:
             shutil.copy2(info.path / CONFIG_FILE, directory / CONFIG_FILE)
@@ -260,6 +285,9 @@ class LoRAAdapters:
         """Swap ``update.policy``'s adapter for the weights in ``update`` (inline tensors, a
         ``.safetensors`` file of them, or a PEFT adapter directory) at ``update.version``."""
         old = self._current[update.policy]
+        while len(self._slots) > self.limit:  # a swapped-out version still runs: wait
+            self._drained.clear()
+            await self._drained.wait()
         directory = self._stage_dir(update.policy)
         try:
             info = _stage_update(update, old, directory, self.base, self.max_rank)
@@ -299,6 +327,7 @@ class LoRAAdapters:
         if not slot.retired or slot.users > 0 or slot.request.lora_int_id not in self._slots:
             return
         del self._slots[slot.request.lora_int_id]
+        self._drained.set()
         try:
             await self.engine().remove_lora(slot.request.lora_int_id)
         except Exception as exc:  # the request that ended must not fail for it: a dead

