@@ -4,6 +4,17 @@
     parley run negotiation/deal-or-no-deal-v0 --agents llm:models/tiny,scripted \\
         --pool tcp://127.0.0.1:5557
 
+    parley serve --model models/tiny --backend vllm --adapter alice=out/checkpoints/alice \
+        --adapter bob=out/checkpoints/bob --http 127.0.0.1:8000
+
+With ``--adapter NAME=DIR`` (repeatable; a PEFT LoRA adapter directory of the model) the
+pool also serves each adapter as the policy ``NAME``, batched with the base and the other
+adapters on one model (transformers: one forward pass per step; vLLM: its multi-LoRA
+serving, the engine started with ``max_loras`` = the number of adapters and the smallest
+``max_lora_rank`` that holds them, unless ``-b`` sets them); ``WeightUpdate`` messages for
+``NAME`` replace that adapter only. Adapter directories are checked before the model
+loads: a missing or malformed one exits 2.
+
 The pool answers ``GenerateRequest`` and ``WeightUpdate`` on the bus under the endpoint
 name ``pool``; with ``--http HOST:PORT`` it also serves the OpenAI-compatible API
 (:mod:`parley.arena.inference.http`). It runs until interrupted (Ctrl-C / SIGTERM), then
@@ -67,6 +78,14 @@ def add_parser(sub: Any) -> None:
         "on a non-loopback host (no authentication)",
     )
     p.add_argument("--policy", default="default", help="policy name the model serves under")
+    p.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also serve the PEFT LoRA adapter in DIR as policy NAME (transformers, vllm); "
+        "repeatable",
+    )
     p.add_argument("--max-batch-size", type=int, default=32, help="requests per backend call")
     p.add_argument("--max-wait", type=float, default=0.005, help="seconds to fill a batch")
     p.add_argument("--max-queue", type=int, default=1024, help="waiting requests before 429")
@@ -123,6 +142,34 @@ class ServeOptions:
     cluster at this address (``local``: a local Ray); ``None``: one in-process pool."""
     replicas: int = 1
     """Pool replicas on Ray (with ``ray``), one GPU each where the cluster has GPUs."""
+    adapters: tuple[tuple[str, str], ...] = ()
+    """(policy name, PEFT adapter directory) pairs served on the model next to ``policy``."""
+
+    def check_adapters(self) -> dict[str, Any]:
+        """Check the adapter options and directories (before any model loads); return the
+        backend options they need (vLLM: ``max_loras`` and ``max_lora_rank``)."""
+        from parley.arena.inference.backends.vllm_lora import read_adapter
+
+        if not self.adapters:
+            return {}
+        if self.ray is not None:
+            raise ConfigError("--adapter is not served with --ray yet: use one pool")
+        if self.backend not in ("transformers", "vllm"):
+            raise ConfigError(f"--adapter needs --backend transformers or vllm, not {self.backend}")
+        names = [name for name, _ in self.adapters]
+        for name in names:
+            if not name or name == self.policy or names.count(name) > 1:
+                raise ConfigError(
+                    f"adapter name {name!r} is empty, the base's --policy or given twice"
+                )
+        ranks = [read_adapter(path).rank for _, path in self.adapters]
+        if self.backend != "vllm":
+            return {}
+        given = dict(self.backend_options)
+        return {
+            "max_loras": given.get("max_loras") or len(self.adapters),
+            "max_lora_rank": given.get("max_lora_rank") or max(ranks),
+        }
 
     def bus_security(self) -> dict[str, Any]:
         """The :class:`~parley.protocols.bus.BusConfig` fields for these keys."""
@@ -180,9 +227,8 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
                            options.backend_options, config)  # fmt: skip
         pool = RayPool(spec, options.replicas)
     else:
-        backend = await load_backend(
-            options.backend, options.model, **dict(options.backend_options)
-        )
+        backend_options = {**dict(options.backend_options), **options.check_adapters()}
+        backend = await load_backend(options.backend, options.model, **backend_options)
         pool = InferencePool({options.policy: backend}, config)
     # Room for every waiting and running request, so the pool (not the bus) says when it
     # is overloaded, with its own retryable error.
@@ -194,6 +240,8 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
     runner = None
     try:
         await pool.start()
+        for name, path in options.adapters:
+            await pool.add_adapter(name, options.policy, path)
         pool.serve(endpoint)
         address = await endpoint.bind(options.listen)
         url = ""
@@ -232,6 +280,8 @@ async def _serve(options: ServeOptions) -> None:
                 f"dtype {backend.dtype or 'unknown'}",
                 flush=True,
             )
+            for name, path in options.adapters:
+                print(f"policy {name!r}: adapter {path} on {options.policy!r}", flush=True)
         watch = loop.create_task(_watch(pool, stop))
         await stop.wait()
         watch.cancel()
@@ -253,6 +303,13 @@ async def _watch(pool: Any, stop: asyncio.Event, every: float = 1.0) -> None:
             stop.set()
             return
         await asyncio.sleep(every)
+
+
+def _adapter_option(text: str) -> tuple[str, str]:
+    name, eq, path = text.partition("=")
+    if not eq or not name.strip() or not path.strip():
+        raise ConfigError(f"--adapter takes NAME=DIR, got {text!r}")
+    return name.strip(), path.strip()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -277,8 +334,10 @@ def main(args: argparse.Namespace) -> int:
             insecure=args.insecure,
             ray=args.ray,
             replicas=args.replicas,
+            adapters=tuple(_adapter_option(a) for a in args.adapter),
         )
         options.bus_security()  # bad keys are a configuration error, before any loading
+        options.check_adapters()  # so are missing or malformed adapter directories
         if options.http:  # an HTTP front off loopback needs --insecure, before any loading
             from parley.arena.inference.http_guard import check_http_bind
 

@@ -9,7 +9,9 @@ Endpoints
 ``GET /v1/models``
     The pool's policies (``id``) with their current ``policy_version``, ``backend`` kind
     and ``dtype`` (the dtype the weights compute in; training in another dtype makes the
-    recorded logprobs off-policy).
+    recorded logprobs off-policy). A LoRA adapter served on a base (``parley serve
+    --adapter``) is a model of its own whose ``parent`` is the base's policy (``null`` for
+    bases), and ``"model": NAME`` runs it; its ``policy_version`` is the adapter's.
 ``POST /v1/chat/completions``
     ``model``, ``messages`` (string content or text parts), ``max_tokens`` /
     ``max_completion_tokens``, ``temperature``, ``top_p``, ``n``, ``stop``, ``seed``,
@@ -153,18 +155,29 @@ class OpenAIFront:
     # --- endpoints --------------------------------------------------------------------
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": self.created,
-                "owned_by": "parley",
-                "policy_version": version,
-                "backend": self.pool.backend(name).kind,
-                "dtype": self.pool.backend(name).dtype or None,
-            }
-            for name, version in self.pool.policies.items()
-        ]
+        policies = self.pool.policies
+        bases = {  # backend -> the policy its plain base serves under
+            id(self.pool.backend(name)): name
+            for name in policies
+            if name not in self.pool.backend(name).adapters
+        }
+        data = []
+        for name, version in policies.items():
+            backend = self.pool.backend(name)
+            adapter = name in backend.adapters
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "parley",
+                    "policy_version": version,
+                    "backend": backend.kind,
+                    "dtype": backend.dtype or None,
+                    # As vLLM's server lists LoRA adapters: the base model they run on.
+                    "parent": bases.get(id(backend)) if adapter else None,
+                }
+            )
         return web.json_response({"object": "list", "data": data})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
