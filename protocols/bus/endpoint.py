@@ -179,13 +179,12 @@ class Endpoint(_Receiver):
         link.pending[rid] = fut
         self._n_pending += 1
         limit = self.config.request_timeout if timeout is None else timeout
-        timer = loop.call_later(limit, self._expire, link, rid, limit)
+        self._arm(link, rid, limit)
         try:
             if not self._send_now(link, frames):
                 await self._send_later(link, frames, limit)
             return await fut
         finally:
-            timer.cancel()
             link.pending.pop(rid, None)
             self._n_pending -= 1
 
@@ -261,6 +260,7 @@ class Endpoint(_Receiver):
             if link.alive:
                 self._try_send(link, bye)
             self._fail_link(link, BusError(f"endpoint {self.name} closed"))
+        self._disarm()
         current = asyncio.current_task()
         tasks = [t for t in self._tasks if t is not current]
         if self._ticker is not None:
