@@ -7,6 +7,7 @@ per-seat trajectories and turns them into an :class:`~parley.arena.run.records.E
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ class EpisodePlan:
     seed: int
     agent_seeds: dict[str, int]
 
-    @property
+    @functools.cached_property  # read several times a step
     def episode_id(self) -> str:
         """Unique within a run and the same for the same plan (no clock, no randomness)."""
         return f"t{self.task:05d}-r{self.trial:02d}"
