@@ -12,9 +12,31 @@ def test_bench_env_json_reports_the_runner_ratios(capsys: pytest.CaptureFixture[
     from parley.arena.cli import main
 
     argv = ["bench", "env", "--json", "--agents", "2", "--steps", "3", "--episodes", "1",
-            "--env-episodes", "2", "--repeats", "1"]  # fmt: skip
+            "--env-episodes", "2", "--repeats", "1", "--trade-episodes", "2",
+            "--ta-episodes", "2", "--concurrency", "2"]  # fmt: skip
     assert main(argv) == 0
     results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("runner_ratio_vs_plain_loop", "remote_ratio_vs_plain_loop",
+                "runner_ratio_vs_plain_loop_simple_trade",
+                "remote_ratio_vs_plain_loop_simple_trade",
                 "env_step_ratio_vs_bare", "agent_steps_per_s_plain_loop"):  # fmt: skip
         assert results[key] > 0, key
+    # TextArena is not a dependency: without it the comparison says how to install it.
+    if "textarena_skipped" in results:
+        assert "pip install --no-deps textarena==0.7.4" in results["textarena_skipped"]
+    else:
+        assert results["simple_trade_v1_ratio_vs_textarena"] > 0
+
+
+def test_the_textarena_comparison_is_skipped_with_the_install_line_when_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from parley.arena.bench import textarena
+
+    monkeypatch.setitem(sys.modules, "textarena", None)  # import textarena raises ImportError
+    assert textarena.measure(1, 1) == {
+        "textarena_skipped": "TextArena is not installed (import of textarena halted; None in "
+        "sys.modules); to compare, run: pip install --no-deps textarena==0.7.4 nltk chess"
+    }
