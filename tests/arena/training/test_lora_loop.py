@@ -66,7 +66,17 @@ def test_each_stage_moves_only_its_learners_adapter_in_the_pool(
     config = _config(
         tiny_model_dir,
         tmp_path / "run",
-        [_stage("listener", "listener", 2), _stage("speaker", "speaker", 2)],
+        [
+            {
+                "name": "read",
+                "kind": "reading",
+                "train": ["listener"],
+                "max_updates": 2,
+                "reading": {"batch_size": 8},
+            },
+            _stage("listener", "listener", 2),
+            _stage("speaker", "speaker", 2),
+        ],
         lora={"r": 4, "alpha": 8},
         sampler={"batch_size": 8, "staleness": 0, "concurrency": 8},
         pg={"lr": 1e-2},
@@ -76,8 +86,9 @@ def test_each_stage_moves_only_its_learners_adapter_in_the_pool(
     assert [r["stage"] for r in rows] == ["listener"] * 2 + ["speaker"] * 2
     # The pool serves one base (under its own name) and an adapter per policy; only the
     # learner's adapter gets new versions, the base and the other adapter stay.
-    assert [r["version_listener"] for r in rows] == [1, 2, 2, 2]
-    assert [r["version_speaker"] for r in rows] == [0, 0, 3, 4]
+    # (The reading warm start trains the listener's adapter too: version 1.)
+    assert [r["version_listener"] for r in rows] == [2, 3, 3, 3]
+    assert [r["version_speaker"] for r in rows] == [0, 0, 4, 5]
     assert all(r["version__base0"] == 0 for r in rows)
     # Trainer and pool compute alike (float32): on-policy logprobs agree.
     assert all(r["logp_gap"] < 1e-4 for r in rows if "logp_gap" in r)
