@@ -162,14 +162,20 @@ class ReplicatedAgent(Agent):
         self.replica = None
 
 
-def resolve_replicas(arg: str, seat: SeatContext) -> SeatReplicas:
-    """Resolver of ``replicas:N:SPEC`` (registered in ``AGENT_KINDS``)."""
+def resolve_replicas(arg: str, seat: SeatContext) -> SeatReplicas | Any:
+    """Resolver of ``replicas:N:SPEC`` (registered in ``AGENT_KINDS``); ``replicas:N:ADDRESS``
+    (``tcp://``, ``ipc://``) is a seat of ``N`` plain ``parley agent`` processes instead
+    (:mod:`parley.arena.run.bus_replicas`, no Ray)."""
     count, _, inner = arg.partition(":")
     if not count.isdigit() or int(count) < 1 or not inner:
         raise ConfigError(
             f"bad agent spec replicas:{arg} for seat {seat.seat!r}: write replicas:N:SPEC "
-            "with N >= 1, e.g. replicas:3:scripted"
+            "with N >= 1, e.g. replicas:3:scripted or replicas:3:tcp://127.0.0.1:5600"
         )
+    if inner.startswith(("tcp://", "ipc://")):
+        from parley.arena.run.bus_replicas import resolve_bus_replicas
+
+        return resolve_bus_replicas(int(count), inner, seat)
     source = resolve_agent_spec(inner, seat)
     if not callable(source) or inner.startswith("remote"):
         raise ConfigError(f"replicas:{arg}: only in-process agents can be replicated")

@@ -211,7 +211,7 @@ class RayRunner(Runner):
         self.startup_s = 0.0
         self._max_spawns = 0
         self._ray: Any = None
-        self._decoder = msgspec.msgpack.Decoder(list[self.item_type])
+        self._decoder = msgspec.msgpack.Decoder(list[self.item_type])  # type: ignore[name-defined]
 
     # ------------------------------------------------------------------ workers
 

@@ -1,0 +1,134 @@
+"""Seat replicas as plain ``parley agent`` processes (issue 15): requests spread across them,
+and a replica killed mid-run loses no request and answers none twice.
+
+Real processes (``python -m parley.arena.cli agent``) on a real ``ipc://`` listener; the
+killed replica gets SIGKILL (no goodbye: the arena notices its silence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parley.arena.run.agent_specs import SeatContext
+from parley.arena.run.bus_replicas import BusReplicas
+from parley.arena.run.config import RunConfig
+from parley.arena.run.ray_agents import resolve_replicas
+from parley.arena.run.runner import Runner
+from parley.protocols.errors import ConfigError
+
+SCENARIO = "negotiation/deal-or-no-deal-v0"
+ROOT = Path(__file__).resolve().parents[3]
+AGENT = "tests.arena.run.replica_agents:SlowNegotiator"
+
+
+def _replica(address: str, seat: str, name: str) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "parley.arena.cli", "agent", "--connect", address,
+            "--seat", seat, "--name", name, "--agent", AGENT, "--wait", "60"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE)
+
+
+def _episodes(out: Path) -> dict[str, Any]:
+    rows = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
+    return {f"{r['episode']}/{r['agent']}": r for r in rows}
+
+
+@pytest.mark.timeout(180)
+async def test_replica_processes_share_a_seat_and_a_killed_one_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="parley-replicas-"))  # ipc paths must be short
+    address = f"ipc://{folder}/seat.sock"
+    config = RunConfig(
+        scenario=SCENARIO, episodes=24, seed=5, concurrency=6, progress=False,
+        agents=["scripted", f"replicas:3:{address}"], out=str(tmp_path / "replicas"),
+        act_timeout=60.0,
+    )  # fmt: skip
+    runner = Runner(config)
+    replicas = runner.sources["player_1"]
+    assert isinstance(replicas, BusReplicas)
+    procs = {f"agent-player_1-{k}": _replica(address, "player_1", f"agent-player_1-{k}")
+             for k in (1, 2, 3)}  # fmt: skip
+    victim = "agent-player_1-2"
+    try:
+        playing = asyncio.create_task(runner.run())
+        # Kill one replica (no goodbye) once it is serving episodes.
+        while replicas.served.get(victim, 0) < 3:
+            assert not playing.done(), playing.result()
+            await asyncio.sleep(0.02)
+        procs[victim].send_signal(signal.SIGKILL)
+        result = await asyncio.wait_for(playing, 150)
+        await replicas.close()
+        for name, proc in procs.items():
+            if name != victim:  # the arena left: the others exit by themselves
+                assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        await replicas.close()
+    assert result.summary["episodes"] == {"total": 24, "ok": 24, "failed": 0}
+    assert replicas.lost == [victim]
+    assert replicas.failovers >= 1
+    assert all(replicas.served.get(name, 0) > 0 for name in procs)  # spread over all three
+    # None lost, none twice: every episode is the one a single in-process agent plays
+    # (the replica's agent is deterministic), and the replicas' answers add up to the
+    # seat's actions exactly.
+    local = tmp_path / "local"
+    await Runner(config.replace(agents=["scripted", "scripted"], out=str(local))).run()
+    got, want = _episodes(tmp_path / "replicas"), _episodes(local)
+    assert got == want
+    seat_actions = sum(len(r["turns"]) for k, r in got.items() if k.endswith("/player_1"))
+    assert sum(replicas.served.values()) == seat_actions
+
+
+@pytest.mark.timeout(60)
+async def test_a_stranger_is_refused_and_no_replica_fails_the_episode(tmp_path: Path) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="parley-replicas-"))
+    address = f"ipc://{folder}/seat.sock"
+    config = RunConfig(
+        scenario=SCENARIO, episodes=2, concurrency=2, progress=False, out=str(tmp_path),
+        agents=["scripted", f"replicas:1:{address}"], agent_options={"replicas_join_timeout": 3},
+    )  # fmt: skip
+    runner = Runner(config)
+    replicas = runner.sources["player_1"]
+    assert isinstance(replicas, BusReplicas)
+    # A peer under another seat's name is refused: it cannot take this seat.
+    stranger = _replica(address, "player_1", "agent-player_0")
+    try:
+        result = await runner.run()
+        assert await asyncio.to_thread(stranger.wait, 30) != 0
+        refusal = stranger.stderr.read().decode() if stranger.stderr else ""
+    finally:
+        if stranger.poll() is None:
+            stranger.kill()
+            stranger.wait()
+        await replicas.close()
+    assert "agent-player_1-K" in refusal
+    assert result.summary["episodes"]["failed"] == 2  # no replica joined: failed, not hung
+    assert replicas.served == {}
+
+
+def test_bad_replica_specs_say_what_to_write() -> None:
+    seat = SeatContext(scenario=SCENARIO, seat="player_1", baseline="", options={})
+    with pytest.raises(ConfigError, match="replicas:3:tcp://"):
+        resolve_replicas("x:tcp://127.0.0.1:5600", seat)
+    bad = SeatContext(scenario=SCENARIO, seat="player_1", baseline="",
+                      options={"replicas_curve_key": "k.key_secret"})  # fmt: skip
+    with pytest.raises(ConfigError, match="replicas_client_keys"):
+        resolve_replicas("2:tcp://10.0.0.1:5600", bad)
+    replicas = resolve_replicas("2:ipc:///tmp/x.sock", seat)
+    with pytest.raises(TypeError, match="not on Ray"):
+        pickle.dumps(replicas)
