@@ -108,6 +108,9 @@ class TrainConfig:
     """``fp32``, ``bf16`` or ``fp16``: the trainer's forward passes run under autocast in
     that dtype (weights and optimizer in float32) and the pool serves the policies in it
     (:mod:`~parley.arena.training.precision`; a ConfigError where the device cannot)."""
+    device: str = "cpu"
+    """Where the trainer and the pool put the models: ``cpu``, ``cuda``, ``cuda:1``, ... or
+    ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of keeping them (less memory,
     about one more forward pass of time per update)."""

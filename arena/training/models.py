@@ -16,7 +16,8 @@ tiny models built into ``OUT/base``) once for the trainer and once for the pool:
 
 The pool serves in the trainer's ``precision`` (the dtype its forward passes compute in),
 so the logprobs recorded at generation are the ones the trainer recomputes up to rounding.
-``gradient_checkpointing`` is switched on for the trainer's models only.
+``gradient_checkpointing`` is switched on for the trainer's models only. Both copies live on
+``device`` (the trainer computes wherever its model's parameters are).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from typing import Any
 
 from parley.arena.training.adapters import FullWeights, PolicyWeights, attach_adapters
 from parley.arena.training.config import RunSeeds, TrainConfig
-from parley.arena.training.precision import torch_dtype
+from parley.arena.training.precision import check_precision, torch_dtype
 from parley.protocols.errors import ConfigError, require
 
-__all__ = ["Policies", "load_policies"]
+__all__ = ["Policies", "load_policies", "resolve_device"]
 
 
 @dataclass
@@ -61,20 +62,23 @@ def load_policies(
     in a worker thread). LoRA adapters' initial directories are written under ``out``."""
     from parley.arena.inference.backends.tokenizer import load_tokenizer
 
+    device = resolve_device(config.device)
+    check_precision(config.precision, device)
     tokenizer = load_tokenizer(str(next(iter(dirs.values()))))
     if config.lora is None:
-        return _full_models(config, dirs, tokenizer)
+        return _full_models(config, dirs, tokenizer, device)
     policies = Policies(weights={}, tokenizer=tokenizer)
     groups: dict[Path, list[str]] = {}
     for name in config.policies:
         groups.setdefault(Path(dirs[name]).resolve(), []).append(name)
     for i, (path, names) in enumerate(groups.items()):
         base_policy = _free_name(f"_base{i}", config.policies)
-        base = _trainer_model(config, path)
+        base = _trainer_model(config, path, device)
         weights = attach_adapters(base, names, config.lora, seeds.lora, base_path=str(path))
         weights[names[0]].module.train()
         policies.weights.update(weights)
-        policies.served[base_policy] = _backend(config, _load(path, config.precision), tokenizer)
+        served = _load(path, config.precision, device)
+        policies.served[base_policy] = _backend(config, served, tokenizer)
         for name in names:
             initial = out / "adapters" / name
             weights[name].save(initial, tokenizer)
@@ -82,11 +86,13 @@ def load_policies(
     return policies
 
 
-def _full_models(config: TrainConfig, dirs: Mapping[str, Path], tokenizer: Any) -> Policies:
+def _full_models(
+    config: TrainConfig, dirs: Mapping[str, Path], tokenizer: Any, device: str
+) -> Policies:
     policies = Policies(weights={}, tokenizer=tokenizer)
     dtype = torch_dtype(config.precision)
     for name in config.policies:
-        model = _trainer_model(config, Path(dirs[name]))
+        model = _trainer_model(config, Path(dirs[name]), device)
         served = copy.deepcopy(model).to(dtype)
         if config.gradient_checkpointing:
             served.gradient_checkpointing_disable()
@@ -95,9 +101,26 @@ def _full_models(config: TrainConfig, dirs: Mapping[str, Path], tokenizer: Any) 
     return policies
 
 
-def _trainer_model(config: TrainConfig, path: Path) -> Any:
+def resolve_device(device: str) -> str:
+    """``device`` checked (:class:`ConfigError` for a name torch does not know or a GPU it
+    does not see), with ``auto`` resolved."""
+    torch: Any = require("torch", "train")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as exc:
+        raise ConfigError(f"device {device!r}: {exc}; use cpu, cuda, cuda:N or auto") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r}: torch sees no CUDA GPU here; use cpu or auto")
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"device {device!r}: parley trains on cpu or cuda")
+    return device
+
+
+def _trainer_model(config: TrainConfig, path: Path, device: str) -> Any:
     """The float32 model the trainer updates, in train mode."""
-    model = _load(path, "fp32")
+    model = _load(path, "fp32", device)
     if config.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ConfigError(
@@ -109,10 +132,10 @@ def _trainer_model(config: TrainConfig, path: Path) -> Any:
     return model.train()
 
 
-def _load(path: Path, precision: str) -> Any:
+def _load(path: Path, precision: str, device: str) -> Any:
     transformers: Any = require("transformers", "train")
     dtype = torch_dtype(precision)
-    return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
 
 
 def _backend(config: TrainConfig, model: Any, tokenizer: Any) -> Any:

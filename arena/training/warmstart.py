@@ -153,6 +153,9 @@ def pretrain_reading(
             labels[i, start + len(p) :] = torch.tensor(c)
             answer_pos[i] = start + len(p) - 1
         positions = (attn.cumsum(1) - 1).clamp(min=0)
+        device = next(model.parameters()).device  # the model's (a GPU when trained there)
+        ids, attn, positions = ids.to(device), attn.to(device), positions.to(device)
+        labels, answer_pos = labels.to(device), answer_pos.to(device)
         logits = model(input_ids=ids, attention_mask=attn, position_ids=positions).logits
         # Next-token loss on the completion tokens only (B, L-1, V) vs (B, L-1).
         loss = torch.nn.functional.cross_entropy(
@@ -161,8 +164,8 @@ def pretrain_reading(
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
-        picked = logits[torch.arange(batch_size), answer_pos].argmax(-1)  # (B,)
-        curve.append(float((picked == torch.tensor(answers)).float().mean()))
+        picked = logits[torch.arange(batch_size, device=device), answer_pos].argmax(-1)  # (B,)
+        curve.append(float((picked.cpu() == torch.tensor(answers)).float().mean()))
         if target is not None and len(curve) >= 10 and float(np.mean(curve[-10:])) >= target:
             break
     model.eval()

@@ -260,3 +260,16 @@ def test_loading_adapters_shares_one_base_per_checkpoint(
     for _, path in adapters.values():
         assert (path / "adapter_config.json").is_file()
         assert (path / "adapter_model.safetensors").is_file()
+
+
+def test_the_device_is_checked_before_anything_loads() -> None:
+    from parley.arena.training.models import resolve_device
+
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    for bad in ("tpu", "gpu0", "meta"):
+        with pytest.raises(ConfigError, match="device"):
+            resolve_device(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA GPU"):
+            resolve_device("cuda:0")
