@@ -16,6 +16,17 @@ def add_parser(sub: Any) -> None:
     )
     parser.add_argument("--config", required=True, help="training config (YAML)")
     parser.add_argument("--out", help="output directory (overrides the config's out)")
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="play the episodes on Ray worker actors: a Ray address (auto, HOST:6379) or, "
+        "without one, a local Ray (needs pip install 'parley[ray]')",
+    )
+    parser.add_argument(
+        "--ray-workers", type=int, metavar="N", help="Ray worker actors (default: one per CPU)"
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     parser.set_defaults(func=run)
 
@@ -31,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.out:
         overrides.append(f"out={args.out}")
+    if args.ray is not None:
+        overrides.append(f"ray={args.ray}")
+    if args.ray_workers is not None:
+        overrides.append(f"ray_workers={args.ray_workers}")
     try:
         config = load_train_config(args.config, _checked(args.config, overrides))
     except ConfigError as exc:

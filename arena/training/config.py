@@ -129,8 +129,19 @@ class TrainConfig:
     """torch CPU threads (0: torch's default)."""
     progress: bool = True
     """Show a progress bar."""
+    ray: str | None = None
+    """Play each RL stage's episodes on Ray worker actors
+    (:mod:`~parley.arena.training.ray_train`; their LLM seats ask this process's pool over
+    an authenticated tcp listener): a Ray address (``auto``, ``HOST:6379``) or ``local`` (a
+    local Ray started for each stage); ``None`` plays them in this process."""
+    ray_workers: int = 0
+    """Ray worker actors (with ``ray``); 0 starts one per CPU of the cluster."""
 
     def __post_init__(self) -> None:
+        if self.ray_workers < 0:
+            raise ConfigError(
+                f"ray_workers must be 0 (one per CPU) or more, got {self.ray_workers}"
+            )
         for stage in self.stages:
             if stage.kind not in ("rl", "reading"):
                 raise ConfigError(f"stage {stage.name!r}: kind must be 'rl' or 'reading'")

@@ -115,18 +115,25 @@ def _prepare_run(config: TrainConfig, seeds: RunSeeds, out: Path) -> dict[str, P
 # ------------------------------------------------------------------------------ the loop
 
 
-def _llm_factory(
-    pool: Any, policy: str, tokenizer: Any, system_prompt: str, config: AgentConfig, log: Any
-) -> Callable[[], Any]:
-    from parley.agents.llm import LLMAgent, LLMAgentConfig
+def llm_agent_config(config: AgentConfig, policy: str) -> Any:
+    """The :class:`~parley.agents.llm.LLMAgentConfig` of a seat played by ``policy``."""
+    from parley.agents.llm import LLMAgentConfig
 
-    agent_config = LLMAgentConfig(
+    return LLMAgentConfig(
         policy=policy,
         temperature=config.temperature,
         max_tokens=config.max_tokens,
         max_prompt_tokens=config.max_prompt_tokens,
         request_timeout=0.0,
     )
+
+
+def _llm_factory(
+    pool: Any, policy: str, tokenizer: Any, system_prompt: str, config: AgentConfig, log: Any
+) -> Callable[[], Any]:
+    from parley.agents.llm import LLMAgent
+
+    agent_config = llm_agent_config(config, policy)
     client = RecordingClient(pool, log)
 
     def factory() -> Any:
@@ -332,7 +339,12 @@ class _Run:
             progress=False,
             act_timeout=600.0,
         )
-        runner = Runner(run_config, agents=agents)
+        if self.config.ray is None:
+            runner = Runner(run_config, agents=agents)
+        else:  # parley train --ray: episodes on Ray workers, their LLM seats on this pool
+            from parley.arena.training.ray_train import ray_stage_runner
+
+            runner = ray_stage_runner(self, stage, run_config)
         # Each stage samples its own episode seeds (RunSeeds.episodes, by the stage's index).
         seed = self.seeds.episodes[len(self.summaries)]
         sampler_config = dataclasses.replace(self.config.sampler, seed=seed)

@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from parley.agents.llm import LLMAgentConfig
 from parley.arena.run.config import RunConfig
 from parley.arena.run.ray_runner import LOCAL, EpisodeWorker, RayRunner, import_ray, init_ray
 from parley.arena.run.records import EpisodeRecord
@@ -40,7 +41,7 @@ from parley.arena.training.sampler import ConstraintLog, RecordingClient
 from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Constraint, GenerateRequest, GenerateResult
 
-__all__ = ["PolicySeat", "SeatPolicy", "TrainEpisodeWorker", "TrainRayRunner"]
+__all__ = ["PolicySeat", "SeatPolicy", "TrainEpisodeWorker", "TrainRayRunner", "ray_stage_runner"]
 
 ShippedConstraint = tuple[str, list[int], Constraint]
 """(policy, prompt token ids, constraint) of one generation, shipped with its episode."""
@@ -48,9 +49,10 @@ ShippedConstraint = tuple[str, list[int], Constraint]
 
 @dataclass(frozen=True)
 class SeatPolicy:
-    """How one seat is played by a policy the trainer serves."""
+    """How one seat is played by a policy the trainer serves: its agent's config (which
+    names the policy) and system prompt."""
 
-    policy: str
+    agent: LLMAgentConfig
     system_prompt: str = ""
 
 
@@ -103,10 +105,9 @@ class PolicySeat:
     """Factory of the :class:`~parley.agents.llm.LLMAgent` of a seat played by a trained
     policy, pickled to each Ray worker; the worker :meth:`bind` s it to its pool client."""
 
-    def __init__(self, seat: SeatPolicy, tokenizer: Any, agent_config: Any) -> None:
+    def __init__(self, seat: SeatPolicy, tokenizer: Any) -> None:
         self.seat = seat
         self.tokenizer = tokenizer
-        self.agent_config = agent_config
         self.client: RecordingClient | None = None
 
     def bind(self, client: RecordingClient) -> None:
@@ -119,12 +120,12 @@ class PolicySeat:
         from parley.agents.llm import LLMAgent
 
         if self.client is None:
-            raise ConfigError(f"policy seat {self.seat.policy!r} is not bound to a pool client")
+            raise ConfigError(f"policy {self.seat.agent.policy!r}'s seat has no pool client")
         return LLMAgent(
             self.client,
             self.tokenizer,
             system_prompt=self.seat.system_prompt,
-            config=self.agent_config,
+            config=self.seat.agent,
         )
 
 
@@ -183,13 +184,12 @@ class TrainRayRunner(RayRunner):
         *,
         pool: Any,
         tokenizer: Any,
-        agent_config: Any,
         log: ConstraintLog,
         **kwargs: Any,
     ) -> None:
         if config.ray is None:
             config = config.replace(ray=LOCAL)
-        agents = {seat: PolicySeat(s, tokenizer, agent_config) for seat, s in policy_seats.items()}
+        agents = {seat: PolicySeat(s, tokenizer) for seat, s in policy_seats.items()}
         super().__init__(config, agents=agents, **kwargs)
         self.pool = pool
         self.log = log
@@ -239,6 +239,23 @@ class TrainRayRunner(RayRunner):
             await endpoint.close()
             if started_ray:
                 ray.shutdown()
+
+
+def ray_stage_runner(run: Any, stage: Any, config: RunConfig) -> TrainRayRunner:
+    """The runner of one RL stage of a training run on Ray (``TrainConfig.ray``): ``run`` is
+    the loop's state (its pool, tokenizer, system prompts, constraint log), ``config`` the
+    stage's run config; seats played by ``policy:NAME`` ask the run's pool."""
+    from parley.arena.training.loop import llm_agent_config
+
+    seats = {
+        seat: SeatPolicy(llm_agent_config(run.config.agent, spec[7:]), run.system.get(seat, ""))
+        for seat, spec in stage.agents.items()
+        if spec.startswith("policy:")
+    }
+    ray_config = config.replace(ray=run.config.ray, ray_workers=run.config.ray_workers)
+    return TrainRayRunner(
+        ray_config, seats, pool=run.sync.pool, tokenizer=run.tokenizer, log=run.log
+    )
 
 
 def _node_ip(ray: Any) -> str:

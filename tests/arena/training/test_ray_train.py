@@ -78,10 +78,9 @@ async def test_samples_from_ray_workers_carry_tokens_and_constraints_as_local_on
     ray_log, local_log = ConstraintLog(), ConstraintLog()
     runner = TrainRayRunner(
         _config(),
-        {"listener": SeatPolicy("listener")},
+        {"listener": SeatPolicy(AGENT)},
         pool=pool,
         tokenizer=tokenizer,
-        agent_config=AGENT,
         log=ray_log,
         workers=2,
     )
@@ -165,10 +164,9 @@ async def test_the_pool_listener_admits_only_the_workers_key(
     pool = await _pool(tiny_model_dir)
     runner = TrainRayRunner(
         _config(),
-        {"listener": SeatPolicy("listener")},
+        {"listener": SeatPolicy(AGENT)},
         pool=pool,
         tokenizer=pool.tokenizer("listener"),
-        agent_config=AGENT,
         log=ConstraintLog(),
         workers=1,
     )
@@ -195,3 +193,65 @@ async def test_the_pool_listener_admits_only_the_workers_key(
             await client.close()
     finally:
         await pool.close()
+
+
+def _recipe(model_dir: Path, out: Path) -> dict[str, Any]:
+    """The referential recipe (examples/referential.yaml), cut to a few small updates."""
+    return {
+        "scenario": SCENARIO,
+        "scenario_kwargs": KWARGS,
+        "model": str(model_dir),
+        "policies": ["speaker", "listener"],
+        "agent": {"temperature": 1.0, "max_tokens": 4, "system_prompt": False},
+        "sampler": {"batch_size": 8, "staleness": 1, "concurrency": 8},
+        "pg": {"estimator": "grpo", "grouping": "role", "lr": 0.001},
+        "threads": 1,
+        "stages": [
+            {
+                "name": "listener",
+                "agents": {"speaker": "scripted", "listener": "policy:listener"},
+                "train": ["listener"],
+                "max_updates": 3,
+            },
+            {
+                "name": "joint",
+                "agents": {"speaker": "policy:speaker", "listener": "policy:listener"},
+                "train": ["speaker", "listener"],
+                "max_updates": 2,
+            },
+        ],
+        "out": str(out),
+        "progress": False,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_parley_train_ray_runs_the_referential_recipe_end_to_end(
+    tiny_model_dir: Path, tmp_path: Path, local_ray: None, capsys: Any
+) -> None:
+    import json
+
+    import yaml
+
+    from parley.arena.cli import main
+
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(_recipe(tiny_model_dir, tmp_path / "run")))
+    assert main(["train", "--config", str(path), "--ray", "--ray-workers", "2"]) == 0
+    out = tmp_path / "run"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert [r["stage"] for r in rows] == ["listener"] * 3 + ["joint"] * 2
+    for row in rows:
+        assert row["samples"] > 0  # decisions rebuilt from the token records shipped back
+        assert row["stale_max"] <= 1
+        assert sum(row["stale_hist"]) == 8
+        assert row["pool_requests"] > 0  # the workers asked the trainer's pool
+    assert rows[-1]["version_listener"] == 5
+    assert rows[-1]["version_speaker"] == 5  # one version counter: pushed at 4 and 5
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["updates"] for s in summary["stages"]] == [3, 2]
+    assert all(s["failed_episodes"] == 0 for s in summary["stages"])
+    for policy in ("speaker", "listener"):
+        assert (out / "checkpoints" / policy / "config.json").exists()
+    assert "checkpoint listener" in capsys.readouterr().out
