@@ -13,6 +13,9 @@ before sending the current one. A deterministic agent thus gives the same action
 nothing had happened; an agent that samples gives a fresh, equally valid continuation. The
 episode fails (as any agent failure) only when no replica is left.
 
+``replicas:N:tcp://…`` / ``replicas:N:ipc://…`` is the same idea without Ray: ``N`` plain
+``parley agent`` processes behind the seat (:mod:`parley.arena.run.bus_replicas`).
+
 Ray is started locally on first use when this process is not connected
 (:func:`~parley.arena.run.ray_runner.init_ray`). Under ``parley run --ray`` every worker
 resolves the spec itself, so each worker has its own ``N`` replicas.

@@ -201,6 +201,14 @@ class RayRunner(Runner):
                 "--ray plays in-process agents only (scripted, module:Class, llm:); remote "
                 f"seats {sorted(self._remote())} need a single-host run with --listen"
             )
+        from parley.arena.run.bus_replicas import BusReplicas
+
+        listening = sorted(s for s, src in self.sources.items() if isinstance(src, BusReplicas))
+        if listening:
+            raise ConfigError(
+                f"--ray cannot host seats {listening} of replicas:N:ADDRESS (their listener "
+                "lives in one process); use replicas:N:SPEC, whose replicas are Ray actors"
+            )
         self._agents = kwargs.get("agents")
         self._workers = config.ray_workers if workers is None else workers
         self._actor_options = {"num_cpus": 1, "max_restarts": 0, **(actor_options or {})}

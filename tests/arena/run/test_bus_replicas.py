@@ -132,3 +132,11 @@ def test_bad_replica_specs_say_what_to_write() -> None:
     replicas = resolve_replicas("2:ipc:///tmp/x.sock", seat)
     with pytest.raises(TypeError, match="not on Ray"):
         pickle.dumps(replicas)
+
+
+def test_a_ray_run_refuses_process_replicas_with_the_fix() -> None:
+    from parley.arena.run.ray_runner import RayRunner
+
+    config = RunConfig(scenario=SCENARIO, agents=["scripted", "replicas:2:ipc:///tmp/x.sock"])
+    with pytest.raises(ConfigError, match="replicas:N:SPEC"):
+        RayRunner(config.replace(ray="local"))
