@@ -255,3 +255,39 @@ def test_parley_train_ray_runs_the_referential_recipe_end_to_end(
     for policy in ("speaker", "listener"):
         assert (out / "checkpoints" / policy / "config.json").exists()
     assert "checkpoint listener" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(240)
+async def test_a_worker_killed_mid_stage_costs_no_sample(
+    tiny_model_dir: Path, local_ray: None
+) -> None:
+    pool = await _pool(tiny_model_dir)
+    log = ConstraintLog()
+    runner = TrainRayRunner(
+        _config(),
+        {"listener": SeatPolicy(AGENT)},
+        pool=pool,
+        tokenizer=pool.tokenizer("listener"),
+        log=log,
+        workers=2,
+    )
+    sampler = AsyncSampler(
+        runner, SamplerConfig(batch_size=6, concurrency=6, staleness=2, seed=4),
+        policies=["listener"],
+    )  # fmt: skip
+    batches = []
+    try:
+        async with runner.open():
+            async for batch in sampler.batches(limit=3):
+                batches.append(batch)
+                if len(batches) == 1:  # episodes are in flight on both workers now
+                    ray.kill(runner.slots[0].actor, no_restart=True)
+    finally:
+        await pool.close()
+    records = [r for b in batches for r in b.records]
+    assert len(records) == 18
+    assert not [b.failures for b in batches if b.failures]  # a lost worker is no failure
+    assert len({r.index for r in records}) == 18  # none counted twice
+    assert runner.workers_lost  # the kill was seen, a replacement took over
+    assert len(runner.slots) == 3
+    assert all(s.constraint is not None for r in records for s in samples_from_record(r, log=log))
