@@ -16,6 +16,11 @@ Ratios: ``batched_ratio_vs_sequential`` = pool ÷ sequential (target >= 6) and
 and use temperature 1 with ``--max-tokens`` tokens at most; tokens/s counts the tokens
 actually generated. Each figure is the best of ``--repeat`` measurements (load on a shared
 machine only slows things down).
+
+With ``--adapters N`` (default 4; 0 skips it): ``multi_adapter_ratio_vs_single``, N LoRA
+adapters batched together ÷ the plain model, same requests (target >= 0.7; see
+:mod:`~parley.arena.bench.pool_lora`). ``--model-size small`` builds and uses a larger
+local model (hidden 512, 4 layers) where ``--model`` is not given.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 TARGETS = {
     "batched_ratio_vs_sequential": (">=", 6.0),
     "pool_ratio_vs_direct_batch": (">=", 0.8),
+    "multi_adapter_ratio_vs_single": (">=", 0.7),  # with --adapters N > 0 (pool_lora.py)
 }
 
 _TOPICS = ("hats", "books", "balls", "a fair split", "the last offer", "trust", "time", "value")
@@ -49,6 +55,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--repeat", type=int, default=3, help="measurements; the best is kept")
     parser.add_argument("--device", default="cpu", help="transformers device")
+    parser.add_argument(
+        "--adapters",
+        type=int,
+        default=4,
+        help="LoRA adapters batched together for multi_adapter_ratio_vs_single (0: skip)",
+    )
+    parser.add_argument("--lora-rank", type=int, default=16, help="rank of those adapters")
+    parser.add_argument(
+        "--model-size",
+        choices=("tiny", "small"),
+        default="tiny",
+        help="locally built model when --model is not given (small: hidden 512, 4 layers)",
+    )
 
 
 def _requests(tokenizer: Any, agents: int, max_tokens: int, round_: int = 0) -> list[Any]:
@@ -121,12 +140,15 @@ async def _through_pool(backend: Any, args: argparse.Namespace) -> tuple[float, 
 
 
 async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    from parley.arena.bench.pool_lora import measure, model_for_size
     from parley.arena.inference.backends import load_backend
-    from parley.arena.inference.models.tiny import ensure_tiny_model
 
-    model = ensure_tiny_model(args.model)
+    model = args.model or await asyncio.to_thread(model_for_size, args.model_size)
     options: dict[str, Any] = {"device": args.device} if args.backend == "transformers" else {}
+    if args.backend == "vllm" and args.adapters > 0:
+        options.update(max_loras=args.adapters, max_lora_rank=args.lora_rank)
     backend = await load_backend(args.backend, str(model), **options)
+    lora: dict[str, Any] = {}
     try:
         batch = _requests(backend.tokenizer, args.agents, args.max_tokens)
         await backend.generate(batch[:4])  # warm-up: first-call costs are not throughput
@@ -144,9 +166,19 @@ async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             if rate > best["pool"]:
                 best["pool"], mean_batch = rate, batch_size
             progress.advance(task)
+        if args.adapters > 0:
+            # transformers: the adapters go into a second backend; this one stays plain.
+            second = args.backend == "transformers"
+            holder = await load_backend(args.backend, str(model), **options) if second else None
+            try:
+                target, plain = (holder, backend) if holder is not None else (backend, None)
+                lora = await measure(target, model, batch, args, progress, plain=plain)
+            finally:
+                if holder is not None:
+                    await holder.close()
     finally:
         await backend.close()
-    return {
+    result = {
         "backend": args.backend,
         "model": str(model),
         "agents": args.agents,
@@ -158,8 +190,10 @@ async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         "pool_mean_batch_size": round(mean_batch, 2),
         "batched_ratio_vs_sequential": round(best["pool"] / best["sequential"], 3),
         "pool_ratio_vs_direct_batch": round(best["pool"] / best["direct_batch"], 3),
-        "targets": {k: f"{op} {v}" for k, (op, v) in TARGETS.items()},
+        **lora,
     }
+    result["targets"] = {k: f"{op} {v}" for k, (op, v) in TARGETS.items() if k in result}
+    return result
 
 
 def _meets(value: float, op: str, target: float) -> bool:
@@ -176,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     with Progress(console=err, transient=True) as progress:
         result = asyncio.run(_bench(args, progress))
-    result["targets_met"] = all(_meets(result[k], op, v) for k, (op, v) in TARGETS.items())
+    targets = {k: t for k, t in TARGETS.items() if k in result}
+    result["targets_met"] = all(_meets(result[k], op, v) for k, (op, v) in targets.items())
     if args.json:
         print(json.dumps(result))
         return 0
@@ -189,11 +224,17 @@ def run(args: argparse.Namespace) -> int:
         f"pool over the bus (mean batch {result['pool_mean_batch_size']})",
         f"{result['pool_tokens_per_s']:,.0f}",
     )
+    if "multi_adapter_tokens_per_s" in result:
+        table.add_row("pool, plain model (all at once)", f"{result['plain_tokens_per_s']:,.0f}")
+        table.add_row(
+            f"pool, {result['adapters']} LoRA adapters batched together",
+            f"{result['multi_adapter_tokens_per_s']:,.0f}",
+        )
     ratios = Table(title="ratios")
     ratios.add_column("ratio")
     ratios.add_column("value", justify="right")
     ratios.add_column("target", justify="right")
-    for key, (op, target) in TARGETS.items():
+    for key, (op, target) in targets.items():
         ok = "green" if _meets(result[key], op, target) else "red"
         ratios.add_row(key, f"[{ok}]{result[key]:.2f}[/{ok}]", f"{op} {target}")
     out = Console()

@@ -358,7 +358,7 @@ class TransformersBackend(Backend):
                 for start in range(0, len(rows), self.max_batch_rows):
                     self._decode(rows[start : start + self.max_batch_rows], cancel)
         finally:
-            self._lora.rows = None  # any other forward of the model is the base's
+            self._lora.set_rows([])  # any other forward of the model is the base's
         return prompts, rows
 
     def _decode(self, rows: list[_Row], cancel: threading.Event) -> None:
@@ -375,7 +375,7 @@ class TransformersBackend(Backend):
         transformers: Any = require("transformers", "torch")
         cache = transformers.DynamicCache()
         live = list(rows)
-        self._lora.rows = self._lora.row_names([r.policy for r in live])
+        self._lora.set_rows([r.policy for r in live])
         logits = self._forward(ids, mask, positions, cache)
         while True:
             if cancel.is_set():
@@ -393,7 +393,7 @@ class TransformersBackend(Backend):
                 cache.batch_select_indices(index)
                 mask, next_pos, tokens = mask[keep], next_pos[keep], tokens[keep]
                 live = [live[k] for k in keep]
-                self._lora.rows = self._lora.row_names([r.policy for r in live])
+                self._lora.set_rows([r.policy for r in live])
             mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype)], dim=1)
             logits = self._forward(tokens.view(-1, 1), mask, next_pos, cache)
             next_pos = next_pos + 1

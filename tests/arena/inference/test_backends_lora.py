@@ -293,3 +293,55 @@ async def test_bad_updates_are_refused_and_the_adapter_is_unchanged(
     with pytest.raises(BackendError, match="NaN"):
         await backend.update_weights(WeightUpdate(policy="base", version=1, tensors=nan))
     assert backend.policy_version == 0
+
+
+async def test_embedding_lora_takes_peft_mixed_path_and_matches_reference(
+    backend: TransformersBackend, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """An adapter on the embeddings (peft's own mixed-batch path) beside a Linear-only one."""
+    emb = save_random_adapter(
+        tiny_model_dir, tmp_path / "emb", seed=5, targets=("embed_tokens", "v_proj")
+    )
+    lin = save_random_adapter(tiny_model_dir, tmp_path / "lin", seed=6)
+    await backend.add_adapter("emb", str(emb))
+    await backend.add_adapter("lin", str(lin))
+    alone = {p: await greedy(backend, p) for p in ("emb", "lin", "base")}
+    assert alone["emb"] != alone["base"]
+    jobs = [(i, p) for i in range(len(PROMPTS)) for p in ("lin", "emb", "base")]
+    mixed = await backend.generate([request(backend, i, p) for i, p in jobs])
+    assert [r.completions[0].token_ids for r in mixed] == [alone[p][i] for i, p in jobs]
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    reference = peft.PeftModel.from_pretrained(base, str(emb)).eval()
+    prompt = list(request(backend, 0, "emb").prompt_token_ids)
+    tokens = alone["emb"][0]
+    with torch.no_grad():
+        logits = reference(input_ids=torch.tensor([prompt + tokens])).logits[0]
+    assert tokens == logits[len(prompt) - 1 : -1].argmax(-1).tolist()
+
+
+async def test_an_adapter_cannot_change_the_shared_base(
+    backend: TransformersBackend, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """peft saves the embedding matrix with an embedding adapter: it must be the base's."""
+    emb = save_random_adapter(tiny_model_dir, tmp_path / "emb", seed=5, targets=("embed_tokens",))
+    key = "base_model.model.model.embed_tokens.base_layer.weight"
+
+    def poison(state: dict) -> dict:
+        assert key in state  # what peft writes (save_embedding_layers)
+        state[key] = state[key] + 1.0
+        return state
+
+    bad = _write_adapter(emb, tmp_path / "poisoned", tensors=poison)
+    base = await greedy(backend, "base")
+    with pytest.raises(ConfigError, match="differs from the served base"):
+        await backend.add_adapter("mallory", str(bad))
+    await backend.add_adapter("emb", str(emb))
+    assert await greedy(backend, "base") == base
+    from safetensors.torch import load_file
+
+    state = load_file(str(bad / "adapter_model.safetensors"))
+    update = WeightUpdate(policy="emb", version=1, tensors={key: state[key].numpy()})
+    with pytest.raises(BackendError, match="differs from the served base"):
+        await backend.update_weights(update)
+    assert await greedy(backend, "base") == base
+    assert backend.adapters == {"emb": 0}
