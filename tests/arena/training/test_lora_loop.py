@@ -120,6 +120,33 @@ def test_each_stage_moves_only_its_learners_adapter_in_the_pool(
         assert any(final[k].any() for k in lora_b), f"{policy}'s adapter never learned"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_lora_with_every_real_model_switch_on(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """bf16, gradient checkpointing and a token budget together, through the whole loop: the
+    pool serves in bf16 and the metrics say how far its logprobs are from the trainer's."""
+    config = _config(
+        tiny_model_dir,
+        tmp_path / "run",
+        [_stage("listener", "listener", 2)],
+        lora={"r": 4},
+        precision="bf16",
+        gradient_checkpointing=True,
+        device="auto",
+        sampler={"batch_size": 8, "staleness": 0, "concurrency": 8},
+        pg={"lr": 1e-2, "token_budget": 64},
+    )
+    result = train(config)
+    rows = [r for r in result.history if "version_listener" in r]
+    assert [r["version_listener"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["micro_batches"] > 1  # 8 prompts of ~20 tokens do not fit 64 tokens
+        assert 0 < row["logp_gap"] < 0.2, row["logp_gap"]  # bf16 both sides, not the same code
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["models"]["served_dtype"] == {"_base0": "bfloat16"}
+    assert summary["models"]["precision"] == "bf16"
+
+
 def _play(model: Path, adapter: Path, out: Path, episodes: int) -> float:
     """Mean success of greedy ``llm:BASE?adapter=DIR`` listening to the scripted speaker."""
     from parley.arena.cli import main

@@ -200,3 +200,57 @@ def test_bad_lora_settings_are_config_errors(tiny_model_dir: Path) -> None:
         attach_adapters(
             _base(tiny_model_dir), ["a"], LoraConfig(target_modules=["no_such_proj"]), {"a": 0}
         )
+
+
+def test_policy_names_peft_would_refuse_or_misload_still_work(
+    tiny_model_dir: Path, hf: Any, tmp_path: Path
+) -> None:
+    """Dots are illegal in PEFT adapter names and names inside its ``lora_`` prefix are
+    mis-loaded; policy names are free text, so the adapters are named internally."""
+    from parley.arena.inference.backends.tokenizer import load_tokenizer
+
+    names = ["a", "team.lora_A", "lora", "weights 2"]
+    weights = attach_adapters(
+        _base(tiny_model_dir), names, LoraConfig(r=2), {n: i for i, n in enumerate(names)}
+    )
+    trainer = PolicyGradientTrainer(weights, hf, PGConfig(lr=3e-2), trainable=names)
+    samples = [s for i, n in enumerate(names) for s in _samples(n, n=4, seed=i)]
+    _score(trainer, samples)
+    trainer.step(samples)
+    for name in names:
+        tensors = trainer.state_tensors(name)
+        assert len(tensors) == 28
+        assert any(v.any() for k, v in tensors.items() if "lora_B" in k), name
+        weights[name].save(tmp_path / name.replace(" ", "_"), load_tokenizer(str(tiny_model_dir)))
+        loaded = peft.PeftModel.from_pretrained(
+            _base(tiny_model_dir).eval(), str(tmp_path / name.replace(" ", "_"))
+        )
+        with torch.no_grad(), weights[name].selected() as model:  # this policy's adapter on
+            want, _ = trainer.token_logprobs(model.eval(), samples[:2])
+            got, _ = trainer.token_logprobs(loaded, samples[:2])
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_an_fp16_overflow_skips_the_step_and_never_writes_inf(
+    tiny_model_dir: Path, hf: Any
+) -> None:
+    weights = attach_adapters(_base(tiny_model_dir), ["a"], LoraConfig(r=4), {"a": 0})
+    trainer = PolicyGradientTrainer(
+        weights, hf, PGConfig(lr=1e-2, objective="reinforce"), precision="fp16"
+    )
+    before = [p.detach().clone() for p in weights["a"].parameters()]
+    samples = _samples("a")
+    _score(trainer, samples)
+    for s in samples:
+        s.reward = 1e38 if s.reward else -1e38  # advantages that overflow any fp16 gradient
+    metrics = trainer.step(samples)
+    after = list(weights["a"].parameters())
+    assert all(torch.isfinite(p).all() for p in after)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # skipped
+    assert metrics["optimizer_steps"] == 1
+    # The next, sane batch trains normally.
+    samples = _samples("a", seed=5)
+    _score(trainer, samples)
+    trainer.step(samples)
+    trainer.step(samples)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
