@@ -220,6 +220,8 @@ class RayRunner(Runner):
         self._max_spawns = 0
         self._ray: Any = None
         self._decoder = msgspec.msgpack.Decoder(list[self.item_type])  # type: ignore[name-defined]
+        self._gathering: dict[str, list[tuple[EpisodePlan, asyncio.Future[Any]]]] = {}
+        self._call_size = max(1, math.ceil(config.concurrency / 2))
 
     # ------------------------------------------------------------------ workers
 
@@ -308,7 +310,7 @@ class RayRunner(Runner):
             slot = min(live, key=lambda s: s.in_flight)
             slot.in_flight += 1
             try:
-                [result] = self._decoder.decode(await _await_ref(slot.actor.play.remote([plan])))
+                result = await self._gathered(slot, plan)
             except ray.exceptions.RayActorError as exc:
                 reasons.append(f"{slot.name}: {type(exc).__name__}")
                 self._lost(ray, slot, None, exc, None, None)
@@ -322,6 +324,48 @@ class RayRunner(Runner):
         log = EpisodeLog(plan, self.config.scenario, self.seats, self.specs)
         log.failed = f"worker_lost: {MAX_ATTEMPTS} workers died playing it ({reasons[-1]})"
         return log.record()
+
+    async def _gathered(self, slot: _Slot, plan: EpisodePlan) -> Any:
+        """``plan``'s item, played on ``slot`` in one actor call with the other plans handed
+        to that worker in this turn of the event loop (at most ``ceil(concurrency / 2)``).
+
+        A sampler starts a batch's episodes together: one call each made them reach the
+        worker, and their generate requests the pool, spread out (measured: the training
+        pool's mean batch fell from 64 to 6). A failed call fails each of its plays."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        waiting = self._gathering.setdefault(slot.name, [])
+        waiting.append((plan, future))
+        if len(waiting) == 1:
+            loop.call_soon(self._send_gathered, slot)
+        elif len(waiting) >= self._call_size:
+            self._send_gathered(slot)
+        return await future
+
+    def _send_gathered(self, slot: _Slot) -> None:
+        waiting = self._gathering.pop(slot.name, None)
+        if not waiting:  # sent already, full
+            return
+        call = asyncio.wrap_future(slot.actor.play.remote([p for p, _ in waiting]).future())
+        futures = [f for _, f in waiting]
+
+        def deliver(done: asyncio.Future[Any]) -> None:
+            if done.cancelled():
+                for f in futures:
+                    f.cancel()
+                return
+            try:
+                items = self._decoder.decode(done.result())
+            except Exception as exc:  # a dead worker (RayActorError): each play retries
+                for f in futures:
+                    if not f.done():
+                        f.set_exception(exc)
+                return
+            for f, item in zip(futures, items, strict=True):
+                if not f.done():  # its play was cancelled meanwhile
+                    f.set_result(item)
+
+        call.add_done_callback(deliver)
 
     async def _run(self, ray: Any) -> RunResult:
         plans = plan_episodes(self.config, self.seats)
