@@ -1,0 +1,113 @@
+"""The vLLM backend's adapter checks, without an engine: what reaches vLLM is a PEFT LoRA
+directory that fits the base; everything else is a ConfigError saying what is wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from parley.arena.inference.backends.vllm_lora import (
+    LoRAAdapters,
+    base_shapes,
+    check_fits,
+    lora_engine_args,
+    rank_limit,
+    read_adapter,
+)
+from parley.protocols.errors import ConfigError
+
+pytest.importorskip("peft")
+from tests.arena.inference.lora_util import make_adapter
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    return make_adapter(tiny_model_dir, tmp_path_factory.mktemp("lora") / "a", rank=4)
+
+
+def copy(adapter: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(adapter, tmp_path / "copy"))
+
+
+def test_rank_limits_are_values_vllm_accepts() -> None:
+    assert [rank_limit(r) for r in (1, 2, 8, 9, 64, 300)] == [1, 8, 8, 16, 64, 320]
+    with pytest.raises(ConfigError, match="above vLLM's largest"):
+        rank_limit(513)
+
+
+def test_engine_args_keep_spare_slots() -> None:
+    assert lora_engine_args(0, 8, cpu=True) == {}
+    cpu = lora_engine_args(2, 4, cpu=True)
+    assert cpu == {"enable_lora": True, "max_loras": 4, "max_lora_rank": 8, "max_cpu_loras": 4}
+    assert lora_engine_args(2, 0, cpu=False)["max_loras"] == 3
+    assert lora_engine_args(2, 0, cpu=False)["max_lora_rank"] == 16
+
+
+def test_a_real_adapter_fits_its_base(adapter: Path, tiny_model_dir: Path) -> None:
+    info = read_adapter(adapter)
+    assert info.rank == 4
+    assert len(info.shapes) == 2 * 7 * 2  # A and B, 7 modules, 2 layers
+    check_fits(info, base_shapes(str(tiny_model_dir)), max_rank=8)
+    with pytest.raises(ConfigError, match="rank 4, above this engine's max_lora_rank 1"):
+        check_fits(info, base_shapes(str(tiny_model_dir)), max_rank=1)
+    assert base_shapes("org/some-hub-model") is None  # not local: vLLM's own checks only
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("no_dir", "no adapter directory"),
+        ("no_weights", "needs adapter_config.json and adapter_model.safetensors"),
+        ("bad_json", "is not valid JSON"),
+        ("not_lora", "peft_type must be LORA"),
+        ("garbage_weights", "not a readable safetensors file"),
+        ("huge_header", "not a readable safetensors file"),
+    ],
+)
+def test_malformed_adapter_dirs_are_config_errors(
+    adapter: Path, tmp_path: Path, damage: str, message: str
+) -> None:
+    path = copy(adapter, tmp_path)
+    weights, config = path / "adapter_model.safetensors", path / "adapter_config.json"
+    if damage == "no_dir":
+        shutil.rmtree(path)
+    elif damage == "no_weights":
+        weights.unlink()
+    elif damage == "bad_json":
+        config.write_text("{not json")
+    elif damage == "not_lora":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "peft_type": "IA3"}))
+    elif damage == "garbage_weights":
+        weights.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    else:  # a header claiming 2**62 bytes must not be read into memory
+        weights.write_bytes((2**62).to_bytes(8, "little") + b"{}")
+    with pytest.raises(ConfigError, match=message):
+        read_adapter(path)
+
+
+def test_an_adapter_of_another_shape_or_module_does_not_fit(
+    adapter: Path, tiny_model_dir: Path
+) -> None:
+    base = base_shapes(str(tiny_model_dir))
+    assert base is not None
+    info = read_adapter(adapter)
+    key = next(k for k in info.shapes if k.endswith("q_proj.lora_A.weight"))
+    wider = {**info.shapes, key: (4, 256)}
+    with pytest.raises(ConfigError, match="does not fit"):
+        check_fits(type(info)(info.path, 4, wider), base, max_rank=8)
+    moved = {k.replace("layers.1.", "layers.7."): v for k, v in info.shapes.items()}
+    with pytest.raises(ConfigError, match="which this base model does not have"):
+        check_fits(type(info)(info.path, 4, moved), base, max_rank=8)
+
+
+def test_an_engine_without_lora_refuses_adapters(adapter: Path) -> None:
+    adapters = LoRAAdapters(lambda: None, max_rank=0, base=None)
+    with pytest.raises(ConfigError, match="started without LoRA: create the backend with"):
+        asyncio.run(adapters.add("a", str(adapter)))
+    assert adapters.versions == {}
