@@ -133,7 +133,7 @@ class TrainConfig:
     """Play each RL stage's episodes on Ray worker actors
     (:mod:`~parley.arena.training.ray_train`; their LLM seats ask this process's pool over
     an authenticated tcp listener): a Ray address (``auto``, ``HOST:6379``) or ``local`` (a
-    local Ray started for each stage); ``None`` plays them in this process."""
+    local Ray, started once when this process has none); ``None`` plays them here."""
     ray_workers: int = 0
     """Ray worker actors (with ``ray``); 0 starts one per CPU of the cluster."""
 

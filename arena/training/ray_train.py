@@ -252,6 +252,9 @@ def ray_stage_runner(run: Any, stage: Any, config: RunConfig) -> TrainRayRunner:
         for seat, spec in stage.agents.items()
         if spec.startswith("policy:")
     }
+    # Ray is started once for the run, not per stage (ray.init costs 8-24 s here); it stays
+    # up for this process, as any ray.init does, and Ray shuts it down at exit.
+    init_ray(run.config.ray)
     ray_config = config.replace(ray=run.config.ray, ray_workers=run.config.ray_workers)
     return TrainRayRunner(
         ray_config, seats, pool=run.sync.pool, tokenizer=run.tokenizer, log=run.log
