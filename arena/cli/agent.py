@@ -4,6 +4,10 @@ The arena (``parley run ... --agents ...,remote --listen tcp://127.0.0.1:5555``)
 the address to connect to and waits for an endpoint named ``agent-SEAT``. This command
 connects one, answers the seat's observations in every episode of the run with a fresh
 agent per episode, and exits when the arena closes.
+
+Several processes may serve one seat: the arena names the seat ``replicas:N:ADDRESS`` and
+each process connects to ``ADDRESS`` with ``--name agent-SEAT-K``
+(:mod:`parley.arena.run.bus_replicas`: episodes spread over them, a dead one's move on).
 """
 
 from __future__ import annotations
@@ -35,7 +39,11 @@ def add_parser(sub: Any) -> None:
         help="agent spec: module:Class, scripted (needs --scenario), llm:PATH, ...",
     )
     p.add_argument("--scenario", default="", help="scenario id (for the `scripted` spec)")
-    p.add_argument("--name", help="bus name to join as (default agent-SEAT)")
+    p.add_argument(
+        "--name",
+        help="bus name to join as (default agent-SEAT; each replica of a replicas:N:ADDRESS "
+        "seat joins as agent-SEAT-K)",
+    )
     p.add_argument(
         "--wait", type=float, default=60.0, help="seconds to wait for the arena to answer"
     )
