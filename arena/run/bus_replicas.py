@@ -76,7 +76,8 @@ class BusReplicas:
         self.act_timeout = act_timeout
         self.endpoint: Endpoint | None = None
         self.bound = ""
-        self.busy: dict[str, int] = {}
+        self.sessions: dict[str, int] = {}
+        """Episodes in flight per replica."""
         self.served: dict[str, int] = {}
         """Requests answered per replica (its bus name)."""
         self.failovers = 0
@@ -140,7 +141,7 @@ class BusReplicas:
             live = self.live()
         turn = next(self._turn)
         order = {name: (i - turn) % len(live) for i, name in enumerate(live)}
-        return min(live, key=lambda name: (self.busy.get(name, 0), order[name]))
+        return min(live, key=lambda name: (self.sessions.get(name, 0), order[name]))
 
     def died(self, name: str) -> None:
         if name not in self.lost:
@@ -172,25 +173,29 @@ class ReplicaSession(Agent):
     async def act(self, observation: Observation) -> Action:
         endpoint = await self.set.start()
         while True:
-            fresh = self.replica is None
-            name = self.replica if self.replica is not None else await self.set.pick()
-            self.set.busy[name] = self.set.busy.get(name, 0) + 1
+            catch_up: list[Observation] = []
+            if self.replica is None:  # a new or moved session: same seed, the episode so far
+                self.replica, catch_up = await self.set.pick(), self.history
+                self.set.sessions[self.replica] = self.set.sessions.get(self.replica, 0) + 1
+            name = self.replica
             try:
-                if fresh:  # a moved session catches up: same seed, earlier observations
-                    for earlier in self.history:
-                        await self._ask(endpoint, name, earlier)
-                    self.replica = name
+                for earlier in catch_up:
+                    await self._ask(endpoint, name, earlier)
                 action = await self._ask(endpoint, name, observation)
             except PeerDead:
+                self._leave()
                 self.set.died(name)
                 self.set.failovers += 1
-                self.replica = None
                 continue
-            finally:
-                self.set.busy[name] -= 1
             self.history.append(observation)
             self.set.served[name] = self.set.served.get(name, 0) + 1
             return action
+
+    def _leave(self) -> str | None:
+        replica, self.replica = self.replica, None
+        if replica is not None:
+            self.set.sessions[replica] -= 1
+        return replica
 
     async def _ask(self, endpoint: Endpoint, name: str, observation: Observation) -> Action:
         reply = await endpoint.request(
@@ -203,7 +208,7 @@ class ReplicaSession(Agent):
         return reply
 
     async def close(self) -> None:
-        replica, self.replica = self.replica, None
+        replica = self._leave()
         endpoint = self.set.endpoint
         if replica is None or endpoint is None or replica not in endpoint.peers:
             return

@@ -83,6 +83,7 @@ async def test_replica_processes_share_a_seat_and_a_killed_one_loses_nothing(
     assert replicas.lost == [victim]
     assert replicas.failovers >= 1
     assert all(replicas.served.get(name, 0) > 0 for name in procs)  # spread over all three
+    assert set(replicas.sessions.values()) == {0}  # every episode's session was closed
     # None lost, none twice: every episode is the one a single in-process agent plays
     # (the replica's agent is deterministic), and the replicas' answers add up to the
     # seat's actions exactly.
