@@ -118,6 +118,15 @@ def test_each_stage_moves_only_its_learners_adapter_in_the_pool(
         lora_b = [k for k in final if "lora_B" in k]
         assert all(not initial[k].any() for k in lora_b)  # a fresh adapter changes nothing
         assert any(final[k].any() for k in lora_b), f"{policy}'s adapter never learned"
+    # The round trip: parley run plays the checkpoint as an adapter of the base.
+    _play(tiny_model_dir, result.checkpoints["listener"], tmp_path / "play", 2)
+    used = {
+        t["policy"]
+        for line in (tmp_path / "play" / "trajectories.jsonl").read_text().splitlines()
+        for turn in json.loads(line)["turns"]
+        for t in turn.get("tokens", [])
+    }
+    assert used == {"listener"}  # the adapter's policy (its directory's name), not the base
 
 
 @pytest.mark.slow
