@@ -21,7 +21,12 @@ import pytest_asyncio
 from parley.arena.inference.backends import BackendError, load_backend
 from parley.arena.inference.backends.vllm import VLLMBackend
 from parley.protocols.errors import ConfigError
-from parley.protocols.messages import GenerateRequest, SamplingParams, WeightUpdate
+from parley.protocols.messages import (
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    WeightUpdate,
+)
 from tests.arena.inference.lora_util import (
     adapter_tensors,
     make_adapter,
@@ -171,6 +176,53 @@ async def test_hot_swap_changes_one_adapter_and_its_version_only(
     # Back to b's own weights, from a PEFT directory this time.
     await backend.update_weights(WeightUpdate(policy="b", version=6, path=str(dirs["b"])))
     assert (await outputs(backend, ids, ["b"]))["b"] == before["b"]
+
+
+async def test_swaps_under_load_each_result_matches_its_version(
+    backend: VLLMBackend, dirs: dict[str, Path]
+) -> None:
+    """A trainer swapping b back and forth (c's tensors at odd versions, b's at even ones)
+    eight times while b, a and base requests keep arriving: every b result decodes as
+    the weights of the version it reports, a and the base never change, and no old
+    adapter is left in the engine."""
+    ids = prompt(backend, "the last offer")
+    want = {
+        name: (await asyncio.to_thread(reference_greedy, dirs["base"], dirs.get(name), ids, N))[0]
+        for name in ("default", "a", "b", "c")
+    }
+    tensors = {"b": adapter_tensors(dirs["b"]), "c": adapter_tensors(dirs["c"])}
+    start = backend.version_of("b")
+    assert start % 2 == 0  # b holds b's own weights now (the hot-swap test ends so)
+    results: list[GenerateResult] = []
+    trained = asyncio.Event()
+
+    async def traffic() -> None:
+        while not trained.is_set() or len(results) < 30:
+            batch = [greedy(ids, p) for p in ("b", "a", "b", "default", "b")]
+            results.extend(await backend.generate(batch))
+
+    async def trainer() -> None:
+        for version in range(start + 1, start + 9):
+            which = "c" if version % 2 else "b"
+            await backend.update_weights(
+                WeightUpdate(policy="b", version=version, tensors=tensors[which])
+            )
+            await asyncio.sleep(0.05)
+        trained.set()
+
+    await asyncio.gather(traffic(), trainer())
+    seen = set()
+    for r in results:
+        tokens = list(r.completions[0].token_ids)
+        if r.policy == "b":
+            seen.add(r.policy_version)
+            expected = want["c"] if r.policy_version % 2 else want["b"]
+        else:
+            expected = want[r.policy]
+        assert tokens == expected[: len(tokens)], (r.policy, r.policy_version)
+    assert len(seen) > 1  # the swaps did land between requests
+    assert backend.version_of("b") == start + 8
+    assert len(await backend.engine.list_loras()) == 2  # a and b: old versions removed
 
 
 @pytest.mark.parametrize(
