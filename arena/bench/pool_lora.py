@@ -18,7 +18,9 @@ the plain and adapter runs take turns (a drifting load on a shared machine hits 
 alike). vLLM: one engine (a second would need its own share of GPU memory), started with
 LoRA enabled (``max_loras`` = N; it must be, to take adapters later); the plain figure is
 the base on that engine before any adapter is loaded. Also reported:
-``base_with_adapters_tokens_per_s``, the plain requests on the backend holding the adapters.
+``base_with_adapters_tokens_per_s``, the plain requests on the backend holding the adapters,
+and ``multi_adapter_mean_batch_size``, requests per backend call in the adapter runs (1 on
+vLLM, whose engine batches concurrent calls itself).
 """
 
 from __future__ import annotations

@@ -289,6 +289,7 @@ class TransformersBackend(Backend):
         async with self._lock:
             self._closed = True
             self.model = None
+            self._lora = LoraAdapters(None)  # drops the adapters and the base they hold
             self._executor.shutdown(wait=False)
 
     # --- weights -----------------------------------------------------------------------

@@ -129,11 +129,11 @@ async def test_hot_swap_bumps_one_adapter_and_does_not_fail_others_in_flight(
         assert await swap == 7
         after = await later
         alice_after = [(await pool.generate(request(backend, i, "alice"))) for i in range(3)]
+        assert pool.policies == {"base": 0, "alice": 7, "bob": 0}
     assert [r.policy_version for r in first] == [0] * 6  # finished on the old weights
     assert all(r.completions[0].finish_reason in ("stop", "length") for r in first)
     assert after.policy_version == 0  # bob was not touched
     assert after.completions[0].token_ids == bob_before[0]
-    assert pool.policies == {"base": 0, "alice": 7, "bob": 0}
     # alice now carries bob's tensors: she answers exactly as bob does, at version 7.
     assert [r.completions[0].token_ids for r in alice_after] == bob_before
     assert {r.policy_version for r in alice_after} == {7}
