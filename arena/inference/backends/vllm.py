@@ -25,7 +25,8 @@ Mapping of parley's request onto vLLM:
   numeric bounds in 1 of 30 finished outputs here, and compiled 30x slower on the tiny
   model); a constraint vLLM's grammar engine refuses (look-around in a regex) is answered
   ``bad_request``;
-- ``dtype`` defaults to float32, the trainers' dtype, so recorded logprobs are exact;
+- ``dtype`` defaults to float32, the trainers' dtype, so recorded logprobs are exact
+  (bfloat16 with LoRA adapters on a GPU, whose LoRA kernels take 16 bits only);
 - a dead engine process (``EngineDeadError``) is restarted, at most :attr:`max_restarts`
   times and only while the backend serves the checkpoint's own weights (a restart would
   lose updated ones); requests wait for the restart and run again. Otherwise
@@ -70,7 +71,7 @@ from parley.arena.inference.backends.vllm_lora import (
     lora_engine_args,
     spare_slots,
 )
-from parley.protocols.errors import require
+from parley.protocols.errors import ConfigError, require
 from parley.protocols.messages import (
     Completion,
     FinishReason,
@@ -132,7 +133,7 @@ class VLLMBackend(Backend):
         cls,
         model: str,
         *,
-        dtype: str = "float32",
+        dtype: str | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
         enforce_eager: bool = True,
@@ -154,16 +155,23 @@ class VLLMBackend(Backend):
         use is :attr:`dtype` (``GET /v1/models`` and ``parley serve`` show it).
         ``max_restarts``: how many times a dead engine process is restarted.
         ``max_loras`` > 0 turns on LoRA adapters (:meth:`add_adapter`): at most that many
-        different adapters run in one engine step (more are served in turns), each of rank
-        at most ``max_lora_rank`` (0: 16; rounded up to a value vLLM accepts: 1, 8, 16,
-        32, 64, ...); at most ``max_loras`` adapters are served (the engine gets a spare
-        slot or two, see :mod:`~parley.arena.inference.backends.vllm_lora`).
+        are served, each of rank at most ``max_lora_rank`` (0: 16; rounded up to a value
+        vLLM accepts: 1, 8, 16, 32, 64, ...); the engine gets a spare slot or two, see
+        :mod:`~parley.arena.inference.backends.vllm_lora`. On a GPU, vLLM's LoRA kernels
+        take only float16 and bfloat16 (its triton ``lora_shrink`` asserts it, per batch),
+        so with adapters there the default dtype is ``"bfloat16"`` and an explicit
+        ``"float32"`` is a ConfigError; on CPU (torch ops) float32 works and stays the
+        default.
         ``engine_args`` are passed to ``vllm.AsyncEngineArgs`` as they are (e.g.
         ``gpu_memory_utilization``, ``enable_lora``); ``kv_cache_space_gib`` sets
         ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds only).
         """
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_space_gib))
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        dtype = _lora_dtype(
+            dtype, lora=max_loras > 0 or bool((engine_args or {}).get("enable_lora"))
+        )
 
         args = {
             "model": model,
@@ -487,6 +495,18 @@ def _cpu_engine_defaults() -> dict[str, Any]:
     ``enable_chunked_prefill`` in ``engine_args``.
     """
     return {"enable_chunked_prefill": False} if _on_cpu() else {}
+
+
+def _lora_dtype(dtype: str | None, *, lora: bool) -> str:
+    """The engine's dtype: float32 unless LoRA runs on a GPU, whose kernels need 16 bits."""
+    if not lora or _on_cpu():
+        return dtype or "float32"
+    if dtype in ("float32", "float"):
+        raise ConfigError(
+            "vLLM's GPU LoRA kernels take float16 or bfloat16 weights, not float32: pass "
+            "dtype='bfloat16' (or leave dtype out, which picks it with adapters on a GPU)"
+        )
+    return dtype or "bfloat16"
 
 
 def _on_cpu() -> bool:

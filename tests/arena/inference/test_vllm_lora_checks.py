@@ -111,3 +111,18 @@ def test_an_engine_without_lora_refuses_adapters(adapter: Path) -> None:
     with pytest.raises(ConfigError, match="started without LoRA: create the backend with"):
         asyncio.run(adapters.add("a", str(adapter)))
     assert adapters.versions == {}
+
+
+def test_lora_on_a_gpu_needs_16_bit_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's triton lora_shrink asserts float16/bfloat16 inputs: float32 + LoRA on a GPU
+    would fail in the first adapter batch, so it is refused (or avoided) at start."""
+    pytest.importorskip("vllm")
+    from parley.arena.inference.backends import vllm as backend
+
+    assert backend._lora_dtype(None, lora=True) == "float32"  # CPU: torch ops take float32
+    monkeypatch.setattr(backend, "_on_cpu", lambda: False)
+    assert backend._lora_dtype(None, lora=False) == "float32"
+    assert backend._lora_dtype(None, lora=True) == "bfloat16"
+    assert backend._lora_dtype("float16", lora=True) == "float16"
+    with pytest.raises(ConfigError, match="take float16 or bfloat16 weights, not float32"):
+        backend._lora_dtype("float32", lora=True)
