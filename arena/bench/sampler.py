@@ -63,13 +63,14 @@ async def _setup(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     from parley.arena.inference.pool import InferencePool, PoolConfig
     from parley.arena.run.config import RunConfig
     from parley.arena.run.runner import Runner
-    from parley.arena.training.config import StageConfig, TrainConfig
-    from parley.arena.training.loop import AgentConfig, _llm_factory, _load_policies
+    from parley.arena.training.config import RunSeeds, StageConfig, TrainConfig
+    from parley.arena.training.loop import AgentConfig, _llm_factory
+    from parley.arena.training.models import load_policies
     from parley.arena.training.pg import PGConfig, PolicyGradientTrainer
     from parley.arena.training.sampler import ConstraintLog
     from parley.arena.training.sync import InProcessSync
 
-    # A training config only for what _load_policies reads (batch rows, seed).
+    # A training config only for what load_policies reads (batch rows, seed, device).
     config = TrainConfig(
         scenario=SCENARIO,
         policies=["shared"],
@@ -77,12 +78,13 @@ async def _setup(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         max_batch_size=256,
         seed=0,
     )
-    policies = await _load_policies(config, {"shared": model_dir})
-    policy = policies["shared"]
-    pool = await InferencePool({"shared": policy.backend}, PoolConfig(max_batch_size=256)).start()
+    seeds = RunSeeds.from_config(config)
+    dirs = {"shared": model_dir}
+    policies = await asyncio.to_thread(load_policies, config, seeds, dirs, model_dir.parent)
+    pool = await InferencePool(policies.served, PoolConfig(max_batch_size=256)).start()
     log = ConstraintLog()
     agent = AgentConfig(temperature=1.0, max_tokens=args.max_tokens, max_prompt_tokens=384)
-    base = _llm_factory(pool, "shared", policy.backend.tokenizer, "", agent, log)
+    base = _llm_factory(pool, "shared", policies.tokenizer, "", agent, log)
     rng = np.random.default_rng(0)
 
     def factory() -> Any:
@@ -102,8 +104,8 @@ async def _setup(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     )
     runner = Runner(run_config, agents={"player_0": factory, "player_1": factory})
     trainer = PolicyGradientTrainer(
-        {"shared": policy.model},
-        policy.backend.tokenizer.hf,
+        {"shared": policies.weights["shared"]},
+        policies.tokenizer.hf,
         PGConfig(objective="reinforce", grouping="role", lr=1e-4, micro_batch=64),
     )
     return {

@@ -1,7 +1,11 @@
 """Where the sampler bench says the time went: interval arithmetic and the two-device
-estimate (pure functions; the bench itself takes minutes and runs by hand)."""
+estimate (pure functions), and the bench itself at its smallest (its real size takes
+minutes and runs by hand)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +49,22 @@ def test_two_device_estimate_is_a_pipeline_of_the_sync_phases() -> None:
     # sync 3 * 10 = 30; pipeline 6 + 2 * 6 + 4 = 22
     assert est["async_ratio_vs_sync"] == pytest.approx(30 / 22, abs=1e-3)
     assert est["ceiling_many_updates"] == pytest.approx(10 / 6, abs=1e-3)
+
+
+def test_the_bench_runs_end_to_end_at_its_smallest(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Both paths through the real trainer set-up (load_policies, pool, runner, PG trainer):
+    # a rename in the training code broke this once without a test noticing.
+    from parley.arena.cli import main
+
+    timeline = tmp_path / "timeline.json"
+    argv = ["bench", "sampler", "--json", "--batch", "2", "--updates", "1"]
+    argv += ["--max-tokens", "4", "--max-turns", "2", "--model", str(tiny_model_dir)]
+    assert main([*argv, "--timeline", str(timeline)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for path in ("sync", "async"):
+        assert out["timeline"][path]["samples"] > 0
+        assert out["timeline"][path]["episodes_trained"] == 2
+    assert out["async_ratio_vs_sync"] > 0
+    assert json.loads(timeline.read_text())
