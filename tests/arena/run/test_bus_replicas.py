@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[3]
 AGENT = "tests.arena.run.replica_agents:SlowNegotiator"
 
 
-def _replica(address: str, seat: str, name: str) -> subprocess.Popen[bytes]:
+def _replica(address: str, seat: str, name: str, agent: str = AGENT) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "parley.arena.cli", "agent", "--connect", address,
-            "--seat", seat, "--name", name, "--agent", AGENT, "--wait", "60"]  # fmt: skip
+            "--seat", seat, "--name", name, "--agent", agent, "--wait", "60"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE)
 
@@ -141,3 +141,38 @@ def test_a_ray_run_refuses_process_replicas_with_the_fix() -> None:
     config = RunConfig(scenario=SCENARIO, agents=["scripted", "replicas:2:ipc:///tmp/x.sock"])
     with pytest.raises(ConfigError, match="replicas:N:SPEC"):
         RayRunner(config.replace(ray="local"))
+
+
+@pytest.mark.timeout(90)
+async def test_an_agent_that_raises_fails_its_episode_not_the_replica(tmp_path: Path) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="parley-replicas-"))
+    address = f"ipc://{folder}/seat.sock"
+    config = RunConfig(
+        scenario=SCENARIO, episodes=8, seed=1, concurrency=4, progress=False, out=str(tmp_path),
+        agents=["scripted", f"replicas:2:{address}"],
+    )  # fmt: skip
+    runner = Runner(config)
+    replicas = runner.sources["player_1"]
+    assert isinstance(replicas, BusReplicas)
+    flaky = "tests.arena.run.replica_agents:FlakyNegotiator"
+    procs = [_replica(address, "player_1", f"agent-player_1-{k}", flaky) for k in (1, 2)]
+    try:
+        result = await runner.run()
+        await replicas.close()
+        for proc in procs:
+            assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        await replicas.close()
+    rows = [json.loads(x) for x in (tmp_path / "transcripts.jsonl").read_text().splitlines()]
+    failed = [r for r in rows if r["status"] != "ok"]
+    seeds = {r["episode"]: r["agent_seeds"]["player_1"] for r in rows}
+    assert failed  # the even seeds
+    assert {r["episode"] for r in failed} == {e for e, s in seeds.items() if s % 2 == 0}
+    assert all("flaky negotiator gave up" in json.dumps(r) for r in failed)
+    assert result.summary["episodes"]["failed"] == len(failed)
+    assert replicas.failovers == 0  # an agent's error is no dead replica
+    assert replicas.lost == []
