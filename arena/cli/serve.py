@@ -4,7 +4,7 @@
     parley run negotiation/deal-or-no-deal-v0 --agents llm:models/tiny,scripted \\
         --pool tcp://127.0.0.1:5557
 
-    parley serve --model models/tiny --backend vllm --adapter alice=out/checkpoints/alice \
+    parley serve --model models/tiny --backend vllm --adapter alice=out/checkpoints/alice \\
         --adapter bob=out/checkpoints/bob --http 127.0.0.1:8000
 
 With ``--adapter NAME=DIR`` (repeatable; a PEFT LoRA adapter directory of the model) the
