@@ -11,6 +11,7 @@ version of the weights the trainer last pushed, exactly as in a local run:
   address on a cluster), always with CURVE: a key pair for the pool and one for the
   workers are made for each stage, the pool admits only the workers' key, and the keys
   travel to the workers with the actors' arguments (inside Ray, never on the listener).
+  The listener answers generate requests only: weights reach the pool from the trainer.
 - Each worker notes the constraint of every generate request its agents make
   (:class:`~parley.arena.training.sampler.RecordingClient`) and ships, with each
   finished episode, the constraints of that episode's generations; the driver notes them in
@@ -39,7 +40,13 @@ from parley.arena.run.ray_runner import LOCAL, EpisodeWorker, RayRunner, import_
 from parley.arena.run.records import EpisodeRecord
 from parley.arena.training.sampler import ConstraintLog, RecordingClient
 from parley.protocols.errors import ConfigError
-from parley.protocols.messages import Constraint, GenerateRequest, GenerateResult
+from parley.protocols.messages import (
+    Constraint,
+    Envelope,
+    Error,
+    GenerateRequest,
+    GenerateResult,
+)
 
 __all__ = ["PolicySeat", "SeatPolicy", "TrainEpisodeWorker", "TrainRayRunner", "ray_stage_runner"]
 
@@ -208,6 +215,17 @@ class TrainRayRunner(RayRunner):
             )
         return super()._record(record)
 
+    async def _on_generate(self, envelope: Envelope) -> GenerateResult | Error:
+        from parley.arena.inference.pool import PoolError
+
+        if not isinstance(envelope.body, GenerateRequest):  # the bus dispatches by type
+            raise TypeError(f"expected a generate request, got {type(envelope.body).__name__}")
+        try:
+            result: GenerateResult = await self.pool.generate(envelope.body)
+        except PoolError as exc:
+            return exc.to_message()
+        return result
+
     @contextlib.asynccontextmanager
     async def open(self) -> AsyncIterator[str]:
         """Serve the pool on an authenticated ``tcp://`` listener, then start the workers."""
@@ -229,7 +247,8 @@ class TrainRayRunner(RayRunner):
         host = "127.0.0.1" if self.config.ray in (None, "", LOCAL) else _node_ip(ray)
         endpoint = Endpoint(POOL_ENDPOINT, config=bus)
         try:
-            self.pool.serve(endpoint)
+            # Generation only: a worker (or whoever holds its key) never pushes weights.
+            endpoint.on(GenerateRequest, self._on_generate)
             address = await endpoint.bind(f"tcp://{host}:0")
             self.access = _PoolAccess(address, server_public, client_public, client_secret)
             async with super().open() as ray_address:

@@ -29,7 +29,7 @@ from parley.arena.training.sampler import (  # noqa: E402
     samples_from_record,
 )
 from parley.protocols.bus.config import BusConfig  # noqa: E402
-from parley.protocols.errors import PeerDead, RequestTimeout  # noqa: E402
+from parley.protocols.errors import PeerDead, RemoteError, RequestTimeout  # noqa: E402
 from parley.protocols.messages import WeightUpdate  # noqa: E402
 
 SCENARIO = "collaboration/referential-v0"
@@ -156,7 +156,7 @@ def sampler_plan(sampler: AsyncSampler, index: int) -> Any:
 
 
 @pytest.mark.timeout(120)
-async def test_the_pool_listener_admits_only_the_workers_key(
+async def test_the_pool_listener_admits_only_the_workers_key_and_only_to_generate(
     tiny_model_dir: Path, local_ray: None
 ) -> None:
     import zmq
@@ -170,6 +170,8 @@ async def test_the_pool_listener_admits_only_the_workers_key(
         log=ConstraintLog(),
         workers=1,
     )
+    model = pool.backend("listener").model
+    same = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
     try:
         async with runner.open():
             access = runner.access
@@ -190,7 +192,14 @@ async def test_the_pool_listener_admits_only_the_workers_key(
             client = await asyncio.wait_for(
                 BusPoolClient.connect(access.address, timeout=10.0, config=ok), 15
             )
-            await client.close()
+            try:
+                # ... to generate, never to push weights into the trainer's pool.
+                push = WeightUpdate(policy="listener", version=99, tensors=same)
+                with pytest.raises(RemoteError):
+                    await client.endpoint.request(client.pool, push, timeout=10.0)
+                assert pool.policies["listener"] == 0
+            finally:
+                await client.close()
     finally:
         await pool.close()
 
