@@ -19,13 +19,15 @@ alike). vLLM: one engine (a second would need its own share of GPU memory), star
 LoRA enabled (``max_loras`` = N; it must be, to take adapters later); the plain figure is
 the base on that engine before any adapter is loaded. Also reported:
 ``base_with_adapters_tokens_per_s``, the plain requests on the backend holding the adapters,
-and ``multi_adapter_mean_batch_size``, requests per backend call in the adapter runs (1 on
-vLLM, whose engine batches concurrent calls itself).
+``multi_adapter_mean_batch_size``, requests per backend call in the adapter runs (1 on
+vLLM, whose engine batches concurrent calls itself), and (transformers)
+``multi_adapter_ratio_median_of_turns``, the median of the per-turn ratios.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -119,6 +121,10 @@ async def measure(
             await measure_once(pool, "adapters", as_lora)
             await measure_once(pool, "base", as_base)
     best = {name: max(values) for name, values in rates.items()}
+    # Runs taken in turns (transformers) also give one ratio per turn: their median is
+    # steadier than best ÷ best on a machine whose load drifts within seconds.
+    pairs = [a / p for a, p in zip(rates["adapters"], rates["plain"], strict=False)]
+    paired = plain is not None
     return {
         "adapters": n,
         "lora_rank": args.lora_rank,
@@ -127,6 +133,9 @@ async def measure(
         "multi_adapter_tokens_per_s": round(best["adapters"], 1),
         "base_with_adapters_tokens_per_s": round(best["base"], 1),
         "multi_adapter_ratio_vs_single": round(best["adapters"] / best["plain"], 3),
+        "multi_adapter_ratio_median_of_turns": round(statistics.median(pairs), 3)
+        if paired
+        else None,
         "multi_adapter_mean_batch_size": round(min(sizes), 2),
         "same_tokens": tokens["plain"] == tokens["adapters"],
         "generated_tokens": [sum(map(len, tokens["plain"])), sum(map(len, tokens["adapters"]))],

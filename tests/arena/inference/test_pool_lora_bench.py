@@ -32,4 +32,5 @@ def test_bench_pool_reports_multi_adapter_ratio(
     assert result["generated_tokens"][0] == result["generated_tokens"][1] > 0
     assert result["multi_adapter_mean_batch_size"] == 6  # the three adapters in one batch
     assert result["multi_adapter_ratio_vs_single"] > 0
+    assert result["multi_adapter_ratio_median_of_turns"] > 0  # plain and adapters in turns
     assert result["targets"]["multi_adapter_ratio_vs_single"] == ">= 0.7"
