@@ -345,3 +345,25 @@ async def test_an_adapter_cannot_change_the_shared_base(
         await backend.update_weights(update)
     assert await greedy(backend, "base") == base
     assert backend.adapters == {"emb": 0}
+
+
+async def test_seeded_sampling_with_n_is_the_same_alone_and_in_a_mixed_batch(
+    backend: TransformersBackend, adapter_dirs: list[Path]
+) -> None:
+    await backend.add_adapter("alice", str(adapter_dirs[0]))
+    await backend.add_adapter("bob", str(adapter_dirs[1]))
+    ids = backend.tokenizer.encode_chat([{"role": "user", "content": "offer"}])
+
+    def sampled(policy: str, seed: int) -> GenerateRequest:
+        params = SamplingParams(temperature=1.0, max_tokens=8, n=2, seed=seed)
+        return GenerateRequest(prompt_token_ids=ids, params=params, policy=policy)
+
+    jobs = [("alice", 1), ("bob", 1), ("base", 1), ("alice", 2)]
+    alone = [(await backend.generate([sampled(p, s)]))[0] for p, s in jobs]
+    mixed = await backend.generate([sampled(p, s) for p, s in jobs])
+    for a, m in zip(alone, mixed, strict=True):
+        assert [c.token_ids for c in a.completions] == [c.token_ids for c in m.completions]
+        for ca, cm in zip(a.completions, m.completions, strict=True):
+            assert ca.logprobs == pytest.approx(cm.logprobs, abs=1e-4)
+    # Same seed, different adapters: different samples (the adapter shapes the distribution).
+    assert alone[0].completions[0].token_ids != alone[1].completions[0].token_ids
