@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from abc import abstractmethod
 from typing import ClassVar
 
@@ -27,8 +28,14 @@ class ScriptedAgent(Agent):
     of in-process agents of such classes only; a remote agent never receives it."""
 
     def __init__(self) -> None:
-        self.rng = np.random.default_rng()
         self.new_episode()
+
+    # Made on first use: unseeded, a generator draws OS entropy (~17 us, per agent and
+    # episode in a run), and :meth:`reset` replaces it before the first move anyway.
+    @functools.cached_property
+    def rng(self) -> np.random.Generator:
+        """The agent's generator: :meth:`reset` seeds it; until then, OS entropy."""
+        return np.random.default_rng()
 
     def reset(self, seed: int | None = None) -> None:
         self.rng = np.random.default_rng(seed)

@@ -99,12 +99,17 @@ _OFFER_START = re.compile(r"\[Offer:", re.IGNORECASE)
 _LEAD = re.compile(r"I(\s+)(?:give|offer)(\s+)", re.IGNORECASE)
 _ITEM = re.compile(r"^(\d+)\s+(.+)$")
 _ALIASES = {"Woods": "Wood", "Golds": "Gold"}
+# Compiled once: re.split/re.sub with a pattern string look it up in re's cache every call.
+_ITEMS = re.compile(r",\s*|\s+and\s+", re.IGNORECASE)
+_LEADING = re.compile(r"^(I\s+(?:give|offer)\s+)", re.IGNORECASE)
+_ARROW = re.compile(r"\s*->\s*")
+_BRACKET = re.compile(r"[\[\]]")
 
 
 def parse_resources(text: str) -> Bundle | None:
     """``"2 Wood and 1 Gold"`` -> ``{"Wood": 2, "Gold": 1}``; ``None`` if any item is bad."""
     bundle: Bundle = {}
-    for item in re.split(r",\s*|\s+and\s+", text, flags=re.IGNORECASE):
+    for item in _ITEMS.split(text):
         item = item.strip()
         if not item:
             continue
@@ -112,10 +117,14 @@ def parse_resources(text: str) -> Bundle | None:
         if match is None:
             return None
         digits, name = match.groups()
-        name = _ALIASES.get(name.strip().title(), name.strip().title())
-        if len(digits) > 9 or name not in RESOURCES or int(digits) <= 0:
+        name = name.strip().title()
+        name = _ALIASES.get(name, name)
+        if len(digits) > 9 or name not in RESOURCES:
             return None  # (9 digits: more than any stock; keeps int() cheap)
-        bundle[name] = bundle.get(name, 0) + int(digits)
+        n = int(digits)
+        if n <= 0:
+            return None
+        bundle[name] = bundle.get(name, 0) + n
     return bundle
 
 
@@ -129,12 +138,10 @@ def find_offer(text: str) -> str | None:
     """
     for start in _OFFER_START.finditer(text):
         p = start.end()
-        q = p
-        while q < len(text) and text[q] not in "[]":
-            q += 1
-        run = text[p:q]
-        if not run or q == len(text) or text[q] != "]":
+        bracket = _BRACKET.search(text, p)
+        if bracket is None or bracket.group() != "]" or bracket.start() == p:
             continue
+        run = text[p : bracket.start()]
         lead = len(run) - len(run.lstrip())
         if lead == len(run):  # all whitespace: \s* gives back its last character
             return run[-1]
@@ -154,8 +161,8 @@ def parse_offer(text: str) -> tuple[Bundle, Bundle] | None:
     """The ``(give, get)`` of an offer body (what follows ``[Offer:``), or ``None``."""
     text = " ".join(text.split())
     text = text.rstrip(".,!?")  # SPIRAL: re.sub(r"[.,!?]+$", "", text), without its O(n^2)
-    text = re.sub(r"^(I\s+(?:give|offer)\s+)", "", text, flags=re.IGNORECASE)
-    parts = re.split(r"\s*->\s*", text)
+    text = _LEADING.sub("", text)
+    parts = _ARROW.split(text)
     if len(parts) != 2:
         return None
     give, get = parse_resources(parts[0].strip()), parse_resources(parts[1].strip())
@@ -222,8 +229,9 @@ class SimpleNegotiation(Scenario):
         return [SEATS[self.s.turn_index % 2]]
 
     def play(self, agent: str, action: str) -> str | None:
-        if action.strip():
-            self.say(agent, action.strip())
+        message = action.strip()
+        if message:
+            self.say(agent, message)
         reason = self._answer_pending(agent, action)
         if reason is None:
             reason = self._new_offer(agent, action)
