@@ -39,6 +39,7 @@ retries its members one by one, so one request never fails another.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -255,6 +256,12 @@ async def load_backend(kind: str, model: str, **options: Any) -> Backend:
     if kind not in BACKENDS:
         raise ConfigError(f"unknown backend {kind!r}; choose one of: {', '.join(BACKENDS)}")
     target, _extra = BACKENDS[kind]
+    if kind != "openai":
+        # A hub id that cannot be loaded fails here in a second, before the backend's
+        # import (vLLM's takes 10-30 s) and a minute of Hugging Face's retries.
+        from parley.arena.inference.backends.tokenizer import check_hub_model
+
+        await asyncio.to_thread(check_hub_model, model)
     module_name, class_name = target.split(":")
     module = importlib.import_module(module_name)
     cls = getattr(module, class_name)

@@ -100,12 +100,14 @@ def check_hub_model(name: str) -> None:
     if Path(name).expanduser().exists():
         return
     hub: Any = require("huggingface_hub", "torch")
-    if hub.constants.HF_HUB_OFFLINE:
+    constants: Any = require("huggingface_hub.constants", "torch")
+    errors: Any = require("huggingface_hub.errors", "torch")
+    if constants.HF_HUB_OFFLINE:
         return  # the user chose offline mode: loading reads the cache only, without retries
     cached = isinstance(hub.try_to_load_from_cache(name, "config.json"), str)
     try:
         hub.model_info(name, timeout=10)
-    except (hub.errors.RepositoryNotFoundError, hub.errors.GatedRepoError) as exc:
+    except (errors.RepositoryNotFoundError, errors.GatedRepoError) as exc:
         if cached:
             return
         raise BackendError(
@@ -122,5 +124,5 @@ def check_hub_model(name: str) -> None:
                 "model where the hub is reachable and set HF_HUB_OFFLINE=1"
             ) from exc
         os.environ["HF_HUB_OFFLINE"] = "1"
-        hub.constants.HF_HUB_OFFLINE = True
+        constants.HF_HUB_OFFLINE = True
         _log.warning("the Hugging Face hub cannot be reached: loading %s from the cache", name)

@@ -73,9 +73,11 @@ def not_found_hub() -> Iterator[str]:
         server.server_close()
 
 
-def test_unreachable_hub_and_no_cache_is_one_line_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_unreachable_hub_and_no_cache_is_one_line_at_once(tmp_path: Path, backend: str) -> None:
+    # Checked before the backend is imported (vLLM's import alone takes 10-30 s here).
     env = _env(tmp_path, f"http://127.0.0.1:{_closed_port()}")
-    cmd = [PARLEY, "serve", "--model", "nobody/no-such-model", "--backend", "transformers"]
+    cmd = [PARLEY, "serve", "--model", "nobody/no-such-model", "--backend", backend]
     # 60 s: Hugging Face's own retries alone take longer than that.
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 1, done.stderr
