@@ -209,12 +209,12 @@ def test_policy_names_peft_would_refuse_or_misload_still_work(
     mis-loaded; policy names are free text, so the adapters are named internally."""
     from parley.arena.inference.backends.tokenizer import load_tokenizer
 
-    names = ["a", "team.lora_A", "lora", "weights 2"]
+    names = ["a", "team.lora_A", "lora weights"]
     weights = attach_adapters(
         _base(tiny_model_dir), names, LoraConfig(r=2), {n: i for i, n in enumerate(names)}
     )
     trainer = PolicyGradientTrainer(weights, hf, PGConfig(lr=3e-2), trainable=names)
-    samples = [s for i, n in enumerate(names) for s in _samples(n, n=4, seed=i)]
+    samples = [s for i, n in enumerate(names) for s in _samples(n, n=3, seed=i)]
     _score(trainer, samples)
     trainer.step(samples)
     for name in names:
@@ -239,7 +239,7 @@ def test_an_fp16_overflow_skips_the_step_and_never_writes_inf(
         weights, hf, PGConfig(lr=1e-2, objective="reinforce"), precision="fp16"
     )
     before = [p.detach().clone() for p in weights["a"].parameters()]
-    samples = _samples("a")
+    samples = _samples("a", n=6)
     _score(trainer, samples)
     for s in samples:
         s.reward = 1e38 if s.reward else -1e38  # advantages that overflow any fp16 gradient
@@ -249,7 +249,7 @@ def test_an_fp16_overflow_skips_the_step_and_never_writes_inf(
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # skipped
     assert metrics["optimizer_steps"] == 1
     # The next, sane batch trains normally.
-    samples = _samples("a", seed=5)
+    samples = _samples("a", n=6, seed=5)
     _score(trainer, samples)
     trainer.step(samples)
     trainer.step(samples)
