@@ -9,6 +9,11 @@ Two ways, one method (:meth:`WeightSync.push`):
   as safetensors under ``directory`` and a :class:`~parley.protocols.messages.WeightUpdate`
   carrying the path is sent to the pool's bus endpoint, which loads it. Only the newest
   ``keep`` files are kept.
+
+With LoRA (``TrainConfig.lora``) the tensors are one policy's adapter alone, named as
+``peft.get_peft_model_state_dict`` names them
+(:meth:`~parley.arena.training.adapters.AdapterWeights.state_tensors`): the pool's backend
+replaces that adapter only and bumps only that policy's version.
 """
 
 from __future__ import annotations
