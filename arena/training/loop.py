@@ -24,7 +24,8 @@ llm:OUT/checkpoints/<policy>`` loads them) or, with ``lora``, as PEFT adapter di
 (``llm:BASE?adapter=OUT/checkpoints/<policy>``; ``OUT/adapters/<policy>`` holds each
 adapter as it started), ``learning_curve.png``, ``config.yaml`` and ``summary.json`` (every
 seed used; ``models``: LoRA or not, the trained parameters per policy, the precision and
-the dtype the pool served in; per stage its curve, failed and dropped episodes). Which
+the dtype the pool served in; per stage its curve, failed and dropped episodes and, with
+``ray``, its ``ray`` figures: workers lost and replaced, episodes retried, per node). Which
 models the trainer and the pool hold: :mod:`parley.arena.training.models`.
 """
 
@@ -310,6 +311,9 @@ class _Run:
         episodes = len(curve) * self.config.sampler.batch_size
         failed, dropped = sampler.failed, sampler.dropped_stale
         self._finish_stage(stage, curve, stage_start, episodes, failed, dropped)
+        figures = getattr(runner, "figures", None)  # on Ray: TrainRayRunner.figures
+        if callable(figures):
+            self.summaries[-1]["ray"] = figures()  # workers lost/replaced, episodes retried
 
     def _start_stage(self, stage: StageConfig) -> tuple[Any, AsyncSampler, set[str]]:
         """Set the learners; build the stage's runner, its sampler and the learning seats."""

@@ -201,6 +201,60 @@ class TrainRayRunner(RayRunner):
         self.pool = pool
         self.log = log
         self.access: _PoolAccess | None = None
+        self.address = ""  # the Ray address, once open
+        self.node_episodes: dict[str, int] = {}  # node id -> episodes played there
+        self._initial_workers = 0
+        self._joining: set[asyncio.Task[None]] = set()
+
+    def figures(self) -> dict[str, Any]:
+        """The stage's Ray figures for ``summary.json`` (its ``ray`` entry), counted as
+        ``parley run --ray`` counts them (``summary["ray"]``): workers started, lost and
+        replaced, episodes retried (re-run elsewhere with the same seeds) and per node its
+        workers and the episodes they played."""
+        nodes: dict[str, dict[str, Any]] = {}
+        for slot in self.slots:
+            if slot.where:
+                row = nodes.setdefault(
+                    slot.where["node"], {"ip": slot.where["ip"], "workers": [], "episodes": 0}
+                )
+                row["workers"].append(slot.name)
+        for node, episodes in self.node_episodes.items():
+            nodes.setdefault(node, {"ip": "", "workers": [], "episodes": 0})["episodes"] = episodes
+        return {
+            "address": self.address,
+            "workers": sum(1 for slot in self.slots if slot.alive),
+            "workers_started": len(self.slots),
+            "workers_lost": list(self.workers_lost),
+            "workers_replaced": max(0, len(self.slots) - self._initial_workers),
+            "retried": {
+                "episodes": self.retried_count,
+                "episode_ids": sorted(set(self.retried)),
+            },
+            "nodes": nodes,
+        }
+
+    def _spawn(self, ray: Any) -> Any:
+        slot = super()._spawn(ray)
+        if self._ray is not None:  # a replacement, mid-stage: it takes episodes once started
+            task = asyncio.get_running_loop().create_task(self._join(ray, slot))
+            self._joining.add(task)
+            task.add_done_callback(self._joining.discard)
+        return slot
+
+    async def _join(self, ray: Any, slot: Any) -> None:
+        """Note where a replacement worker runs once it has started: :meth:`play` hands
+        episodes only to started workers (``where`` set), so without this a stage that lost
+        a worker went on with one worker fewer."""
+        try:
+            slot.where = await asyncio.wrap_future(slot.started.future())
+        except ray.exceptions.RayError as exc:
+            self._lost(ray, slot, None, exc, None, None)
+
+    async def _gathered(self, slot: Any, plan: Any) -> Any:
+        result = await super()._gathered(slot, plan)
+        node = slot.where.get("node", "?")
+        self.node_episodes[node] = self.node_episodes.get(node, 0) + 1
+        return result
 
     def _worker_args(self) -> tuple[Any, ...]:
         if self.access is None:
@@ -252,9 +306,13 @@ class TrainRayRunner(RayRunner):
             address = await endpoint.bind(f"tcp://{host}:0")
             self.access = _PoolAccess(address, server_public, client_public, client_secret)
             async with super().open() as ray_address:
+                self.address = ray_address
+                self._initial_workers = len(self.slots)
                 yield ray_address
         finally:
             self.access = None
+            for task in list(self._joining):  # replacements still starting: stopped below
+                task.cancel()
             await endpoint.close()
             if started_ray:
                 ray.shutdown()

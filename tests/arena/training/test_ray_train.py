@@ -291,6 +291,12 @@ async def test_a_worker_killed_mid_stage_costs_no_sample(
                 batches.append(batch)
                 if len(batches) == 1:  # episodes are in flight on both workers now
                     ray.kill(runner.slots[0].actor, no_restart=True)
+            # The replacement joins the stage (takes episodes) once its actor has started.
+            for _ in range(600):
+                if all(slot.where for slot in runner.slots):
+                    break
+                await asyncio.sleep(0.1)
+            figures = runner.figures()
     finally:
         await pool.close()
     records = [r for b in batches for r in b.records]
@@ -300,3 +306,14 @@ async def test_a_worker_killed_mid_stage_costs_no_sample(
     assert runner.workers_lost  # the kill was seen, a replacement took over
     assert len(runner.slots) == 3
     assert all(s.constraint is not None for r in records for s in samples_from_record(r, log=log))
+    # What summary.json says of the stage (its "ray" entry), as parley run --ray counts it.
+    assert figures["workers_started"] == 3
+    assert figures["workers_replaced"] == 1
+    assert len(figures["workers_lost"]) == 1
+    assert figures["workers_lost"][0].startswith("worker-0: ")
+    retried = figures["retried"]
+    assert retried["episodes"] >= 1  # worker-0 had episodes in flight when killed
+    assert len(retried["episode_ids"]) == len(set(retried["episode_ids"]))
+    played = sum(node["episodes"] for node in figures["nodes"].values())
+    assert played >= 18  # every kept episode, plus any dropped as stale
+    assert sum(len(node["workers"]) for node in figures["nodes"].values()) == 3
