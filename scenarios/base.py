@@ -188,6 +188,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._done = False
         self._truncated = False
         self._live: frozenset[str] = frozenset()
+        self._clean: str | None = None  # the last action step found in the charset
 
     # ------------------------------------------------------------------ override these
 
@@ -292,7 +293,8 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     @final
     def say(self, sender: str, text: str, to: Sequence[str] | None = None) -> None:
         """Deliver ``sender``'s message: to everyone else (``to=None``) or privately to ``to``."""
-        text = printable(text)
+        if text is not self._clean:  # (the action step just checked is printable already)
+            text = printable(text)
         if to is None:
             self._raw_events.append((self.turn, "message", sender, text, ()))
             line = f"{sender}: {text}"
@@ -415,14 +417,14 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         names a seat that is not live, raises :class:`StepContractError`.
         """
         agents = self.agents
-        if not isinstance(actions, Mapping):
+        if type(actions) is not dict and not isinstance(actions, Mapping):
             raise StepContractError(
                 "step(actions): actions must be a mapping {seat: action} (PettingZoo parallel "
                 f"API), got {type(actions).__name__}"
             )
         if not agents:
             return {}, {}, {}, {}, {}
-        if not all(seat in self._live for seat in actions):
+        if not self._live.issuperset(actions):
             unknown = sorted(str(seat) for seat in actions if seat not in self._live)
             raise StepContractError(
                 f"step(actions): actions names seats that are not live: {unknown[:5]}; "
@@ -447,6 +449,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
                 and action.isascii()
                 and action.isprintable()
             ):
+                self._clean = action
                 reason = play(agent, action)
             else:
                 reason = self._check(agent, action)
@@ -582,11 +585,8 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
                     info["constraint"] = constraint
         return observations, infos
 
-    def _fit(self, text: str) -> str:
-        limit = self.max_observation_length
-        if len(text) <= limit:
-            return text
-        return "[...]" + text[len(text) - limit + 5 :]
+    def _fit(self, text: str) -> str:  # (only called for a text over the limit)
+        return "[...]" + text[len(text) - self.max_observation_length + 5 :]
 
 
 def _json_default(value: Any) -> Any:

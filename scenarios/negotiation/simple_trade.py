@@ -112,7 +112,7 @@ def inventory_value(inventory: Bundle, values: Bundle) -> int:
 
 
 def show(bundle: Bundle) -> str:
-    return ", ".join(f"{n} {r}" for r, n in bundle.items()) or "nothing"
+    return ", ".join([f"{n} {r}" for r, n in bundle.items()]) or "nothing"
 
 
 def transfer(inventory: dict[str, Bundle], offer: dict[str, Any], taker: str) -> None:

@@ -104,10 +104,15 @@ _ITEMS = re.compile(r",\s*|\s+and\s+", re.IGNORECASE)
 _LEADING = re.compile(r"^(I\s+(?:give|offer)\s+)", re.IGNORECASE)
 _ARROW = re.compile(r"\s*->\s*")
 _BRACKET = re.compile(r"[\[\]]")
+_SIMPLE = re.compile(r"(\d{1,9}) (" + "|".join(RESOURCES) + ")")
 
 
 def parse_resources(text: str) -> Bundle | None:
     """``"2 Wood and 1 Gold"`` -> ``{"Wood": 2, "Gold": 1}``; ``None`` if any item is bad."""
+    simple = _SIMPLE.fullmatch(text)
+    if simple is not None:  # one plain "N Wood" item, the usual case: the same result
+        n = int(simple.group(1))
+        return {simple.group(2): n} if n > 0 else None
     bundle: Bundle = {}
     for item in _ITEMS.split(text):
         item = item.strip()
@@ -288,7 +293,7 @@ class SimpleNegotiation(Scenario):
     def resolve(self) -> None:
         # Called once per step, after the mover's play (or after the machinery refused an
         # action outside the action space, when play is not called at all).
-        mover = self.acting()[0]
+        mover = SEATS[self.s.turn_index % 2]  # (acting(), without building its list)
         self.s.turn_index += 1
         # SPIRAL: error_allowance=0, so the first invalid move (which ends the game) forfeits.
         if self.invalid_moves() > 0:
