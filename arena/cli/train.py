@@ -27,6 +27,13 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--ray-workers", type=int, metavar="N", help="Ray worker actors (default: one per CPU)"
     )
+    parser.add_argument(
+        "--trainer-actor",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --ray: the trainer and its pool in a Ray actor of their own, on a GPU "
+        "when device asks for one (default: exactly then, if the cluster has a GPU)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     parser.set_defaults(func=run)
 
@@ -46,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"ray={args.ray}")
     if args.ray_workers is not None:
         overrides.append(f"ray_workers={args.ray_workers}")
+    if args.trainer_actor is not None:
+        overrides.append(f"ray_trainer_actor={str(args.trainer_actor).lower()}")
     try:
         config = load_train_config(args.config, _checked(args.config, overrides))
     except ConfigError as exc:
@@ -68,6 +77,13 @@ def run(args: argparse.Namespace) -> int:
         )
     console = common.console()
     console.print(table)
+    for s in result.stage_summaries:  # on Ray: what the stage's workers cost
+        if "ray" in s:
+            ray = s["ray"]
+            console.print(
+                f"{s['stage']} on Ray: {ray['workers_started']} workers started, "
+                f"{len(ray['workers_lost'])} lost, {ray['retried']['episodes']} episodes retried"
+            )
     for name, path in result.checkpoints.items():
         console.print(f"checkpoint {name}: {path}  (parley run ... --agents {_spec(path)})")
     console.print(

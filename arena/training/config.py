@@ -136,8 +136,17 @@ class TrainConfig:
     local Ray, started once when this process has none); ``None`` plays them here."""
     ray_workers: int = 0
     """Ray worker actors (with ``ray``); 0 starts one per CPU of the cluster."""
+    ray_trainer_actor: bool | None = None
+    """With ``ray``: run the trainer and its pool in a Ray actor of their own
+    (:func:`~parley.arena.training.ray_train.train_in_actor`), given a GPU when ``device``
+    asks for one (``auto``, ``cuda``) and the cluster has one; this process shows the
+    progress bar and gets the outputs back. ``None`` (the default): an actor exactly when
+    ``device`` asks for a GPU and the cluster has one (the driver is often a CPU head node);
+    otherwise the trainer stays here, as an actor would only add its start-up."""
 
     def __post_init__(self) -> None:
+        if self.ray_trainer_actor and self.ray is None:
+            raise ConfigError("ray_trainer_actor needs ray (parley train --ray [ADDRESS])")
         if self.ray_workers < 0:
             raise ConfigError(
                 f"ray_workers must be 0 (one per CPU) or more, got {self.ray_workers}"

@@ -155,8 +155,17 @@ def _system_prompts(config: TrainConfig) -> dict[str, str]:
         env.close()
 
 
-async def run_training(config: TrainConfig) -> TrainResult:
-    """Run every stage of ``config``; see the module docstring for what is written."""
+async def run_training(config: TrainConfig, *, progress: Any = None) -> TrainResult:
+    """Run every stage of ``config``; see the module docstring for what is written.
+
+    ``progress``: a :class:`rich.progress.Progress` to show the bar in (the trainer's Ray
+    actor passes a hidden one that its driver reads); by default one on stderr."""
+    if config.ray is not None and config.ray_trainer_actor is not False:
+        from parley.arena.training.ray_train import train_in_actor
+
+        result = await train_in_actor(config)  # None: the trainer stays in this process
+        if isinstance(result, TrainResult):
+            return result
     torch: Any = require("torch", "train")
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -200,7 +209,9 @@ async def run_training(config: TrainConfig) -> TrainResult:
         TextColumn("{task.fields[metric]}"),
     )
     try:
-        with Progress(*columns, console=console, disable=not config.progress) as progress:
+        if progress is None:
+            progress = Progress(*columns, console=console, disable=not config.progress)
+        with progress:
             run.progress, run.bar = progress, progress.add_task("train", total=total, metric="")
             # Stages run in order, each from the weights the previous one left.
             for stage in config.stages:

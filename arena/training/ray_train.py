@@ -22,16 +22,20 @@ version of the weights the trainer last pushed, exactly as in a local run:
   :meth:`RayRunner.play` per episode, so its staleness rule (drop at batch time) and its
   admission budget hold as they do locally.
 
-The trainer stays in the driver process (the pool and the trainer share its weights; an
-actor of its own would need the pool's weights shipped to it and back on every update).
+The trainer and its pool (they share the weights) run in the driver process, or, with
+``ray_trainer_actor`` (``--trainer-actor``; by default when ``device`` asks for a GPU and
+the cluster has one), together in a :class:`TrainerActor` of their own, placed on a GPU:
+:func:`train_in_actor`. The driver then shows the progress bar and gets the outputs back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from parley.agents.llm import LLMAgentConfig
@@ -48,7 +52,16 @@ from parley.protocols.messages import (
     GenerateResult,
 )
 
-__all__ = ["PolicySeat", "SeatPolicy", "TrainEpisodeWorker", "TrainRayRunner", "ray_stage_runner"]
+__all__ = [
+    "PolicySeat",
+    "SeatPolicy",
+    "TrainEpisodeWorker",
+    "TrainRayRunner",
+    "TrainerActor",
+    "fetch_outputs",
+    "ray_stage_runner",
+    "train_in_actor",
+]
 
 ShippedConstraint = tuple[str, list[int], Constraint]
 """(policy, prompt token ids, constraint) of one generation, shipped with its episode."""
@@ -204,6 +217,7 @@ class TrainRayRunner(RayRunner):
         self.address = ""  # the Ray address, once open
         self.node_episodes: dict[str, int] = {}  # node id -> episodes played there
         self._initial_workers = 0
+        self.pool_address = ""
         self._joining: set[asyncio.Task[None]] = set()
 
     def figures(self) -> dict[str, Any]:
@@ -222,6 +236,7 @@ class TrainRayRunner(RayRunner):
             nodes.setdefault(node, {"ip": "", "workers": [], "episodes": 0})["episodes"] = episodes
         return {
             "address": self.address,
+            "pool": self.pool_address,  # where the workers reached the trainer's pool
             "workers": sum(1 for slot in self.slots if slot.alive),
             "workers_started": len(self.slots),
             "workers_lost": list(self.workers_lost),
@@ -305,6 +320,7 @@ class TrainRayRunner(RayRunner):
             endpoint.on(GenerateRequest, self._on_generate)
             address = await endpoint.bind(f"tcp://{host}:0")
             self.access = _PoolAccess(address, server_public, client_public, client_secret)
+            self.pool_address = address
             async with super().open() as ray_address:
                 self.address = ray_address
                 self._initial_workers = len(self.slots)
@@ -336,6 +352,171 @@ def ray_stage_runner(run: Any, stage: Any, config: RunConfig) -> TrainRayRunner:
     return TrainRayRunner(
         ray_config, seats, pool=run.sync.pool, tokenizer=run.tokenizer, log=run.log
     )
+
+
+# ------------------------------------------------------------------ the trainer's own actor
+
+
+class TrainerActor:
+    """Body of the trainer's Ray actor: :func:`~parley.arena.training.loop.run_training`
+    (trainer, pool, the stages' runners) with a hidden progress bar the driver reads, and
+    the run's output files for a driver on another node."""
+
+    def __init__(self) -> None:
+        from rich.progress import Progress
+
+        self.progress = Progress(disable=True)
+
+    async def where(self) -> dict[str, Any]:
+        import os
+
+        ray = import_ray()
+        context = ray.get_runtime_context()
+        return {"node": context.get_node_id(), "ip": _node_ip(ray), "pid": os.getpid(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()]}  # fmt: skip
+
+    async def train(self, config: Any) -> Any:
+        import os
+
+        from parley.arena.training.loop import run_training
+
+        changes: dict[str, Any] = {"ray_trainer_actor": False, "progress": False}
+        if not config.threads:  # Ray gives an actor one torch thread; the driver had all
+            changes["threads"] = len(os.sched_getaffinity(0))
+        if config.device.startswith("cuda"):  # the one GPU Ray gave the actor is cuda:0
+            changes["device"] = "cuda"
+        return await run_training(dataclasses.replace(config, **changes), progress=self.progress)
+
+    async def state(self) -> dict[str, Any] | None:
+        """The bar: completed steps, the stage's name, the watched metric."""
+        tasks = self.progress.tasks
+        if not tasks:
+            return None
+        task = tasks[0]
+        return {"completed": task.completed, "description": task.description,
+                "metric": task.fields.get("metric", "")}  # fmt: skip
+
+    async def files(self, out: str) -> list[tuple[str, int]]:
+        """Every file under ``out``: its path relative to ``out`` and its size."""
+        return _listing(Path(out))
+
+    async def read(self, out: str, name: str, offset: int, size: int) -> bytes:
+        with (Path(out) / name).open("rb") as f:
+            f.seek(offset)
+            return f.read(size)
+
+
+SHIP_CHUNK = 64 << 20
+"""Bytes per call when output files travel from the trainer's actor to the driver."""
+
+
+def _trainer_options(ray: Any, config: Any) -> dict[str, Any] | None:
+    """The trainer actor's resources, or None where the trainer stays in the driver
+    (``ray_trainer_actor`` unset and no GPU for it)."""
+    wants_gpu = config.device != "cpu"
+    gpu = wants_gpu and ray.cluster_resources().get("GPU", 0) >= 1
+    if config.ray_trainer_actor is None and not gpu:
+        return None
+    # num_cpus=0: the worker actors claim the cluster's CPUs (ray_workers: 0 is one per CPU),
+    # as they do with the trainer in the driver; the trainer's threads are not counted.
+    return {"num_cpus": 0, "num_gpus": 1 if gpu else 0, "max_restarts": 0}
+
+
+async def train_in_actor(config: Any) -> Any:
+    """``parley train --ray`` with the trainer (and its pool) in a Ray actor of its own
+    (``ray_trainer_actor``): on a GPU when ``device`` asks for one and the cluster has one.
+
+    The pool's listener is then on the actor's node (the workers reach it there). This
+    process shows the same progress bar (read from the actor twice a second) and returns
+    the same :class:`~parley.arena.training.loop.TrainResult`. The actor writes ``out`` on
+    its node; a driver on another node gets every file the actor wrote that it does not see
+    with the same size (on shared storage nothing travels), in chunks of
+    :data:`SHIP_CHUNK` bytes. ``summary.json`` says where the trainer ran (``trainer``).
+    Returns None when the trainer should stay in this process (``ray_trainer_actor`` unset
+    and no GPU)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    init_ray(config.ray)  # up for the rest of the run, as for the stages' runners
+    ray = import_ray()
+    options = _trainer_options(ray, config)
+    if options is None:
+        return None
+    shipped = _absolute(config)
+    out = Path(shipped.out)
+    actor = ray.remote(**options)(TrainerActor).remote()
+    try:
+        where = await actor.where.remote()
+        run = actor.train.remote(shipped)
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(),
+                   MofNCompleteColumn(), TextColumn("{task.fields[metric]}"))  # fmt: skip
+        total = sum(s.max_updates for s in config.stages)
+        console = Console(stderr=True)
+        with Progress(*columns, console=console, disable=not config.progress) as progress:
+            bar = progress.add_task("train", total=total, metric="")
+            while True:
+                done, _ = ray.wait([run], timeout=0)
+                state = await actor.state.remote()
+                if state is not None:
+                    progress.update(bar, **state)
+                if done:
+                    break
+                await asyncio.sleep(0.5)
+        try:
+            result = await run
+        except ray.exceptions.RayTaskError as exc:  # the run's own error (a ConfigError, ...)
+            cause = exc.cause if isinstance(exc.cause, Exception) else exc
+            raise cause from None
+        except ray.exceptions.RayActorError as exc:
+            raise RuntimeError(f"the trainer's Ray actor died: {exc}") from exc
+        here = ray.get_runtime_context().get_node_id()
+        shipped_files = 0 if where["node"] == here else await fetch_outputs(actor, out, out)
+        _note_trainer(out, {**where, "options": options, "files_shipped": shipped_files})
+        return result
+    finally:
+        with contextlib.suppress(Exception):  # an actor that died already
+            ray.kill(actor)
+
+
+async def fetch_outputs(actor: Any, source: Path, dest: Path) -> int:
+    """Copy the files under ``source`` on ``actor``'s node to ``dest`` here, except those
+    ``dest`` already has with the same size (shared storage); returns how many were copied."""
+    copied = 0
+    for name, size in await actor.files.remote(str(source)):
+        target = dest / name
+        if target.is_file() and target.stat().st_size == size:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("wb") as f:
+            for offset in range(0, max(size, 1), SHIP_CHUNK):
+                f.write(await actor.read.remote(str(source), name, offset, SHIP_CHUNK))
+        copied += 1
+    return copied
+
+
+def _absolute(config: Any) -> Any:
+    """``config`` with its output and local model directories absolute (an actor's working
+    directory is not the driver's; on a cluster they name shared storage)."""
+    model = config.model
+    if model != "tiny" and Path(model).exists():  # a hub name is left as is
+        model = str(Path(model).resolve())
+    return dataclasses.replace(config, out=str(Path(config.out).resolve()), model=model)
+
+
+def _listing(root: Path) -> list[tuple[str, int]]:
+    return [(str(p.relative_to(root)), p.stat().st_size)
+            for p in sorted(root.rglob("*")) if p.is_file()]  # fmt: skip
+
+
+def _note_trainer(out: Path, where: dict[str, Any]) -> None:
+    """Add where the trainer ran to ``summary.json`` (``trainer``)."""
+    import json
+
+    path = out / "summary.json"
+    if path.is_file():
+        summary = json.loads(path.read_text())
+        summary["trainer"] = {"actor": True, **where}
+        path.write_text(json.dumps(summary, indent=2, default=str))
 
 
 def _node_ip(ray: Any) -> str:

@@ -261,6 +261,8 @@ def test_parley_train_ray_runs_the_referential_recipe_end_to_end(
     summary = json.loads((out / "summary.json").read_text())
     assert [s["updates"] for s in summary["stages"]] == [3, 2]
     assert all(s["failed_episodes"] == 0 for s in summary["stages"])
+    assert "trainer" not in summary  # the default: no GPU in the cluster, trainer stays here
+    assert all(s["ray"]["workers_started"] == 2 for s in summary["stages"])
     for policy in ("speaker", "listener"):
         assert (out / "checkpoints" / policy / "config.json").exists()
     assert "checkpoint listener" in capsys.readouterr().out
@@ -317,3 +319,87 @@ async def test_a_worker_killed_mid_stage_costs_no_sample(
     played = sum(node["episodes"] for node in figures["nodes"].values())
     assert played >= 18  # every kept episode, plus any dropped as stale
     assert sum(len(node["workers"]) for node in figures["nodes"].values()) == 3
+
+
+# ------------------------------------------------------------------ the trainer's own actor
+
+
+def test_a_trainer_actor_without_ray_is_a_config_error(tmp_path: Path) -> None:
+    from parley.arena.training.config import load_train_config
+    from parley.protocols.errors import ConfigError
+
+    data = {**_recipe(tmp_path, tmp_path / "run"), "ray_trainer_actor": True}
+    with pytest.raises(ConfigError, match="ray_trainer_actor needs ray"):
+        load_train_config(data=data)
+    assert load_train_config(data={**data, "ray": "local"}).ray_trainer_actor is True
+
+
+@pytest.mark.timeout(240)
+async def test_outputs_come_back_from_the_trainer_actor_node_except_those_already_here(
+    tmp_path: Path, local_ray: None
+) -> None:
+    from parley.arena.training import ray_train
+    from parley.arena.training.ray_train import TrainerActor, fetch_outputs
+
+    there, here = tmp_path / "there", tmp_path / "here"
+    (there / "checkpoints" / "listener").mkdir(parents=True)
+    weights = bytes(range(256)) * 1000  # 256 kB, shipped in chunks below
+    (there / "checkpoints" / "listener" / "model.safetensors").write_bytes(weights)
+    (there / "summary.json").write_text('{"stages": []}')
+    (there / "empty.txt").write_text("")
+    actor = ray.remote(num_cpus=0)(TrainerActor).remote()
+    chunk = ray_train.SHIP_CHUNK
+    ray_train.SHIP_CHUNK = 10_000  # 26 reads for the weights: the offsets must add up
+    try:
+        assert await fetch_outputs(actor, there, here) == 3
+        assert (here / "checkpoints" / "listener" / "model.safetensors").read_bytes() == weights
+        assert (here / "summary.json").read_text() == '{"stages": []}'
+        assert (here / "empty.txt").read_text() == ""
+        assert await fetch_outputs(actor, there, here) == 0  # shared storage: nothing moves
+        (here / "summary.json").write_text("{}")  # a stale copy here is replaced
+        assert await fetch_outputs(actor, there, here) == 1
+        assert (here / "summary.json").read_text() == '{"stages": []}'
+    finally:
+        ray_train.SHIP_CHUNK = chunk
+        ray.kill(actor)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_parley_train_ray_trainer_actor_runs_the_recipe_with_the_bar_and_outputs_here(
+    tiny_model_dir: Path, tmp_path: Path, local_ray: None, capsys: Any
+) -> None:
+    import json
+    import os
+
+    import yaml
+
+    from parley.arena.cli import main
+
+    path = tmp_path / "train.yaml"
+    recipe = {**_recipe(tiny_model_dir, tmp_path / "run"), "progress": True}
+    path.write_text(yaml.safe_dump(recipe))
+    args = ["train", "--config", str(path), "--ray", "--ray-workers", "2", "--trainer-actor"]
+    assert main(args) == 0
+    out = tmp_path / "run"
+    summary = json.loads((out / "summary.json").read_text())
+    trainer = summary["trainer"]
+    assert trainer["actor"] is True
+    assert trainer["pid"] != os.getpid()  # the trainer ran in its actor, not here
+    assert trainer["options"]["num_gpus"] == 0  # no GPU in this cluster
+    assert trainer["files_shipped"] == 0  # the actor's node is this one
+    assert [s["updates"] for s in summary["stages"]] == [3, 2]
+    for stage in summary["stages"]:
+        assert stage["failed_episodes"] == 0
+        assert stage["ray"]["pool"].startswith("tcp://127.0.0.1:")  # the actor's node
+        assert stage["ray"]["workers_started"] == 2
+        assert sum(n["episodes"] for n in stage["ray"]["nodes"].values()) >= stage["episodes"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert [r["stage"] for r in rows] == ["listener"] * 3 + ["joint"] * 2
+    assert all(r["samples"] > 0 and r["pool_requests"] > 0 for r in rows)
+    for policy in ("speaker", "listener"):
+        assert (out / "checkpoints" / policy / "config.json").exists()
+    captured = capsys.readouterr()
+    assert "5/5" in captured.err  # the driver's bar, read from the actor, reached the end
+    assert "checkpoint listener" in captured.out
+    assert "joint on Ray: 2 workers started, 0 lost, 0 episodes retried" in captured.out
