@@ -8,7 +8,7 @@ per-seat trajectories and turns them into an :class:`~parley.arena.run.records.E
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from parley.arena.run.config import RunConfig
 from parley.arena.run.records import EpisodeRecord
+from parley.arena.run.seeds import WORD, derive_rows
 from parley.protocols.messages import Action, TurnRecord
 from parley.protocols.messages import Trajectory as TrajectoryMsg
 
@@ -54,22 +55,49 @@ class EpisodePlan:
 def plan_episodes(config: RunConfig, seats: Sequence[str]) -> list[EpisodePlan]:
     """Every episode of the run, task-major (all trials of task 0, then task 1, ...)."""
     plans: list[EpisodePlan] = []
-    for task in range(config.episodes):
-        for trial in range(config.trials):
-            agent_seeds = {
-                seat: derive_seed(config.seed, _AGENT, task, trial, i)
-                for i, seat in enumerate(seats)
-            }
-            plans.append(
-                EpisodePlan(
-                    index=len(plans),
-                    task=task,
-                    trial=trial,
-                    seed=derive_seed(config.seed, _SCENARIO, task),
-                    agent_seeds=agent_seeds,
-                )
+    for task, trial, seed, seat_seeds in _seeds(config, len(seats)):
+        plans.append(
+            EpisodePlan(
+                index=len(plans),
+                task=task,
+                trial=trial,
+                seed=seed,
+                agent_seeds=dict(zip(seats, seat_seeds, strict=True)),
             )
+        )
     return plans
+
+
+_CHUNK = 1 << 14  # tasks whose seeds are derived together (bounds the key tables' memory)
+
+
+def _seeds(config: RunConfig, n_seats: int) -> Iterator[tuple[int, int, int, list[int]]]:
+    """``(task, trial, scenario seed, seat seeds)`` of every episode, in plan order: what
+    :func:`derive_seed` gives, a table at a time (:func:`derive_rows`) when every key is one
+    32-bit word (always, unless the run seed is 2**32 or more)."""
+    run, tasks, trials = int(config.seed), config.episodes, config.trials
+    if not 0 <= run < WORD:
+        for task in range(tasks):
+            seed = derive_seed(run, _SCENARIO, task)
+            for trial in range(trials):
+                yield (
+                    task,
+                    trial,
+                    seed,
+                    [derive_seed(run, _AGENT, task, trial, i) for i in range(n_seats)],
+                )
+        return
+    for first in range(0, tasks, _CHUNK):
+        block = np.arange(first, min(first + _CHUNK, tasks), dtype=np.uint64)
+        head = np.broadcast_to(np.array([run, _SCENARIO], dtype=np.uint64), (len(block), 2))
+        scenario = derive_rows(np.column_stack([head, block])).tolist()
+        grid = np.indices((len(block), trials, n_seats)).astype(np.uint64).reshape(3, -1).T
+        grid[:, 0] += np.uint64(first)
+        head = np.broadcast_to(np.array([run, _AGENT], dtype=np.uint64), (len(grid), 2))
+        agents = derive_rows(np.column_stack([head, grid])).reshape(len(block), trials, n_seats)
+        for offset, (seed, per_trial) in enumerate(zip(scenario, agents.tolist(), strict=True)):
+            for trial, seat_seeds in enumerate(per_trial):
+                yield first + offset, trial, seed, seat_seeds
 
 
 class EpisodeLog:
