@@ -65,6 +65,7 @@ from typing import Any
 from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
 from parley.arena.inference.backends.constraints import constraint_regex
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
+from parley.arena.inference.backends.vllm_cpu_lora import WORKER_EXTENSION
 from parley.arena.inference.backends.vllm_lora import (
     LoRAAdapters,
     base_shapes,
@@ -183,6 +184,8 @@ class VLLMBackend(Backend):
             **({"max_model_len": max_model_len} if max_model_len else {}),
             **_cpu_engine_defaults(),
             **lora_engine_args(max_loras, max_lora_rank, cpu=_on_cpu()),
+            # vLLM's CPU LoRA ops copy each token's adapter matrices: use grouped ones.
+            **({"worker_extension_cls": WORKER_EXTENSION} if max_loras and _on_cpu() else {}),
             **(engine_args or {}),
         }
         parsed: Any = vllm.AsyncEngineArgs(**args)
@@ -200,6 +203,7 @@ class VLLMBackend(Backend):
         backend._engine_args = parsed
         backend.max_restarts = max_restarts
         backend._lora.base = await asyncio.to_thread(base_shapes, model)
+        await backend._group_lora_ops()
         return backend
 
     # --- Backend surface ---------------------------------------------------------------
@@ -286,6 +290,12 @@ class VLLMBackend(Backend):
         self._lora.close()
 
     # --- machinery ---------------------------------------------------------------------
+
+    async def _group_lora_ops(self) -> None:
+        """Install :mod:`~parley.arena.inference.backends.vllm_cpu_lora`'s grouped ops in
+        the workers when the engine was started with its extension (CPU + LoRA)."""
+        if getattr(self._engine_args, "worker_extension_cls", "") == WORKER_EXTENSION:
+            await self.engine.collective_rpc("parley_group_lora_ops")
 
     def _sampling_params(self, request: GenerateRequest, prompt_len: int, stream: bool) -> Any:
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -376,6 +386,7 @@ class VLLMBackend(Backend):
                     self.engine.shutdown()
                 self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, self._engine_args)
                 self._generation += 1
+                await self._group_lora_ops()
             except Exception as err:  # a failed restart is final
                 self.failure = f"the vLLM engine died ({exc}) and could not restart: {err}"
                 raise BackendError(self.failure) from err

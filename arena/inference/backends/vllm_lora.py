@@ -37,6 +37,8 @@ Rules (the owner's choices where the contract in issue 17 is silent):
   with 2 slots and 2 adapters, base requests decoded exactly as one adapter;
   vllm-project/vllm#48421, open). vLLM fills the lowest free slot first and a removed
   adapter's slot is zeroed, so with at most slots - 1 registered the last stays zero.
+  (The grouped CPU ops the backend installs, :mod:`~parley.arena.inference.backends.vllm_cpu_lora`,
+  skip index -1 themselves; the empty slot also covers an engine without them.)
 """
 
 from __future__ import annotations

@@ -113,6 +113,10 @@ async def test_mixed_adapters_in_one_batch_match_peft(
         assert c.token_ids == tokens[: len(c.token_ids)], policy
         worst = max(worst, *(abs(x - y) for x, y in zip(c.logprobs, logprobs, strict=False)))
     print(f"largest logprob difference vLLM LoRA vs peft float32: {worst:.2e}")
+    # ... computed by parley's grouped CPU LoRA ops in vLLM's workers (vllm_cpu_lora).
+    assert await backend.engine.collective_rpc("parley_lora_ops") == [
+        "parley.arena.inference.backends.vllm_cpu_lora"
+    ]
     assert worst < 1e-4, f"largest logprob difference to peft float32: {worst:.2e}"
     # The adapters change the output (else this test could not fail).
     assert len({tuple(want[p][0]) for p in want}) == 3

@@ -7,6 +7,7 @@ import asyncio
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,3 +127,40 @@ def test_lora_on_a_gpu_needs_16_bit_weights(monkeypatch: pytest.MonkeyPatch) -> 
     assert backend._lora_dtype("float16", lora=True) == "float16"
     with pytest.raises(ConfigError, match="take float16 or bfloat16 weights, not float32"):
         backend._lora_dtype("float32", lora=True)
+
+
+def test_grouped_cpu_ops_equal_vllms_except_that_base_rows_get_no_adapter() -> None:
+    """parley's grouped CPU LoRA ops against vLLM's own torch ops, on random batches of
+    mixed adapters: the same numbers for adapter rows; base rows (index -1) get nothing,
+    where vLLM's ops applied the last slot's adapter (vllm-project/vllm#48421)."""
+    pytest.importorskip("vllm")
+    import torch
+    from vllm.lora.ops.torch_ops import lora_ops as stock
+
+    from parley.arena.inference.backends import vllm_cpu_lora as grouped
+
+    g = torch.Generator().manual_seed(0)
+    slots, rank, width, tokens = 3, 8, 48, 11
+    x = torch.randn(tokens, width, generator=g)
+    a = torch.randn(slots, 1, rank, width, generator=g)  # shrink weights (S, 1, r, in)
+    b = torch.randn(slots, 1, width, rank, generator=g)  # expand weights (S, 1, out, r)
+    idx = torch.tensor([0, 2, -1, 1, 1, -1, 0, 2, 2, -1, 1])
+    adapter = idx >= 0
+
+    def run(ops: Any, base: Any) -> tuple[Any, Any, Any]:
+        h = torch.zeros(tokens, rank)
+        ops.bgmv_shrink(x, a, h, idx, 0.5)
+        y, z = base.clone(), base.clone()
+        ops.bgmv_expand(h, b, y, idx, add_inputs=True)
+        ops.bgmv_expand_slice(h, b[:, :, :16], z, idx, 8, 16, add_inputs=False)
+        return h, y, z
+
+    base = torch.randn(tokens, width, generator=g)
+    mine, theirs = run(grouped, base), run(stock, base)
+    for m, t in zip(mine, theirs, strict=True):
+        assert torch.allclose(m[adapter], t[adapter], atol=1e-5)
+    h, y, z = mine
+    assert not h[~adapter].any()
+    assert torch.equal(y[~adapter], base[~adapter])  # the base rows are left alone
+    assert not z[~adapter][:, 8:24].any()
+    assert not torch.allclose(theirs[1][~adapter], base[~adapter])  # vLLM's bug, as measured
