@@ -1,0 +1,62 @@
+"""``say`` skips re-escaping only the very action ``step`` just checked: anything else a
+scenario derives from an action (or keeps from an earlier step) is escaped as before."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parley.scenarios.base import Scenario
+
+
+class Smuggler(Scenario):  # type: ignore[misc]
+    """Says the action, a control-character variant of it, and the first action again."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "test/smuggler-v0",
+        "render_modes": ["ansi"],
+        "is_parallelizable": True,
+    }
+
+    def __init__(self) -> None:
+        super().__init__(["a", "b"])
+        self.first: str | None = None
+
+    def new_episode(self, rng: np.random.Generator) -> None:
+        self.first = None
+
+    def acting(self) -> list[str]:
+        return ["a"]
+
+    def play(self, agent: str, action: str) -> str | None:
+        self.say(agent, action)
+        self.say(agent, action + "\x1b[2J\x00")  # derived from a clean action: not clean
+        if self.first is None:
+            self.first = action
+        self.say(agent, self.first)  # an earlier clean action: still clean
+        return None
+
+    def system_prompt(self, agent: str) -> str:
+        return "test"
+
+
+def test_text_derived_from_a_clean_action_is_still_escaped() -> None:
+    env = Smuggler()
+    env.reset(seed=0)
+    observations, *_ = env.step({"a": "hello", "b": ""})
+    assert observations["b"].splitlines() == [
+        "a: hello",
+        "a: hello\\x1b[2J\\x00",
+        "a: hello",
+    ]
+    observations, *_ = env.step({"a": "\u00e9t\u00e9", "b": ""})  # refused: not in charset
+    observations, *_ = env.step({"a": "again", "b": ""})
+    # (b is never asked: its lines pile up, the last three are this step's)
+    assert observations["b"].splitlines()[-3:] == [
+        "a: again",
+        "a: again\\x1b[2J\\x00",
+        "a: hello",
+    ]
+    assert all(ch == "\n" or " " <= ch <= "~" for ch in observations["b"])
+    assert all(event.text.isascii() for event in env.events)
