@@ -403,3 +403,19 @@ def test_parley_train_ray_trainer_actor_runs_the_recipe_with_the_bar_and_outputs
     assert "5/5" in captured.err  # the driver's bar, read from the actor, reached the end
     assert "checkpoint listener" in captured.out
     assert "joint on Ray: 2 workers started, 0 lost, 0 episodes retried" in captured.out
+
+
+@pytest.mark.timeout(300)
+def test_an_error_in_the_trainer_actor_is_raised_in_the_driver_as_itself(
+    tiny_model_dir: Path, tmp_path: Path, local_ray: None
+) -> None:
+    from parley.arena.training.config import load_train_config
+    from parley.arena.training.loop import train
+    from parley.protocols.errors import ConfigError
+
+    data = {**_recipe(tiny_model_dir, tmp_path / "run"), "ray": "local", "ray_workers": 1}
+    data["ray_trainer_actor"] = True
+    data["stages"][0]["agents"] = {"speaker": "no_such_module:Bot", "listener": "policy:listener"}
+    with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
+        train(load_train_config(data=data))
+    assert not (tmp_path / "run" / "summary.json").exists()  # nothing claims a finished run
