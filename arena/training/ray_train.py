@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -433,10 +434,7 @@ async def train_in_actor(config: Any) -> Any:
     with the same size (on shared storage nothing travels), in chunks of
     :data:`SHIP_CHUNK` bytes. ``summary.json`` says where the trainer ran (``trainer``).
     Returns None when the trainer should stay in this process (``ray_trainer_actor`` unset
-    and no GPU)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
+    and no GPU). A trainer actor that dies is a :class:`RuntimeError` naming it."""
     init_ray(config.ray)  # up for the rest of the run, as for the stages' runners
     ray = import_ray()
     options = _trainer_options(ray, config)
@@ -444,31 +442,20 @@ async def train_in_actor(config: Any) -> Any:
         return None
     shipped = _absolute(config)
     out = Path(shipped.out)
-    actor = ray.remote(**options)(TrainerActor).remote()
+    name = f"parley-trainer-{uuid.uuid4().hex[:8]}"  # `ray list actors` shows it by name
+    actor = ray.remote(**options)(TrainerActor).options(name=name).remote()
     try:
-        where = await actor.where.remote()
-        run = actor.train.remote(shipped)
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(),
-                   MofNCompleteColumn(), TextColumn("{task.fields[metric]}"))  # fmt: skip
-        total = sum(s.max_updates for s in config.stages)
-        console = Console(stderr=True)
-        with Progress(*columns, console=console, disable=not config.progress) as progress:
-            bar = progress.add_task("train", total=total, metric="")
-            while True:
-                done, _ = ray.wait([run], timeout=0)
-                state = await actor.state.remote()
-                if state is not None:
-                    progress.update(bar, **state)
-                if done:
-                    break
-                await asyncio.sleep(0.5)
         try:
+            where = await actor.where.remote()
+            run = actor.train.remote(shipped)
+            await _follow(ray, actor, run, config)
             result = await run
         except ray.exceptions.RayTaskError as exc:  # the run's own error (a ConfigError, ...)
             cause = exc.cause if isinstance(exc.cause, Exception) else exc
             raise cause from None
         except ray.exceptions.RayActorError as exc:
-            raise RuntimeError(f"the trainer's Ray actor died: {exc}") from exc
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise RuntimeError(f"the trainer's Ray actor {name} died: {first}") from exc
         here = ray.get_runtime_context().get_node_id()
         shipped_files = 0 if where["node"] == here else await fetch_outputs(actor, out, out)
         _note_trainer(out, {**where, "options": options, "files_shipped": shipped_files})
@@ -476,6 +463,27 @@ async def train_in_actor(config: Any) -> Any:
     finally:
         with contextlib.suppress(Exception):  # an actor that died already
             ray.kill(actor)
+
+
+async def _follow(ray: Any, actor: Any, run: Any, config: Any) -> None:
+    """Show the trainer actor's progress bar here until ``run`` (its training) is done."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(),
+               MofNCompleteColumn(), TextColumn("{task.fields[metric]}"))  # fmt: skip
+    total = sum(s.max_updates for s in config.stages)
+    console = Console(stderr=True)
+    with Progress(*columns, console=console, disable=not config.progress) as progress:
+        bar = progress.add_task("train", total=total, metric="")
+        while True:
+            done, _ = ray.wait([run], timeout=0)
+            state = await actor.state.remote()
+            if state is not None:
+                progress.update(bar, **state)
+            if done:
+                return
+            await asyncio.sleep(0.5)
 
 
 async def fetch_outputs(actor: Any, source: Path, dest: Path) -> int:

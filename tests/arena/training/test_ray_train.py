@@ -419,3 +419,37 @@ def test_an_error_in_the_trainer_actor_is_raised_in_the_driver_as_itself(
     with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
         train(load_train_config(data=data))
     assert not (tmp_path / "run" / "summary.json").exists()  # nothing claims a finished run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_trainer_actor_killed_mid_run_ends_the_run_with_an_error_naming_it(
+    tiny_model_dir: Path, tmp_path: Path, local_ray: None
+) -> None:
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from parley.arena.training.config import load_train_config
+    from parley.arena.training.loop import train
+
+    data = {**_recipe(tiny_model_dir, tmp_path / "run"), "ray": "local", "ray_workers": 1}
+    data["ray_trainer_actor"] = True
+    data["stages"][0]["max_updates"] = 50  # long enough to be killed in the middle
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(train, load_train_config(data=data))
+        deadline = time.monotonic() + 300
+        state = None
+        while time.monotonic() < deadline and not running.done():
+            names = [n for n in ray.util.list_named_actors() if n.startswith("parley-trainer-")]
+            if names:
+                actor = ray.get_actor(names[0])
+                state = ray.get(actor.state.remote())
+                if state is not None and state["completed"] >= 1:  # updates under way
+                    ray.kill(actor, no_restart=True)
+                    break
+            time.sleep(0.5)
+        assert state is not None, "the trainer actor never showed a bar"
+        assert state["completed"] >= 1, "the run never got going"
+        with pytest.raises(RuntimeError, match=r"trainer's Ray actor parley-trainer-\w+ died"):
+            running.result(timeout=120)
+    assert not [n for n in ray.util.list_named_actors() if n.startswith("parley-trainer-")]
