@@ -28,7 +28,9 @@ ONE backend and pool (started with the first such seat's pool settings; the base
 served under the policy ``BASE``), each adapter is loaded once, and the seats' requests
 batch together. Two different adapter directories under one policy name are refused. With
 a pool elsewhere (``--pool ADDRESS`` or a pool object) the adapter is not loaded here: that
-pool must serve the policy already (``parley serve --adapter NAME=DIR``).
+pool must serve the policy already (``parley serve --adapter NAME=DIR``). With
+``backend=vllm`` the engine is sized when it starts: ``max_loras`` adapters (default 4) of
+rank at most ``max_lora_rank`` (default: the first seat's adapter rank, at least 16).
 
 System prompt: the agent is told ``system_prompt(seat)`` of the scenario (taken from an
 instance the resolver makes once), unless an observation's ``info["system_prompt"]``
@@ -77,7 +79,11 @@ __all__ = [
 ]
 
 _POOL_KEYS = {"max_batch_size", "max_wait"}
-_BACKEND_KEYS = {"backend", "device"}
+_BACKEND_KEYS = {"backend", "device", "max_loras", "max_lora_rank"}
+_VLLM_LORA_KEYS = ("max_loras", "max_lora_rank")
+DEFAULT_MAX_LORAS = 4
+"""Adapters an in-process vLLM engine started for ``llm:BASE?adapter=`` seats can hold
+(``max_loras=N`` in the spec raises it; vLLM fixes it when the engine starts)."""
 _ADAPTER_KEY = "adapter"
 _AGENT_KEYS = {f.name for f in dataclasses.fields(LLMAgentConfig)} - {"stop"}
 
@@ -139,6 +145,12 @@ def parse_llm_spec(arg: str) -> LLMSpec:
         pool_config = msgspec.convert(pool, PoolConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"bad value in llm:{arg}: {exc}") from exc
+    lora_keys = sorted({key for key, _ in backend_options} & set(_VLLM_LORA_KEYS))
+    if lora_keys and not (backend == "vllm" and adapter):
+        raise ConfigError(
+            f"{', '.join(lora_keys)} in llm:{arg} size vLLM's adapter slots: they go "
+            "with backend=vllm and adapter=DIR"
+        )
     options = tuple(backend_options)
     return LLMSpec(path, agent_config, backend, options, pool_config, system_prompt, adapter)
 
@@ -332,7 +344,21 @@ class _AdapterPool(_LazyPool):
         from parley.arena.inference.backends import load_backend
 
         spec = self._spec
-        backend = await load_backend(spec.backend, spec.model, **dict(spec.backend_options))
+        options: dict[str, Any] = dict(spec.backend_options)
+        if spec.backend == "vllm":
+            # vLLM sizes its adapter slots when the engine starts, before the other seats'
+            # adapters are known: DEFAULT_MAX_LORAS of them, of this adapter's rank or 16.
+            from parley.arena.inference.backends.vllm_lora import read_adapter
+
+            rank = max(16, read_adapter(self._path).rank)
+            for key, default in zip(_VLLM_LORA_KEYS, (DEFAULT_MAX_LORAS, rank), strict=True):
+                try:
+                    options[key] = int(options.get(key, default))
+                except ValueError:
+                    raise ConfigError(
+                        f"{key}={options[key]!r} in llm:{spec.model}: not a whole number"
+                    ) from None
+        backend = await load_backend(spec.backend, spec.model, **options)
         return await InferencePool({spec.model: backend}, spec.pool).start()
 
     async def pool(self) -> InferencePool:

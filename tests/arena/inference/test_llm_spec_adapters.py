@@ -36,6 +36,12 @@ def test_adapter_key_and_default_policy() -> None:
     assert parse_llm_spec("m").adapter == ""
     with pytest.raises(ConfigError, match="needs a PEFT adapter directory"):
         parse_llm_spec("m?adapter=")
+    vllm = parse_llm_spec("m?backend=vllm&adapter=a&max_loras=8&max_lora_rank=32")
+    assert dict(vllm.backend_options) == {"max_loras": "8", "max_lora_rank": "32"}
+    # vLLM's slot sizes mean nothing without vLLM and an adapter: refused, not ignored.
+    for wrong in ("m?max_loras=8", "m?adapter=a&max_loras=8", "m?backend=vllm&max_lora_rank=8"):
+        with pytest.raises(ConfigError, match="go with backend=vllm and adapter=DIR"):
+            parse_llm_spec(wrong)
 
 
 def test_a_missing_adapter_is_refused_when_the_seat_is_resolved(
@@ -101,6 +107,36 @@ def test_parley_run_with_two_adapter_seats(
         [
             *("run", SCENARIO, "--agents", agents, "--episodes", "2", "--concurrency", "2"),
             *("--no-progress", "--out", str(tmp_path), "--act-timeout", "120", "-s", "max_turns=2"),
+        ]
+    )
+    assert status == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["episodes"] == {"ok": 2, "failed": 0, "total": 2}
+    used = {
+        traj["agent"]: {t["policy"] for turn in traj["turns"] for t in turn["tokens"]}
+        for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()
+        for traj in [json.loads(line)]
+    }
+    assert used == {"player_0": {"seat0"}, "player_1": {"seat1"}}
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(400)
+def test_parley_run_with_two_adapter_seats_on_vllm(
+    tiny_model_dir: Path, adapters: list[Path], tmp_path: Path
+) -> None:
+    # The in-process vLLM engine is sized for adapters when it starts (max_loras, rank)
+    # although the seats' adapters are added only afterwards.
+    pytest.importorskip("vllm")
+    from parley.arena.cli import main
+
+    seat = f"llm:{tiny_model_dir}?backend=vllm&max_tokens=6&adapter="
+    agents = f"{seat}{adapters[0]},{seat}{adapters[1]}"
+    status = main(
+        [
+            *("run", SCENARIO, "--agents", agents, "--episodes", "2", "--concurrency", "2"),
+            *("--no-progress", "--out", str(tmp_path), "--act-timeout", "240", "-s", "max_turns=2"),
         ]
     )
     assert status == 0
