@@ -53,14 +53,14 @@ defaults give v0's rules, observations and transcripts:
 * ``notebook`` (False): True keeps, per agent, the set of distinct *real* facts it holds or
   has been told (a fact line in a message enters its recipients' notebooks only when the
   deal holds that fact: a made-up fact is ignored), and shows it as a short line in every
-  prompt, the option letter of each known fact (``Known: C A C B``, in fact-id order, so the
+  prompt, the option letter of each known fact (``Known:C,A,C,B``, in fact-id order, so the
   order carries no information). The brief is then left out (the notebook carries the
   facts) and a ``share`` message reads ``share`` (what it shared is in the recipients'
   notebooks). ``view["known"]`` holds the notebook as fact dicts.
 
 Why: a tiny model trained from reward alone cannot count distinct fact ids across several
 long messages, but it can read the most frequent letter of one short line. The task stays
-the task: alone each agent still sees a tie (``Known: A B C``); only facts shared by the
+the task: alone each agent still sees a tie (``Known:A,B,C``); only facts shared by the
 others break it, and the team wins only if a plurality votes the best option
 (``examples/hidden-profile.md`` has the measured difference).
 
@@ -394,8 +394,12 @@ class HiddenProfileV1(HiddenProfile):
                 self.known[seat].update(deal[f] for f in facts)
 
     def notebook_line(self, agent: str) -> str:
-        """``Known: C A C B`` - the option of each distinct fact ``agent`` knows, by fact id."""
-        return "Known: " + " ".join(f.option for f in sorted(self.known[agent], key=lambda f: f.id))
+        """``Known:C,A,C,B`` - the option of each distinct fact ``agent`` knows, by fact id.
+
+        No spaces: each letter is then the same token as the vote that names it (with a
+        space before it, a BPE vocabulary reads another token), which a small model with
+        tied embeddings can copy."""
+        return "Known:" + ",".join(f.option for f in sorted(self.known[agent], key=lambda f: f.id))
 
     def prompt(self, agent: str) -> str:
         if not self.notebook:
