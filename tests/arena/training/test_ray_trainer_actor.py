@@ -74,3 +74,32 @@ async def test_the_trainer_actor_goes_to_the_gpu_node_when_the_device_asks_for_o
         assert await actor.state.remote() is None  # no bar before the run starts
     finally:
         ray.kill(actor)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_recipe_trains_with_the_trainer_actor_on_a_cluster_pool_on_its_node_address(
+    gpu_cluster: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import json
+    import os
+
+    pytest.importorskip("torch")
+    from parley.arena.training.loop import train
+    from tests.arena.training.test_ray_train import _recipe
+
+    data = {**_recipe(tiny_model_dir, tmp_path / "run"), "ray": "auto"}  # joined already
+    data.update(ray_workers=2, ray_trainer_actor=True)  # device: cpu, so a CPU actor
+    result = train(load_train_config(data=data))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    trainer = summary["trainer"]
+    assert trainer["pid"] != os.getpid()
+    assert trainer["options"]["num_gpus"] == 0
+    for stage in summary["stages"]:
+        # A cluster address: the listener is on the actor's node address, not loopback.
+        pool = stage["ray"]["pool"]
+        assert pool.startswith(f"tcp://{trainer['ip']}:")
+        assert not pool.startswith("tcp://127.")
+        assert stage["failed_episodes"] == 0
+    assert [s["updates"] for s in result.stage_summaries] == [3, 2]
+    assert (tmp_path / "run" / "checkpoints" / "listener" / "config.json").exists()
