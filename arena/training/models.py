@@ -133,9 +133,9 @@ def _trainer_model(config: TrainConfig, path: Path, device: str) -> Any:
 
 
 def _load(path: Path, precision: str, device: str) -> Any:
-    transformers: Any = require("transformers", "train")
-    dtype = torch_dtype(precision)
-    return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+    from parley.arena.inference.backends.tokenizer import load_causal_lm
+
+    return load_causal_lm(str(path), dtype=torch_dtype(precision)).to(device)
 
 
 def _backend(config: TrainConfig, model: Any, tokenizer: Any) -> Any:

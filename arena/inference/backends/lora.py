@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from parley.arena.inference.backends.errors import BackendError
+from parley.arena.inference.backends.tokenizer import load_causal_lm
 from parley.protocols.errors import ConfigError, require
 from parley.protocols.messages import WeightUpdate
 
@@ -273,8 +274,7 @@ def save_random_adapter(
     exactly the base's while the adapter costs what any adapter of its shape costs.
     """
     peft: Any = require("peft", "torch")
-    transformers: Any = require("transformers", "torch")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = load_causal_lm(str(model_dir), dtype=torch.float32)
     config = peft.LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets))
     wrapped = peft.get_peft_model(model, config)
     generator = torch.Generator().manual_seed(seed)

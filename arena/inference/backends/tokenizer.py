@@ -1,15 +1,18 @@
-"""A Hugging Face tokenizer behind the ``ChatTokenizer`` surface
-(:class:`~parley.arena.inference.backends.base.ChatTokenizer`).
+"""Loading from Hugging Face: tokenizers behind the ``ChatTokenizer`` surface
+(:class:`~parley.arena.inference.backends.base.ChatTokenizer`), causal LMs, and the hub probe.
 
 Every backend that knows its tokenizer locally (transformers, vLLM, an HTTP backend given a
 tokenizer path) wraps it here, so agents encode chats the same way whichever backend serves
-them.
+them. :func:`load_causal_lm` is the one way the backends and the trainer load a model
+(serialised: see its docstring); :func:`check_hub_model` fails fast on a name that can be
+neither found locally nor fetched.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,9 +20,10 @@ from typing import Any
 from parley.arena.inference.backends.base import BackendError
 from parley.protocols.errors import require
 
-__all__ = ["HFChatTokenizer", "check_hub_model", "load_tokenizer"]
+__all__ = ["HFChatTokenizer", "check_hub_model", "load_causal_lm", "load_tokenizer"]
 
 _log = logging.getLogger(__name__)
+_LOADING = threading.Lock()
 
 
 class HFChatTokenizer:
@@ -126,3 +130,16 @@ def check_hub_model(name: str) -> None:
         os.environ["HF_HUB_OFFLINE"] = "1"
         constants.HF_HUB_OFFLINE = True
         _log.warning("the Hugging Face hub cannot be reached: loading %s from the cache", name)
+
+
+def load_causal_lm(name_or_path: str, **options: Any) -> Any:
+    """``AutoModelForCausalLM.from_pretrained(name_or_path, **options)``, one load at a time.
+
+    transformers 5 builds a model under process-wide state (a meta-device init context,
+    tied-weight bookkeeping): three seats loading three checkpoints in worker threads at once
+    failed with "Cannot copy out of meta tensor" or left ``lm_head`` uninitialised. Loads
+    are serialised by a lock; they are I/O- and CPU-bound anyway.
+    """
+    transformers: Any = require("transformers", "torch")
+    with _LOADING:
+        return transformers.AutoModelForCausalLM.from_pretrained(name_or_path, **options)

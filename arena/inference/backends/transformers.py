@@ -42,7 +42,11 @@ import numpy as np
 from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
 from parley.arena.inference.backends.constraints import TokenMatcher, TokenVocab
 from parley.arena.inference.backends.lora import LoraAdapters
-from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
+from parley.arena.inference.backends.tokenizer import (
+    HFChatTokenizer,
+    load_causal_lm,
+    load_tokenizer,
+)
 from parley.protocols.errors import require
 from parley.protocols.messages import (
     Completion,
@@ -166,7 +170,7 @@ class TransformersBackend(Backend):
         logprobs then differ from a float32 trainer's). ``tokenizer``: a different path/id
         for the tokenizer.
         """
-        transformers: Any = require("transformers", "torch")
+        require("transformers", "torch")  # the install hint, before the worker thread
 
         def load() -> TransformersBackend:
             tok = load_tokenizer(tokenizer or model, trust_remote_code=trust_remote_code)
@@ -178,7 +182,7 @@ class TransformersBackend(Backend):
             if attn_implementation:
                 kwargs["attn_implementation"] = attn_implementation
             try:
-                hf_model = transformers.AutoModelForCausalLM.from_pretrained(model, **kwargs)
+                hf_model = load_causal_lm(model, **kwargs)
             except OSError as exc:
                 raise BackendError(
                     f"cannot load model {model!r}: {exc}. Pass a directory with config.json "
