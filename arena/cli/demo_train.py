@@ -103,59 +103,13 @@ async def evaluate_team(
     always sends it, so it would evaluate a model trained without one on a prompt it never
     saw).
     """
-    from parley.agents.llm import LLMAgent, LLMAgentConfig
-    from parley.arena.inference.backends.tokenizer import load_tokenizer
-    from parley.arena.inference.backends.transformers import TransformersBackend
-    from parley.arena.inference.pool import InferencePool, PoolConfig
-    from parley.arena.run.config import RunConfig
-    from parley.arena.run.runner import Runner
-    from parley.protocols.errors import require
-    from parley.scenarios import make
+    from parley.arena.training.evaluate import evaluate_seats
 
-    transformers: Any = require("transformers", "train")
     seats = {"speaker": str(speaker), "listener": str(listener)}
-    llm_seats = {seat: path for seat, path in seats.items() if path != "scripted"}
-    env = make(config.scenario, **config.scenario_kwargs)
-    env.reset(seed=0)
-    system = {seat: str(env.system_prompt(seat)) for seat in llm_seats}
-    env.close()
-    backends, tokenizers = {}, {}
-    for seat, path in llm_seats.items():
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
-        tokenizers[seat] = load_tokenizer(path)
-        backends[seat] = TransformersBackend(model, tokenizers[seat], max_batch_rows=256)
-    pool = await InferencePool(backends, PoolConfig(max_batch_size=256, max_wait=0.002)).start()
-
-    def factory(seat: str) -> Any:
-        agent_config = LLMAgentConfig(
-            policy=seat,
-            temperature=temperature,
-            max_tokens=config.agent.max_tokens,
-            request_timeout=0.0,
-        )
-        prompt = system[seat] if config.agent.system_prompt else ""
-
-        def make_agent() -> Any:
-            return LLMAgent(pool, tokenizers[seat], system_prompt=prompt, config=agent_config)
-
-        return make_agent
-
-    run_config = RunConfig(
-        scenario=config.scenario,
-        scenario_kwargs=dict(config.scenario_kwargs),
-        agents={seat: f"llm:{seat}" if seat in llm_seats else "scripted" for seat in seats},
-        episodes=episodes,
-        concurrency=64,
-        seed=seed,
-        progress=False,
+    summary = await evaluate_seats(
+        seats, config, episodes=episodes, seed=seed, temperature=temperature
     )
-    try:
-        agents = {seat: factory(seat) for seat in llm_seats}
-        result = await Runner(run_config, agents=agents).run()
-    finally:
-        await pool.close()
-    # The run keeps no records (memory stays flat): its summary has the success mean.
-    success = result.summary["metrics"].get("success") or {}
+    success = summary["metrics"].get("success") or {}
     return float(success.get("mean") or 0.0)
 
 

@@ -12,8 +12,9 @@ and the pool load), :mod:`~parley.arena.training.sync` (weights back to the pool
 in-process or over the bus), :mod:`~parley.arena.training.warmstart`,
 :mod:`~parley.arena.training.config` (``TrainConfig``, ``RunSeeds``),
 :mod:`~parley.arena.training.loop` (``run_training``), :mod:`~parley.arena.training.outputs`
-(metrics, checkpoints, summary) and :mod:`~parley.arena.training.export` (trajectories for
-outside trainers).
+(metrics, checkpoints, summary), :mod:`~parley.arena.training.evaluate` (checkpoints in the
+arena with the prompts they were trained on) and :mod:`~parley.arena.training.export`
+(trajectories for outside trainers).
 
 May import: ``parley.protocols``, ``parley.scenarios``, ``parley.agents``,
 :mod:`parley.arena.run` and :mod:`parley.arena.inference`.
