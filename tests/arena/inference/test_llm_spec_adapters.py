@@ -95,29 +95,34 @@ async def test_two_adapter_seats_share_one_pool_and_batch_together(
         await close_shared_pools()
 
 
-@pytest.mark.timeout(300)
-def test_parley_run_with_two_adapter_seats(
-    tiny_model_dir: Path, adapters: list[Path], tmp_path: Path
-) -> None:
+def _run_two_adapter_seats(model: Path, adapters: list[Path], out: Path, query: str) -> None:
+    """``parley run`` with one adapter seat per player; each seat's tokens name its adapter."""
     from parley.arena.cli import main
 
-    seat = f"llm:{tiny_model_dir}?max_tokens=6&adapter="
+    seat = f"llm:{model}?{query}max_tokens=6&adapter="
     agents = f"{seat}{adapters[0]},{seat}{adapters[1]}"
     status = main(
         [
             *("run", SCENARIO, "--agents", agents, "--episodes", "2", "--concurrency", "2"),
-            *("--no-progress", "--out", str(tmp_path), "--act-timeout", "120", "-s", "max_turns=2"),
+            *("--no-progress", "--out", str(out), "--act-timeout", "240", "-s", "max_turns=2"),
         ]
     )
     assert status == 0
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["episodes"] == {"ok": 2, "failed": 0, "total": 2}
     used = {
         traj["agent"]: {t["policy"] for turn in traj["turns"] for t in turn["tokens"]}
-        for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()
+        for line in (out / "trajectories.jsonl").read_text().splitlines()
         for traj in [json.loads(line)]
     }
     assert used == {"player_0": {"seat0"}, "player_1": {"seat1"}}
+
+
+@pytest.mark.timeout(300)
+def test_parley_run_with_two_adapter_seats(
+    tiny_model_dir: Path, adapters: list[Path], tmp_path: Path
+) -> None:
+    _run_two_adapter_seats(tiny_model_dir, adapters, tmp_path, "")
 
 
 @pytest.mark.slow
@@ -129,22 +134,4 @@ def test_parley_run_with_two_adapter_seats_on_vllm(
     # The in-process vLLM engine is sized for adapters when it starts (max_loras, rank)
     # although the seats' adapters are added only afterwards.
     pytest.importorskip("vllm")
-    from parley.arena.cli import main
-
-    seat = f"llm:{tiny_model_dir}?backend=vllm&max_tokens=6&adapter="
-    agents = f"{seat}{adapters[0]},{seat}{adapters[1]}"
-    status = main(
-        [
-            *("run", SCENARIO, "--agents", agents, "--episodes", "2", "--concurrency", "2"),
-            *("--no-progress", "--out", str(tmp_path), "--act-timeout", "240", "-s", "max_turns=2"),
-        ]
-    )
-    assert status == 0
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["episodes"] == {"ok": 2, "failed": 0, "total": 2}
-    used = {
-        traj["agent"]: {t["policy"] for turn in traj["turns"] for t in turn["tokens"]}
-        for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()
-        for traj in [json.loads(line)]
-    }
-    assert used == {"player_0": {"seat0"}, "player_1": {"seat1"}}
+    _run_two_adapter_seats(tiny_model_dir, adapters, tmp_path, "backend=vllm&")
