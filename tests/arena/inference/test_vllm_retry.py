@@ -24,7 +24,9 @@ class DiesOnce(VLLMBackend):
         self.sinks: list[Any] = []
         self.revived = 0
 
-    async def _run(self, request: GenerateRequest, version: int, sink: Any) -> GenerateResult:
+    async def _run(
+        self, request: GenerateRequest, version: int, sink: Any, lora: Any = None
+    ) -> GenerateResult:
         self.sinks.append(sink)
         if sink is not None:
             sink(0, Completion(text="a", token_ids=[1]))
