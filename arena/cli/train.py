@@ -65,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
     for column in columns:
         table.add_column(column, justify="right" if column != "stage" else "left")
     for s in result.stage_summaries:
+        # A restarted stage: one row per attempt, the stalled ones marked.
+        attempt = f" (attempt {s['attempt'] + 1}{', stalled' if s.get('stalled') else ''})"
         table.add_row(
-            s["stage"],
+            s["stage"] + (attempt if s.get("attempt") or s.get("stalled") else ""),
             str(s["updates"]),
             str(s["episodes"]),
             _num(s["first"]),

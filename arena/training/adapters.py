@@ -132,6 +132,19 @@ class PolicyWeights(ABC):
         """How many numbers this policy learns."""
         return sum(int(p.numel()) for p in self.parameters())
 
+    def snapshot(self) -> list[Any]:
+        """A copy of the learned parameters, for :meth:`restore` (a stage's restart)."""
+        return [p.detach().clone() for p in self.parameters()]
+
+    def restore(self, saved: list[Any]) -> None:
+        """Put back the parameters of a :meth:`snapshot` of this policy."""
+        params = self.parameters()
+        if len(params) != len(saved):
+            raise ValueError(f"a snapshot of {len(saved)} tensors for {len(params)} parameters")
+        with require("torch", "train").no_grad():
+            for param, value in zip(params, saved, strict=True):
+                param.copy_(value)
+
 
 class FullWeights(PolicyWeights):
     """A whole causal LM that learns every parameter (full fine-tuning)."""

@@ -25,6 +25,7 @@ from parley.protocols.errors import ConfigError
 
 __all__ = [
     "AgentConfig",
+    "RestartConfig",
     "RunSeeds",
     "StageConfig",
     "TrainConfig",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 _STAGE_EPISODES = 11  # derive_seed purpose tag: a stage's sampler seed
+_STAGE_RESTART = 12  # ... and a restarted attempt's, from it
 
 
 @dataclass
@@ -47,6 +49,23 @@ class AgentConfig:
     system_prompt: bool = True
     """Tell the model the scenario's ``system_prompt(seat)``; False sends the observation
     alone (shorter prompts for tiny models)."""
+
+
+@dataclass
+class RestartConfig:
+    """When an RL stage that has stalled starts over (a local optimum it does not leave)."""
+
+    after: int
+    """Check from this many updates of an attempt on (each attempt counts its own)."""
+    below: float
+    """Start over when the mean ``metric`` of the last ``window`` batches is under this."""
+    back_to: str | None = None
+    """The stage to start over from: an earlier stage's name, or None for this one. Every
+    policy goes back to the weights it had when that stage began (a copy kept in memory:
+    every policy's trained tensors, only the adapters with LoRA), with fresh optimizer
+    state, role baselines and episode seeds (``summary.json`` records each attempt's)."""
+    max: int = 2
+    """At most this many restarts by this rule over the run; then the stage runs on."""
 
 
 @dataclass
@@ -75,6 +94,8 @@ class StageConfig:
     """Episode metric the stage watches (and the learning curve shows)."""
     window: int = 5
     """Batches averaged for the stopping rule."""
+    restart: RestartConfig | None = None
+    """Start over when the stage stalls (:class:`RestartConfig`); None: never."""
 
 
 @dataclass
@@ -158,6 +179,19 @@ class TrainConfig:
                 raise ConfigError(f"stage {stage.name!r}: an rl stage needs agents (seat: spec)")
         if not self.stages:
             raise ConfigError("a training run needs at least one stage")
+        names = [stage.name for stage in self.stages]
+        for i, stage in enumerate(self.stages):
+            rule = stage.restart
+            if rule is None:
+                continue
+            back = rule.back_to if rule.back_to is not None else stage.name
+            if stage.kind != "rl" or back not in names[: i + 1]:
+                raise ConfigError(
+                    f"stage {stage.name!r}: restart needs an rl stage and back_to naming it "
+                    f"or an earlier stage (one of {names[: i + 1]}), got {back!r}"
+                )
+            if rule.after < 1 or rule.max < 0:
+                raise ConfigError(f"stage {stage.name!r}: restart needs after >= 1, max >= 0")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r}: choose one of {sorted(PRECISIONS)}")
         for stage in self.stages:
@@ -217,6 +251,12 @@ class RunSeeds:
             trainer=config.pg.seed if config.pg.seed is not None else config.seed,
             lora=_lora_seeds(config),
         )
+
+    def stage_episodes(self, index: int, attempt: int) -> int:
+        """The sampler's seed of stage ``index``'s ``attempt`` (0: the first; a restart
+        draws new episodes)."""
+        first = self.episodes[index]
+        return first if attempt == 0 else derive_seed(first, _STAGE_RESTART, attempt)
 
     def as_dict(self) -> dict[str, Any]:
         return {

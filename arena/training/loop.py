@@ -213,9 +213,8 @@ async def run_training(config: TrainConfig, *, progress: Any = None) -> TrainRes
             progress = Progress(*columns, console=console, disable=not config.progress)
         with progress:
             run.progress, run.bar = progress, progress.add_task("train", total=total, metric="")
-            # Stages run in order, each from the weights the previous one left.
-            for stage in config.stages:
-                await (run.reading_stage if stage.kind == "reading" else run.rl_stage)(stage)
+            run.bar_total = total
+            await run.stages()
         checkpoints = await asyncio.to_thread(save_checkpoints, trainer.weights, tokenizer, out)
     finally:
         logger.close()
@@ -252,8 +251,51 @@ class _Run:
     episodes_done: int = 0  # over the whole run
     # time, tokens, batches, batched requests, completed requests
     pool_mark: tuple[float, int, int, int, int] = (0.0, 0, 0, 0, 0)
+    bar_done: int = 0  # the bar's updates of the stage attempts finished so far
+    bar_total: int = 0  # ... and of every stage, restarts included
 
-    async def reading_stage(self, stage: StageConfig) -> None:
+    async def stages(self) -> None:
+        """The stages in order, each from the weights the previous one left. A stalled
+        stage whose ``restart`` rule fires sends the run back to ``restart.back_to``, every
+        policy's weights as they were when that stage began (kept in memory only for the
+        stages a rule names), each re-run stage drawing new episodes."""
+        stages = self.config.stages
+        names = [stage.name for stage in stages]
+
+        def back_index(i: int) -> int:
+            rule = stages[i].restart
+            back = rule.back_to if rule is not None and rule.back_to is not None else names[i]
+            return max(j for j in range(i + 1) if names[j] == back)
+
+        targets = {back_index(i) for i, stage in enumerate(stages) if stage.restart}
+        left = {i: stage.restart.max for i, stage in enumerate(stages) if stage.restart}
+        attempts = [0] * len(stages)
+        snapshots: dict[int, dict[str, list[Any]]] = {}
+        i = 0
+        while i < len(stages):
+            if i in targets:
+                snapshots[i] = {n: w.snapshot() for n, w in self.trainer.weights.items()}
+            if stages[i].kind == "reading":
+                await self.reading_stage(stages[i], i)
+                i += 1
+                continue
+            if not await self.rl_stage(stages[i], i, attempts[i], may_restart=left.get(i, 0) > 0):
+                i += 1
+                continue
+            left[i] -= 1
+            back = back_index(i)
+            await asyncio.to_thread(self.trainer.restore, snapshots[back])
+            self.trainer.version += 1  # the restored weights are a new version everywhere
+            for name in self.trainer.weights:
+                tensors = self.trainer.state_tensors(name)
+                await self.sync.push(name, self.trainer.version, tensors)
+            for j in range(back, i + 1):
+                attempts[j] += 1
+            self.bar_total += sum(stage.max_updates for stage in stages[back : i + 1])
+            self.progress.update(self.bar, total=self.bar_total)
+            i = back
+
+    async def reading_stage(self, stage: StageConfig, index: int) -> None:
         """The reading warm start of each learner, then one row per step of the mean curve."""
         from parley.arena.training.warmstart import pretrain_reading
 
@@ -262,7 +304,7 @@ class _Run:
         for name in stage.train:
             weights = self.policies.weights[name]
             # The stage's seed (RunSeeds.episodes) draws the exercises unless it names one.
-            kwargs = {"seed": self.seeds.episodes[len(self.summaries)], **stage.reading}
+            kwargs = {"seed": self.seeds.episodes[index], **stage.reading}
 
             def read(weights: Any = weights, kwargs: dict[str, Any] = kwargs) -> list[float]:
                 with weights.selected() as model:  # an adapter: only it learns
@@ -283,7 +325,8 @@ class _Run:
             await self.sync.push(name, self.trainer.version, self.trainer.state_tensors(name))
         longest = max(len(c) for c in curves)  # one that hit the target holds its last value
         reading = [float(np.mean([c[min(i, len(c) - 1)] for c in curves])) for i in range(longest)]
-        self.progress.update(self.bar, advance=stage.max_updates, description=stage.name)
+        self.bar_done += stage.max_updates
+        self.progress.update(self.bar, completed=self.bar_done, description=stage.name)
         for i, accuracy in enumerate(reading):
             row = {
                 "update": len(self.logger.history) + 1,
@@ -295,9 +338,15 @@ class _Run:
             self.logger.log(row)
         self._finish_stage(stage, reading, stage_start, 0, 0)
 
-    async def rl_stage(self, stage: StageConfig) -> None:
-        """Sample a batch, update the learners on it, push their weights; until a stop."""
-        runner, sampler, learners = self._start_stage(stage)
+    async def rl_stage(
+        self, stage: StageConfig, index: int, attempt: int = 0, *, may_restart: bool = False
+    ) -> bool:
+        """Sample a batch, update the learners on it, push their weights; until a stop.
+        True when the stage stalled and its ``restart`` rule asks for a start over."""
+        seed = self.seeds.stage_episodes(index, attempt)
+        runner, sampler, learners = self._start_stage(stage, seed)
+        rule = stage.restart if may_restart else None
+        stalled = False
         curve: list[float] = []  # the watched metric per batch; its length counts updates
         stage_start = time.perf_counter()
         async with runner.open():
@@ -308,7 +357,7 @@ class _Run:
                 # The pool serves the new version: samples age, more episodes may start.
                 sampler.publish(self.trainer.version)
                 self.episodes_done += len(batch.records)
-                self._log_update(stage, batch, len(samples), metrics, curve)
+                self._log_update(stage, batch, len(samples), metrics, curve, attempt)
                 recent = curve[-stage.window :]
                 metric = f"{stage.metric} {np.mean(recent):.3f}"
                 self.progress.update(self.bar, advance=1, description=stage.name, metric=metric)
@@ -316,17 +365,23 @@ class _Run:
                 full = len(recent) == stage.window
                 if stage.target is not None and full and float(np.mean(recent)) >= stage.target:
                     break
+                # Or start over, when the rule says this attempt has stalled.
+                if rule and full and len(curve) >= rule.after and np.mean(recent) < rule.below:
+                    stalled = True
+                    break
         # A stage that stopped early still fills its share of the bar.
-        done = sum(s.max_updates for s in self.config.stages[: len(self.summaries) + 1])
-        self.progress.update(self.bar, completed=done)
+        self.bar_done += stage.max_updates
+        self.progress.update(self.bar, completed=self.bar_done)
         episodes = len(curve) * self.config.sampler.batch_size
         failed, dropped = sampler.failed, sampler.dropped_stale
         self._finish_stage(stage, curve, stage_start, episodes, failed, dropped)
+        self.summaries[-1].update(attempt=attempt, seed=seed, stalled=stalled)
         figures = getattr(runner, "figures", None)  # on Ray: TrainRayRunner.figures
         if callable(figures):
             self.summaries[-1]["ray"] = figures()  # workers lost/replaced, episodes retried
+        return stalled
 
-    def _start_stage(self, stage: StageConfig) -> tuple[Any, AsyncSampler, set[str]]:
+    def _start_stage(self, stage: StageConfig, seed: int) -> tuple[Any, AsyncSampler, set[str]]:
         """Set the learners; build the stage's runner, its sampler and the learning seats."""
         from parley.arena.run.config import RunConfig
         from parley.arena.run.runner import Runner
@@ -360,8 +415,8 @@ class _Run:
             from parley.arena.training.ray_train import ray_stage_runner
 
             runner = ray_stage_runner(self, stage, run_config)
-        # Each stage samples its own episode seeds (RunSeeds.episodes, by the stage's index).
-        seed = self.seeds.episodes[len(self.summaries)]
+        # Each stage samples its own episode seeds (RunSeeds.stage_episodes: by the stage's
+        # index, and a new set for each restart).
         sampler_config = dataclasses.replace(self.config.sampler, seed=seed)
         # A sample's age counts the learners' actions, in the pool's version numbering.
         version, learning = self.trainer.version, stage.train
@@ -401,7 +456,13 @@ class _Run:
         return metrics
 
     def _log_update(
-        self, stage: StageConfig, batch: Batch, samples: int, metrics: Any, curve: list[float]
+        self,
+        stage: StageConfig,
+        batch: Batch,
+        samples: int,
+        metrics: Any,
+        curve: list[float],
+        attempt: int,
     ) -> None:
         # Each episode's age: versions between its oldest learner action and the trainer.
         stale = batch.staleness
@@ -409,6 +470,7 @@ class _Run:
             "update": len(self.logger.history) + 1,
             "stage": stage.name,
             "stage_update": len(curve),
+            "attempt": attempt,  # 0, then 1, 2, ... for each restart of the stage
             stage.metric: curve[-1],
             "episodes": self.episodes_done,
             "failed": len(batch.failures),
@@ -458,7 +520,7 @@ class _Run:
         failed: int,
         dropped: int = 0,
     ) -> None:
-        # summary.json and the plot; len(summaries) is also the next stage's index.
+        # summary.json and the plot: one per stage attempt.
         summary = {
             "stage": stage.name,
             "kind": stage.kind,

@@ -89,7 +89,9 @@ def _plot(
     for summary in summaries:
         curve = summary["curve"]
         xs = np.arange(offset + 1, offset + len(curve) + 1)
-        ax.plot(xs, curve, label=f"{summary['stage']} ({summary['wall_s']:.0f} s)")
+        name = summary["stage"] + (f" #{summary['attempt'] + 1}" if summary.get("attempt") else "")
+        stalled = ", stalled" if summary.get("stalled") else ""
+        ax.plot(xs, curve, label=f"{name} ({summary['wall_s']:.0f} s{stalled})")
         offset += len(curve)
     ax.set_xlabel("update")
     ax.set_ylabel("success (training batch)")

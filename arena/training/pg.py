@@ -286,6 +286,18 @@ class PolicyGradientTrainer:
         for name in self.trainable:
             self._ensure_optimizer(name)
 
+    def restore(self, snapshots: Mapping[str, list[Any]]) -> None:
+        """Put each policy's weights back as in ``snapshots`` (``PolicyWeights.snapshot``),
+        forgetting what the updates since learned: optimizer state, role baselines, replay."""
+        for name, saved in snapshots.items():
+            self.weights[name].restore(saved)
+            self._optims.pop(name, None)
+            self._scalers.pop(name, None)
+        self.baselines = BaselineState(decay=self.config.baseline_decay)
+        self._replay.clear()
+        for name in self.trainable:
+            self._ensure_optimizer(name)
+
     def _ensure_optimizer(self, name: str) -> None:
         cfg, weights = self.config, self.weights[name]
         if name not in self._optims:

@@ -5,7 +5,7 @@
 "use strict";
 (function () {
   const SVG = "http://www.w3.org/2000/svg";
-  const SKIP = new Set(["update", "stage_update", "wall_s", "stale_hist"]);
+  const SKIP = new Set(["update", "stage_update", "attempt", "wall_s", "stale_hist"]);
   // Per-role charts first, then the watched metric and the sampler's figures, then the rest.
   const FIRST = ["success", "score", "reward_mean", "samples", "episodes", "stale_mean",
                  "stale_max", "dropped_stale", "failed", "loss"];

@@ -1,0 +1,153 @@
+"""A stalled stage starts over (``StageConfig.restart``): the weights as they were when the
+named stage began, a fresh optimizer, new episodes; bounded; recorded in every output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from parley.arena.training.config import RunSeeds
+from parley.arena.training.loop import load_train_config, train
+from parley.arena.training.pg import PGConfig, PolicyGradientTrainer
+from parley.protocols.errors import ConfigError
+
+
+def _config(tmp_path: Path, stages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {
+        "scenario": "collaboration/referential-v0",
+        "scenario_kwargs": {
+            "n_candidates": 2,
+            "n_attributes": 1,
+            "n_values": 4,
+            "vocab_size": 4,
+            "message_length": 1,
+            "answer": "name",
+            "show_others": False,
+        },
+        "model": "tiny",
+        "policies": ["speaker", "listener"],
+        "agent": {"max_tokens": 4, "system_prompt": False},
+        "sampler": {"batch_size": 8, "staleness": 0, "concurrency": 8},
+        "pg": {"estimator": "grpo", "grouping": "role", "lr": 1e-3},
+        "threads": 1,
+        "progress": False,
+        "stages": stages,
+        "out": str(tmp_path / "run"),
+        **extra,
+    }
+
+
+LISTENER = {"speaker": "scripted", "listener": "policy:listener"}
+JOINT = {"speaker": "policy:speaker", "listener": "policy:listener"}
+
+
+def test_restore_puts_back_the_weights_and_forgets_the_optimizer(
+    tiny_model_dir: Path,
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch = pytest.importorskip("torch")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    trainer = PolicyGradientTrainer({"p": model}, tokenizer, PGConfig(lr=1e-2))
+    saved = {"p": trainer.weights["p"].snapshot()}
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    # Move the weights the way an update does: through the policy's own optimizer.
+    optim = trainer._optims["p"]
+    loss = sum((p.float() ** 2).sum() for p in model.parameters())
+    loss.backward()
+    optim.step()
+    optim.zero_grad()
+    assert optim.state, "Adam keeps moments after a step"
+    moved = [k for k, v in model.named_parameters() if not torch.equal(v, before[k])]
+    assert moved, "the step changed no weight: the test would prove nothing"
+    trainer.restore(saved)
+    for k, v in model.named_parameters():
+        assert torch.equal(v, before[k]), f"{k} not restored"
+    assert trainer._optims["p"] is not optim
+    assert not trainer._optims["p"].state
+    # A snapshot of another shape is refused, never half-applied.
+    with pytest.raises(ValueError, match="snapshot of 1 tensors"):
+        trainer.weights["p"].restore(saved["p"][:1])
+
+
+@pytest.mark.timeout(240)
+def test_a_stalled_stage_goes_back_and_the_run_records_each_attempt(tmp_path: Path) -> None:
+    # below 2.0 can never be reached: the joint stage stalls at every check, goes back to the
+    # listener stage once (max 1), then runs its whole budget.
+    stages = [
+        {"name": "listener", "agents": LISTENER, "train": ["listener"], "max_updates": 2},
+        {
+            "name": "joint",
+            "agents": JOINT,
+            "train": ["speaker", "listener"],
+            "max_updates": 3,
+            "window": 2,
+            "restart": {"after": 2, "below": 2.0, "back_to": "listener", "max": 1},
+        },
+    ]
+    config = load_train_config(data=_config(tmp_path, stages, seed=5))
+    result = train(config)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    got = [(s["stage"], s["attempt"], s["stalled"], s["updates"]) for s in summary["stages"]]
+    assert got == [
+        ("listener", 0, False, 2),
+        ("joint", 0, True, 2),  # stalled at its first check
+        ("listener", 1, False, 2),
+        ("joint", 1, False, 3),  # no restarts left: the stage runs on
+    ]
+    # Every attempt drew its own episodes, and the run says which.
+    seeds = RunSeeds.from_config(config)
+    assert [s["seed"] for s in summary["stages"]] == [
+        seeds.episodes[0],
+        seeds.episodes[1],
+        seeds.stage_episodes(0, 1),
+        seeds.stage_episodes(1, 1),
+    ]
+    assert len({s["seed"] for s in summary["stages"]}) == 4
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [(r["stage"], r["attempt"]) for r in rows] == [
+        ("listener", 0),
+        ("listener", 0),
+        ("joint", 0),
+        ("joint", 0),
+        ("listener", 1),
+        ("listener", 1),
+        ("joint", 1),
+        ("joint", 1),
+        ("joint", 1),
+    ]
+    # The restored weights went to the pool as a new version: the listener's version after
+    # the restart is one past the last update before it (2 + 2 updates, then the restore).
+    assert rows[3]["version_listener"] == 4
+    assert rows[4]["version_listener"] == 6
+    assert result.checkpoints.keys() == {"speaker", "listener"}
+
+
+def test_restart_rules_that_cannot_work_are_refused(tmp_path: Path) -> None:
+    def stages(restart: dict[str, Any], kind: str = "rl") -> list[dict[str, Any]]:
+        first = {"name": "listener", "agents": LISTENER, "train": ["listener"]}
+        second = {"name": "joint", "agents": JOINT, "train": ["speaker"], "restart": restart}
+        if kind == "reading":
+            second = {"name": "joint", "kind": "reading", "train": ["speaker"], "restart": restart}
+        return [first, second]
+
+    later = {
+        **stages({"after": 5, "below": 0.5})[0],
+        "restart": {"after": 5, "below": 0.5, "back_to": "joint"},
+    }
+    cases = [
+        (stages({"after": 5, "below": 0.5, "back_to": "nowhere"}), "back_to"),
+        ([later, stages({})[1] | {"restart": None}], "back_to"),  # a later stage
+        (stages({"after": 0, "below": 0.5}), "after >= 1"),
+        (stages({"after": 5, "below": 0.5, "max": -1}), "max >= 0"),
+        (stages({"after": 5, "below": 0.5}, kind="reading"), "rl stage"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            load_train_config(data=_config(tmp_path, bad))
