@@ -34,6 +34,13 @@ def add_parser(sub: Any) -> None:
         help="with --ray: the trainer and its pool in a Ray actor of their own, on a GPU "
         "when device asks for one (default: exactly then, if the cluster has a GPU)",
     )
+    parser.add_argument(
+        "--pool-replicas",
+        type=int,
+        metavar="N",
+        help="with --ray: the workers' LLM seats on N inference pool replicas (Ray actors, "
+        "one front; every weight update reaches each of them)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     parser.set_defaults(func=run)
 
@@ -53,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"ray={args.ray}")
     if args.ray_workers is not None:
         overrides.append(f"ray_workers={args.ray_workers}")
+    if args.pool_replicas is not None:
+        overrides.append(f"ray_pool_replicas={args.pool_replicas}")
     if args.trainer_actor is not None:
         overrides.append(f"ray_trainer_actor={str(args.trainer_actor).lower()}")
     try:
@@ -86,6 +95,12 @@ def run(args: argparse.Namespace) -> int:
                 f"{s['stage']} on Ray: {ray['workers_started']} workers started, "
                 f"{len(ray['workers_lost'])} lost, {ray['retried']['episodes']} episodes retried"
             )
+            if "pool_replicas" in ray:
+                replicas = ray["pool_replicas"]
+                console.print(
+                    f"{s['stage']} pool: {replicas['live']} of {replicas['replicas']} replicas "
+                    f"live, {replicas['resent']} requests sent again"
+                )
     for name, path in result.checkpoints.items():
         console.print(f"checkpoint {name}: {path}  (parley run ... --agents {_spec(path)})")
     console.print(

@@ -15,9 +15,15 @@ know the difference.
   no replica serving its policy is left (``closed``).
 - Weight updates reach every replica and bump the version everywhere together: the front
   stops handing out new requests, waits for those in flight, applies the update on every
-  live replica at once, and opens again; a replica whose update failed is dropped, so every
-  answer after :meth:`update_weights` returns carries the new version. A ``stale_weights``
-  update (not newer than what is served) is refused as by one pool.
+  live replica at once (the tensors put in Ray's object store once, not once per replica),
+  and opens again; a replica whose update failed is dropped, so every answer after
+  :meth:`update_weights` returns carries the new version. A ``stale_weights`` update (not
+  newer than what is served) is refused as by one pool.
+- What a training run needs of its pool (``parley train --ray --pool-replicas N``,
+  :mod:`parley.arena.training.ray_replicas`): a replica may build several policies' backends
+  itself (``ReplicaSpec.models``), LoRA adapters are added on every replica
+  (:meth:`add_adapter`), :attr:`stats` counts like a pool's, and :meth:`fingerprints` tells
+  which weights each replica serves. Replica actors are named ``parley-pool-XXXXXXXX-I``.
 
 Ray is an optional extra (``pip install 'parley[ray]'``).
 """
@@ -26,13 +32,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hashlib
 import logging
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from parley.arena.inference.pool import InferencePool, PoolConfig, PoolError
+import numpy as np
+
+from parley.arena.inference.pool import InferencePool, PoolConfig, PoolError, PoolStats
 from parley.protocols.bus import Endpoint
 from parley.protocols.errors import ConfigError
 from parley.protocols.messages import (
@@ -44,20 +55,36 @@ from parley.protocols.messages import (
     WeightUpdate,
 )
 
-__all__ = ["PoolReplica", "RayPool", "ReplicaSpec"]
+__all__ = ["PoolReplica", "RayPool", "ReplicaSpec", "weights_digest"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """What each replica loads: ``load_backend(backend, model, **options)`` for ``policy``."""
+    """What each replica loads: ``load_backend(backend, model, **options)`` for ``policy``,
+    or, with ``models``, whatever that picklable callable builds (blocking, in a thread of
+    the replica): policy name -> backend, several policies on one replica."""
 
     backend: str
     model: str
     policy: str = "default"
     options: tuple[tuple[str, Any], ...] = ()
     config: PoolConfig | None = None
+    models: Callable[[], dict[str, Any]] | None = None
+
+
+def weights_digest(tensors: Mapping[str, Any]) -> str:
+    """SHA-256 of ``tensors`` (name -> array or torch tensor) as float32, names sorted: the
+    same weights give the same digest in any process."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        value = tensors[name]
+        if hasattr(value, "detach"):  # a torch tensor
+            value = value.detach().float().cpu().numpy()
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(value, dtype=np.float32).tobytes())
+    return digest.hexdigest()
 
 
 class PoolReplica:
@@ -73,8 +100,12 @@ class PoolReplica:
             from parley.arena.inference.backends import load_backend
 
             spec = self.spec
-            backend = await load_backend(spec.backend, spec.model, **dict(spec.options))
-            self.pool = await InferencePool({spec.policy: backend}, spec.config).start()
+            if spec.models is not None:
+                backends = await asyncio.to_thread(spec.models)
+            else:
+                backend = await load_backend(spec.backend, spec.model, **dict(spec.options))
+                backends = {spec.policy: backend}
+            self.pool = await InferencePool(backends, spec.config).start()
         import ray
 
         return {"node": ray.get_runtime_context().get_node_id(), "policies": self.policies()}
@@ -95,9 +126,33 @@ class PoolReplica:
         except PoolError as exc:
             return exc.to_message()
 
+    async def add_adapter(self, policy: str, base_policy: str, path: str) -> str:
+        """Serve ``policy`` as the adapter at ``path`` on ``base_policy``; "" or why not."""
+        assert self.pool is not None, "start() first"
+        try:
+            await self.pool.add_adapter(policy, base_policy, path)
+        except (PoolError, ConfigError) as exc:
+            return str(exc) or type(exc).__name__
+        return ""
+
     def policies(self) -> dict[str, int]:
         """Policy -> version served."""
         return self.pool.policies if self.pool is not None else {}
+
+    def stats(self) -> dict[str, int]:
+        """The replica's pool counters (:class:`PoolStats`)."""
+        return dataclasses.asdict(self.pool.stats) if self.pool is not None else {}
+
+    def fingerprint(self, policy: str, names: list[str]) -> str:
+        """:func:`weights_digest` of the served weights ``names`` of ``policy`` (a backend
+        holding a whole torch model, as the transformers one does); "" where this replica
+        has no such model or not every name."""
+        assert self.pool is not None, "start() first"
+        model: Any = getattr(self.pool.backend(policy), "model", None)
+        state = model.state_dict() if hasattr(model, "state_dict") else {}
+        if not names or any(name not in state for name in names):
+            return ""
+        return weights_digest({name: state[name] for name in names})
 
     def requests(self) -> int:
         """Requests this replica's pool has received."""
@@ -131,6 +186,14 @@ class RayPool:
         self.dead: set[int] = set()
         self.resent = 0
         """Requests sent again because their replica died."""
+        self.sent: list[int] = []
+        """Requests handed to each replica (a resent one counts where it went each time)."""
+        self.stats = PoolStats()
+        """Counted as one pool counts: requests, completions and tokens at the front;
+        batches as the replicas last reported them (after each weight update)."""
+        self.name = f"parley-pool-{uuid.uuid4().hex[:8]}"
+        """Replica ``i`` is the named actor ``{name}-{i}`` (``ray list actors``)."""
+        self._replica_stats: list[dict[str, int]] = []
         self._placement: Any = None
         self._running = 0
         self._updating = False
@@ -156,15 +219,20 @@ class RayPool:
             self._placement = placement_group([bundle] * self.replicas, strategy="SPREAD")
             await asyncio.wrap_future(self._placement.ready().future())
         for i in range(self.replicas):
-            options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0), "num_gpus": gpus}
+            options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0), "num_gpus": gpus,
+                                       "name": f"{self.name}-{i}"}  # fmt: skip
             if self._placement is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     self._placement, placement_group_bundle_index=i
                 )
+            else:  # nothing reserved: still one per node where there are several
+                options["scheduling_strategy"] = "SPREAD"
             self.actors.append(cls.options(**options).remote(self.spec))
         started = await asyncio.gather(*(actor.start.remote() for actor in self.actors))
         self.versions = [dict(info["policies"]) for info in started]
         self.busy = [0] * self.replicas
+        self.sent = [0] * self.replicas
+        self._replica_stats = [{} for _ in range(self.replicas)]
         return self
 
     # --- the pool's calls ----------------------------------------------------------------
@@ -208,10 +276,12 @@ class RayPool:
         from ray.exceptions import RayActorError
 
         await self.start()
+        self.stats.requests += 1
         async with self._request_slot():
             while True:
                 index = self._pick(request.policy)
                 self.busy[index] += 1
+                self.sent[index] += 1
                 try:
                     answer = await self.actors[index].generate.remote(request)
                 except RayActorError:
@@ -221,8 +291,11 @@ class RayPool:
                 finally:
                     self.busy[index] -= 1
                 if isinstance(answer, Error):
+                    self.stats.failed += 1
                     raise PoolError(answer.code, answer.message, retryable=answer.retryable)
                 result: GenerateResult = answer
+                self.stats.completed += 1
+                self.stats.generated_tokens += sum(len(c.token_ids) for c in result.completions)
                 return result
 
     async def update_weights(self, update: WeightUpdate) -> int:
@@ -233,8 +306,11 @@ class RayPool:
             self._updating = True
             await self._changed.wait_for(lambda: self._running == 0)
         try:
+            from parley.arena.run.ray_runner import import_ray
+
+            shared = import_ray().put(update)  # once in the object store, read by every replica
             live = [i for i in range(len(self.actors)) if i not in self.dead]
-            calls = [self.actors[i].update_weights.remote(update) for i in live]
+            calls = [self.actors[i].update_weights.remote(shared) for i in live]
             answers = await asyncio.gather(*calls, return_exceptions=True)
             applied = [a for a in answers if isinstance(a, int)]
             errors = [a for a in answers if isinstance(a, Error)]
@@ -250,11 +326,62 @@ class RayPool:
                     self.dead.add(index)
                     log.warning("pool replica %d dropped: its weight update failed: %r",
                                 index, answer)  # fmt: skip
+            self.stats.weight_updates += 1
+            await self._refresh_stats()
             return max(applied)
         finally:
             async with self._changed:
                 self._updating = False
                 self._changed.notify_all()
+
+    async def _refresh_stats(self) -> None:
+        """Batch counters summed over the replicas (a dead one's as it last reported)."""
+        live = [i for i in range(len(self.actors)) if i not in self.dead]
+        answers = await asyncio.gather(
+            *(self.actors[i].stats.remote() for i in live), return_exceptions=True
+        )
+        for index, answer in zip(live, answers, strict=True):
+            if isinstance(answer, dict):
+                self._replica_stats[index] = answer
+        reported = self._replica_stats
+        for name in ("backend_calls", "batches", "batched_requests", "isolated_batches"):
+            setattr(self.stats, name, sum(r.get(name, 0) for r in reported))
+        self.stats.max_batch_size = max((r.get("max_batch_size", 0) for r in reported), default=0)
+
+    async def add_adapter(self, policy: str, base_policy: str, path: str) -> None:
+        """Serve ``policy`` as the PEFT adapter at ``path`` (readable on every replica's node)
+        on ``base_policy``, on every live replica (version 0); :class:`ConfigError` naming
+        the first replica that could not."""
+        await self.start()
+        live = [i for i in range(len(self.actors)) if i not in self.dead]
+        calls = [self.actors[i].add_adapter.remote(policy, base_policy, path) for i in live]
+        for index, problem in zip(live, await asyncio.gather(*calls), strict=True):
+            if problem:
+                raise ConfigError(f"pool replica {index} cannot add adapter {policy!r}: {problem}")
+            self.versions[index][policy] = 0
+
+    async def fingerprints(self, policy: str, names: list[str]) -> list[str | None]:
+        """Per replica, :meth:`PoolReplica.fingerprint` of ``policy``'s weights ``names``
+        (None for a dead replica)."""
+        answers: list[str | None] = []
+        for i, actor in enumerate(self.actors):
+            alive = i not in self.dead
+            answers.append(await actor.fingerprint.remote(policy, names) if alive else None)
+        return answers
+
+    def figures(self) -> dict[str, Any]:
+        """The front's view of its replicas, for a summary: versions, requests handed to
+        each, which died, requests sent again."""
+        started = len(self.versions)  # still known after close()
+        return {
+            "replicas": started,
+            "live": started - len(self.dead),
+            "dead": sorted(self.dead),
+            "resent": self.resent,
+            "requests": list(self.sent),
+            "versions": [dict(v) for v in self.versions],
+            "actors": [f"{self.name}-{i}" for i in range(started)],
+        }
 
     def serve(self, endpoint: Endpoint) -> None:
         """Answer ``GenerateRequest`` and ``WeightUpdate`` on ``endpoint``, as a pool does."""

@@ -165,9 +165,23 @@ class TrainConfig:
     ``device`` asks for a GPU and the cluster has one (the driver is often a CPU head node);
     otherwise the trainer stays here, as an actor would only add its start-up."""
 
+    ray_pool_replicas: int = 0
+    """With ``ray``: serve the workers' LLM seats from this many inference pool replicas,
+    Ray actors behind one front in the trainer's process
+    (:mod:`~parley.arena.training.ray_replicas`; one GPU each when ``device`` asks for a
+    GPU and the cluster has enough, else CPU actors claiming no CPU). Every weight push
+    reaches every replica and bumps the version everywhere together; a replica that dies
+    or misses an update is dropped and its requests go to the others. 0: the trainer's
+    own pool serves them."""
+
     def __post_init__(self) -> None:
         if self.ray_trainer_actor and self.ray is None:
             raise ConfigError("ray_trainer_actor needs ray (parley train --ray [ADDRESS])")
+        if self.ray_pool_replicas < 0 or (self.ray_pool_replicas and self.ray is None):
+            raise ConfigError(
+                f"ray_pool_replicas must be 0 or more and needs ray (parley train --ray "
+                f"--pool-replicas N), got {self.ray_pool_replicas} with ray={self.ray!r}"
+            )
         if self.ray_workers < 0:
             raise ConfigError(
                 f"ray_workers must be 0 (one per CPU) or more, got {self.ray_workers}"

@@ -190,7 +190,13 @@ async def run_training(config: TrainConfig, *, progress: Any = None) -> TrainRes
         policies.weights, tokenizer.hf, pg, trainable=[], precision=config.precision
     )
     pool_config = PoolConfig(max_batch_size=config.max_batch_size, max_wait=0.002)
-    pool = await InferencePool(policies.served, pool_config).start()
+    pool: Any  # an InferencePool, or a RayPool's front (the same calls)
+    if config.ray is not None and config.ray_pool_replicas:  # N replicas behind one front
+        from parley.arena.training.ray_replicas import start_replica_pool
+
+        pool = await start_replica_pool(config, dirs, policies, pool_config)
+    else:
+        pool = await InferencePool(policies.served, pool_config).start()
     system = _system_prompts(config) if config.agent.system_prompt else {}
     try:
         await policies.attach(pool)  # LoRA: each policy an adapter of its base's backend

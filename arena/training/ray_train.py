@@ -22,6 +22,10 @@ version of the weights the trainer last pushed, exactly as in a local run:
   :meth:`RayRunner.play` per episode, so its staleness rule (drop at batch time) and its
   admission budget hold as they do locally.
 
+With ``ray_pool_replicas: N`` (``--pool-replicas N``) the pool behind that listener is N
+replicas behind one front (:mod:`~parley.arena.training.ray_replicas`), every weight push
+reaching each of them.
+
 The trainer and its pool (they share the weights) run in the driver process, or, with
 ``ray_trainer_actor`` (``--trainer-actor``; by default when ``device`` asks for a GPU and
 the cluster has one), together in a :class:`TrainerActor` of their own, placed on a GPU:
@@ -247,7 +251,13 @@ class TrainRayRunner(RayRunner):
                 "episode_ids": sorted(set(self.retried)),
             },
             "nodes": nodes,
+            **self._pool_figures(),
         }
+
+    def _pool_figures(self) -> dict[str, Any]:
+        # With pool replicas (ray_pool_replicas), the front's view of them.
+        figures = getattr(self.pool, "figures", None)
+        return {"pool_replicas": figures()} if callable(figures) else {}
 
     def _spawn(self, ray: Any) -> Any:
         slot = super()._spawn(ray)
