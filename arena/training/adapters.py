@@ -171,6 +171,17 @@ class FullWeights(PolicyWeights):
         # Tied weights appear once, under the name named_parameters gives them.
         return {k: _numpy(v) for k, v in self.module.named_parameters()}
 
+    def reinitialise(self, seed: int) -> None:
+        """Fresh random weights: the model class's own initialisation of its config, seeded
+        by ``seed`` (for ``model: tiny``, exactly the tiny model built with that seed)."""
+        torch: Any = require("torch", "train")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            fresh = dict(type(self.module)(self.module.config).named_parameters())
+        with torch.no_grad():
+            for name, param in self.module.named_parameters():
+                param.copy_(fresh[name])
+
     def save(self, path: Path, tokenizer: Any) -> None:
         """A Hugging Face model directory with the tokenizer (``llm:DIR`` loads it)."""
         self.module.save_pretrained(path)

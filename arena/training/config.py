@@ -34,6 +34,7 @@ __all__ = [
 
 _STAGE_EPISODES = 11  # derive_seed purpose tag: a stage's sampler seed
 _STAGE_RESTART = 12  # ... and a restarted attempt's, from it
+_REINIT = 13  # a policy's fresh initialisation at a restart
 
 
 @dataclass
@@ -66,6 +67,11 @@ class RestartConfig:
     state, role baselines and episode seeds (``summary.json`` records each attempt's)."""
     max: int = 2
     """At most this many restarts by this rule over the run; then the stage runs on."""
+    reinit: list[str] = field(default_factory=list)
+    """Policies that start over from fresh random weights (a new seed per restart, in
+    ``summary.json``) instead of those they had: the model class's own initialisation, for
+    models trained from scratch (``model: tiny``); whole models only (no ``lora``). A
+    policy restored to the same initial weights tends to fall into the same optimum."""
 
 
 @dataclass
@@ -206,6 +212,12 @@ class TrainConfig:
                 )
             if rule.after < 1 or rule.max < 0:
                 raise ConfigError(f"stage {stage.name!r}: restart needs after >= 1, max >= 0")
+            unknown = set(rule.reinit) - set(self.policies)
+            if unknown or (rule.reinit and self.lora is not None):
+                raise ConfigError(
+                    f"stage {stage.name!r}: restart.reinit names whole-model policies "
+                    f"(of {self.policies}, without lora), got {rule.reinit}"
+                )
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r}: choose one of {sorted(PRECISIONS)}")
         for stage in self.stages:
@@ -265,6 +277,11 @@ class RunSeeds:
             trainer=config.pg.seed if config.pg.seed is not None else config.seed,
             lora=_lora_seeds(config),
         )
+
+    def reinit(self, policy: int, restart: int) -> int:
+        """The initialisation seed of policy number ``policy`` (its index in ``policies``)
+        at the run's ``restart``-th restart (1, 2, ...; ``RestartConfig.reinit``)."""
+        return derive_seed(self.run, _REINIT, policy, restart)
 
     def stage_episodes(self, index: int, attempt: int) -> int:
         """The sampler's seed of stage ``index``'s ``attempt`` (0: the first; a restart

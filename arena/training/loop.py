@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from parley.arena.training.adapters import FullWeights
 from parley.arena.training.config import (
     AgentConfig,
     RunSeeds,
@@ -62,7 +63,7 @@ from parley.arena.training.sampler import (
     samples_from_record,
 )
 from parley.arena.training.sync import InProcessSync
-from parley.protocols.errors import require
+from parley.protocols.errors import ConfigError, require
 
 __all__ = [
     "AgentConfig",
@@ -277,7 +278,7 @@ class _Run:
         left = {i: stage.restart.max for i, stage in enumerate(stages) if stage.restart}
         attempts = [0] * len(stages)
         snapshots: dict[int, dict[str, list[Any]]] = {}
-        i = 0
+        i = restarts = 0
         while i < len(stages):
             if i in targets:
                 snapshots[i] = {n: w.snapshot() for n, w in self.trainer.weights.items()}
@@ -291,6 +292,11 @@ class _Run:
             left[i] -= 1
             back = back_index(i)
             await asyncio.to_thread(self.trainer.restore, snapshots[back])
+            restarts += 1
+            rule = stages[i].restart
+            names = rule.reinit if rule is not None else []
+            fresh = await asyncio.to_thread(self._reinitialise, names, restarts)
+            self.summaries[-1]["reinit"] = fresh  # policy -> its new initialisation seed
             self.trainer.version += 1  # the restored weights are a new version everywhere
             for name in self.trainer.weights:
                 tensors = self.trainer.state_tensors(name)
@@ -300,6 +306,18 @@ class _Run:
             self.bar_total += sum(stage.max_updates for stage in stages[back : i + 1])
             self.progress.update(self.bar, total=self.bar_total)
             i = back
+
+    def _reinitialise(self, names: list[str], restart: int) -> dict[str, int]:
+        """Fresh random weights for the policies ``names`` (``RestartConfig.reinit``); the
+        seeds they were drawn with."""
+        seeds = {name: self.seeds.reinit(self.config.policies.index(name), restart)
+                 for name in names}  # fmt: skip
+        for name, seed in seeds.items():
+            weights = self.trainer.weights[name]
+            if not isinstance(weights, FullWeights):
+                raise ConfigError(f"restart.reinit: policy {name} is not a whole model")
+            weights.reinitialise(seed)
+        return seeds
 
     async def reading_stage(self, stage: StageConfig, index: int) -> None:
         """The reading warm start of each learner, then one row per step of the mean curve."""

@@ -76,6 +76,23 @@ def test_restore_puts_back_the_weights_and_forgets_the_optimizer(
         trainer.weights["p"].restore(saved["p"][:1])
 
 
+def test_reinitialise_draws_the_tiny_model_of_that_seed(tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from parley.arena.training.adapters import FullWeights
+
+    torch = pytest.importorskip("torch")
+    built = AutoModelForCausalLM.from_pretrained(tiny_model_dir)  # the tiny model of seed 0
+    original = {k: v.detach().clone() for k, v in built.named_parameters()}
+    weights = FullWeights(built)
+    weights.reinitialise(1)
+    changed = [k for k, v in built.named_parameters() if not torch.equal(v, original[k])]
+    assert len(changed) > len(original) // 2, "seed 1 drew (mostly) the same weights"
+    weights.reinitialise(0)
+    for k, v in built.named_parameters():
+        assert torch.equal(v, original[k]), f"{k}: seed 0 is not the tiny model of seed 0"
+
+
 @pytest.mark.timeout(240)
 def test_a_stalled_stage_goes_back_and_the_run_records_each_attempt(tmp_path: Path) -> None:
     # below 2.0 can never be reached: the joint stage stalls at every check, goes back to the
@@ -88,7 +105,13 @@ def test_a_stalled_stage_goes_back_and_the_run_records_each_attempt(tmp_path: Pa
             "train": ["speaker", "listener"],
             "max_updates": 3,
             "window": 2,
-            "restart": {"after": 2, "below": 2.0, "back_to": "listener", "max": 1},
+            "restart": {
+                "after": 2,
+                "below": 2.0,
+                "back_to": "listener",
+                "max": 1,
+                "reinit": ["speaker"],
+            },
         },
     ]
     config = load_train_config(data=_config(tmp_path, stages, seed=5))
@@ -110,6 +133,9 @@ def test_a_stalled_stage_goes_back_and_the_run_records_each_attempt(tmp_path: Pa
         seeds.stage_episodes(1, 1),
     ]
     assert len({s["seed"] for s in summary["stages"]}) == 4
+    # The speaker started over from fresh weights, drawn with a recorded seed.
+    assert summary["stages"][1]["reinit"] == {"speaker": seeds.reinit(0, 1)}
+    assert "reinit" not in summary["stages"][3]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert [(r["stage"], r["attempt"]) for r in rows] == [
         ("listener", 0),
@@ -147,6 +173,7 @@ def test_restart_rules_that_cannot_work_are_refused(tmp_path: Path) -> None:
         (stages({"after": 0, "below": 0.5}), "after >= 1"),
         (stages({"after": 5, "below": 0.5, "max": -1}), "max >= 0"),
         (stages({"after": 5, "below": 0.5}, kind="reading"), "rl stage"),
+        (stages({"after": 5, "below": 0.5, "reinit": ["critic"]}), "reinit"),
     ]
     for bad, message in cases:
         with pytest.raises(ConfigError, match=message):
