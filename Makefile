@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 VLLM   := $(VENV)/.vllm-installed
 
-.PHONY: demo test test-fast lint install install-vllm browser clean
+.PHONY: demo test test-fast test-long lint install install-vllm browser clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,10 +49,14 @@ browser:
 	  else echo "no chromium (apt-get install chromium): browser tests will skip"; fi; }
 
 test: $(VLLM) lint browser
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not long"
 
 test-fast: lint
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow and not long"
+
+# Whole training recipes on several seeds (minutes each): CI runs them after `make test`.
+test-long: $(VLLM)
+	$(BIN)/pytest -q -m long
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
