@@ -25,7 +25,7 @@ text after ``KIND:``. ``llm:PATH`` is meant to be served this way by ``parley.ag
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ __all__ = [
     "register_agent_kind",
     "remote_peer_name",
     "resolve_agent_spec",
+    "seat_specs",
 ]
 
 AgentFactory = Callable[[], Agent]
@@ -150,3 +151,23 @@ def resolve_agent_spec(spec: str, seat: SeatContext) -> AgentSource:
         f"unknown agent spec {spec!r} for seat {seat.seat!r}; use one of "
         f"{sorted(AGENT_KINDS)} (optionally KIND:ARG) or module:Class"
     )
+
+
+def seat_specs(
+    scenario: str, agents: list[str] | Mapping[str, str] | None, seats: Sequence[str]
+) -> dict[str, str]:
+    """The agent spec of every seat from ``RunConfig.agents`` (a list in seat order or a
+    mapping seat: spec); ``scripted`` where none is given."""
+    if agents is None:
+        return dict.fromkeys(seats, "scripted")
+    if isinstance(agents, list):
+        if len(agents) != len(seats):
+            raise ConfigError(
+                f"{scenario} has {len(seats)} seats {seats}; got {len(agents)} agent "
+                "specs (give one per seat, in that order, or a mapping seat: spec)"
+            )
+        return dict(zip(seats, agents, strict=True))
+    unknown = sorted(set(agents) - set(seats))
+    if unknown:
+        raise ConfigError(f"{scenario} has no seats {unknown}; its seats are {seats}")
+    return {seat: agents.get(seat, "scripted") for seat in seats}

@@ -17,7 +17,7 @@ import numpy as np
 from parley.arena.run.config import RunConfig
 from parley.arena.run.records import EpisodeRecord
 from parley.arena.run.seeds import WORD, derive_rows
-from parley.protocols.messages import Action, TurnRecord
+from parley.protocols.messages import Action, Observation, TurnRecord
 from parley.protocols.messages import Trajectory as TrajectoryMsg
 
 __all__ = ["EpisodePlan", "EpisodeLog", "derive_seed", "plan_episodes"]
@@ -111,6 +111,12 @@ class EpisodeLog:
         self.seats = list(seats)
         self.specs = dict(specs)
         self.steps: list[dict[str, Any]] = []
+        self.keep_steps = True
+        """Build the transcript's steps and the trajectories' turns (``False``: count only
+        what the summary reads: agent steps, invalid moves, returns)."""
+        self.copy_steps = True
+        """Copy the mappings ``add_step`` is given (``False``: each step's are new objects
+        that nobody changes later, as parley's ``Scenario.step`` returns)."""
         self.trajectories = {
             seat: TrajectoryMsg(
                 episode=plan.episode_id, scenario=scenario, agent=seat, seed=plan.seed
@@ -126,7 +132,7 @@ class EpisodeLog:
     def add_step(
         self,
         turn: int,
-        shown: Mapping[str, str],
+        shown: Mapping[str, Observation],
         actions: Mapping[str, Action],
         observations: Mapping[str, str],
         rewards: Mapping[str, float],
@@ -134,17 +140,28 @@ class EpisodeLog:
         truncations: Mapping[str, bool],
         infos: Mapping[str, Mapping[str, Any]],
     ) -> None:
+        """Record one step: ``shown`` is what each asked seat was shown (the requests, built
+        before the step: an env may change its last dicts in place), ``actions`` what the
+        asked seats did, and the rest what ``env.step`` returned."""
+        if not self.keep_steps:
+            self._count(actions, rewards, infos)
+            return
         # Hot path (every step): one pass per mapping, lookups hoisted; the transcript keeps
-        # copies (an env may reuse its dicts), the trajectories one TurnRecord per action.
+        # copies (an env may reuse its dicts) unless the step's dicts are fresh (parley's
+        # Scenario.step builds new ones every step), the trajectories one TurnRecord per action.
+        if self.copy_steps:
+            rewards, terminations = dict(rewards), dict(terminations)
+            truncations = dict(truncations)
+            infos = {seat: dict(info) for seat, info in infos.items()}
         self.steps.append(
             {
                 "turn": turn,
-                "observations": {seat: shown.get(seat, "") for seat in actions},
+                "observations": {seat: shown[seat].text for seat in actions},
                 "actions": {seat: action.text for seat, action in actions.items()},
-                "rewards": dict(rewards),
-                "terminations": dict(terminations),
-                "truncations": dict(truncations),
-                "infos": {seat: dict(info) for seat, info in infos.items()},
+                "rewards": rewards,
+                "terminations": terminations,
+                "truncations": truncations,
+                "infos": infos,
             }
         )
         trajectories = self.trajectories
@@ -157,7 +174,7 @@ class EpisodeLog:
             trajectories[seat].turns.append(
                 TurnRecord(
                     turn=turn,
-                    observation=shown.get(seat, ""),
+                    observation=shown[seat].text,
                     action=action.text,
                     tokens=list(tokens) if tokens else [],
                     invalid=invalid,
@@ -176,6 +193,23 @@ class EpisodeLog:
                 totals = trajectory.components
                 for name, part in components.items():
                     totals[name] = totals.get(name, 0.0) + float(part)
+
+    def _count(
+        self,
+        actions: Mapping[str, Action],
+        rewards: Mapping[str, float],
+        infos: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        """What :meth:`add_step` adds up when no step is kept (the same sums)."""
+        self.agent_steps += len(actions)
+        for seat in actions:
+            if str(infos.get(seat, _EMPTY).get("invalid", "")):
+                self.invalid_moves += 1
+        trajectories = self.trajectories
+        for seat, reward in rewards.items():
+            value = float(reward)
+            if value:
+                trajectories[seat].reward += value
 
     def record(self) -> EpisodeRecord:
         plan = self.plan

@@ -41,7 +41,6 @@ from typing import Any
 
 import zmq.asyncio
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from parley.arena.run.agent_host import AGENT_SEED_KEY, FAILED_KEY, AgentHost
 from parley.arena.run.agent_specs import (
@@ -49,6 +48,7 @@ from parley.arena.run.agent_specs import (
     RemoteSeat,
     SeatContext,
     resolve_agent_spec,
+    seat_specs,
 )
 from parley.arena.run.backpressure import backoff, bus_config_for, failure_reason, retryable
 from parley.arena.run.config import RunConfig
@@ -57,9 +57,10 @@ from parley.arena.run.episode import EpisodeLog, EpisodePlan, derive_seed, plan_
 from parley.arena.run.gather import send_all_then_gather
 from parley.arena.run.peers import AbsentPeers
 from parley.arena.run.process import PlayClock, frozen_heap
+from parley.arena.run.progress import progress_bar
 from parley.arena.run.records import EpisodeRecord, RecordWriter
 from parley.arena.run.security import SeatKeys, admission_policy, arena_bus_config
-from parley.arena.run.summary import SummaryBuilder
+from parley.arena.run.summary import SummaryBuilder, plain_json
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.codec import Codec
 from parley.protocols.errors import (
@@ -71,7 +72,7 @@ from parley.protocols.errors import (
 from parley.protocols.messages import Action, Body, Observation
 from parley.scenarios import make
 from parley.scenarios import spec as scenario_spec
-from parley.scenarios.base import ORACLE_KEY
+from parley.scenarios.base import ORACLE_KEY, Scenario
 
 __all__ = [
     "EpisodePlan",
@@ -117,6 +118,9 @@ class RunResult:
         """Failed episodes over all episodes (0.0 for an empty run)."""
         episodes = self.summary["episodes"]
         return episodes["failed"] / episodes["total"] if episodes["total"] else 0.0
+
+
+_NO_INFO: Mapping[str, Any] = {}
 
 
 class _EpisodeFailed(Exception):
@@ -172,7 +176,7 @@ class Runner:
         self._jitter = random.Random()  # backoff jitter only: never reaches an episode
         self.overloaded_retries = 0
         """Requests a peer refused as ``overloaded`` and this runner sent again."""
-        self.specs = _seat_specs(config, self.seats)
+        self.specs = seat_specs(config.scenario, config.agents, self.seats)
         self.sources: dict[str, AgentSource] = {}
         for seat in self.seats:
             if agents is not None and seat in agents:
@@ -201,16 +205,27 @@ class Runner:
             () if config.local_agents_over_bus else set(self.sources) - set(self._remote())
         )
         self._direct: DirectAgents | None = None
+        self._direct_only = False  # every seat in-process and pipelined (set by open())
         self._keys = SeatKeys.load(config, self._remote())
         self.bus_config = arena_bus_config(self.bus_config, self._keys, insecure=config.insecure)
         self._absent = AbsentPeers(config.join_timeout, self.console)
         self._arena: Endpoint | None = None
+        self.keep_steps = True
+        """Records hold every step (transcript, trajectories' turns); :meth:`run` turns it
+        off while no step is read (no ``out``, no ``keep_records``): only the summary is."""
 
     # ------------------------------------------------------------------ the run
 
     async def run(self) -> RunResult:
         """Play every planned episode and write the output files; returns the summary
         (and the records, with ``keep_records``)."""
+        self.keep_steps = self.config.out is not None or self.keep_records
+        try:
+            return await self._play_plans()
+        finally:
+            self.keep_steps = True
+
+    async def _play_plans(self) -> RunResult:
         plans = plan_episodes(self.config, self.seats)
         started = time.perf_counter()
         kept: list[EpisodeRecord] | None = [] if self.keep_records else None
@@ -256,7 +271,7 @@ class Runner:
         summary["scenario"] = self.config.scenario
         summary["agents"] = dict(self.specs)
         # Not asdict(): it deep-copies, and agent_options may hold live objects (a pool).
-        summary["config"] = _plain(
+        summary["config"] = plain_json(
             {f.name: getattr(self.config, f.name) for f in fields(self.config)}
         )
         steps = summary["agent_steps"]
@@ -307,6 +322,7 @@ class Runner:
                 host = AgentHost(None, local)
                 codec = Codec(max_message_bytes=self.bus_config.max_message_bytes)
                 self._direct = DirectAgents(host, codec, name=LOCAL_HOST_NAME)
+                self._direct_only = self.config.pipeline and self._direct_seats == set(self.seats)
             elif local:
                 host_endpoint = Endpoint(LOCAL_HOST_NAME, config=self.bus_config, context=context)
                 host = AgentHost(host_endpoint, local)
@@ -322,7 +338,7 @@ class Runner:
             yield address
         finally:
             heap.close()
-            self._arena, self._direct = None, None
+            self._arena, self._direct, self._direct_only = None, None, False
             if host is not None:
                 await host.close()
             if host_endpoint is not None:
@@ -330,28 +346,8 @@ class Runner:
             await arena.close()
             context.destroy(linger=0)
 
-    @contextlib.contextmanager
-    def _progress(self, total: int) -> Any:
-        if not self.config.progress:
-            yield lambda record: None
-            return
-        columns = (
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("failed {task.fields[failed]}"),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=self.console, transient=False) as progress:
-            task = progress.add_task(self.config.scenario, total=total, failed=0)
-            failed = 0
-
-            def advance(record: EpisodeRecord) -> None:
-                nonlocal failed
-                failed += bool(record.failed)
-                progress.update(task, advance=1, failed=failed)
-
-            yield advance
+    def _progress(self, total: int) -> contextlib.AbstractContextManager[Any]:
+        return progress_bar(self.console, self.config.scenario, total, enabled=self.config.progress)
 
     # ------------------------------------------------------------------ one episode
 
@@ -364,6 +360,8 @@ class Runner:
         started = time.perf_counter()
         env = make(self.config.scenario, **self.config.scenario_kwargs)
         episode = EpisodeLog(plan, self.config.scenario, self.seats, self.specs)
+        episode.copy_steps = type(env).step is not Scenario.step  # (Scenario's are fresh)
+        episode.keep_steps = self.keep_steps
         asked: set[str] = set()
         try:
             await self._play(env, episode, asked)
@@ -382,33 +380,39 @@ class Runner:
         rewards: dict[str, float] = {}
         turn = 0
         blocking = bool(getattr(env, "metadata", {}).get("blocking_step", False))
+        # Hot path (every step): lookups hoisted; one pass over the live seats.
+        scenario, seeds, max_steps = self.config.scenario, plan.agent_seeds, self.config.max_steps
+        episode_id, clock, step_env = plan.episode_id, time.perf_counter, env.step
         while env.agents:
-            if turn >= self.config.max_steps:
+            if turn >= max_steps:
                 raise _EpisodeFailed(f"max_steps: no end after {turn} steps")
-            acting = [a for a in env.agents if infos.get(a, {}).get("to_act", True)]
-            requests = {
-                seat: Observation(
-                    agent=seat,
-                    text=observations.get(seat, ""),
-                    scenario=self.config.scenario,
-                    reward=rewards.get(seat, 0.0),
-                    info={**infos.get(seat, {}), AGENT_SEED_KEY: plan.agent_seeds[seat]},
-                )
-                for seat in acting
-            }
+            requests: dict[str, Observation] = {}
+            for seat in env.agents:
+                info = infos.get(seat, _NO_INFO)
+                if info.get("to_act", True):
+                    requests[seat] = Observation(
+                        agent=seat,
+                        text=observations.get(seat, ""),
+                        scenario=scenario,
+                        reward=rewards.get(seat, 0.0),
+                        info={**info, AGENT_SEED_KEY: seeds[seat]},
+                    )
             if self._privileged:
-                for seat in self._privileged.intersection(acting):
+                for seat in self._privileged.intersection(requests):
                     requests[seat].info[ORACLE_KEY] = _scenario("oracle", env.oracle, seat)
-            asked.update(acting)
-            asked_at = time.perf_counter()
-            actions = await self._ask(requests, plan.episode_id, turn)
-            episode.agents_s += time.perf_counter() - asked_at
+            asked.update(requests)
+            asked_at = clock()
+            actions = await self._ask(requests, episode_id, turn)
+            episode.agents_s += clock() - asked_at
             full = {seat: actions[seat].text if seat in actions else "" for seat in env.agents}
             if blocking:  # its step runs subprocesses: keep other episodes going meanwhile
-                step = await asyncio.to_thread(_scenario, "step", env.step, full)
+                step = await asyncio.to_thread(_scenario, "step", step_env, full)
             else:
-                step = _scenario("step", env.step, full)
-            episode.add_step(turn, observations, actions, *step)
+                try:
+                    step = step_env(full)
+                except Exception as exc:  # (what _scenario does, without a call per step)
+                    raise _EpisodeFailed(f"scenario_error: step raised {exc!r}") from exc
+            episode.add_step(turn, requests, actions, *step)
             observations, rewards, _, _, infos = step
             turn += 1
         episode.metrics = dict(_scenario("episode_metrics", env.episode_metrics))
@@ -424,22 +428,41 @@ class Runner:
         arena = self._arena
         if arena is None:
             raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
-        direct = self._direct_seats
-        if not direct.issuperset(requests):  # remote seats: are their peers here?
+        actions: dict[str, Action] = {}
+        todo = list(requests)
+        first: list[Body | BaseException] | None = None
+        if self._direct is not None and self._direct_only:
+            # Every seat in-process, asked together (the usual case): no peer to wait for,
+            # nothing refused as overloaded; when every answer is an action, that is all.
+            first = await self._direct.ask_all(
+                list(requests.values()),
+                timeout=self.config.act_timeout,
+                episode=episode,
+                sender=ARENA_NAME,
+            )
+            for seat, result in zip(todo, first, strict=True):
+                if type(result) is not Action:
+                    break
+                actions[seat] = result
+            else:
+                return actions
+            actions = {}
+        elif not self._direct_seats.issuperset(requests):  # remote seats: are peers here?
             # One look at the peer list per step (it is built on every read), not one per seat.
-            live = arena.peers
+            direct, live = self._direct_seats, arena.peers
             self._absent.seen(live)
             missing = [s for s in requests if s not in direct and self._peers[s] not in live]
             if missing:
                 await self._join(arena, missing)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.act_timeout
-        actions: dict[str, Action] = {}
-        todo = list(requests)
         tries = 0
         while True:
-            left = max(deadline - loop.time(), 1e-3)
-            results = await self._send(arena, requests, todo, left, episode, turn)
+            if first is None:
+                left = max(deadline - loop.time(), 1e-3)
+                results = await self._send(arena, requests, todo, left, episode, turn)
+            else:
+                results, first = first, None
             failures: list[str] = []
             refused: list[str] = []
             for seat, result in zip(todo, results, strict=False):
@@ -556,39 +579,10 @@ class Runner:
                 await arena.send(peer, body, episode=episode.plan.episode_id)
 
 
-def _seat_specs(config: RunConfig, seats: Sequence[str]) -> dict[str, str]:
-    """The agent spec of every seat: config list (seat order) or mapping; default scripted."""
-    agents = config.agents
-    if agents is None:
-        return dict.fromkeys(seats, "scripted")
-    if isinstance(agents, list):
-        if len(agents) != len(seats):
-            raise ConfigError(
-                f"{config.scenario} has {len(seats)} seats {seats}; got {len(agents)} agent "
-                "specs (give one per seat, in that order, or a mapping seat: spec)"
-            )
-        return dict(zip(seats, agents, strict=True))
-    unknown = sorted(set(agents) - set(seats))
-    if unknown:
-        raise ConfigError(f"{config.scenario} has no seats {unknown}; its seats are {seats}")
-    return {seat: agents.get(seat, "scripted") for seat in seats}
-
-
 def _baseline(scenario: str, seat: str) -> str:
     """The seat's registered scripted baseline (``"*"`` covers unnamed seats), or ""."""
     baselines = scenario_spec(scenario).baselines
     return str(baselines.get(seat, baselines.get("*", "")))
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with anything JSON cannot hold (a pool object in agent_options) as repr."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return repr(value)
 
 
 def run(config: RunConfig, **kwargs: Any) -> RunResult:

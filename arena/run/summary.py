@@ -27,6 +27,7 @@ __all__ = [
     "SUCCESS_METRIC",
     "SummaryBuilder",
     "failure_kind",
+    "plain_json",
     "summarize",
     "summary_table",
 ]
@@ -166,3 +167,14 @@ def summary_table(summary: dict[str, Any], *, title: str = "") -> Table:
     for kind, count in sorted(summary["failure_kinds"].items()):
         table.add_row(escape(f"failed: {kind}"), str(count), "")
     return table
+
+
+def plain_json(value: Any) -> Any:
+    """``value`` with anything JSON cannot hold (a pool object in agent_options) as repr."""
+    if isinstance(value, dict):
+        return {str(k): plain_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
