@@ -141,7 +141,8 @@ class PolicyWeights(ABC):
         params = self.parameters()
         if len(params) != len(saved):
             raise ValueError(f"a snapshot of {len(saved)} tensors for {len(params)} parameters")
-        with require("torch", "train").no_grad():
+        torch: Any = require("torch", "train")
+        with torch.no_grad():
             for param, value in zip(params, saved, strict=True):
                 param.copy_(value)
 

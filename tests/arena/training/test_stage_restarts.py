@@ -59,7 +59,7 @@ def test_restore_puts_back_the_weights_and_forgets_the_optimizer(
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     # Move the weights the way an update does: through the policy's own optimizer.
     optim = trainer._optims["p"]
-    loss = sum((p.float() ** 2).sum() for p in model.parameters())
+    loss = torch.stack([(p.float() ** 2).sum() for p in model.parameters()]).sum()
     loss.backward()
     optim.step()
     optim.zero_grad()
