@@ -35,8 +35,12 @@ And simple-trade v0/v1 env steps/s beside TextArena 0.7.4's SimpleNegotiation wi
 same trivial moves (:mod:`parley.arena.bench.textarena`; skipped, with the line that
 installs it, when TextArena is missing).
 
-Timings are the best of ``--repeats``, the two variants of each pair interleaved.
-``--json`` prints one object.
+Timings are the best of ``--repeats``, the two variants of each pair interleaved, in CPU
+time of this process where everything runs in it (env steps, the plain loop, the runner
+with in-process agents: its summary's ``play_cpu_s``; a loaded machine slows the wall
+clock of both sides unevenly, not the CPU each needs) and in wall-clock time where agents
+run in another process (``remote_*``, pipelining over ipc; the plain loop's wall clock is
+then the reference). ``--json`` prints one object.
 """
 
 from __future__ import annotations
@@ -192,13 +196,13 @@ def _env_steps_per_s(make_env: Callable[[], Any], episodes: int) -> float:
     env = make_env()
     lines = {a: f"hello from {a}" for a in env.possible_agents}
     steps = 0
-    started = time.perf_counter()
+    started = time.process_time()
     for episode in range(episodes):
         env.reset(seed=episode)
         while env.agents:
             env.step(lines)
             steps += 1
-    return steps / (time.perf_counter() - started)
+    return steps / (time.process_time() - started)
 
 
 # --- (b) the plain loop: the same agents called directly, no runner, no bus ----------------
@@ -242,15 +246,16 @@ def _workloads(args: argparse.Namespace) -> list[Workload]:
     return [broadcast, trade]
 
 
-def _plain_loop_steps_per_s(work: Workload) -> float:
-    """Agent steps/s of ``env.step`` fed by awaiting each acting agent's ``act`` in turn."""
+def _plain_loop_steps_per_s(work: Workload) -> tuple[float, float]:
+    """Agent steps per CPU second and per wall-clock second of ``env.step`` fed by
+    awaiting each acting agent's ``act`` in turn."""
     from parley.scenarios import make
 
     factories = work.factories()
 
-    async def play() -> tuple[int, float]:
+    async def play() -> tuple[int, float, float]:
         steps = 0
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         for episode in range(work.episodes):
             env = make(work.scenario, **work.kwargs)
             observations, infos = env.reset(seed=episode)
@@ -274,10 +279,10 @@ def _plain_loop_steps_per_s(work: Workload) -> float:
                     steps += 1
                 observations, rewards, _, _, infos = env.step(actions)
             env.close()
-        return steps, time.perf_counter() - started
+        return steps, time.process_time() - cpu_started, time.perf_counter() - started
 
-    steps, seconds = asyncio.run(play())
-    return steps / seconds
+    steps, cpu, wall = asyncio.run(play())
+    return steps / cpu, steps / wall
 
 
 # --- (c) runner agent steps/s, pipelined or not --------------------------------------------
@@ -298,8 +303,9 @@ def _serve_agents(address: str, agents: dict[str, str]) -> None:
 
 def _runner_rates(
     work: Workload, *, pipeline: bool, ipc: bool, concurrency: int = 1
-) -> tuple[float, float]:
-    """(agent steps per second of round-trip time, per second of play)."""
+) -> tuple[float, float, float]:
+    """Agent steps per second of round-trip time, per second of play, per CPU second of
+    play in this process."""
     from parley.arena.run.agent_specs import AgentSource, RemoteSeat
     from parley.arena.run.config import RunConfig
     from parley.arena.run.runner import Runner
@@ -340,7 +346,7 @@ def _runner_rates(
     # Play starts with the first episode: binding and joining are not play.
     steps = float(result.summary["agent_steps"])
     timing = result.summary["timing"]
-    return steps / timing["agents_s"], steps / timing["play_s"]
+    return steps / timing["agents_s"], steps / timing["play_s"], steps / timing["play_cpu_s"]
 
 
 def _pipelining(args: argparse.Namespace, work: Workload, results: dict[str, Any]) -> None:
@@ -348,7 +354,7 @@ def _pipelining(args: argparse.Namespace, work: Workload, results: dict[str, Any
     trip), over ipc and in-process."""
     for ipc in [True] if args.no_inproc else [True, False]:
         suffix = "" if ipc else "_inproc"
-        rates: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        rates: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
         for _ in range(args.repeats):
             for pipeline in (True, False):
                 rates[pipeline].append(_runner_rates(work, pipeline=pipeline, ipc=ipc))
@@ -367,25 +373,31 @@ def _pipelining(args: argparse.Namespace, work: Workload, results: dict[str, Any
 
 def _overhead(args: argparse.Namespace, work: Workload, results: dict[str, Any]) -> None:
     """The plain loop, the runner with in-process agents and with agents in another process
-    over ipc (``--concurrency`` episodes at once), interleaved; ratios of the best."""
-    cases: dict[str, Callable[[], float]] = {"plain_loop": lambda: _plain_loop_steps_per_s(work)}
+    over ipc (``--concurrency`` episodes at once), interleaved; ratios of the best: CPU
+    time for the runner (everything in this process), wall clock for remote agents."""
+    cases: dict[str, Callable[[], tuple[float, float]]] = {
+        "plain_loop": lambda: _plain_loop_steps_per_s(work)
+    }
+
+    def play_rates(ipc: bool) -> tuple[float, float]:
+        _, wall, cpu = _runner_rates(work, pipeline=True, ipc=ipc, concurrency=args.concurrency)
+        return cpu, wall
+
     if not args.no_inproc:
-        cases["runner"] = lambda: _runner_rates(
-            work, pipeline=True, ipc=False, concurrency=args.concurrency
-        )[1]
-    cases["remote"] = lambda: _runner_rates(
-        work, pipeline=True, ipc=True, concurrency=args.concurrency
-    )[1]
-    best = dict.fromkeys(cases, 0.0)
+        cases["runner"] = lambda: play_rates(False)
+    cases["remote"] = lambda: play_rates(True)
+    best = {name: [0.0, 0.0] for name in cases}  # (per CPU second, per wall second)
     for _ in range(args.repeats):
         for name, case in cases.items():
-            best[name] = max(best[name], case())
+            best[name] = [max(old, new) for old, new in zip(best[name], case(), strict=True)]
     suffix = "" if work.name == "broadcast" else f"_{work.name}"
-    for name, value in best.items():
-        results[f"agent_steps_per_s_{name}{suffix}"] = value
-    for name in ("runner", "remote"):
-        if name in best:
-            results[f"{name}_ratio_vs_plain_loop{suffix}"] = best[name] / best["plain_loop"]
+    for name, (cpu, wall) in best.items():
+        results[f"agent_steps_per_s_{name}{suffix}"] = wall
+        if name != "remote":
+            results[f"agent_steps_per_cpu_s_{name}{suffix}"] = cpu
+    if "runner" in best:
+        results[f"runner_ratio_vs_plain_loop{suffix}"] = best["runner"][0] / best["plain_loop"][0]
+    results[f"remote_ratio_vs_plain_loop{suffix}"] = best["remote"][1] / best["plain_loop"][1]
 
 
 def _measure(args: argparse.Namespace, step: Callable[[str], None]) -> dict[str, Any]:

@@ -14,8 +14,9 @@ moves, as an agent would:
   observation).
 
 TextArena is not a dependency of parley: when it is missing, this part is skipped with the
-line that installs it (:data:`INSTALL`). Timings are the best of ``repeats``, the cases
-interleaved so that load changes hit them alike.
+line that installs it (:data:`INSTALL`). Timings are the best of ``repeats`` in CPU time
+(everything runs in this process), the cases interleaved so that load changes hit them
+alike.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def _ours(scenario: str, episodes: int) -> float:
 
     moves = OURS[scenario]
     steps = 0
-    started = time.perf_counter()
+    started = time.process_time()
     for episode in range(episodes):
         env = make(scenario, max_turns=TURNS)
         observations, infos = env.reset(seed=episode)
@@ -77,13 +78,13 @@ def _ours(scenario: str, episodes: int) -> float:
             observations, _, _, _, infos = env.step(actions)
             steps += 1
         env.close()
-    return steps / (time.perf_counter() - started)
+    return steps / (time.process_time() - started)
 
 
 def _theirs(make_env: Callable[[], Any], episodes: int) -> float:
     """Env steps/s of TextArena's SimpleNegotiation: make, reset and play per episode."""
     steps = 0
-    started = time.perf_counter()
+    started = time.process_time()
     for episode in range(episodes):
         env = make_env()
         env.reset(num_players=2, seed=episode)
@@ -93,7 +94,7 @@ def _theirs(make_env: Callable[[], Any], episodes: int) -> float:
             done, _ = env.step(THEIRS[player] if observation is not None else "")
             steps += 1
         env.close()
-    return steps / (time.perf_counter() - started)
+    return steps / (time.process_time() - started)
 
 
 def measure(episodes: int, repeats: int) -> dict[str, Any]:

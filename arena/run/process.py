@@ -19,16 +19,23 @@ class PlayClock:
 
     def __init__(self) -> None:
         self.started = 0.0
+        self.cpu_started = 0.0
         self.agents_s = 0.0
 
     def start(self) -> None:
         """An episode starts (the first call sets the start of play)."""
         if not self.started:
             self.started = time.perf_counter()
+            self.cpu_started = time.process_time()
 
     def play_s(self) -> float:
         """Seconds since play began (0.0 before)."""
         return time.perf_counter() - self.started if self.started else 0.0
+
+    def play_cpu_s(self) -> float:
+        """CPU seconds this process spent since play began (0.0 before): what play cost
+        it, whatever else the machine ran meanwhile."""
+        return time.process_time() - self.cpu_started if self.started else 0.0
 
 
 def frozen_heap() -> contextlib.ExitStack:

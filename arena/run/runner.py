@@ -283,6 +283,7 @@ class Runner:
         }
         if clock is not None:
             summary["timing"]["play_s"] = round(clock.play_s(), 6)
+            summary["timing"]["play_cpu_s"] = round(clock.play_cpu_s(), 6)
             summary["timing"]["agents_s"] = round(clock.agents_s, 6)
         return summary
 
