@@ -79,11 +79,14 @@ class ScenarioSpec:
 
     def make(self, **kwargs: Any) -> Any:
         """Build the scenario with this spec's kwargs, overridden by ``kwargs``."""
-        cls = load_attr(self.entry_point)
-        return cls(**{**self.kwargs, **kwargs})
+        cls = _CLASSES.get(self.entry_point)
+        if cls is None:  # resolved once per entry point (a runner makes one env per episode)
+            cls = _CLASSES[self.entry_point] = load_attr(self.entry_point)
+        return cls(**{**self.kwargs, **kwargs}) if self.kwargs else cls(**kwargs)
 
 
 _REGISTRY: dict[str, ScenarioSpec] = {}
+_CLASSES: dict[str, Any] = {}  # entry point -> what it names, once loaded
 _entry_points_loaded = False
 
 
