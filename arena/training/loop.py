@@ -294,8 +294,8 @@ class _Run:
             await asyncio.to_thread(self.trainer.restore, snapshots[back])
             restarts += 1
             rule = stages[i].restart
-            names = rule.reinit if rule is not None else []
-            fresh = await asyncio.to_thread(self._reinitialise, names, restarts)
+            reinit = rule.reinit if rule is not None else []
+            fresh = await asyncio.to_thread(self._reinitialise, reinit, restarts)
             self.summaries[-1]["reinit"] = fresh  # policy -> its new initialisation seed
             self.trainer.version += 1  # the restored weights are a new version everywhere
             for name in self.trainer.weights:

@@ -178,3 +178,26 @@ def test_restart_rules_that_cannot_work_are_refused(tmp_path: Path) -> None:
     for bad, message in cases:
         with pytest.raises(ConfigError, match=message):
             load_train_config(data=_config(tmp_path, bad))
+
+
+@pytest.mark.timeout(240)
+def test_a_stage_restarts_itself_until_its_budget_is_spent(tmp_path: Path) -> None:
+    # A stage's own rule (no back_to), twice, each time with a fresh listener.
+    stages = [
+        {
+            "name": "listener",
+            "agents": LISTENER,
+            "train": ["listener"],
+            "max_updates": 2,
+            "window": 1,
+            "restart": {"after": 1, "below": 2.0, "max": 2, "reinit": ["listener"]},
+        }
+    ]
+    config = load_train_config(data=_config(tmp_path, stages, seed=3))
+    train(config)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    got = [(s["attempt"], s["stalled"], s["updates"]) for s in summary["stages"]]
+    assert got == [(0, True, 1), (1, True, 1), (2, False, 2)]
+    seeds = RunSeeds.from_config(config)
+    fresh = [s.get("reinit") for s in summary["stages"]]
+    assert fresh == [{"listener": seeds.reinit(1, 1)}, {"listener": seeds.reinit(1, 2)}, None]
