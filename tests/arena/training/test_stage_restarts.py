@@ -182,22 +182,28 @@ def test_restart_rules_that_cannot_work_are_refused(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_a_stage_restarts_itself_until_its_budget_is_spent(tmp_path: Path) -> None:
-    # A stage's own rule (no back_to), twice, each time with a fresh listener.
+    # The second stage's own rule (no back_to), twice, each time with a fresh speaker.
     stages = [
+        {"name": "listener", "agents": LISTENER, "train": ["listener"], "max_updates": 1},
         {
-            "name": "listener",
-            "agents": LISTENER,
-            "train": ["listener"],
+            "name": "speaker",
+            "agents": JOINT,
+            "train": ["speaker"],
             "max_updates": 2,
             "window": 1,
-            "restart": {"after": 1, "below": 2.0, "max": 2, "reinit": ["listener"]},
-        }
+            "restart": {"after": 1, "below": 2.0, "max": 2, "reinit": ["speaker"]},
+        },
     ]
     config = load_train_config(data=_config(tmp_path, stages, seed=3))
     train(config)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    got = [(s["attempt"], s["stalled"], s["updates"]) for s in summary["stages"]]
-    assert got == [(0, True, 1), (1, True, 1), (2, False, 2)]
+    got = [(s["stage"], s["attempt"], s["stalled"], s["updates"]) for s in summary["stages"]]
+    assert got == [
+        ("listener", 0, False, 1),
+        ("speaker", 0, True, 1),
+        ("speaker", 1, True, 1),
+        ("speaker", 2, False, 2),
+    ]
     seeds = RunSeeds.from_config(config)
     fresh = [s.get("reinit") for s in summary["stages"]]
-    assert fresh == [{"listener": seeds.reinit(1, 1)}, {"listener": seeds.reinit(1, 2)}, None]
+    assert fresh == [None, {"speaker": seeds.reinit(0, 1)}, {"speaker": seeds.reinit(0, 2)}, None]
