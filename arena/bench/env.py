@@ -35,12 +35,13 @@ And simple-trade v0/v1 env steps/s beside TextArena 0.7.4's SimpleNegotiation wi
 same trivial moves (:mod:`parley.arena.bench.textarena`; skipped, with the line that
 installs it, when TextArena is missing).
 
-Timings are the best of ``--repeats``, the two variants of each pair interleaved, in CPU
-time of this process where everything runs in it (env steps, the plain loop, the runner
-with in-process agents: its summary's ``play_cpu_s``; a loaded machine slows the wall
-clock of both sides unevenly, not the CPU each needs) and in wall-clock time where agents
-run in another process (``remote_*``, pipelining over ipc; the plain loop's wall clock is
-then the reference). ``--json`` prints one object.
+Timings are the best of ``--repeats`` (env steps and TextArena: of ``--repeats`` x 10
+short runs, :func:`~parley.arena.bench.textarena.best_rates`), the variants of each pair
+interleaved, in CPU time of this process where everything runs in it (env steps, the plain
+loop, the runner with in-process agents: its summary's ``play_cpu_s``; a loaded machine
+slows the wall clock of both sides unevenly, not the CPU each needs) and in wall-clock time
+where agents run in another process (``remote_*``, pipelining over ipc; the plain loop's
+wall clock is then the reference). ``--json`` prints one object.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ import numpy as np
 from pettingzoo import ParallelEnv
 
 from parley.agents.base import Agent
+from parley.arena.bench.textarena import best_rates
 from parley.protocols.messages import Action, Observation
 from parley.scenarios import Scenario, register
 
@@ -408,18 +410,14 @@ def _measure(args: argparse.Namespace, step: Callable[[str], None]) -> dict[str,
         "concurrency": args.concurrency,
     }
     step("scenario vs bare env steps")
-    scenario: list[float] = []
-    bare: list[float] = []
-    for _ in range(args.repeats):  # interleaved, so load changes hit both alike
-        scenario.append(
-            _env_steps_per_s(lambda: Broadcast(args.agents, args.steps), args.env_episodes)
-        )
-        bare.append(
-            _env_steps_per_s(lambda: BareBroadcast(args.agents, args.steps), args.env_episodes)
-        )
-    results["env_steps_per_s_scenario"] = max(scenario)
-    results["env_steps_per_s_bare"] = max(bare)
-    results["env_step_ratio_vs_bare"] = max(scenario) / max(bare)
+    env_cases: dict[str, Callable[[int], float]] = {
+        "scenario": lambda n: _env_steps_per_s(lambda: Broadcast(args.agents, args.steps), n),
+        "bare": lambda n: _env_steps_per_s(lambda: BareBroadcast(args.agents, args.steps), n),
+    }
+    env = best_rates(env_cases, args.env_episodes, args.repeats)
+    results["env_steps_per_s_scenario"] = env["scenario"]
+    results["env_steps_per_s_bare"] = env["bare"]
+    results["env_step_ratio_vs_bare"] = env["scenario"] / env["bare"]
     broadcast, trade = _workloads(args)
     step("runner round trips, pipelined vs one at a time")
     _pipelining(args, broadcast, results)

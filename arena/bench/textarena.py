@@ -14,9 +14,8 @@ moves, as an agent would:
   observation).
 
 TextArena is not a dependency of parley: when it is missing, this part is skipped with the
-line that installs it (:data:`INSTALL`). Timings are the best of ``repeats`` in CPU time
-(everything runs in this process), the cases interleaved so that load changes hit them
-alike.
+line that installs it (:data:`INSTALL`). Rates are the best of many short runs in CPU time
+(everything runs in this process), the cases taking turns (:func:`best_rates`).
 """
 
 from __future__ import annotations
@@ -24,10 +23,10 @@ from __future__ import annotations
 import functools
 import importlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["INSTALL", "TEXTARENA_VERSION", "measure", "missing"]
+__all__ = ["CHUNKS", "INSTALL", "TEXTARENA_VERSION", "best_rates", "measure", "missing"]
 
 TEXTARENA_VERSION = "0.7.4"
 INSTALL = f"pip install --no-deps textarena=={TEXTARENA_VERSION} nltk chess"
@@ -46,6 +45,25 @@ OURS: dict[str, dict[str, str]] = {
 }
 THEIRS = {0: "[Offer: 1 Wood -> 1 Wheat]", 1: "[Deny]"}
 TURNS = 10
+
+
+CHUNKS = 10
+"""Each timed run is cut into this many short ones (see :func:`best_rates`)."""
+
+
+def best_rates(
+    cases: Mapping[str, Callable[[int], float]], episodes: int, repeats: int
+) -> dict[str, float]:
+    """The best rate of each case (``case(n)`` plays ``n`` episodes and returns its rate)
+    over ``repeats`` x :data:`CHUNKS` short runs of ``episodes / CHUNKS`` episodes, the cases
+    taking turns run by run: on a loaded machine a short run more often falls in a quiet
+    moment, and turns taken often let every case meet the same moments."""
+    n = max(1, episodes // CHUNKS)
+    best = dict.fromkeys(cases, 0.0)
+    for _ in range(repeats * CHUNKS):
+        for name, case in cases.items():
+            best[name] = max(best[name], case(n))
+    return best
 
 
 def missing() -> str | None:
@@ -106,18 +124,13 @@ def measure(episodes: int, repeats: int) -> dict[str, Any]:
     import textarena
     from textarena.envs.SimpleNegotiation.env import SimpleNegotiationEnv
 
-    cases: dict[str, Callable[[], float]] = {
-        "textarena_bare": lambda: _theirs(lambda: SimpleNegotiationEnv(max_turns=TURNS), episodes),
-        "textarena_wrapped": lambda: _theirs(
-            lambda: textarena.make("SimpleNegotiation-v0"), episodes
-        ),
+    cases: dict[str, Callable[[int], float]] = {
+        "textarena_bare": lambda n: _theirs(lambda: SimpleNegotiationEnv(max_turns=TURNS), n),
+        "textarena_wrapped": lambda n: _theirs(lambda: textarena.make("SimpleNegotiation-v0"), n),
     }
     for scenario in OURS:
-        cases[scenario] = functools.partial(_ours, scenario, episodes)
-    best: dict[str, float] = dict.fromkeys(cases, 0.0)
-    for _ in range(repeats):  # interleaved
-        for name, case in cases.items():
-            best[name] = max(best[name], case())
+        cases[scenario] = functools.partial(_ours, scenario)
+    best = best_rates(cases, episodes, repeats)
     results: dict[str, Any] = {
         "textarena_version": TEXTARENA_VERSION,
         "env_steps_per_s_textarena_bare": best["textarena_bare"],
