@@ -146,8 +146,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     ) -> None:
         if not seats or len(set(seats)) != len(seats):
             raise ConfigError(f"seats must be non-empty and distinct, got {list(seats)}")
-        # "human" (the ansi text, printed) works for every scenario: PettingZoo's render_test
-        # always asks for it first.
+        # "human" (the ansi text, printed) works everywhere: PettingZoo's render_test asks it.
         modes = [*self.metadata["render_modes"], "human"]
         if render_mode is not None and render_mode not in modes:
             raise ConfigError(
@@ -165,8 +164,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
             self.default_invalid_penalty if invalid_penalty is None else float(invalid_penalty)
         )
         self.turn = 0
-        # The event log: hooks append plain tuples (a named tuple costs ~10x more to build);
-        # ``events`` turns them into Events when read.
+        # The event log: plain tuples (~10x cheaper than named ones), Events when read.
         self._events: list[Event] = []
         self._raw_events: list[tuple[int, str, str, str, tuple[str, ...]]] = []
         # One inbox list per seat for the instance's life (emptied in place, never replaced),
@@ -334,8 +332,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ ParallelEnv
 
-    # The spaces are built on first use: a Text space indexes its charset when made (~0.1 ms
-    # each), a large share of a short episode's set-up, and the runner never reads them.
+    # Built on first use: a Text space indexes its charset (~0.1 ms); the runner never asks.
     @functools.cached_property
     def observation_spaces(self) -> dict[str, Text]:
         """One :class:`~gymnasium.spaces.Text` space per seat (the same object every call)."""
@@ -351,8 +348,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         """The space :meth:`state` lies in (ASCII JSON)."""
         return self._text(_STATE_MAX_LENGTH)
 
-    # Unseeded, a generator draws OS entropy (~20 µs: a third of a short episode's set-up);
-    # made on first use, since reset(seed=...) replaces it anyway.
+    # Made on first use: unseeded, it draws OS entropy (~20 µs), and reset(seed=...) replaces it.
     @functools.cached_property
     def rng(self) -> np.random.Generator:
         """The instance's generator: ``reset(seed=...)`` seeds it; until then, OS entropy."""
@@ -430,20 +426,19 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
                 f"step(actions): actions names seats that are not live: {unknown[:5]}; "
                 f"the live seats are env.agents = {agents}"
             )
-        # Last step's dicts went out in its infos: replace them, never clear them. Most steps
-        # pay nobody and see no invalid move, so most steps allocate neither.
+        # Last step's dicts went out in its infos: replace them (most steps need neither).
         if self._step_components:
             self._step_components = {}
         if self._invalid:
             self._invalid = {}
         play, limit = self.play, self.max_action_length
+        # Printable ASCII that fits is decided at C speed (many seats: all in one); else _check.
+        batch = len(actions) > 2 and type(actions) is dict and _clean(actions.values(), limit)
         for agent in self.acting():
             if self._done:
                 break
             action = actions.get(agent, "")
-            # The common case (a one-line printable ASCII str that fits) is decided here at C
-            # speed; anything else goes through _check, which names what is wrong.
-            if (
+            if batch or (
                 type(action) is str
                 and len(action) <= limit
                 and action.isascii()
@@ -523,7 +518,6 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         return metrics
 
     # ------------------------------------------------------------------ internals
-
     def _check(self, agent: str, action: Any) -> str | None:
         # Equivalent to ``not action_space.contains(action)`` (CHARSET is fixed), at C speed.
         if not isinstance(action, str):
@@ -547,8 +541,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     def _observe(
         self, acting: Collection[str], ended: bool
     ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-        # Hot path (every step, every seat): lookups are hoisted out of the loop, and hooks
-        # the subclass left as the base defines them are not called.
+        # Hot path (every step, every seat): lookups hoisted; default hooks not called.
         observations: dict[str, str] = {}
         infos: dict[str, dict[str, Any]] = {}
         limit, turn = self.max_observation_length, self.turn
@@ -563,8 +556,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
                 lines.append(_DEFAULT_PROMPT if prompt is None else printable(prompt(agent)))
                 text = "\n".join(lines)
                 # Emptied only when the seat is asked: the runner delivers only acting seats'
-                # observations, so the others keep their lines until their turn (an LLM never
-                # misses a message).
+                # observations, so the others keep their lines until their turn.
                 lines.clear()
             else:
                 to_act = False
@@ -587,6 +579,15 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
 
     def _fit(self, text: str) -> str:  # (only called for a text over the limit)
         return "[...]" + text[len(text) - self.max_observation_length + 5 :]
+
+
+def _clean(actions: Collection[Any], limit: int) -> bool:
+    """Whether every action is printable ASCII and all of them together fit in ``limit``."""
+    try:
+        joined = "".join(actions)
+    except TypeError:  # not all strings: the per-action check names the culprit
+        return False
+    return len(joined) <= limit and joined.isascii() and joined.isprintable()
 
 
 def _json_default(value: Any) -> Any:
