@@ -13,7 +13,8 @@ the same transcript as in a local run.
 Slices: ``concurrency`` episodes each (one actor call), three slices sent ahead to each
 worker, which plays at most ``concurrency`` episodes at once (``concurrency`` is per worker
 here): the next slice's episodes start the moment running ones end, never waiting for the
-driver, and a slice comes back as one compressed MessagePack payload (:func:`ship`).
+driver, and a slice comes back as one compressed MessagePack payload
+(:func:`~parley.arena.run.ray_worker.ship`).
 
 Faults: a slice whose worker dies (``ray.kill``, a crash, its node removed) is never
 counted; its episodes go back to the front of the queue, are played again with the same
@@ -31,22 +32,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import numpy as np
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from parley.arena.run.config import RunConfig
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, plan_episodes
+from parley.arena.run.ray_worker import EpisodeWorker, Steps
 from parley.arena.run.records import EpisodeRecord, RecordWriter
 from parley.arena.run.runner import Runner, RunResult
 from parley.arena.run.summary import SummaryBuilder
@@ -70,31 +69,6 @@ LOCAL = "local"
 """``RunConfig.ray`` value (also ``""``) that starts a private local Ray when none is up."""
 
 
-def _ship_hook(obj: Any) -> Any:
-    # What a transcript may hold beyond MessagePack's types: the values the files get.
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, (np.ndarray, set, frozenset)):
-        return sorted(obj) if isinstance(obj, (set, frozenset)) else obj.tolist()
-    return f"<unserializable {type(obj).__name__}>"
-
-
-RESULT_ENCODER = msgspec.msgpack.Encoder(enc_hook=_ship_hook)
-"""Records travel from workers as MessagePack, not pickles: about twice as fast both ways
-for a transcript's many small strings, and a field left at its default stays absent (a
-pickled ``0.0`` reward is a new object, which ``omit_defaults`` then writes out)."""
-SHIP_ZLIB_LEVEL = 1
-"""A slice's MessagePack is zlib-compressed (level 1) before it travels: transcripts repeat
-their observations, so 8 deal-or-no-deal records shrink from 86 KB to 8 KB for 0.25 ms each
-way. An actor call's cost grows with its payload (measured here: 0.8 ms of the worker's CPU
-for 8 KB, 1.2 ms for 90 KB, 1.6 ms past 100 KB, where Ray moves results to its object store)."""
-
-
-def ship(items: list[Any]) -> bytes:
-    """What a worker returns for ``items``: MessagePack, compressed (:data:`SHIP_ZLIB_LEVEL`)."""
-    return zlib.compress(RESULT_ENCODER.encode(items), SHIP_ZLIB_LEVEL)
-
-
 def import_ray() -> Any:
     """The ``ray`` module, or :class:`~parley.protocols.errors.MissingDependency` naming the
     extra to install (``pip install 'parley[ray]'``)."""
@@ -111,7 +85,8 @@ def init_ray(address: str | None = LOCAL, *, num_cpus: int | None = None) -> boo
         return False
     options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
     if address in (None, "", LOCAL):
-        ray.init(num_cpus=num_cpus, **options)
+        # A private one: a bare ray.init() joins a cluster `ray start` left on this machine.
+        ray.init(address="local", num_cpus=num_cpus, **options)
     else:
         try:
             ray.init(address=address, **options)
@@ -121,57 +96,6 @@ def init_ray(address: str | None = LOCAL, *, num_cpus: int | None = None) -> boo
                 "or pass --ray without an address for a local Ray)"
             ) from exc
     return True
-
-
-class EpisodeWorker:
-    """Body of one Ray worker actor: a :class:`Runner` whose bus stays open between calls.
-
-    The driver calls :meth:`start` once, then :meth:`play` with slices of the plan (any
-    number at once: the actor is asynchronous), and :meth:`stop` at the end.
-    """
-
-    def __init__(self, config: RunConfig, agents: dict[str, Any] | None = None) -> None:
-        quiet = Console(stderr=True, quiet=True)
-        self.runner = Runner(config.replace(progress=False, out=None), agents=agents, console=quiet)
-        self._open: contextlib.AbstractAsyncContextManager[str] | None = None
-        self._concurrency = max(1, config.concurrency)
-        self._room: asyncio.Semaphore | None = None  # made in the actor's event loop
-
-    async def start(self) -> dict[str, Any]:
-        """Open the worker's bus; returns where it runs (node id, address, pid)."""
-        if self._open is None:
-            self._open = self.runner.open()
-            await self._open.__aenter__()
-        import ray
-
-        context = ray.get_runtime_context()
-        return {"node": context.get_node_id(), "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
-                "pid": os.getpid()}  # fmt: skip
-
-    async def play(self, plans: Sequence[EpisodePlan]) -> bytes:
-        """Play ``plans`` (at most ``concurrency`` at once); their records (:meth:`items`)
-        in the same order, as compressed MessagePack (:func:`ship`)."""
-        await self.start()
-        records = await asyncio.gather(*(self._play(plan) for plan in plans))
-        return ship(self.items(records))
-
-    async def _play(self, plan: EpisodePlan) -> EpisodeRecord:
-        # At most ``concurrency`` episodes at once, however many slices the driver has
-        # sent ahead: the queued ones start the moment a running episode ends.
-        if self._room is None:
-            self._room = asyncio.Semaphore(self._concurrency)
-        async with self._room:
-            return await self.runner.play(plan)
-
-    def items(self, records: Sequence[EpisodeRecord]) -> list[Any]:
-        """What travels back for ``records`` (of :attr:`RayRunner.item_type`)."""
-        return list(records)
-
-    async def stop(self) -> None:
-        """Close the worker's bus."""
-        if self._open is not None:
-            opened, self._open = self._open, None
-            await opened.__aexit__(None, None, None)
 
 
 @dataclass
@@ -250,6 +174,7 @@ class RayRunner(Runner):
         self._max_spawns = 0
         self._ray: Any = None
         self._decoder = msgspec.msgpack.Decoder(list[self.item_type])  # type: ignore[name-defined]
+        self._json_decoder = msgspec.msgpack.Decoder(list[tuple[EpisodeRecord, bytes]])
         self._gathering: dict[str, list[tuple[EpisodePlan, asyncio.Future[Any]]]] = {}
         self._call_size = max(1, math.ceil(config.concurrency / 2))
 
@@ -402,6 +327,7 @@ class RayRunner(Runner):
         started = time.perf_counter()
         kept: list[EpisodeRecord] | None = [] if self.keep_records else None
         builder = SummaryBuilder(trials=self.config.trials)
+        steps = self._steps()
         size = max(1, math.ceil(self.config.concurrency / self.slice_fraction))
         queue = deque(_Slice(plans[i : i + size]) for i in range(0, len(plans), size))
         wanted = min(self._worker_count(ray), len(queue)) or 1
@@ -449,7 +375,7 @@ class RayRunner(Runner):
                     for slot in [s for s in self.slots if s.alive and s.where]:
                         while queue and slot.in_flight < self.slices_in_flight:
                             piece = queue.popleft()
-                            ref = slot.actor.play.remote(piece.plans)
+                            ref = slot.actor.play.remote(piece.plans, steps)
                             pending[asyncio.wrap_future(ref.future())] = (slot, piece)
                             slot.in_flight += 1
                     for slot in self.slots:  # replacements: wait for their start, not on them
@@ -469,7 +395,7 @@ class RayRunner(Runner):
                             continue
                         slot.in_flight -= 1
                         try:
-                            records = self._unship(future.result())
+                            records = self._unship(future.result(), steps)
                         except ray.exceptions.RayActorError as exc:
                             self._lost(ray, slot, piece, exc, queue, accept)
                             continue
@@ -495,10 +421,26 @@ class RayRunner(Runner):
         address = str(ray.get_runtime_context().gcs_address)
         return RunResult(summary, address, wall, self.config.out, kept_records=kept)
 
-    def _unship(self, payload: bytes) -> list[Any]:
+    def _steps(self) -> Steps:
+        """What :meth:`run`'s workers ship (:meth:`EpisodeWorker.play`): no steps when
+        nobody reads them (as :meth:`Runner.run`), transcripts as their files' JSON lines
+        when only the files do."""
+        if self.keep_records or self.item_type is not EpisodeRecord:
+            return "items"
+        return "none" if self.config.out is None else "json"
+
+    def _unship(self, payload: bytes, steps: Steps = "items") -> list[Any]:
         """The items a worker's :meth:`EpisodeWorker.play` returned (:func:`ship`)."""
-        items: list[Any] = self._decoder.decode(zlib.decompress(payload))
-        return items
+        data = zlib.decompress(payload)
+        if steps != "json":
+            items: list[Any] = self._decoder.decode(data)
+            return items
+        records = []
+        for record, line in self._json_decoder.decode(data):
+            # msgspec writes a Raw value's bytes as they are: the worker's own encoding.
+            record.transcript = msgspec.Raw(line)  # type: ignore[assignment]
+            records.append(record)
+        return records
 
     def _record(self, result: Any) -> EpisodeRecord:
         """The record in one item of what :attr:`worker_class`'s ``play`` returns."""
