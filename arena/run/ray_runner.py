@@ -372,12 +372,16 @@ class RayRunner(Runner):
 
             try:
                 while queue or pending:
-                    for slot in [s for s in self.slots if s.alive and s.where]:
-                        while queue and slot.in_flight < self.slices_in_flight:
-                            piece = queue.popleft()
-                            ref = slot.actor.play.remote(piece.plans, steps)
-                            pending[asyncio.wrap_future(ref.future())] = (slot, piece)
-                            slot.in_flight += 1
+                    # Round-robin, one slice per worker per pass: a short plan spreads over
+                    # every worker instead of filling the first ones' pipelines.
+                    live = [s for s in self.slots if s.alive and s.where]
+                    for _ in range(self.slices_in_flight):
+                        for slot in live:
+                            if queue and slot.in_flight < self.slices_in_flight:
+                                piece = queue.popleft()
+                                ref = slot.actor.play.remote(piece.plans, steps)
+                                pending[asyncio.wrap_future(ref.future())] = (slot, piece)
+                                slot.in_flight += 1
                     for slot in self.slots:  # replacements: wait for their start, not on them
                         if slot.alive and not slot.where and slot.started is not None:
                             pending[asyncio.wrap_future(slot.started.future())] = (slot, None)
