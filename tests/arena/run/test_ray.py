@@ -103,6 +103,48 @@ def test_ray_writes_the_files_of_a_local_run(cluster: Any, tmp_path: Path) -> No
     assert written["ray"]["nodes"] == figures["nodes"]
 
 
+@pytest.mark.slow
+def test_workers_ship_only_what_the_driver_reads(cluster: Any) -> None:
+    """No files and no kept records: workers build and ship no steps (as the local runner
+    builds none), the summary is the local one; files only: each transcript travels as the
+    JSON line the file holds, byte for byte the local run's."""
+    import zlib
+
+    import msgspec
+
+    from parley.arena.run.episode import plan_episodes
+    from parley.arena.run.ray_worker import EpisodeWorker
+    from parley.arena.run.records import EpisodeRecord, encode_json
+
+    config = RunConfig(scenario=SCENARIO, episodes=6, seed=3, concurrency=3, progress=False)
+    local = asyncio.run(Runner(config, keep_records=True).run())
+    kept = local.kept_records
+    assert kept is not None
+
+    async def shipped() -> tuple[bytes, bytes]:
+        worker = EpisodeWorker(config)
+        plans = plan_episodes(config, worker.runner.seats)
+        try:
+            return await worker.play(plans, "none"), await worker.play(plans, "json")
+        finally:
+            await worker.stop()
+
+    bare, lines = asyncio.run(shipped())
+    records = msgspec.msgpack.decode(zlib.decompress(bare), type=list[EpisodeRecord])
+    assert all(not r.transcript.get("steps") for r in records)
+    assert all(not t.turns for r in records for t in r.trajectories)
+    assert [r.metrics for r in records] == [r.metrics for r in kept]
+    assert [[t.reward for t in r.trajectories] for r in records] == [
+        [t.reward for t in r.trajectories] for r in kept
+    ]
+    pairs = msgspec.msgpack.decode(zlib.decompress(lines), type=list[tuple[EpisodeRecord, bytes]])
+    assert [line for _, line in pairs] == [encode_json(r.transcript) for r in kept]
+    assert all(record.transcript == {} for record, _ in pairs)  # not shipped twice
+    on_ray = run_on_ray(config.replace(ray="auto", ray_workers=2))
+    for key in ("episodes", "metrics", "returns", "agent_steps", "invalid_moves"):
+        assert on_ray.summary[key] == local.summary[key]
+
+
 async def _run_and_break(runner: RayRunner, brk: Any) -> Any:
     """Start ``runner``; once every worker is up and playing, call ``brk(runner)``."""
     task = asyncio.create_task(runner.run())
