@@ -10,10 +10,11 @@ plan it is handed; the driver folds the records it gets back into the same
 (:func:`~parley.arena.run.episode.plan_episodes`), so an episode played on any worker writes
 the same transcript as in a local run.
 
-Slices: ``concurrency`` episodes each (one actor call), three slices sent ahead to each
-worker, which plays at most ``concurrency`` episodes at once (``concurrency`` is per worker
-here): the next slice's episodes start the moment running ones end, never waiting for the
-driver, and a slice comes back as one compressed MessagePack payload
+Slices: up to ``2 x concurrency`` episodes each (one actor call; fewer when the plan is
+short), three slices sent ahead to each worker, which plays at most ``concurrency`` episodes
+at once (``concurrency`` is per worker here): the next slice's episodes start the moment
+running ones end, never waiting for the driver, and a slice comes back as one compressed
+MessagePack payload
 (:func:`~parley.arena.run.ray_worker.ship`).
 
 Faults: a slice whose worker dies (``ray.kill``, a crash, its node removed) is never
@@ -136,10 +137,11 @@ class RayRunner(Runner):
     slices_in_flight = 3
     """Slices :meth:`run` keeps sent to each worker (it plays ``concurrency`` episodes at
     once; the rest wait there, so it never idles while the driver reads a result)."""
-    slice_fraction = 1
-    """A slice (one actor call) is ``ceil(concurrency / slice_fraction)`` episodes: an
-    actor call costs the worker about 0.8 ms of CPU and the driver 0.6 ms (measured), so
-    fewer, larger calls; compressed, 16 records stay far below Ray's 100 KB inline limit."""
+    slice_concurrency = 2
+    """A slice (one actor call) is at most ``slice_concurrency x concurrency`` episodes, fewer
+    when the plan is short (every worker gets ``slices_in_flight`` of them): an actor call
+    costs the worker about 0.8 ms of CPU and the driver 0.6 ms (measured), so fewer, larger
+    calls; compressed, such slices stay below Ray's 100 KB inline limit."""
 
     def __init__(
         self,
@@ -328,9 +330,11 @@ class RayRunner(Runner):
         kept: list[EpisodeRecord] | None = [] if self.keep_records else None
         builder = SummaryBuilder(trials=self.config.trials)
         steps = self._steps()
-        size = max(1, math.ceil(self.config.concurrency / self.slice_fraction))
+        workers = self._worker_count(ray)
+        share = math.ceil(len(plans) / (workers * self.slices_in_flight))
+        size = max(1, min(self.slice_concurrency * self.config.concurrency, share))
         queue = deque(_Slice(plans[i : i + size]) for i in range(0, len(plans), size))
-        wanted = min(self._worker_count(ray), len(queue)) or 1
+        wanted = min(workers, len(queue)) or 1
         for _ in range(wanted):
             self._spawn(ray)
         self._max_spawns = wanted * (MAX_ATTEMPTS + 2)
