@@ -14,14 +14,17 @@ belongs to, to one advantage per sample (list in, list out, same order)::
   (decay 0.95), updated *after* the batch is scored, so a sample never baselines itself.
   With grouping by role this is SPIRAL's role-conditioned baseline for self-play.
 
-The group of a sample comes from a grouping function (:data:`GROUPINGS`) over its
-:class:`SampleKey`: by prompt (samples of the same scenario seed and seat compete with
-each other), by role, or by (agent, turn) as in AT-GRPO. Variants are small functions
+The group of a sample comes from a grouping function (:data:`GROUPINGS`) over the
+batch's :class:`SampleKey` s: by prompt (samples of the same scenario seed and seat compete
+with each other), by context (the same model input: GRPO's group), by context where it
+repeats in the batch and by role where it does not, by role, or by (agent, turn) as in
+AT-GRPO. Variants are small functions
 picked from dicts (STYLE.md #11), not string flags tested inside one class.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -49,6 +52,9 @@ class SampleKey:
     prompt: str = ""
     """Identifies the situation: scenario seed (plus seat) — episodes of the same seed
     start from the same state, so their returns are comparable."""
+    context: tuple[int, ...] = ()
+    """The exact model input of the decision (its prompt token ids): samples with the same
+    context are the same question asked again, GRPO's group."""
 
 
 @dataclass
@@ -120,13 +126,27 @@ ESTIMATORS: dict[str, Estimator] = {
 }
 """Estimator name -> function ``(rewards, groups, state) -> advantages``."""
 
-GROUPINGS: dict[str, Callable[[SampleKey], Hashable]] = {
-    "prompt": lambda k: (k.role, k.prompt),
-    "role": lambda k: k.role,
-    "agent_turn": lambda k: (k.role, k.turn),
-    "batch": lambda k: "",
+
+def _context_or_role(keys: Sequence[SampleKey]) -> list[Hashable]:
+    """A sample's context where another sample of the batch shares it, else its role: a
+    seat whose inputs repeat (a speaker naming one of 8 targets) gets a baseline per
+    input; one whose inputs never repeat (a listener) keeps its role's, where a group of
+    one would have an advantage of 0 and learn nothing."""
+    by_context = [(k.role, k.context) for k in keys]
+    counts = Counter(by_context)
+    return [g if counts[g] > 1 else k.role for g, k in zip(by_context, keys, strict=True)]
+
+
+GROUPINGS: dict[str, Callable[[Sequence[SampleKey]], list[Hashable]]] = {
+    "prompt": lambda keys: [(k.role, k.prompt) for k in keys],
+    "context": lambda keys: [(k.role, k.context) for k in keys],
+    "context_or_role": _context_or_role,
+    "role": lambda keys: [k.role for k in keys],
+    "agent_turn": lambda keys: [(k.role, k.turn) for k in keys],
+    "batch": lambda keys: [""] * len(keys),
 }
-"""Grouping name -> the group of a sample: same prompt (and seat), same role, same
+"""Grouping name -> the groups of a batch's samples: same prompt (scenario seed and seat),
+same context (model input), same context where it repeats else same role, same role, same
 (agent, turn), or the whole batch as one group."""
 
 
@@ -152,6 +172,5 @@ def compute_advantages(
     r = np.asarray(rewards, dtype=np.float64)  # (N,)
     if r.size == 0:
         return r
-    group_of = GROUPINGS[grouping]
-    groups = [group_of(k) for k in keys]
+    groups = GROUPINGS[grouping](keys)
     return ESTIMATORS[estimator](r, groups, state if state is not None else BaselineState())

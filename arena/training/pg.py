@@ -131,7 +131,8 @@ class PGConfig:
     the objective's own (grpo and dapo: ``grpo``; dr_grpo: ``dr_grpo``; rloo: ``rloo``;
     reinforce: ``reinforce``)."""
     grouping: str = "role"
-    """How samples are grouped for the baseline: ``prompt``, ``role``, ``agent_turn``,
+    """How samples are grouped for the baseline (:data:`~parley.arena.training.advantages.
+    GROUPINGS`): ``prompt``, ``context``, ``context_or_role``, ``role``, ``agent_turn``,
     ``batch``."""
     baseline_decay: float = 0.95
     """Decay of the moving-average baselines of ``reinforce``."""

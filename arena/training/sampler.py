@@ -443,6 +443,7 @@ def samples_from_record(
                             role=trajectory.agent,
                             turn=turn.turn,
                             prompt=f"{record.seed}:{trajectory.agent}:{turn.turn}",
+                            context=tuple(tokens.prompt_token_ids),
                         ),
                         constraint=constraint,
                     )

@@ -100,5 +100,7 @@ async def test_failed_episodes_are_recorded_and_never_trained_on() -> None:
     samples = [s for r in records for s in samples_from_record(r)]
     assert len(samples) == 12  # one model decision (the speaker's) per good episode
     assert {s.key.role for s in samples} == {"speaker"}
+    # The exact model input is the sample's context (grouping "context", "context_or_role").
+    assert all(s.key.context == tuple(s.prompt_ids) and s.key.context for s in samples)
     with pytest.raises(ValueError, match="never train"):
         samples_from_record(sampler.failures[0])

@@ -43,6 +43,31 @@ def test_grouping_by_agent_turn_and_batch() -> None:
     np.testing.assert_allclose(batch, np.array(REWARDS) - 1.25)
 
 
+def test_grouping_by_context_where_it_repeats_else_by_role() -> None:
+    # A speaker asked about two targets (contexts 1 and 2), twice each, and a listener
+    # whose inputs never repeat.
+    keys = [
+        SampleKey("speaker", context=(1,)),
+        SampleKey("speaker", context=(1,)),
+        SampleKey("speaker", context=(2,)),
+        SampleKey("speaker", context=(2,)),
+        SampleKey("listener", context=(7,)),
+        SampleKey("listener", context=(8,)),
+        SampleKey("listener", context=(9,)),
+    ]
+    rewards = [1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.5]
+    mixed = compute_advantages(rewards, keys, estimator="dr_grpo", grouping="context_or_role")
+    # speaker target 1: mean .5; target 2: both right, nothing to learn; the listener
+    # against its role's mean (0.5), not alone in groups of one.
+    np.testing.assert_allclose(mixed, [0.5, -0.5, 0.0, 0.0, 0.5, -0.5, 0.0])
+    exact = compute_advantages(rewards, keys, estimator="dr_grpo", grouping="context")
+    np.testing.assert_allclose(exact, [0.5, -0.5, 0.0, 0.0, 0.0, 0.0, 0.0])
+    # Against the role's mean (0.75) the speaker's sure target 2 would be pushed up and
+    # target 1's right answer less than its wrong one pushed down.
+    role = compute_advantages(rewards, keys, estimator="dr_grpo", grouping="role")
+    np.testing.assert_allclose(role[:4], [0.25, -0.75, 0.25, 0.25])
+
+
 def test_reinforce_role_ema_baseline_decays_095() -> None:
     state = BaselineState(decay=0.95)
     keys = [SampleKey("x"), SampleKey("y")]
