@@ -49,6 +49,7 @@ SimpleNegotiation (offer syntax, offers lapsing after one turn, turns lost to in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any, ClassVar
 
@@ -67,6 +68,7 @@ _OFFER = re.compile(r"offer\s*:\s*i give (.*?)\s*;\s*you give (.*?)\s*$", re.IGN
 _AMOUNT = re.compile(r"^(\d+)\s+([A-Za-z]+)$")
 
 Bundle = dict[str, int]
+_MOVES = "Move: [Offer: I give N Wood; You give N Gold], [Accept], [Deny], or a message."
 
 
 def parse_bundle(text: str) -> Bundle | None:
@@ -103,6 +105,12 @@ def parse_move(text: str) -> tuple[str, Any, str | None]:
     return "offer", (give, get), None
 
 
+# play()'s parse: the same text always parses the same way, and the same few moves recur
+# episode after episode. The payload's dicts are shared between calls: play() only reads them
+# (the public parse_move builds fresh ones for callers that may not).
+_parse_cached = functools.lru_cache(maxsize=512)(parse_move)
+
+
 def covers(inventory: Bundle, bundle: Bundle) -> bool:
     return all(inventory.get(r, 0) >= n for r, n in bundle.items())
 
@@ -113,6 +121,21 @@ def inventory_value(inventory: Bundle, values: Bundle) -> int:
 
 def show(bundle: Bundle) -> str:
     return ", ".join([f"{n} {r}" for r, n in bundle.items()]) or "nothing"
+
+
+_SHOWN: dict[tuple[tuple[str, int], ...], str] = {}
+
+
+def show_cached(bundle: Bundle) -> str:
+    """:func:`show`, remembered per bundle content (a few hundred bundles in practice; the
+    memo stops growing at 4,096 and then shows without remembering)."""
+    key = tuple(bundle.items())
+    text = _SHOWN.get(key)
+    if text is None:
+        text = show(bundle)
+        if len(_SHOWN) < 4096:
+            _SHOWN[key] = text
+    return text
 
 
 def transfer(inventory: dict[str, Bundle], offer: dict[str, Any], taker: str) -> None:
@@ -202,7 +225,7 @@ class SimpleTrade(Scenario):
     def play(self, agent: str, action: str) -> str | None:
         if action.strip():
             self.say(agent, action.strip())
-        kind, payload, reason = parse_move(action)
+        kind, payload, reason = _parse_cached(action)
         pending = self.s.pending if self.s.pending and self.s.pending["from"] != agent else None
         if reason is None and kind in ("accept", "deny") and pending is None:
             reason = f"there is no offer to {kind}"
@@ -241,7 +264,7 @@ class SimpleTrade(Scenario):
     def _score(self) -> None:
         gains = self.gains()
         diff = gains[SEATS[0]] - gains[SEATS[1]]
-        sign = float(np.sign(diff))
+        sign = float((diff > 0) - (diff < 0))  # (np.sign's value, without its call)
         self.s.outcome = {SEATS[0]: sign, SEATS[1]: -sign}
         for seat in SEATS:
             self.reward(seat, "task", self.s.outcome[seat])
@@ -254,15 +277,12 @@ class SimpleTrade(Scenario):
     def prompt(self, agent: str) -> str:
         left = self.max_turns - self.s.turn_index
         offer = self.s.pending
-        status = ""
-        if offer is not None and offer["from"] != agent:
-            status = (
-                f"Pending offer to you: you give {show(offer['get'])}, "
-                f"you get {show(offer['give'])}. "
-            )
+        held = f"You hold {show_cached(self.s.inventory[agent])}. {left} turns left. "
+        if offer is None or offer["from"] == agent:
+            return held + _MOVES
         return (
-            f"{status}You hold {show(self.s.inventory[agent])}. {left} turns left. "
-            "Move: [Offer: I give N Wood; You give N Gold], [Accept], [Deny], or a message."
+            f"Pending offer to you: you give {show_cached(offer['get'])}, "
+            f"you get {show_cached(offer['give'])}. {held}{_MOVES}"
         )
 
     def view(self, agent: str) -> dict[str, Any]:

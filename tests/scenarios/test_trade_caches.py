@@ -1,0 +1,48 @@
+"""simple-trade's per-text caches (issue 11 §5) change nothing a player or caller can see."""
+
+from __future__ import annotations
+
+import random
+
+from parley.scenarios import make
+from parley.scenarios.negotiation import simple_trade as st
+
+PIECES = ["[Offer: I give ", "1 Wood", "; You give ", "2 gold", "]", "[Accept]", "[Deny]", ", "]
+
+
+def test_cached_parse_equals_fresh_parse_on_fuzzed_text() -> None:
+    rnd = random.Random(7)
+    for _ in range(2000):
+        text = "".join(rnd.choice(PIECES) for _ in range(rnd.randint(0, 6)))
+        assert st._parse_cached(text) == st.parse_move(text), text
+
+
+def test_mutating_a_public_parse_result_does_not_poison_play() -> None:
+    move = "[Offer: I give 1 Wood; You give 1 Gold]"
+    st._parse_cached(move)  # cached now
+    _, payload, _ = st.parse_move(move)
+    payload[0]["Wood"] = 999  # a careless caller's edit of its own result
+    env = make("negotiation/simple-trade-v0")
+    env.reset(seed=0)
+    _, _, _, _, infos = env.step({"player_0": move, "player_1": ""})
+    assert "invalid" not in infos["player_0"]
+    assert infos["player_1"]["view"]["pending"] == {"give": {"Gold": 1}, "get": {"Wood": 1}}
+
+
+def test_a_trade_leaves_the_cached_offer_intact() -> None:
+    move = "[Offer: I give 2 Wood; You give 1 Gold]"
+    env = make("negotiation/simple-trade-v0")
+    for seed in range(3):  # the same cached payload, trade after trade, episode after episode
+        env.reset(seed=seed)
+        env.step({"player_0": move, "player_1": ""})
+        _, _, _, _, infos = env.step({"player_0": "", "player_1": "[Accept]"})
+        assert infos["player_1"]["view"]["inventory"] == {"Wood": 12, "Gold": 9}
+    assert st._parse_cached(move)[1] == ({"Wood": 2}, {"Gold": 1})
+
+
+def test_show_cached_equals_show_and_stops_growing() -> None:
+    rnd = random.Random(3)
+    for _ in range(6000):
+        bundle = {r: rnd.randint(0, 40) for r in rnd.sample(st.RESOURCES, rnd.randint(0, 2))}
+        assert st.show_cached(bundle) == st.show(bundle)
+    assert len(st._SHOWN) <= 4096
