@@ -69,6 +69,7 @@ turn, turns lost to invalid moves). v1 - SPIRAL's rules exactly (above), and ``r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Any, ClassVar
 
@@ -83,7 +84,7 @@ from parley.scenarios.negotiation.simple_trade import (
     Bundle,
     covers,
     pending_view,
-    show,
+    show_cached,
     trade_view,
     transfer,
 )
@@ -174,6 +175,20 @@ def parse_offer(text: str) -> tuple[Bundle, Bundle] | None:
     return (give, get) if give and get else None
 
 
+_MOVES = "Write a message with [Offer: 3 Wood -> 2 Gold], [Accept] or [Deny] if you wish."
+
+
+@functools.lru_cache(maxsize=512)
+def _read(action: str) -> tuple[bool, bool, tuple[Bundle, Bundle] | str | None]:
+    """What ``play`` reads in ``action``: whether it holds ``[Accept]``, ``[Deny]``, and its
+    offer (``None``: none; ``""``: malformed; else ``(give, get)``). A pure function of the
+    text, cached (the same few moves recur episode after episode); the bundles are shared
+    between calls and only read."""
+    body = find_offer(action)
+    offer = None if body is None else (parse_offer(body.strip()) or "")
+    return ACCEPT.search(action) is not None, DENY.search(action) is not None, offer
+
+
 @dataclasses.dataclass
 class NegotiationState:
     inventory: dict[str, Bundle]
@@ -237,22 +252,23 @@ class SimpleNegotiation(Scenario):
         message = action.strip()
         if message:
             self.say(agent, message)
-        reason = self._answer_pending(agent, action)
+        accept, deny, parsed = _read(action)
+        reason = self._answer_pending(agent, accept, deny)
         if reason is None:
-            reason = self._new_offer(agent, action)
+            reason = self._new_offer(agent, parsed)
         return reason
 
-    def _answer_pending(self, agent: str, action: str) -> str | None:
+    def _answer_pending(self, agent: str, accept: bool, deny: bool) -> str | None:
         offer = self.s.pending
         if offer is None:
             return None  # accept/deny with nothing pending: ignored
         if offer["from"] == agent:
-            if ACCEPT.search(action):
+            if accept:
                 return "you cannot accept your own offer"
             return None
-        if ACCEPT.search(action):
+        if accept:
             return self._execute(agent, offer)
-        if DENY.search(action):
+        if deny:
             self.s.pending = None
             self.announce(f"{agent} denied the offer from {offer['from']}.")
         return None
@@ -272,14 +288,12 @@ class SimpleNegotiation(Scenario):
         self.announce(f"{agent} accepted the offer from {offerer}.")
         return None
 
-    def _new_offer(self, agent: str, action: str) -> str | None:
-        body = find_offer(action)
-        if body is None:
-            return None
-        parsed = parse_offer(body.strip())
+    def _new_offer(self, agent: str, parsed: tuple[Bundle, Bundle] | str | None) -> str | None:
         if parsed is None:
+            return None
+        if not parsed:
             return "an offer looks like [Offer: 3 Wood -> 2 Gold] (quantities > 0)"
-        give, get = parsed
+        give, get = parsed  # (shared with _read's cache: read, never changed)
         if not covers(self.s.inventory[agent], give):
             return "you offered more than you hold"
         previous = self.s.pending
@@ -287,7 +301,7 @@ class SimpleNegotiation(Scenario):
             self.announce(f"{agent} implicitly denied the offer from {previous['from']}.")
         self.s.pending = {"from": agent, "give": give, "get": get}
         partner = SEATS[1 - SEATS.index(agent)]
-        self.announce(f"{agent} offers {partner}: {show(give)} -> {show(get)}.")
+        self.announce(f"{agent} offers {partner}: {show_cached(give)} -> {show_cached(get)}.")
         return None
 
     def resolve(self) -> None:
@@ -301,7 +315,8 @@ class SimpleNegotiation(Scenario):
             self._end({mover: -1.0}, f"{mover} made an invalid move.")
         elif self.s.turn_index >= self.max_turns:
             gains = self.gains()
-            sign = float(np.sign(gains[SEATS[0]] - gains[SEATS[1]]))
+            diff = gains[SEATS[0]] - gains[SEATS[1]]
+            sign = float((diff > 0) - (diff < 0))  # (np.sign's value, without its call)
             self._end(
                 {SEATS[0]: sign, SEATS[1]: -sign}, f"Gains: {gains[SEATS[0]]} / {gains[SEATS[1]]}."
             )
@@ -330,11 +345,10 @@ class SimpleNegotiation(Scenario):
         offer = self.s.pending
         status = ""
         if offer is not None and offer["from"] != agent:
-            give, get = show(offer["get"]), show(offer["give"])
+            give, get = show_cached(offer["get"]), show_cached(offer["give"])
             status = f"Pending offer to you: you give {give}, you get {get}. "
         return (
-            f"{status}You hold {show(self.s.inventory[agent])}. {left} turns left. "
-            "Write a message with [Offer: 3 Wood -> 2 Gold], [Accept] or [Deny] if you wish."
+            f"{status}You hold {show_cached(self.s.inventory[agent])}. {left} turns left. {_MOVES}"
         )
 
     def view(self, agent: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import random
 
 from parley.scenarios import make
 from parley.scenarios.negotiation import simple_trade as st
+from parley.scenarios.negotiation import simple_trade_v1 as v1
 
 PIECES = ["[Offer: I give ", "1 Wood", "; You give ", "2 gold", "]", "[Accept]", "[Deny]", ", "]
 
@@ -46,3 +47,27 @@ def test_show_cached_equals_show_and_stops_growing() -> None:
         bundle = {r: rnd.randint(0, 40) for r in rnd.sample(st.RESOURCES, rnd.randint(0, 2))}
         assert st.show_cached(bundle) == st.show(bundle)
     assert len(st._SHOWN) <= 4096
+
+
+V1_PIECES = ["[Offer:", " 1 Wood", " -> ", "2 Gold", "]", "[Accept]", "[deny]", " and ", "."]
+
+
+def test_v1_cached_read_equals_the_uncached_rules_on_fuzzed_text() -> None:
+    rnd = random.Random(11)
+    for _ in range(3000):
+        text = "".join(rnd.choice(V1_PIECES) for _ in range(rnd.randint(0, 7)))
+        body = v1.find_offer(text)
+        offer = None if body is None else (v1.parse_offer(body.strip()) or "")
+        expected = (v1.ACCEPT.search(text) is not None, v1.DENY.search(text) is not None, offer)
+        assert v1._read(text) == expected, text
+
+
+def test_v1_trades_through_the_cached_offer_leave_it_intact() -> None:
+    move = "[Offer: 2 Wood -> 1 Gold]"
+    env = make("negotiation/simple-trade-v1")
+    for seed in range(3):
+        env.reset(seed=seed)
+        env.step({"player_0": move, "player_1": ""})
+        _, _, _, _, infos = env.step({"player_0": "", "player_1": "[Accept]"})
+        assert infos["player_1"]["view"]["inventory"] == {"Wood": 12, "Gold": 9}
+    assert v1._read(move)[2] == ({"Wood": 2}, {"Gold": 1})
