@@ -84,6 +84,7 @@ from pettingzoo import ParallelEnv
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.scenarios.charset import CHARSET, OUTSIDE_CHARSET, printable
 from parley.scenarios.events import Event, split_address
+from parley.scenarios.helpers import NoDraws, all_clean, json_default
 
 __all__ = [
     "CHARSET",
@@ -131,6 +132,10 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
     """Longest observation; older lines are cut (marked ``[...]``) to fit."""
     default_invalid_penalty: ClassVar[float] = 0.0
     """Penalty of an invalid move unless the constructor's ``invalid_penalty`` overrides it."""
+    new_episode_draws: bool = True
+    """``False`` where :meth:`new_episode` never draws from its ``rng`` (it then gets a stand-in
+    that raises on use): ``reset(seed=n)`` then seeds :attr:`rng` only when something uses it
+    (``np.random.default_rng(n)``, ~13 µs, is most of a small scenario's reset)."""
     default_max_cycles: ClassVar[int] = 1000
     """The step cap when the constructor's ``max_cycles`` is None: a guard, far above what
     every scenario's own rules allow, so that no episode runs forever (a policy looping on
@@ -348,11 +353,12 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         """The space :meth:`state` lies in (ASCII JSON)."""
         return self._text(_STATE_MAX_LENGTH)
 
-    # Made on first use: unseeded, it draws OS entropy (~20 µs), and reset(seed=...) replaces it.
+    # Made on first use, from the last reset's seed if one is pending (the same stream as made
+    # at reset: nothing drew in between), else from OS entropy (~20 µs).
     @functools.cached_property
     def rng(self) -> np.random.Generator:
         """The instance's generator: ``reset(seed=...)`` seeds it; until then, OS entropy."""
-        return np.random.default_rng()
+        return np.random.default_rng(self.__dict__.pop("_seed", None))
 
     @staticmethod
     def _text(max_length: int) -> Text:
@@ -374,7 +380,11 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
 
         ``options={"redraw_private": {"keep": seat, "seed": n}}`` (for the conformance
         suite) calls :meth:`redraw_private` between :meth:`new_episode` and :meth:`brief`."""
-        if seed is not None:
+        if type(seed) is int and seed >= 0:  # seeded on first use (same stream)
+            self.__dict__.pop("rng", None)
+            self._seed = seed
+        elif seed is not None:  # numpy's other seed types, or its error, now
+            self.__dict__.pop("_seed", None)
             self.rng = np.random.default_rng(seed)
         self.agents = list(self.possible_agents)
         self._live = frozenset(self.agents)
@@ -389,7 +399,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._invalid_count = 0
         self._done = False
         self._truncated = False
-        self.new_episode(self.rng)
+        self.new_episode(self.rng if self.new_episode_draws else NoDraws(type(self)))
         redraw = (options or {}).get("redraw_private")
         if redraw is not None:
             self.redraw_private(redraw["keep"], np.random.default_rng(redraw["seed"]))
@@ -433,7 +443,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
             self._invalid = {}
         play, limit = self.play, self.max_action_length
         # Printable ASCII that fits is decided at C speed (many seats: all in one); else _check.
-        batch = len(actions) > 2 and type(actions) is dict and _clean(actions.values(), limit)
+        batch = len(actions) > 2 and type(actions) is dict and all_clean(actions.values(), limit)
         for agent in self.acting():
             if self._done:
                 break
@@ -483,7 +493,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         return json.dumps(
             {"turn": self.turn, "done": self._done, "state": snap},
             sort_keys=True,
-            default=_json_default,
+            default=json_default,
         )
 
     @final
@@ -579,22 +589,3 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
 
     def _fit(self, text: str) -> str:  # (only called for a text over the limit)
         return "[...]" + text[len(text) - self.max_observation_length + 5 :]
-
-
-def _clean(actions: Collection[Any], limit: int) -> bool:
-    """Whether every action is printable ASCII and all of them together fit in ``limit``."""
-    try:
-        joined = "".join(actions)
-    except TypeError:  # not all strings: the per-action check names the culprit
-        return False
-    return len(joined) <= limit and joined.isascii() and joined.isprintable()
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (set, frozenset, tuple)):
-        return sorted(value) if isinstance(value, (set, frozenset)) else list(value)
-    raise TypeError(f"state holds a {type(value).__name__}, which has no JSON form")

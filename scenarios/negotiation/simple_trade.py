@@ -191,6 +191,7 @@ class SimpleTrade(Scenario):
         "is_parallelizable": True,
     }
     default_invalid_penalty = 0.1
+    new_episode_draws = False  # (the same start every episode)
     s: TradeState
 
     def __init__(

@@ -226,6 +226,7 @@ class SimpleNegotiation(Scenario):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns, self.randomize = max_turns, bool(randomize)
+        self.new_episode_draws = self.randomize  # (the fixed start draws nothing)
 
     def new_episode(self, rng: np.random.Generator) -> None:
         if self.randomize:
