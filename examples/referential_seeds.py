@@ -5,9 +5,10 @@
 One run per seed (``seed=N``: the tiny models' initialisation, every stage's episodes and
 the trainer's generator), one after the other, each followed by a greedy arena evaluation
 of its checkpoints on 400 episodes with the prompts they were trained on. Prints a table
-(per stage: first batch -> mean of the last 10, updates, seconds; restarts; wall-clock;
-greedy success) and writes it as ``OUT/seeds.json`` and ``OUT/seeds.md``; a seed already
-in ``OUT/seeds.json`` is skipped, so an interrupted sweep goes on where it stopped.
+(per stage, its final attempt: first batch -> mean of the last 10, updates, seconds; each
+restart: the stage that stalled and where; wall-clock; greedy success) and writes it as
+``OUT/seeds.json`` and ``OUT/seeds.md``; a seed already in ``OUT/seeds.json`` is skipped,
+so an interrupted sweep goes on where it stopped.
 Extra ``key=value`` arguments override the config for every seed (``pg.lr=3e-3``).
 """
 
@@ -82,8 +83,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             else "-"
             for s in (final.get(n, {"first": None}) for n in ("listener", "speaker", "joint"))
         ]
+        # Each restart: the stage that stalled and its last 10 batches' mean then.
+        stalls = ", ".join(f"{s['stage']} {s['last']:.3f}" for s in row["stages"] if s["stalled"])
+        restarts = f"{row['restarts']} ({stalls})" if stalls else "0"
         lines.append(
-            f"| {row['seed']} | {' | '.join(cells)} | {row['restarts']} "
+            f"| {row['seed']} | {' | '.join(cells)} | {restarts} "
             f"| {row['wall_s']:.0f} s | {row['greedy']:.3f} |"
         )
     passed = sum(r["greedy"] >= 0.9 for r in rows)

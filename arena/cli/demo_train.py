@@ -36,6 +36,10 @@ def demo_config(out: str | Path, *, model: str = "tiny", k: int = 4, scale: floa
 
     objects = 8 if k > 2 else 4
     batch = 128 if k > 2 else 64
+    # K = 4: a stalled stage starts over, a fresh speaker each time (examples/referential.md).
+    speaker_restart = {"after": n(60), "below": 0.8, "max": 5, "reinit": ["speaker"]}
+    joint_restart = {**speaker_restart, "after": n(50), "below": 0.9, "back_to": "speaker"}
+    joint_restart["max"] = 3
     return load_train_config(
         data={
             "scenario": SCENARIO,
@@ -70,6 +74,7 @@ def demo_config(out: str | Path, *, model: str = "tiny", k: int = 4, scale: floa
                     "max_updates": n(300),
                     "target": 0.85,
                     "window": 10,
+                    "restart": speaker_restart if k > 2 else None,
                 },
                 {
                     "name": "joint",
@@ -78,6 +83,7 @@ def demo_config(out: str | Path, *, model: str = "tiny", k: int = 4, scale: floa
                     "max_updates": n(150),
                     "target": 0.95,
                     "window": 10,
+                    "restart": joint_restart if k > 2 else None,
                 },
             ],
             "out": str(out),
