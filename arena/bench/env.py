@@ -112,6 +112,7 @@ class Broadcast(Scenario):
         "render_modes": ["ansi"],
         "is_parallelizable": True,
     }
+    new_episode_draws = False  # (see new_episode)
 
     def __init__(self, n_agents: int = N_AGENTS, steps: int = 50, **kwargs: Any) -> None:
         super().__init__([f"agent_{i}" for i in range(n_agents)], **kwargs)
