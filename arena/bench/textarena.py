@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -45,6 +46,8 @@ OURS: dict[str, dict[str, str]] = {
 }
 THEIRS = {0: "[Offer: 1 Wood -> 1 Wheat]", 1: "[Deny]"}
 TURNS = 10
+_UNIQUE = itertools.count()
+"""Numbers the moves of the ``distinct`` cases: no text ever recurs, in a run or across runs."""
 
 
 CHUNKS = 10
@@ -78,8 +81,10 @@ def missing() -> str | None:
     return None
 
 
-def _ours(scenario: str, episodes: int) -> float:
-    """Env steps/s of ``scenario``: make, reset and ten turns per episode."""
+def _ours(scenario: str, episodes: int, distinct: bool = False) -> float:
+    """Env steps/s of ``scenario``: make, reset and ten turns per episode. ``distinct``: each
+    move carries a never-repeated message (as an LLM's moves would), so no per-text cache of
+    the rules code ever hits."""
     from parley.scenarios import make
 
     moves = OURS[scenario]
@@ -92,15 +97,17 @@ def _ours(scenario: str, episodes: int) -> float:
             actions = {}
             for seat in env.agents:
                 if infos[seat].get("to_act", True) and observations[seat]:
-                    actions[seat] = moves[seat]
+                    move = moves[seat]
+                    actions[seat] = f"{move} Note {next(_UNIQUE)}." if distinct else move
             observations, _, _, _, infos = env.step(actions)
             steps += 1
         env.close()
     return steps / (time.process_time() - started)
 
 
-def _theirs(make_env: Callable[[], Any], episodes: int) -> float:
-    """Env steps/s of TextArena's SimpleNegotiation: make, reset and play per episode."""
+def _theirs(make_env: Callable[[], Any], episodes: int, distinct: bool = False) -> float:
+    """Env steps/s of TextArena's SimpleNegotiation: make, reset and play per episode
+    (``distinct``: as in :func:`_ours`)."""
     steps = 0
     started = time.process_time()
     for episode in range(episodes):
@@ -109,7 +116,8 @@ def _theirs(make_env: Callable[[], Any], episodes: int) -> float:
         done = False
         while not done:
             player, observation = env.get_observation()
-            done, _ = env.step(THEIRS[player] if observation is not None else "")
+            move = THEIRS[player] if observation is not None else ""
+            done, _ = env.step(f"{move} Note {next(_UNIQUE)}." if distinct and move else move)
             steps += 1
         env.close()
     return steps / (time.process_time() - started)
@@ -128,8 +136,12 @@ def measure(episodes: int, repeats: int) -> dict[str, Any]:
         "textarena_bare": lambda n: _theirs(lambda: SimpleNegotiationEnv(max_turns=TURNS), n),
         "textarena_wrapped": lambda n: _theirs(lambda: textarena.make("SimpleNegotiation-v0"), n),
     }
+    cases["textarena_bare_distinct"] = lambda n: _theirs(
+        lambda: SimpleNegotiationEnv(max_turns=TURNS), n, distinct=True
+    )
     for scenario in OURS:
         cases[scenario] = functools.partial(_ours, scenario)
+        cases[f"{scenario}_distinct"] = functools.partial(_ours, scenario, distinct=True)
     best = best_rates(cases, episodes, repeats)
     results: dict[str, Any] = {
         "textarena_version": TEXTARENA_VERSION,
@@ -144,5 +156,9 @@ def measure(episodes: int, repeats: int) -> dict[str, Any]:
         )
         results[f"simple_trade_{version}_ratio_vs_textarena_wrapped"] = (
             best[scenario] / best["textarena_wrapped"]
+        )
+        # Every move a new text (LLM-like): the rules code's per-text caches never hit.
+        results[f"simple_trade_{version}_ratio_vs_textarena_distinct_moves"] = (
+            best[f"{scenario}_distinct"] / best["textarena_bare_distinct"]
         )
     return results
