@@ -106,6 +106,7 @@ _LEADING = re.compile(r"^(I\s+(?:give|offer)\s+)", re.IGNORECASE)
 _ARROW = re.compile(r"\s*->\s*")
 _BRACKET = re.compile(r"[\[\]]")
 _SIMPLE = re.compile(r"(\d{1,9}) (" + "|".join(RESOURCES) + ")")
+_CANON = re.compile(r"\[Offer: (\d{1,9}) (Wood|Gold) -> (\d{1,9}) (Wood|Gold)\]")
 
 
 def parse_resources(text: str) -> Bundle | None:
@@ -184,9 +185,18 @@ def _read(action: str) -> tuple[bool, bool, tuple[Bundle, Bundle] | str | None]:
     offer (``None``: none; ``""``: malformed; else ``(give, get)``). A pure function of the
     text, cached (the same few moves recur episode after episode); the bundles are shared
     between calls and only read."""
+    accept, deny = ACCEPT.search(action) is not None, DENY.search(action) is not None
+    canon = _CANON.search(action)
+    if canon is not None and _OFFER_START.search(action).start() == canon.start():  # type: ignore[union-attr]
+        # The syntax the prompt teaches, as the first offer: what find_offer and parse_offer
+        # make of it (one "N Resource" a side, N > 0) without their passes.
+        give, get = int(canon.group(1)), int(canon.group(3))
+        if give > 0 and get > 0:
+            return accept, deny, ({canon.group(2): give}, {canon.group(4): get})
+        return accept, deny, ""
     body = find_offer(action)
     offer = None if body is None else (parse_offer(body.strip()) or "")
-    return ACCEPT.search(action) is not None, DENY.search(action) is not None, offer
+    return accept, deny, offer
 
 
 @dataclasses.dataclass

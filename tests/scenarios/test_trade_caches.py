@@ -50,11 +50,13 @@ def test_show_cached_equals_show_and_stops_growing() -> None:
 
 
 V1_PIECES = ["[Offer:", " 1 Wood", " -> ", "2 Gold", "]", "[Accept]", "[deny]", " and ", "."]
+# (whole offers in the taught syntax exercise _read's fast path, zero and case variants too)
+V1_PIECES += ["[Offer: 1 Gold -> 3 Wood]", "[offer: 1 Gold -> 1 Wood]", "[Offer: 0 Wood -> 1 Gold]"]
 
 
 def test_v1_cached_read_equals_the_uncached_rules_on_fuzzed_text() -> None:
     rnd = random.Random(11)
-    for _ in range(3000):
+    for _ in range(6000):
         text = "".join(rnd.choice(V1_PIECES) for _ in range(rnd.randint(0, 7)))
         body = v1.find_offer(text)
         offer = None if body is None else (v1.parse_offer(body.strip()) or "")
