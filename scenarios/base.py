@@ -75,7 +75,7 @@ import functools
 import json
 from abc import abstractmethod
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, ClassVar, final
+from typing import Any, ClassVar, cast, final
 
 import numpy as np
 from gymnasium.spaces import Text
@@ -399,7 +399,7 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._invalid_count = 0
         self._done = False
         self._truncated = False
-        self.new_episode(self.rng if self.new_episode_draws else NoDraws(type(self)))
+        self.new_episode(self.rng if self.new_episode_draws else cast(Any, NoDraws(type(self))))
         redraw = (options or {}).get("redraw_private")
         if redraw is not None:
             self.redraw_private(redraw["keep"], np.random.default_rng(redraw["seed"]))

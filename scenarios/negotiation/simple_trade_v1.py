@@ -302,7 +302,7 @@ class SimpleNegotiation(Scenario):
     def _new_offer(self, agent: str, parsed: tuple[Bundle, Bundle] | str | None) -> str | None:
         if parsed is None:
             return None
-        if not parsed:
+        if isinstance(parsed, str):  # ("": malformed)
             return "an offer looks like [Offer: 3 Wood -> 2 Gold] (quantities > 0)"
         give, get = parsed  # (shared with _read's cache: read, never changed)
         if not covers(self.s.inventory[agent], give):
