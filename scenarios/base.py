@@ -192,6 +192,8 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._truncated = False
         self._live: frozenset[str] = frozenset()
         self._clean: str | None = None  # the last action step found in the charset
+        self._rng: np.random.Generator | None = None  # (see rng)
+        self._seed: int | None = None
 
     # ------------------------------------------------------------------ override these
 
@@ -354,11 +356,19 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         return self._text(_STATE_MAX_LENGTH)
 
     # Made on first use, from the last reset's seed if one is pending (the same stream as made
-    # at reset: nothing drew in between), else from OS entropy (~20 µs).
-    @functools.cached_property
+    # at reset: nothing drew in between), else from OS entropy (~20 µs). Plain attributes, not
+    # self.__dict__: touching it turns every later attribute load of the instance slower.
+    @property
     def rng(self) -> np.random.Generator:
         """The instance's generator: ``reset(seed=...)`` seeds it; until then, OS entropy."""
-        return np.random.default_rng(self.__dict__.pop("_seed", None))
+        rng = self._rng
+        if rng is None:
+            rng = self._rng = np.random.default_rng(self._seed)
+        return rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        self._rng = value
 
     @staticmethod
     def _text(max_length: int) -> Text:
@@ -381,11 +391,9 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         ``options={"redraw_private": {"keep": seat, "seed": n}}`` (for the conformance
         suite) calls :meth:`redraw_private` between :meth:`new_episode` and :meth:`brief`."""
         if type(seed) is int and seed >= 0:  # seeded on first use (same stream)
-            self.__dict__.pop("rng", None)
-            self._seed = seed
+            self._rng, self._seed = None, seed
         elif seed is not None:  # numpy's other seed types, or its error, now
-            self.__dict__.pop("_seed", None)
-            self.rng = np.random.default_rng(seed)
+            self._rng = np.random.default_rng(seed)
         self.agents = list(self.possible_agents)
         self._live = frozenset(self.agents)
         self.turn = 0

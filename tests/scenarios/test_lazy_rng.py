@@ -83,3 +83,14 @@ class Liar(Scenario):
 def test_a_scenario_that_draws_despite_its_flag_fails_loudly() -> None:
     with pytest.raises(TypeError, match=r"Liar.new_episode used rng.integers"):
         Liar().reset(seed=1)
+
+
+def test_an_assigned_generator_is_kept_until_a_seed_replaces_it() -> None:
+    env = make("negotiation/simple-trade-v0")
+    mine = np.random.default_rng(1)
+    env.rng = mine
+    env.reset()
+    assert env.rng is mine
+    env.reset(seed=2)
+    assert env.rng is not mine
+    assert draws(env.rng) == draws(np.random.default_rng(2))
