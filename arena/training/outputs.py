@@ -20,7 +20,7 @@ class MetricsLogger:
 
     def __init__(self, out: Path) -> None:
         self.history: list[dict[str, Any]] = []
-        self.file = (out / "metrics.jsonl").open("a", encoding="utf-8")
+        self.file = (out / "metrics.jsonl").open("w", encoding="utf-8")  # a new run: a new file
         self.tb: Any = None
         try:
             from torch.utils.tensorboard import SummaryWriter

@@ -207,3 +207,14 @@ def test_a_stage_restarts_itself_until_its_budget_is_spent(tmp_path: Path) -> No
     seeds = RunSeeds.from_config(config)
     fresh = [s.get("reinit") for s in summary["stages"]]
     assert fresh == [None, {"speaker": seeds.reinit(0, 1)}, {"speaker": seeds.reinit(0, 2)}, None]
+
+
+def test_a_new_run_into_the_same_out_starts_a_new_metrics_file(tmp_path: Path) -> None:
+    from parley.arena.training.outputs import MetricsLogger
+
+    for run in ("first", "second"):
+        logger = MetricsLogger(tmp_path)
+        logger.log({"update": 1, "run": run})
+        logger.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert [r["run"] for r in rows] == ["second"]  # not two runs' rows mixed
