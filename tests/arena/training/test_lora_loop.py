@@ -14,17 +14,9 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from parley.arena.training.loop import load_train_config, train
+from tests.arena.training.referential import REFERENTIAL_K2, SCENARIO
 
-SCENARIO = "collaboration/referential-v0"
-KWARGS = {
-    "n_candidates": 2,
-    "n_attributes": 1,
-    "n_values": 4,
-    "vocab_size": 4,
-    "message_length": 1,
-    "answer": "name",
-    "show_others": False,
-}
+KWARGS = REFERENTIAL_K2
 
 
 def _config(model: Path, out: Path, stages: list[dict[str, Any]], **extra: Any) -> Any:

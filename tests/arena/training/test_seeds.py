@@ -12,16 +12,7 @@ from parley.arena.run.config import RunConfig
 from parley.arena.run.runner import Runner
 from parley.arena.training.config import RunSeeds, load_train_config
 from parley.arena.training.sampler import AsyncSampler, SamplerConfig
-
-REFERENTIAL_K2 = {
-    "n_candidates": 2,
-    "n_attributes": 1,
-    "n_values": 4,
-    "vocab_size": 4,
-    "message_length": 1,
-    "answer": "name",
-    "show_others": False,
-}
+from tests.arena.training.referential import REFERENTIAL_K2
 
 
 def _config(seed: int, out: Path, **extra: Any) -> Any:

@@ -15,20 +15,13 @@ from parley.arena.training.config import RunSeeds
 from parley.arena.training.loop import load_train_config, train
 from parley.arena.training.pg import PGConfig, PolicyGradientTrainer
 from parley.protocols.errors import ConfigError
+from tests.arena.training.referential import REFERENTIAL_K2
 
 
 def _config(tmp_path: Path, stages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {
         "scenario": "collaboration/referential-v0",
-        "scenario_kwargs": {
-            "n_candidates": 2,
-            "n_attributes": 1,
-            "n_values": 4,
-            "vocab_size": 4,
-            "message_length": 1,
-            "answer": "name",
-            "show_others": False,
-        },
+        "scenario_kwargs": REFERENTIAL_K2,
         "model": "tiny",
         "policies": ["speaker", "listener"],
         "agent": {"max_tokens": 4, "system_prompt": False},
