@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -150,7 +151,13 @@ def test_run_python_finds_no_task_data_on_the_sandbox_disk() -> None:
         "            pass\n"
         "print('files', seen)\n"
     )
-    env = make("code/debug-v0", task=0)
+    # The walk reads every file it may, which takes seconds on a loaded host: this test is
+    # about what the disk holds, so the turn's time limits are raised well beyond that.
+    env = make("code/debug-v0", task=0, step_budget_s=120)
+    limits = env.unwrapped.sandbox.limits
+    env.unwrapped.sandbox = Sandbox(
+        dataclasses.replace(limits, wall_seconds=120, cpu_seconds=60), allow_weak=False
+    )
     env.reset(seed=0)
     call = {"name": "run_python", "arguments": {"code": script}}
     observations, *_ = env.step({"coder": json.dumps({"tool_calls": [call]})})
