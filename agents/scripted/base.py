@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from abc import abstractmethod
 from typing import ClassVar
 
@@ -27,18 +26,33 @@ class ScriptedAgent(Agent):
     :meth:`parley.scenarios.base.Scenario.oracle`). The runner adds it to the observations
     of in-process agents of such classes only; a remote agent never receives it."""
 
+    # Class defaults: a subclass whose __init__ skips ours still gets a working generator.
+    _rng: np.random.Generator | None = None
+    _seed: int | None = None
+
     def __init__(self) -> None:
         self.new_episode()
 
-    # Made on first use: unseeded, a generator draws OS entropy (~17 us, per agent and
-    # episode in a run), and :meth:`reset` replaces it before the first move anyway.
-    @functools.cached_property
+    # Made on first use, from the last reset's seed (the same stream as one made at reset:
+    # nothing drew in between), else from OS entropy. A generator costs ~20 us to make, per
+    # agent and episode in a run; most scripted agents never draw.
+    @property
     def rng(self) -> np.random.Generator:
         """The agent's generator: :meth:`reset` seeds it; until then, OS entropy."""
-        return np.random.default_rng()
+        rng = self._rng
+        if rng is None:
+            rng = self._rng = np.random.default_rng(self._seed)
+        return rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        self._rng = value
 
     def reset(self, seed: int | None = None) -> None:
-        self.rng = np.random.default_rng(seed)
+        if type(seed) is int and seed >= 0:  # seeded on first use
+            self._rng, self._seed = None, seed
+        else:  # None (fresh entropy) or numpy's other seed types, or their error, now
+            self._rng = np.random.default_rng(seed)
         self.new_episode()
 
     def new_episode(self) -> None:
