@@ -182,6 +182,9 @@ class FullWeights(PolicyWeights):
         with torch.no_grad():
             for name, param in self.module.named_parameters():
                 param.copy_(fresh[name])
+        # A fresh policy is a new start: its KL reference is fixed again when it next learns,
+        # at these weights (kept, it would pull the fresh policy back to the one that stalled).
+        self._ref = None
 
     def save(self, path: Path, tokenizer: Any) -> None:
         """A Hugging Face model directory with the tokenizer (``llm:DIR`` loads it)."""

@@ -71,7 +71,9 @@ class RestartConfig:
     """Policies that start over from fresh random weights (a new seed per restart, in
     ``summary.json``) instead of those they had: the model class's own initialisation, for
     models trained from scratch (``model: tiny``); whole models only (no ``lora``). A
-    policy restored to the same initial weights tends to fall into the same optimum."""
+    policy restored to the same initial weights tends to fall into the same optimum. With
+    ``pg.kl_coef`` > 0, its KL reference becomes the fresh weights (fixed when it next
+    learns), not the policy that stalled."""
 
 
 @dataclass

@@ -86,6 +86,31 @@ def test_reinitialise_draws_the_tiny_model_of_that_seed(tiny_model_dir: Path) ->
         assert torch.equal(v, original[k]), f"{k}: seed 0 is not the tiny model of seed 0"
 
 
+def test_a_reinitialised_policy_gets_a_new_kl_reference_at_its_fresh_weights(
+    tiny_model_dir: Path,
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from parley.arena.training.adapters import FullWeights
+
+    torch = pytest.importorskip("torch")
+    weights = FullWeights(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    weights.prepare_reference()  # fixed when the policy first learned
+    with torch.no_grad():
+        for param in weights.parameters():
+            param.add_(0.5)  # what its updates did
+    weights.prepare_reference()  # (a second call keeps the first reference)
+    with weights.reference() as ref:
+        old = dict(ref.named_parameters())
+        assert not all(torch.equal(v, old[k]) for k, v in weights.module.named_parameters())
+    weights.reinitialise(3)
+    fresh = {k: v.detach().clone() for k, v in weights.module.named_parameters()}
+    with weights.reference() as ref:
+        for k, v in ref.named_parameters():
+            assert torch.equal(v, fresh[k]), f"{k}: the reference is not the fresh policy"
+            assert not v.requires_grad
+
+
 @pytest.mark.timeout(240)
 def test_a_stalled_stage_goes_back_and_the_run_records_each_attempt(tmp_path: Path) -> None:
     # below 2.0 can never be reached: the joint stage stalls at every check, goes back to the
