@@ -399,12 +399,14 @@ class TrainerActor:
         return await run_training(dataclasses.replace(config, **changes), progress=self.progress)
 
     async def state(self) -> dict[str, Any] | None:
-        """The bar: completed steps, the stage's name, the watched metric."""
+        """The bar: completed steps, its total (grown by each restart of a stage), the
+        stage's name, the watched metric."""
         tasks = self.progress.tasks
         if not tasks:
             return None
         task = tasks[0]
-        return {"completed": task.completed, "description": task.description,
+        return {"completed": task.completed, "total": task.total,
+                "description": task.description,
                 "metric": task.fields.get("metric", "")}  # fmt: skip
 
     async def files(self, out: str) -> list[tuple[str, int]]:

@@ -450,6 +450,8 @@ def test_a_trainer_actor_killed_mid_run_ends_the_run_with_an_error_naming_it(
             time.sleep(0.5)
         assert state is not None, "the trainer actor never showed a bar"
         assert state["completed"] >= 1, "the run never got going"
+        # The bar's total travels too (a stage's restart grows it): every stage's updates.
+        assert state["total"] == sum(stage["max_updates"] for stage in data["stages"])
         with pytest.raises(RuntimeError, match=r"trainer's Ray actor parley-trainer-\w+ died"):
             running.result(timeout=120)
     assert not [n for n in ray.util.list_named_actors() if n.startswith("parley-trainer-")]
