@@ -22,10 +22,10 @@ ray = pytest.importorskip("ray")
 
 from parley.arena.inference.ray_pool import RayPool, weights_digest  # noqa: E402
 from parley.protocols.errors import ConfigError  # noqa: E402
-
-SCENARIO = "collaboration/referential-v0"
-KWARGS = {"n_candidates": 4, "n_attributes": 1, "n_values": 8, "vocab_size": 8,
-          "message_length": 1, "answer": "name", "show_others": False}  # fmt: skip
+from tests.arena.training.referential import (  # noqa: E402
+    SCENARIO,
+    two_stage_recipe,
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,36 +35,6 @@ def local_ray() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
-
-
-def _recipe(model_dir: Path, out: Path) -> dict[str, Any]:
-    """The referential recipe cut to 3 + 2 small updates (the listener, then both)."""
-    return {
-        "scenario": SCENARIO,
-        "scenario_kwargs": KWARGS,
-        "model": str(model_dir),
-        "policies": ["speaker", "listener"],
-        "agent": {"temperature": 1.0, "max_tokens": 4, "system_prompt": False},
-        "sampler": {"batch_size": 8, "staleness": 1, "concurrency": 8},
-        "pg": {"estimator": "grpo", "grouping": "role", "lr": 0.001},
-        "threads": 1,
-        "stages": [
-            {
-                "name": "listener",
-                "agents": {"speaker": "scripted", "listener": "policy:listener"},
-                "train": ["listener"],
-                "max_updates": 3,
-            },
-            {
-                "name": "joint",
-                "agents": {"speaker": "policy:speaker", "listener": "policy:listener"},
-                "train": ["speaker", "listener"],
-                "max_updates": 2,
-            },
-        ],
-        "out": str(out),
-        "progress": False,
-    }
 
 
 def _watch_pushes(monkeypatch: Any, kill_after: int | None = None) -> list[dict[str, Any]]:
@@ -115,7 +85,7 @@ def _train(model_dir: Path, tmp_path: Path, name: str) -> tuple[Path, list[dict[
 
     path = tmp_path / f"{name}.yaml"
     out = tmp_path / name
-    path.write_text(yaml.safe_dump(_recipe(model_dir, out)))
+    path.write_text(yaml.safe_dump(two_stage_recipe(model_dir, out)))
     argv = ["train", "--config", str(path), "--ray", "--ray-workers", "2", "--pool-replicas", "2"]
     assert main(argv) == 0
     return out, [json.loads(line) for line in (out / "metrics.jsonl").open()]

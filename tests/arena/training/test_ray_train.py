@@ -31,10 +31,12 @@ from parley.arena.training.sampler import (  # noqa: E402
 from parley.protocols.bus.config import BusConfig  # noqa: E402
 from parley.protocols.errors import PeerDead, RemoteError, RequestTimeout  # noqa: E402
 from parley.protocols.messages import WeightUpdate  # noqa: E402
+from tests.arena.training.referential import (  # noqa: E402
+    REFERENTIAL_K4,
+    SCENARIO,
+    two_stage_recipe,
+)
 
-SCENARIO = "collaboration/referential-v0"
-KWARGS = {"n_candidates": 4, "n_attributes": 1, "n_values": 8, "vocab_size": 8,
-          "message_length": 1, "answer": "name", "show_others": False}  # fmt: skip
 AGENT = LLMAgentConfig(policy="listener", temperature=1.0, max_tokens=4, request_timeout=0.0)
 
 
@@ -62,7 +64,7 @@ async def _pool(model_dir: Path) -> Any:
 def _config() -> RunConfig:
     return RunConfig(
         scenario=SCENARIO,
-        scenario_kwargs=KWARGS,
+        scenario_kwargs=REFERENTIAL_K4,
         agents={"speaker": "scripted", "listener": "llm:listener"},
         progress=False,
         act_timeout=120.0,
@@ -204,36 +206,6 @@ async def test_the_pool_listener_admits_only_the_workers_key_and_only_to_generat
         await pool.close()
 
 
-def _recipe(model_dir: Path, out: Path) -> dict[str, Any]:
-    """The referential recipe (examples/referential.yaml), cut to a few small updates."""
-    return {
-        "scenario": SCENARIO,
-        "scenario_kwargs": KWARGS,
-        "model": str(model_dir),
-        "policies": ["speaker", "listener"],
-        "agent": {"temperature": 1.0, "max_tokens": 4, "system_prompt": False},
-        "sampler": {"batch_size": 8, "staleness": 1, "concurrency": 8},
-        "pg": {"estimator": "grpo", "grouping": "role", "lr": 0.001},
-        "threads": 1,
-        "stages": [
-            {
-                "name": "listener",
-                "agents": {"speaker": "scripted", "listener": "policy:listener"},
-                "train": ["listener"],
-                "max_updates": 3,
-            },
-            {
-                "name": "joint",
-                "agents": {"speaker": "policy:speaker", "listener": "policy:listener"},
-                "train": ["speaker", "listener"],
-                "max_updates": 2,
-            },
-        ],
-        "out": str(out),
-        "progress": False,
-    }
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_parley_train_ray_runs_the_referential_recipe_end_to_end(
@@ -246,7 +218,7 @@ def test_parley_train_ray_runs_the_referential_recipe_end_to_end(
     from parley.arena.cli import main
 
     path = tmp_path / "train.yaml"
-    path.write_text(yaml.safe_dump(_recipe(tiny_model_dir, tmp_path / "run")))
+    path.write_text(yaml.safe_dump(two_stage_recipe(tiny_model_dir, tmp_path / "run")))
     assert main(["train", "--config", str(path), "--ray", "--ray-workers", "2"]) == 0
     out = tmp_path / "run"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
@@ -328,7 +300,7 @@ def test_a_trainer_actor_without_ray_is_a_config_error(tmp_path: Path) -> None:
     from parley.arena.training.config import load_train_config
     from parley.protocols.errors import ConfigError
 
-    data = {**_recipe(tmp_path, tmp_path / "run"), "ray_trainer_actor": True}
+    data = {**two_stage_recipe(tmp_path, tmp_path / "run"), "ray_trainer_actor": True}
     with pytest.raises(ConfigError, match="ray_trainer_actor needs ray"):
         load_train_config(data=data)
     assert load_train_config(data={**data, "ray": "local"}).ray_trainer_actor is True
@@ -377,7 +349,7 @@ def test_parley_train_ray_trainer_actor_runs_the_recipe_with_the_bar_and_outputs
     from parley.arena.cli import main
 
     path = tmp_path / "train.yaml"
-    recipe = {**_recipe(tiny_model_dir, tmp_path / "run"), "progress": True}
+    recipe = {**two_stage_recipe(tiny_model_dir, tmp_path / "run"), "progress": True}
     path.write_text(yaml.safe_dump(recipe))
     args = ["train", "--config", str(path), "--ray", "--ray-workers", "2", "--trainer-actor"]
     assert main(args) == 0
@@ -413,7 +385,7 @@ def test_an_error_in_the_trainer_actor_is_raised_in_the_driver_as_itself(
     from parley.arena.training.loop import train
     from parley.protocols.errors import ConfigError
 
-    data = {**_recipe(tiny_model_dir, tmp_path / "run"), "ray": "local", "ray_workers": 1}
+    data = {**two_stage_recipe(tiny_model_dir, tmp_path / "run"), "ray": "local", "ray_workers": 1}
     data["ray_trainer_actor"] = True
     data["stages"][0]["agents"] = {"speaker": "no_such_module:Bot", "listener": "policy:listener"}
     with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
@@ -432,7 +404,7 @@ def test_a_trainer_actor_killed_mid_run_ends_the_run_with_an_error_naming_it(
     from parley.arena.training.config import load_train_config
     from parley.arena.training.loop import train
 
-    data = {**_recipe(tiny_model_dir, tmp_path / "run"), "ray": "local", "ray_workers": 1}
+    data = {**two_stage_recipe(tiny_model_dir, tmp_path / "run"), "ray": "local", "ray_workers": 1}
     data["ray_trainer_actor"] = True
     data["stages"][0]["max_updates"] = 50  # long enough to be killed in the middle
     with ThreadPoolExecutor(1) as pool:

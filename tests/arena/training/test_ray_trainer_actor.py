@@ -86,9 +86,9 @@ def test_the_recipe_trains_with_the_trainer_actor_on_a_cluster_pool_on_its_node_
 
     pytest.importorskip("torch")
     from parley.arena.training.loop import train
-    from tests.arena.training.test_ray_train import _recipe
+    from tests.arena.training.referential import two_stage_recipe
 
-    data = {**_recipe(tiny_model_dir, tmp_path / "run"), "ray": "auto"}  # joined already
+    data = {**two_stage_recipe(tiny_model_dir, tmp_path / "run"), "ray": "auto"}  # joined already
     data.update(ray_workers=2, ray_trainer_actor=True)  # device: cpu, so a CPU actor
     result = train(load_train_config(data=data))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
