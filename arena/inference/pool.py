@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from parley.protocols.bus import Endpoint
     from parley.protocols.messages import Envelope
 
-__all__ = ["PoolConfig", "PoolError", "PoolStats", "InferencePool", "POOL_ENDPOINT"]
+__all__ = ["PoolConfig", "PoolError", "PoolStats", "PoolService", "InferencePool", "POOL_ENDPOINT"]
 
 POOL_ENDPOINT = "pool"
 """The bus endpoint name the pool serves under."""
@@ -334,7 +334,40 @@ class _Lane:
                 await t
 
 
-class InferencePool:
+class PoolService:
+    """A pool's face on the bus: ``GenerateRequest`` and ``WeightUpdate`` requests answered
+    by the subclass's :meth:`generate` and :meth:`update_weights` (a :class:`PoolError` is
+    the reply's :class:`~parley.protocols.messages.Error`)."""
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        raise NotImplementedError
+
+    async def update_weights(self, update: WeightUpdate) -> int:
+        raise NotImplementedError
+
+    def serve(self, endpoint: Endpoint) -> None:
+        """Answer ``GenerateRequest`` and ``WeightUpdate`` requests arriving at ``endpoint``
+        (name it :data:`POOL_ENDPOINT` so agents find it)."""
+        endpoint.on(GenerateRequest, self._on_generate)
+        endpoint.on(WeightUpdate, self._on_weights)
+
+    async def _on_generate(self, env: Envelope) -> GenerateResult | Error:
+        assert isinstance(env.body, GenerateRequest)  # the bus dispatches by body type
+        try:
+            return await self.generate(env.body)
+        except PoolError as exc:
+            return exc.to_message()
+
+    async def _on_weights(self, env: Envelope) -> Ok | Error:
+        assert isinstance(env.body, WeightUpdate)
+        try:
+            await self.update_weights(env.body)
+        except PoolError as exc:
+            return exc.to_message()
+        return Ok()
+
+
+class InferencePool(PoolService):
     """Batches generate requests onto backends, one backend per policy name.
 
     Use it in-process (``await pool.generate(request)``) or on the bus
@@ -554,26 +587,3 @@ class InferencePool:
                 ) from exc
         self.stats.weight_updates += 1
         return backend.version_of(update.policy)
-
-    # --- bus --------------------------------------------------------------------------
-
-    def serve(self, endpoint: Endpoint) -> None:
-        """Answer ``GenerateRequest`` and ``WeightUpdate`` requests arriving at ``endpoint``
-        (name it :data:`POOL_ENDPOINT` so agents find it)."""
-        endpoint.on(GenerateRequest, self._on_generate)
-        endpoint.on(WeightUpdate, self._on_weights)
-
-    async def _on_generate(self, env: Envelope) -> GenerateResult | Error:
-        assert isinstance(env.body, GenerateRequest)  # the bus dispatches by body type
-        try:
-            return await self.generate(env.body)
-        except PoolError as exc:
-            return exc.to_message()
-
-    async def _on_weights(self, env: Envelope) -> Ok | Error:
-        assert isinstance(env.body, WeightUpdate)
-        try:
-            await self.update_weights(env.body)
-        except PoolError as exc:
-            return exc.to_message()
-        return Ok()

@@ -43,15 +43,18 @@ from typing import Any
 
 import numpy as np
 
-from parley.arena.inference.pool import InferencePool, PoolConfig, PoolError, PoolStats
-from parley.protocols.bus import Endpoint
+from parley.arena.inference.pool import (
+    InferencePool,
+    PoolConfig,
+    PoolError,
+    PoolService,
+    PoolStats,
+)
 from parley.protocols.errors import ConfigError
 from parley.protocols.messages import (
-    Envelope,
     Error,
     GenerateRequest,
     GenerateResult,
-    Ok,
     WeightUpdate,
 )
 
@@ -163,7 +166,7 @@ class PoolReplica:
             await self.pool.close()
 
 
-class RayPool:
+class RayPool(PoolService):
     """``replicas`` pool replicas as Ray actors behind one front (see the module docstring)."""
 
     def __init__(
@@ -382,26 +385,6 @@ class RayPool:
             "versions": [dict(v) for v in self.versions],
             "actors": [f"{self.name}-{i}" for i in range(started)],
         }
-
-    def serve(self, endpoint: Endpoint) -> None:
-        """Answer ``GenerateRequest`` and ``WeightUpdate`` on ``endpoint``, as a pool does."""
-        endpoint.on(GenerateRequest, self._on_generate)
-        endpoint.on(WeightUpdate, self._on_weights)
-
-    async def _on_generate(self, env: Envelope) -> GenerateResult | Error:
-        assert isinstance(env.body, GenerateRequest)  # the bus dispatches by body type
-        try:
-            return await self.generate(env.body)
-        except PoolError as exc:
-            return exc.to_message()
-
-    async def _on_weights(self, env: Envelope) -> Ok | Error:
-        assert isinstance(env.body, WeightUpdate)
-        try:
-            await self.update_weights(env.body)
-        except PoolError as exc:
-            return exc.to_message()
-        return Ok()
 
     async def requests_per_replica(self) -> list[int]:
         """Requests each live replica has received (dead ones: -1)."""
