@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-__all__ = ["NoDraws", "all_clean", "json_default"]
+__all__ = ["NoDraws", "TextMemo", "all_clean", "json_default"]
+
+T = TypeVar("T")
 
 
 class NoDraws:
@@ -40,3 +42,30 @@ def json_default(value: Any) -> Any:
     if isinstance(value, (set, frozenset, tuple)):
         return sorted(value) if isinstance(value, (set, frozenset)) else list(value)
     raise TypeError(f"state holds a {type(value).__name__}, which has no JSON form")
+
+
+class TextMemo(Generic[T]):
+    """``fn`` (a pure function of a text) remembered per text in a plain dict, emptied when it
+    holds ``cap`` texts. A miss costs one lookup and one insert: an LRU's bookkeeping costs
+    several times that, and most of a language model's moves never recur whole, while a
+    scripted agent's few moves recur in every episode. Results are shared between calls:
+    callers only read them."""
+
+    __slots__ = ("cap", "fn", "memo", "misses")
+
+    def __init__(self, fn: Callable[[str], T], cap: int = 2048) -> None:
+        self.fn, self.cap = fn, cap
+        self.memo: dict[str, T] = {}
+        self.misses = 0
+        """Calls that ran ``fn`` (for tests and benchmarks)."""
+
+    def __call__(self, text: str) -> T:
+        memo = self.memo
+        if text in memo:
+            return memo[text]
+        self.misses += 1
+        result = self.fn(text)
+        if len(memo) >= self.cap:
+            memo.clear()
+        memo[text] = result
+        return result

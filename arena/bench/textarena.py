@@ -83,8 +83,8 @@ def missing() -> str | None:
 
 def _ours(scenario: str, episodes: int, distinct: bool = False) -> float:
     """Env steps/s of ``scenario``: make, reset and ten turns per episode. ``distinct``: each
-    move carries a never-repeated message (as an LLM's moves would), so no per-text cache of
-    the rules code ever hits."""
+    move carries a never-repeated message (as an LLM's moves would): no whole text recurs,
+    only the offer inside it (the rules code remembers offers, not messages)."""
     from parley.scenarios import make
 
     moves = OURS[scenario]
@@ -157,7 +157,7 @@ def measure(episodes: int, repeats: int) -> dict[str, Any]:
         results[f"simple_trade_{version}_ratio_vs_textarena_wrapped"] = (
             best[scenario] / best["textarena_wrapped"]
         )
-        # Every move a new text (LLM-like): the rules code's per-text caches never hit.
+        # Every move a new text (LLM-like): only the offers in them recur.
         results[f"simple_trade_{version}_ratio_vs_textarena_distinct_moves"] = (
             best[f"{scenario}_distinct"] / best["textarena_bare_distinct"]
         )

@@ -49,13 +49,14 @@ SimpleNegotiation (offer syntax, offers lapsing after one turn, turns lost to in
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
 from parley.scenarios.base import Scenario
+from parley.scenarios.helpers import TextMemo
 
 __all__ = ["RESOURCES", "SimpleTrade", "TradeState", "parse_move", "inventory_value"]
 
@@ -87,6 +88,12 @@ def parse_bundle(text: str) -> Bundle | None:
 
 def parse_move(text: str) -> tuple[str, Any, str | None]:
     """``(kind, payload, reason)`` with kind ``"talk"``, ``"offer"``, ``"accept"``, ``"deny"``."""
+    return _parse(text, _parse_offer)
+
+
+def _parse(
+    text: str, parse_offer: Callable[[str], tuple[str, Any, str | None]]
+) -> tuple[str, Any, str | None]:
     tokens = _TOKEN.findall(text)
     if not tokens:
         return "talk", None, None if text.strip() else "empty turn; write a message or a move"
@@ -95,6 +102,11 @@ def parse_move(text: str) -> tuple[str, Any, str | None]:
     token = tokens[0].strip()
     if token.lower() in ("accept", "deny"):
         return token.lower(), None, None
+    return parse_offer(token)
+
+
+def _parse_offer(token: str) -> tuple[str, Any, str | None]:
+    """The ``("offer", payload, reason)`` of the one bracketed token ``offer: ...``."""
     match = _OFFER.match(token)
     give = parse_bundle(match.group(1)) if match else None
     get = parse_bundle(match.group(2)) if match else None
@@ -105,10 +117,16 @@ def parse_move(text: str) -> tuple[str, Any, str | None]:
     return "offer", (give, get), None
 
 
-# play()'s parse: the same text always parses the same way, and the same few moves recur
-# episode after episode. The payload's dicts are shared between calls: play() only reads them
-# (the public parse_move builds fresh ones for callers that may not).
-_parse_cached = functools.lru_cache(maxsize=512)(parse_move)
+# play()'s parse: an offer's token parses the same way every time, and offers recur (a
+# scripted agent's few in every episode, a model's among different words), whole messages
+# rarely. The payload's dicts are shared between calls: play() only reads them (the public
+# parse_move builds fresh ones for callers that may not).
+_offer_memo = TextMemo(_parse_offer)
+
+
+def _parse_cached(text: str) -> tuple[str, Any, str | None]:
+    """:func:`parse_move`, with each offer token's parse remembered (payloads shared)."""
+    return _parse(text, _offer_memo)
 
 
 def covers(inventory: Bundle, bundle: Bundle) -> bool:

@@ -69,13 +69,13 @@ turn, turns lost to invalid moves). v1 - SPIRAL's rules exactly (above), and ``r
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from typing import Any, ClassVar
 
 import numpy as np
 
 from parley.scenarios.base import Scenario
+from parley.scenarios.helpers import TextMemo
 from parley.scenarios.negotiation.simple_trade import (
     RESOURCES,
     SEATS,
@@ -179,24 +179,46 @@ def parse_offer(text: str) -> tuple[Bundle, Bundle] | None:
 _MOVES = "Write a message with [Offer: 3 Wood -> 2 Gold], [Accept] or [Deny] if you wish."
 
 
-@functools.lru_cache(maxsize=512)
 def _read(action: str) -> tuple[bool, bool, tuple[Bundle, Bundle] | str | None]:
     """What ``play`` reads in ``action``: whether it holds ``[Accept]``, ``[Deny]``, and its
-    offer (``None``: none; ``""``: malformed; else ``(give, get)``). A pure function of the
-    text, cached (the same few moves recur episode after episode); the bundles are shared
-    between calls and only read."""
-    accept, deny = ACCEPT.search(action) is not None, DENY.search(action) is not None
-    canon = _CANON.search(action)
-    if canon is not None and _OFFER_START.search(action).start() == canon.start():  # type: ignore[union-attr]
-        # The syntax the prompt teaches, as the first offer: what find_offer and parse_offer
-        # make of it (one "N Resource" a side, N > 0) without their passes.
-        give, get = int(canon.group(1)), int(canon.group(3))
-        if give > 0 and get > 0:
-            return accept, deny, ({canon.group(2): give}, {canon.group(4): get})
-        return accept, deny, ""
-    body = find_offer(action)
-    offer = None if body is None else (parse_offer(body.strip()) or "")
-    return accept, deny, offer
+    offer (``None``: none; ``""``: malformed; else ``(give, get)``, shared between calls and
+    only read): what :data:`ACCEPT`, :data:`DENY`, :func:`find_offer` and
+    :func:`parse_offer` make of it.
+
+    ``play`` only sees moves inside the action space (printable ASCII and newline), where
+    ``str.lower`` is exactly the patterns' ``IGNORECASE``: the brackets are found by plain
+    substring search. The first offer, when its bracket closes, is parsed from that bracket
+    alone and remembered per bracket text (:data:`_offer_in`): offers recur, in the words
+    around them or not, while whole messages rarely do."""
+    low = action.lower()
+    accept, deny = "[accept]" in low, "[deny]" in low
+    at = low.find("[offer:")
+    if at < 0:
+        return accept, deny, None  # (find_offer would find no offer either)
+    bracket = _BRACKET.search(action, at + 7)
+    if bracket is not None and bracket.group() == "]" and bracket.start() > at + 7:
+        # find_offer stops at this offer: its result depends on the bracket alone.
+        return accept, deny, _offer_in(action[at : bracket.end()])
+    body = find_offer(action)  # (an empty or unclosed first offer: a later one may count)
+    return accept, deny, None if body is None else (parse_offer(body.strip()) or "")
+
+
+def _offer_of(bracket: str) -> tuple[Bundle, Bundle] | str:
+    """The offer in ``bracket`` (``[Offer:`` + a non-empty run without brackets + ``]``):
+    ``""`` when malformed, else ``(give, get)``."""
+    canon = _CANON.fullmatch(bracket)
+    if canon is not None:
+        # The syntax the prompt teaches: what find_offer and parse_offer make of it (one
+        # "N Resource" a side, N > 0) without their passes.
+        n_give, give_r, n_get, get_r = canon.groups()
+        give, get = int(n_give), int(n_get)
+        return ({give_r: give}, {get_r: get}) if give > 0 and get > 0 else ""
+    body = find_offer(bracket)
+    return "" if body is None else (parse_offer(body.strip()) or "")
+
+
+_offer_in = TextMemo(_offer_of)
+""":func:`_offer_of`, remembered per bracket text."""
 
 
 @dataclasses.dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from parley.scenarios import make
+from parley.scenarios.helpers import TextMemo
 from parley.scenarios.negotiation import simple_trade as st
 from parley.scenarios.negotiation import simple_trade_v1 as v1
 
@@ -52,12 +53,15 @@ def test_show_cached_equals_show_and_stops_growing() -> None:
 V1_PIECES = ["[Offer:", " 1 Wood", " -> ", "2 Gold", "]", "[Accept]", "[deny]", " and ", "."]
 # (whole offers in the taught syntax exercise _read's fast path, zero and case variants too)
 V1_PIECES += ["[Offer: 1 Gold -> 3 Wood]", "[offer: 1 Gold -> 1 Wood]", "[Offer: 0 Wood -> 1 Gold]"]
+# (any case of the brackets, stray brackets and newlines: _read finds the brackets by lowering
+# the text, the rules' patterns by IGNORECASE; the two agree on the action space's ASCII)
+V1_PIECES += ["[ACCEPT]", "[DeNy]", "[OFFER: 2 wood -> 1 gold]", "[oFfEr:", "\n", "[", "]", "x"]
 
 
 def test_v1_cached_read_equals_the_uncached_rules_on_fuzzed_text() -> None:
     rnd = random.Random(11)
-    for _ in range(6000):
-        text = "".join(rnd.choice(V1_PIECES) for _ in range(rnd.randint(0, 7)))
+    for _ in range(20000):
+        text = "".join(rnd.choice(V1_PIECES) for _ in range(rnd.randint(0, 9)))
         body = v1.find_offer(text)
         offer = None if body is None else (v1.parse_offer(body.strip()) or "")
         expected = (v1.ACCEPT.search(text) is not None, v1.DENY.search(text) is not None, offer)
@@ -73,3 +77,23 @@ def test_v1_trades_through_the_cached_offer_leave_it_intact() -> None:
         _, _, _, _, infos = env.step({"player_0": "", "player_1": "[Accept]"})
         assert infos["player_1"]["view"]["inventory"] == {"Wood": 12, "Gold": 9}
     assert v1._read(move)[2] == ({"Wood": 2}, {"Gold": 1})
+
+
+def test_the_text_memo_answers_as_its_function_and_stays_within_its_cap() -> None:
+    calls: list[str] = []
+
+    def length(text: str) -> int:
+        calls.append(text)
+        return len(text)
+
+    memo = TextMemo(length, cap=8)
+    rnd = random.Random(5)
+    for _ in range(500):
+        text = "x" * rnd.randint(0, 20)  # 21 texts: some recur, the memo fills and empties
+        assert memo(text) == len(text)
+        assert len(memo.memo) <= 8
+    assert memo.misses == len(calls) < 500  # recurring texts were answered from the memo
+    before = memo.misses
+    memo("y")
+    memo("y")
+    assert memo.misses == before + 1
