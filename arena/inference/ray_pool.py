@@ -12,7 +12,12 @@ know the difference.
   fewest requests in flight (each replica batches what it gets, as one pool does).
 - A replica that dies (``RayActorError``) is dropped; its requests in flight are sent again
   to another replica (generation has no side effects), and the request fails only when
-  no replica serving its policy is left (``closed``).
+  no replica serving its policy is left (``closed``). A new actor then takes the dead one's
+  place (its placement bundle): it loads the model, gets every adapter and the latest
+  weight update of every policy (the front keeps a reference to each in the object store:
+  one copy per policy), and takes requests once it serves the versions the others serve;
+  at most ``max_replacements`` times over the pool's life (default: ``replicas``), so a
+  model that no longer loads is not retried forever.
 - Weight updates reach every replica and bump the version everywhere together: the front
   stops handing out new requests, waits for those in flight, applies the update on every
   live replica at once (the tensors put in Ray's object store once, not once per replica),
@@ -176,9 +181,12 @@ class RayPool(PoolService):
         *,
         cpus_per_replica: float = 1.0,
         gpus_per_replica: float | None = None,
+        max_replacements: int | None = None,
     ) -> None:
         if replicas < 1:
             raise ConfigError(f"--replicas must be at least 1, got {replicas}")
+        if max_replacements is not None and max_replacements < 0:
+            raise ConfigError(f"max_replacements must be 0 or more, got {max_replacements}")
         self.spec = spec
         self.replicas = replicas
         self.cpus = cpus_per_replica
@@ -196,7 +204,19 @@ class RayPool(PoolService):
         batches as the replicas last reported them (after each weight update)."""
         self.name = f"parley-pool-{uuid.uuid4().hex[:8]}"
         """Replica ``i`` is the named actor ``{name}-{i}`` (``ray list actors``)."""
+        self.max_replacements = replicas if max_replacements is None else max_replacements
+        self.replaced = 0
+        """Dead replicas replaced by a new actor that joined."""
+        self.names: list[str] = []
+        """Each replica's current actor name (a replacement's ends in ``.N``)."""
         self._replica_stats: list[dict[str, int]] = []
+        self._retired_stats: list[dict[str, int]] = []  # of the replaced actors
+        self._served: dict[str, int] = {}  # policy -> version every live replica serves
+        self._latest: dict[str, Any] = {}  # policy -> ObjectRef of its last WeightUpdate
+        self._adapters: list[tuple[str, str, str]] = []
+        self._replacing: dict[int, asyncio.Task[None]] = {}
+        self._launches = 0
+        self._options: dict[str, Any] = {}
         self._placement: Any = None
         self._running = 0
         self._updating = False
@@ -211,32 +231,109 @@ class RayPool(PoolService):
         init_ray()
         ray = import_ray()
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         gpus = self.gpus
         if gpus is None:
             gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= self.replicas else 0.0
         bundle = {"GPU": gpus} if gpus else {"CPU": self.cpus}
-        cls = ray.remote(PoolReplica)
         if any(bundle.values()):
             self._placement = placement_group([bundle] * self.replicas, strategy="SPREAD")
             await asyncio.wrap_future(self._placement.ready().future())
-        for i in range(self.replicas):
-            options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0), "num_gpus": gpus,
-                                       "name": f"{self.name}-{i}"}  # fmt: skip
-            if self._placement is not None:
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    self._placement, placement_group_bundle_index=i
-                )
-            else:  # nothing reserved: still one per node where there are several
-                options["scheduling_strategy"] = "SPREAD"
-            self.actors.append(cls.options(**options).remote(self.spec))
+        self._options = {"num_cpus": bundle.get("CPU", 0), "num_gpus": gpus}
+        self.names = [f"{self.name}-{i}" for i in range(self.replicas)]
+        self.actors = [self._launch(i) for i in range(self.replicas)]
         started = await asyncio.gather(*(actor.start.remote() for actor in self.actors))
         self.versions = [dict(info["policies"]) for info in started]
+        self._served = dict(self.versions[0])
         self.busy = [0] * self.replicas
         self.sent = [0] * self.replicas
         self._replica_stats = [{} for _ in range(self.replicas)]
         return self
+
+    def _launch(self, index: int) -> Any:
+        """A new replica actor named ``names[index]``, in bundle ``index`` when placed."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from parley.arena.run.ray_runner import import_ray
+
+        options: dict[str, Any] = {**self._options, "name": self.names[index]}
+        if self._placement is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                self._placement, placement_group_bundle_index=index
+            )
+        else:  # nothing reserved: still one per node where there are several
+            options["scheduling_strategy"] = "SPREAD"
+        return import_ray().remote(PoolReplica).options(**options).remote(self.spec)
+
+    def _drop(self, index: int, why: str) -> None:
+        """Replica ``index`` serves no more; a new actor takes its place if the budget allows."""
+        if index in self.dead:
+            return
+        self.dead.add(index)
+        log.warning("pool replica %d dropped: %s", index, why)
+        if self.replaced + len(self._replacing) < self.max_replacements and self.actors:
+            self._replacing[index] = asyncio.ensure_future(self._replace(index))
+
+    async def _replace(self, index: int) -> None:
+        """Start a new actor in replica ``index``'s place and bring it to the weights every
+        live replica serves (adapters, then each policy's latest update); it takes requests
+        from then on. A failure leaves the replica dead, with a warning."""
+        from parley.arena.run.ray_runner import import_ray
+
+        self._launches += 1
+        self.names[index] = f"{self.name}-{index}.{self._launches}"
+        actor: Any = self._launch(index)
+        try:
+            info = await actor.start.remote()
+            versions = dict(info["policies"])
+            for policy, base, path in self._adapters:
+                problem = await actor.add_adapter.remote(policy, base, path)
+                if problem:
+                    raise ConfigError(f"adapter {policy!r}: {problem}")
+                versions[policy] = 0
+            async with self._exclusive():  # no weight push and no request meanwhile
+                for policy, update in self._latest.items():
+                    answer = await actor.update_weights.remote(update)
+                    if not isinstance(answer, int):
+                        raise PoolError(answer.code, f"weights of {policy!r}: {answer.message}")
+                    versions[policy] = answer
+                if versions != self._served:
+                    raise PoolError(
+                        "backend_failed", f"it serves {versions}, the others {self._served}"
+                    )
+                self.actors[index], actor = actor, None
+                self._retired_stats.append(self._replica_stats[index])  # (the dead one's)
+                self._replica_stats[index] = {}
+                self.versions[index] = versions
+                self.busy[index] = 0
+                self.dead.discard(index)
+                self.replaced += 1
+            log.warning("pool replica %d replaced by %s", index, self.names[index])
+        except Exception as exc:  # (the pool goes on with the replicas it has)
+            log.warning("pool replica %d could not be replaced: %r", index, exc)
+        finally:
+            self._replacing.pop(index, None)
+            if actor is not None:
+                import_ray().kill(actor)
+
+    async def settled(self) -> None:
+        """Wait until no replacement is under way (each has joined or given up)."""
+        while self._replacing:
+            await asyncio.wait(list(self._replacing.values()))
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self) -> AsyncIterator[None]:
+        """No new request starts in this block, and none is in flight."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._updating)
+            self._updating = True
+            await self._changed.wait_for(lambda: self._running == 0)
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._updating = False
+                self._changed.notify_all()
 
     # --- the pool's calls ----------------------------------------------------------------
 
@@ -265,6 +362,12 @@ class RayPool(PoolService):
                 self._running -= 1
                 self._changed.notify_all()
 
+    async def _pick_or_wait(self, policy: str) -> int:
+        """:meth:`_pick`, after the replacements under way when no replica is live."""
+        if len(self.dead) == len(self.actors) and self._replacing:
+            await self.settled()
+        return self._pick(policy)
+
     def _pick(self, policy: str) -> int:
         live = [i for i in range(len(self.actors)) if i not in self.dead]
         serving = [i for i in live if policy in self.versions[i]]
@@ -282,13 +385,13 @@ class RayPool(PoolService):
         self.stats.requests += 1
         async with self._request_slot():
             while True:
-                index = self._pick(request.policy)
+                index = await self._pick_or_wait(request.policy)
                 self.busy[index] += 1
                 self.sent[index] += 1
                 try:
                     answer = await self.actors[index].generate.remote(request)
-                except RayActorError:
-                    self.dead.add(index)
+                except RayActorError as exc:
+                    self._drop(index, f"its actor died ({type(exc).__name__})")
                     self.resent += 1
                     continue
                 finally:
@@ -304,11 +407,9 @@ class RayPool(PoolService):
     async def update_weights(self, update: WeightUpdate) -> int:
         """Apply ``update`` on every live replica together; returns the new version."""
         await self.start()
-        async with self._changed:
-            await self._changed.wait_for(lambda: not self._updating)
-            self._updating = True
-            await self._changed.wait_for(lambda: self._running == 0)
-        try:
+        if len(self.dead) == len(self.actors) and self._replacing:
+            await self.settled()  # (before _exclusive: a replacement needs it to join)
+        async with self._exclusive():
             from parley.arena.run.ray_runner import import_ray
 
             shared = import_ray().put(update)  # once in the object store, read by every replica
@@ -326,16 +427,12 @@ class RayPool(PoolService):
                 if isinstance(answer, int):
                     self.versions[index][update.policy] = answer
                 else:  # an Error, a dead actor, a lost object: it would serve other weights
-                    self.dead.add(index)
-                    log.warning("pool replica %d dropped: its weight update failed: %r",
-                                index, answer)  # fmt: skip
+                    self._drop(index, f"its weight update failed: {answer!r}")
+            self._served[update.policy] = max(applied)
+            self._latest[update.policy] = shared  # what a replacement will be given
             self.stats.weight_updates += 1
             await self._refresh_stats()
             return max(applied)
-        finally:
-            async with self._changed:
-                self._updating = False
-                self._changed.notify_all()
 
     async def _refresh_stats(self) -> None:
         """Batch counters summed over the replicas (a dead one's as it last reported)."""
@@ -346,7 +443,7 @@ class RayPool(PoolService):
         for index, answer in zip(live, answers, strict=True):
             if isinstance(answer, dict):
                 self._replica_stats[index] = answer
-        reported = self._replica_stats
+        reported = self._replica_stats + self._retired_stats
         for name in ("backend_calls", "batches", "batched_requests", "isolated_batches"):
             setattr(self.stats, name, sum(r.get(name, 0) for r in reported))
         self.stats.max_batch_size = max((r.get("max_batch_size", 0) for r in reported), default=0)
@@ -362,6 +459,8 @@ class RayPool(PoolService):
             if problem:
                 raise ConfigError(f"pool replica {index} cannot add adapter {policy!r}: {problem}")
             self.versions[index][policy] = 0
+        self._adapters.append((policy, base_policy, path))
+        self._served[policy] = 0
 
     async def fingerprints(self, policy: str, names: list[str]) -> list[str | None]:
         """Per replica, :meth:`PoolReplica.fingerprint` of ``policy``'s weights ``names``
@@ -381,9 +480,10 @@ class RayPool(PoolService):
             "live": started - len(self.dead),
             "dead": sorted(self.dead),
             "resent": self.resent,
+            "replaced": self.replaced,
             "requests": list(self.sent),
             "versions": [dict(v) for v in self.versions],
-            "actors": [f"{self.name}-{i}" for i in range(started)],
+            "actors": list(self.names),
         }
 
     async def requests_per_replica(self) -> list[int]:
@@ -398,6 +498,10 @@ class RayPool(PoolService):
         from parley.arena.run.ray_runner import import_ray
 
         ray = import_ray()
+        for task in list(self._replacing.values()):
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.settled()
         for i, actor in enumerate(self.actors):
             if i not in self.dead:
                 with contextlib.suppress(Exception):  # a replica that died meanwhile

@@ -14,9 +14,10 @@ Weights: every push after an update (:class:`~parley.arena.training.sync.InProce
 calls the front's ``update_weights``) drains the front, reaches every live replica, and
 bumps the version on all of them together; a replica that misses an update (dead, or its
 update failed) is dropped before anything is served again, so no replica ever answers with
-old weights under the new version. A dead replica's requests in flight go to the others.
-Each stage's ``summary.json`` entry has the front's view (``ray.pool_replicas``: versions,
-requests per replica, dead ones, requests sent again).
+old weights under the new version. A dead replica's requests in flight go to the others,
+and a new actor takes its place with the latest weights (:class:`RayPool`). Each stage's
+``summary.json`` entry has the front's view (``ray.pool_replicas``: versions, requests per
+replica, dead ones, requests sent again, replacements).
 
 Placement: one GPU per replica when ``device`` asks for a GPU and the cluster has one per
 replica; otherwise CPU actors that claim no CPU (the worker actors claim the CPUs, as with

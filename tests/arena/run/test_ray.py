@@ -376,6 +376,30 @@ def test_pool_replicas_balance_update_together_and_survive_a_death(
             survivors = await asyncio.gather(*(pool.generate(request) for _ in range(4)))
             assert {r.policy_version for r in survivors} == {2}
             assert pool.dead == {0}
+            # A new actor takes the dead one's place, with the latest weights, then serves.
+            await pool.settled()
+            assert pool.dead == set()
+            assert pool.replaced == 1
+            assert pool.names[0] == f"{pool.name}-0.1"
+            versions = await asyncio.gather(*(a.policies.remote() for a in pool.actors))
+            assert versions == [{"p": 2}, {"p": 2}]
+            answers = await asyncio.gather(*(pool.generate(request) for _ in range(8)))
+            assert {r.policy_version for r in answers} == {2}
+            assert all(count > 0 for count in await pool.requests_per_replica())
+            third = WeightUpdate(policy="p", version=3, path=str(tiny_model_dir))
+            assert await pool.update_weights(third) == 3  # the newcomer is updated too
+            versions = await asyncio.gather(*(a.policies.remote() for a in pool.actors))
+            assert versions == [{"p": 3}, {"p": 3}]
+            # The budget (max_replacements = replicas = 2): a second death is replaced, a
+            # third is not, and the pool goes on with one replica.
+            for index, replaced in ((1, 2), (0, 2)):
+                ray.kill(pool.actors[index], no_restart=True)
+                answers = await asyncio.gather(*(pool.generate(request) for _ in range(4)))
+                assert {r.policy_version for r in answers} == {3}
+                await pool.settled()
+                assert pool.replaced == replaced
+            assert pool.dead == {0}
+            assert pool.figures()["replaced"] == 2
 
     asyncio.run(scenario())
 
