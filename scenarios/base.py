@@ -84,7 +84,7 @@ from pettingzoo import ParallelEnv
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.scenarios.charset import CHARSET, OUTSIDE_CHARSET, printable
 from parley.scenarios.events import Event, split_address
-from parley.scenarios.helpers import NoDraws, all_clean, json_default
+from parley.scenarios.helpers import LazyRng, NoDraws, all_clean, json_default
 
 __all__ = [
     "CHARSET",
@@ -108,7 +108,7 @@ class StepContractError(ParleyError, TypeError):
     mapping from live seat names (``env.agents``) to actions."""
 
 
-class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
+class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
     """Base class of every parley scenario (a PettingZoo ``ParallelEnv`` over text).
 
     Subclasses set :attr:`metadata` (at least ``"name"``, the registry id), call
@@ -355,21 +355,6 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
         """The space :meth:`state` lies in (ASCII JSON)."""
         return self._text(_STATE_MAX_LENGTH)
 
-    # Made on first use, from the last reset's seed if one is pending (the same stream as made
-    # at reset: nothing drew in between), else from OS entropy (~20 µs). Plain attributes, not
-    # self.__dict__: touching it turns every later attribute load of the instance slower.
-    @property
-    def rng(self) -> np.random.Generator:
-        """The instance's generator: ``reset(seed=...)`` seeds it; until then, OS entropy."""
-        rng = self._rng
-        if rng is None:
-            rng = self._rng = np.random.default_rng(self._seed)
-        return rng
-
-    @rng.setter
-    def rng(self, value: np.random.Generator) -> None:
-        self._rng = value
-
     @staticmethod
     def _text(max_length: int) -> Text:
         return Text(max_length, min_length=0, charset=CHARSET)
@@ -390,10 +375,8 @@ class Scenario(ParallelEnv[str, str, str]):  # type: ignore[misc]
 
         ``options={"redraw_private": {"keep": seat, "seed": n}}`` (for the conformance
         suite) calls :meth:`redraw_private` between :meth:`new_episode` and :meth:`brief`."""
-        if type(seed) is int and seed >= 0:  # seeded on first use (same stream)
-            self._rng, self._seed = None, seed
-        elif seed is not None:  # numpy's other seed types, or its error, now
-            self._rng = np.random.default_rng(seed)
+        if seed is not None:  # (made on first use: LazyRng)
+            self.seed_rng(seed)
         self.agents = list(self.possible_agents)
         self._live = frozenset(self.agents)
         self.turn = 0

@@ -7,7 +7,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-__all__ = ["NoDraws", "TextMemo", "all_clean", "json_default"]
+__all__ = ["LazyRng", "NoDraws", "TextMemo", "all_clean", "json_default"]
 
 T = TypeVar("T")
 
@@ -69,3 +69,34 @@ class TextMemo(Generic[T]):
             memo.clear()
         memo[text] = result
         return result
+
+
+class LazyRng:
+    """An ``rng`` made on first use: :meth:`seed_rng` with a non-negative int only records
+    the seed, and the generator made from it later draws the same stream as one made at once
+    (nothing drew in between); other seeds (``None``: OS entropy, numpy's seed types, or
+    numpy's error) make it at once. A generator costs ~15-20 us to make, per scenario or
+    agent and episode in a run, and many never draw. Plain attributes (class defaults here):
+    touching an instance's ``__dict__`` would make its every attribute load slower."""
+
+    _rng: np.random.Generator | None = None
+    _seed: int | None = None
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The generator: seeded by the last :meth:`seed_rng`; until then, OS entropy."""
+        rng = self._rng
+        if rng is None:
+            rng = self._rng = np.random.default_rng(self._seed)
+        return rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        self._rng = value
+
+    def seed_rng(self, seed: Any) -> None:
+        """Seed :attr:`rng` with ``seed`` (see the class docstring)."""
+        if type(seed) is int and seed >= 0:
+            self._rng, self._seed = None, seed
+        else:
+            self._rng = np.random.default_rng(seed)
