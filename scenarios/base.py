@@ -136,6 +136,10 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
     """``False`` where :meth:`new_episode` never draws from its ``rng`` (it then gets a stand-in
     that raises on use): ``reset(seed=n)`` then seeds :attr:`rng` only when something uses it
     (``np.random.default_rng(n)``, ~13 µs, is most of a small scenario's reset)."""
+    refused_move_takes_turn: ClassVar[bool] = False
+    """``True``: a move the action space refuses is played as ``""`` (invalid in every
+    scenario, so it uses up the seat's turn; the recorded reason stays the refusal's); every
+    v1 or later sets it (:mod:`parley.scenarios.refusals`)."""
     default_max_cycles: ClassVar[int] = 1000
     """The step cap when the constructor's ``max_cycles`` is None: a guard, far above what
     every scenario's own rules allow, so that no episode runs forever (a policy looping on
@@ -451,6 +455,8 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
                 reason = self._check(agent, action)
                 if reason is None:
                     reason = play(agent, action)
+                elif self.refused_move_takes_turn:
+                    play(agent, "")
             if reason is not None:
                 self._record_invalid(agent, reason)
         done = self._done

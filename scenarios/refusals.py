@@ -12,7 +12,7 @@ reason stays the refusal's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar
 
 from parley.scenarios.base import Scenario
 
@@ -20,10 +20,7 @@ __all__ = ["RefusedMoveTakesTurn"]
 
 
 class RefusedMoveTakesTurn(Scenario):
-    """Mixin (put it first among the bases): a refused move is played as ``""``."""
+    """Mixin (put it first among the bases): a refused move is played as ``""``
+    (:attr:`Scenario.refused_move_takes_turn`)."""
 
-    def _check(self, agent: str, action: Any) -> str | None:
-        reason = super()._check(agent, action)
-        if reason is not None:
-            self.play(agent, "")
-        return reason
+    refused_move_takes_turn: ClassVar[bool] = True
