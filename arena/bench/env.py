@@ -32,8 +32,9 @@ interleaved with a plain Python loop that steps the same env and awaits the same
   scripted baselines (the workload issue 11 measured), one seat acting a step.
 
 And simple-trade v0/v1 env steps/s beside TextArena 0.7.4's SimpleNegotiation with the
-same trivial moves (:mod:`parley.arena.bench.textarena`; skipped, with the line that
-installs it, when TextArena is missing).
+same trivial moves, and with every move a text that never recurs (``_distinct_moves``, as a
+model's moves would be); target >= 1 for both (:mod:`parley.arena.bench.textarena`; skipped,
+with the line that installs it, when TextArena is missing).
 
 Timings are the best of ``--repeats`` (env steps and TextArena: of ``--repeats`` x 10
 short runs, :func:`~parley.arena.bench.textarena.best_rates`), the variants of each pair
@@ -79,6 +80,8 @@ TARGETS = {
     "remote_ratio_vs_plain_loop_simple_trade": (">=", 0.3),
     "simple_trade_v0_ratio_vs_textarena": (">=", 1.0),
     "simple_trade_v1_ratio_vs_textarena": (">=", 1.0),
+    "simple_trade_v0_ratio_vs_textarena_distinct_moves": (">=", 1.0),
+    "simple_trade_v1_ratio_vs_textarena_distinct_moves": (">=", 1.0),
 }
 
 
