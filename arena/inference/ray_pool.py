@@ -345,8 +345,9 @@ class RayPool(PoolService):
 
     @property
     def backends(self) -> list[Any]:
-        """For ``parley serve``'s watch: a failed stand-in once every replica has died."""
-        if self.actors and len(self.dead) == len(self.actors):
+        """For ``parley serve``'s watch: a failed stand-in once every replica has died and no
+        replacement is under way."""
+        if self.actors and len(self.dead) == len(self.actors) and not self._replacing:
             return [SimpleNamespace(failure=f"all {self.replicas} pool replicas died")]
         return []
 
@@ -361,12 +362,6 @@ class RayPool(PoolService):
             async with self._changed:
                 self._running -= 1
                 self._changed.notify_all()
-
-    async def _pick_or_wait(self, policy: str) -> int:
-        """:meth:`_pick`, after the replacements under way when no replica is live."""
-        if len(self.dead) == len(self.actors) and self._replacing:
-            await self.settled()
-        return self._pick(policy)
 
     def _pick(self, policy: str) -> int:
         live = [i for i in range(len(self.actors)) if i not in self.dead]
@@ -383,9 +378,12 @@ class RayPool(PoolService):
 
         await self.start()
         self.stats.requests += 1
-        async with self._request_slot():
-            while True:
-                index = await self._pick_or_wait(request.policy)
+        while True:
+            if len(self.dead) == len(self.actors) and self._replacing:
+                # Outside the request slot: a replacement joins when no request is in one.
+                await self.settled()
+            async with self._request_slot():
+                index = self._pick(request.policy)
                 self.busy[index] += 1
                 self.sent[index] += 1
                 try:
@@ -396,13 +394,13 @@ class RayPool(PoolService):
                     continue
                 finally:
                     self.busy[index] -= 1
-                if isinstance(answer, Error):
-                    self.stats.failed += 1
-                    raise PoolError(answer.code, answer.message, retryable=answer.retryable)
-                result: GenerateResult = answer
-                self.stats.completed += 1
-                self.stats.generated_tokens += sum(len(c.token_ids) for c in result.completions)
-                return result
+            if isinstance(answer, Error):
+                self.stats.failed += 1
+                raise PoolError(answer.code, answer.message, retryable=answer.retryable)
+            result: GenerateResult = answer
+            self.stats.completed += 1
+            self.stats.generated_tokens += sum(len(c.token_ids) for c in result.completions)
+            return result
 
     async def update_weights(self, update: WeightUpdate) -> int:
         """Apply ``update`` on every live replica together; returns the new version."""

@@ -405,6 +405,42 @@ def test_pool_replicas_balance_update_together_and_survive_a_death(
 
 
 @pytest.mark.slow
+def test_a_lone_pool_replica_that_dies_is_replaced_and_serve_keeps_serving(
+    cluster: Any, tiny_model_dir: Path
+) -> None:
+    from parley.arena.cli.serve import ServeOptions, serving
+    from parley.arena.inference.pool import PoolError
+    from parley.protocols.messages import GenerateRequest, SamplingParams
+
+    c, _ = cluster
+    options = ServeOptions(model=str(tiny_model_dir), listen="tcp://127.0.0.1:0", policy="p",
+                           ray=c.address, replicas=1)  # fmt: skip
+    request = GenerateRequest(policy="p", prompt="hi", params=SamplingParams(max_tokens=3))
+
+    async def scenario() -> None:
+        async with serving(options) as (_, _, pool):
+            ray.kill(pool.actors[0], no_restart=True)
+            # The request that finds it dead waits for its replacement and is answered;
+            # meanwhile serve's watch sees no failure (it would stop serving).
+            answering = asyncio.create_task(pool.generate(request))
+            for _ in range(600):  # (a poll: the pool has no event for a death)
+                if pool.dead or answering.done():
+                    break
+                await asyncio.sleep(0.05)
+            assert pool.backends == []
+            assert (await answering).policy_version == 0
+            assert pool.replaced == 1
+            assert pool.dead == set()
+            ray.kill(pool.actors[0], no_restart=True)  # beyond the budget (1 per replica)
+            with pytest.raises(PoolError) as closed:
+                await pool.generate(request)
+            assert closed.value.code == "closed"
+            assert "died" in pool.backends[0].failure  # now serve's watch stops serving
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.slow
 def test_a_removed_node_loses_no_episode(cluster: Any, tmp_path: Path) -> None:
     """Runs last in the module: it takes a node away from the shared cluster."""
     c, nodes = cluster
