@@ -57,6 +57,7 @@ Error codes: ``timeout``, ``overloaded`` (retryable), ``unknown_policy``, ``bad_
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 from collections import deque
@@ -334,16 +335,18 @@ class _Lane:
                 await t
 
 
-class PoolService:
+class PoolService(abc.ABC):
     """A pool's face on the bus: ``GenerateRequest`` and ``WeightUpdate`` requests answered
     by the subclass's :meth:`generate` and :meth:`update_weights` (a :class:`PoolError` is
     the reply's :class:`~parley.protocols.messages.Error`)."""
 
+    @abc.abstractmethod
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        raise NotImplementedError
+        """The completion of ``request``; raises :class:`PoolError` to refuse it."""
 
+    @abc.abstractmethod
     async def update_weights(self, update: WeightUpdate) -> int:
-        raise NotImplementedError
+        """Apply ``update`` to its policy; returns the version now served."""
 
     def serve(self, endpoint: Endpoint) -> None:
         """Answer ``GenerateRequest`` and ``WeightUpdate`` requests arriving at ``endpoint``

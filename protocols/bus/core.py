@@ -9,6 +9,7 @@ The layers build on it in this order: ``send`` ← ``links`` ← ``receive`` ←
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import heapq
 import itertools
@@ -93,7 +94,7 @@ class _Sock:
         self.scheduled = False  # a drain is queued with call_soon
 
 
-class _Core:
+class _Core(abc.ABC):
     """The endpoint's state, shared by every layer (see the module docstring)."""
 
     def __init__(
@@ -245,6 +246,6 @@ class _Core:
             sock.scheduled = True
             self._loop.call_soon(self._drain, sock)
 
+    @abc.abstractmethod
     def _drain(self, sock: _Sock) -> None:
         """The receive loop of ``sock``, provided by the receive layer."""
-        raise NotImplementedError

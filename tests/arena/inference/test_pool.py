@@ -286,3 +286,18 @@ async def test_pool_on_the_bus(backend: RecordingBackend) -> None:
         request(backend, i).prompt_token_ids for i in (0, 1)
     ]
     assert refused.value.code == "backend_failed"
+
+
+def test_a_pool_service_must_answer_both_requests() -> None:
+    """``PoolService`` is the bus face of a pool: a subclass that forgets one of the two
+    answers is refused when it is made, not when its first request arrives."""
+    from parley.arena.inference.pool import PoolService
+
+    class GeneratesOnly(PoolService):
+        async def generate(self, request: GenerateRequest) -> GenerateResult:
+            raise PoolError("unknown_policy", "nothing here")
+
+    with pytest.raises(TypeError, match="update_weights"):
+        GeneratesOnly()  # type: ignore[abstract]
+    with pytest.raises(TypeError, match="generate"):
+        PoolService()  # type: ignore[abstract]
