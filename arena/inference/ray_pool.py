@@ -485,7 +485,8 @@ class RayPool(PoolService):
         }
 
     async def requests_per_replica(self) -> list[int]:
-        """Requests each live replica has received (dead ones: -1)."""
+        """Requests each live replica's actor has received (dead ones: -1); a replacement
+        counts from its own start (:meth:`figures` has the front's count per slot)."""
         counts = []
         for i, actor in enumerate(self.actors):
             counts.append(-1 if i in self.dead else await actor.requests.remote())

@@ -10,8 +10,11 @@ neither found locally nor fetched.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import re
+import secrets
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +30,14 @@ _LOADING = threading.Lock()
 
 
 class HFChatTokenizer:
-    """Wraps a ``transformers`` tokenizer; ``hf`` is the wrapped object."""
+    """Wraps a ``transformers`` tokenizer; ``hf`` is the wrapped object.
+
+    A message's content is text, never control: :meth:`encode_chat` encodes what a
+    message says with ordinary tokens even where it spells one of the tokenizer's added
+    tokens (``<|im_end|>``, ``<|im_start|>system``, ...). Rendered through the template as
+    is, such text became the real special tokens, so one seat's message could close the
+    other seat's user turn and open a forged system turn in its prompt.
+    """
 
     def __init__(self, hf: Any) -> None:
         self.hf = hf
@@ -59,15 +69,103 @@ class HFChatTokenizer:
                 "this tokenizer has no chat template; build prompts as text or token ids, "
                 "or use a checkpoint whose tokenizer_config.json defines chat_template"
             )
+        markers = self._markers
+        if markers is not None and any(
+            isinstance(m.get("content"), str) and markers.search(m["content"]) for m in messages
+        ):
+            return self._encode_chat_quoted(messages, markers, add_generation_prompt)
         out = self.hf.apply_chat_template(
             list(messages), add_generation_prompt=add_generation_prompt, tokenize=True
         )
-        # transformers 5 returns a BatchEncoding here, 4.x a plain list.
-        ids = out["input_ids"] if hasattr(out, "keys") else out
-        return [int(t) for t in ids]
+        return _ids(out)
+
+    @functools.cached_property
+    def _markers(self) -> re.Pattern[str] | None:
+        """A pattern matching the text of any added token (the longest where several
+        start at one place), or None for a tokenizer without any."""
+        added = getattr(self.hf, "added_tokens_decoder", None) or {}
+        texts = {str(getattr(t, "content", t)) for t in added.values()}
+        texts |= {str(t) for t in getattr(self.hf, "all_special_tokens", ())}
+        texts.discard("")
+        return _literal_trie(texts) if texts else None
+
+    def _encode_chat_quoted(
+        self,
+        messages: Sequence[dict[str, str]],
+        markers: re.Pattern[str],
+        add_generation_prompt: bool,
+    ) -> list[int]:
+        """:meth:`encode_chat` of a chat whose contents spell added tokens: the template is
+        rendered with a placeholder per content, its own text encoded as usual (its
+        markers are the real tokens), each content with added tokens split into ordinary
+        ones. A template that does not keep the placeholders verbatim gets the contents with
+        every marker broken by a space instead (never the special tokens)."""
+        nonce = secrets.token_hex(8)
+        holders = [f"parley{nonce}content{i}end" for i in range(len(messages))]
+        chat = [
+            {**m, "content": holders[i]} if isinstance(m.get("content"), str) else dict(m)
+            for i, m in enumerate(messages)
+        ]
+        text = self.hf.apply_chat_template(
+            chat, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+        used = [i for i, m in enumerate(chat) if m.get("content") == holders[i]]
+        pieces = re.split("(" + "|".join(holders[i] for i in used) + ")", str(text))
+        if [holders.index(p) for p in pieces[1::2]] != used:
+            broken = [
+                {**m, "content": markers.sub(lambda x: x[0][0] + " " + x[0][1:], m["content"])}
+                if isinstance(m.get("content"), str)
+                else dict(m)
+                for m in messages
+            ]
+            out = self.hf.apply_chat_template(
+                broken, add_generation_prompt=add_generation_prompt, tokenize=True
+            )
+            return _ids(out)
+        ids: list[int] = []
+        for k, piece in enumerate(pieces):
+            if k % 2 == 0:  # the template's own text
+                if piece:
+                    ids += _ids(self.hf(piece, add_special_tokens=False)["input_ids"])
+            else:
+                content = messages[holders.index(piece)]["content"]
+                ids += _ids(
+                    self.hf(content, add_special_tokens=False, split_special_tokens=True)[
+                        "input_ids"
+                    ]
+                )
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=True))
+
+
+def _literal_trie(words: set[str]) -> re.Pattern[str]:
+    """A pattern matching any of ``words``, built as a trie (shared prefixes written once):
+    one alternation of thousands of literals (a tokenizer with many reserved tokens) cost
+    ~6 ms a search over a 4,000-character message, the trie ~15 us."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
+        if not alts:
+            return ""
+        group = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return f"(?:{group})?" if "" in node else group  # (greedy: the longest word)
+
+    return re.compile(build(trie))
+
+
+def _ids(out: Any) -> list[int]:
+    """Token ids from what a tokenizer returned (transformers 5 returns a BatchEncoding
+    where 4.x returned a plain list)."""
+    ids = out["input_ids"] if hasattr(out, "keys") else out
+    return [int(t) for t in ids]
 
 
 def load_tokenizer(name_or_path: str, **options: Any) -> HFChatTokenizer:
