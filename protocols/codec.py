@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 
 from parley.protocols.errors import ProtocolError
-from parley.protocols.messages import SCHEMA_VERSION, Envelope
+from parley.protocols.messages import SCHEMA_VERSION, Bye, Envelope, Heartbeat, Hello
 
 __all__ = [
     "Codec",
@@ -31,6 +31,7 @@ __all__ = [
     "salvage_head",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_ZERO_COPY_BYTES",
+    "STRANGER_MAX_BYTES",
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -38,6 +39,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 DEFAULT_ZERO_COPY_BYTES = 64 * 1024
 """Arrays at least this large travel as their own frame, without a copy."""
+
+STRANGER_MAX_BYTES = 64 * 1024
+"""Largest message accepted from a connection that has not said ``Hello``: a ``Hello`` is a
+few hundred bytes. Larger ones are refused unread (see :meth:`Codec.decode_stranger`)."""
 
 # Arrays may only carry plain numeric dtypes: an object dtype would smuggle pickles in.
 _ALLOWED_DTYPE_KINDS = frozenset("biuf")
@@ -63,6 +68,17 @@ def _unsupported(version: int) -> ProtocolError:
 _DECODE_ERRORS = (msgspec.DecodeError, ValueError, TypeError, RecursionError)
 
 
+class _StrangerEnvelope(msgspec.Struct, kw_only=True):
+    """What a connection that has not said ``Hello`` may send: the envelope fields its
+    answer needs, and a body that is ``Hello``, ``Heartbeat`` or ``Bye``."""
+
+    body: Hello | Heartbeat | Bye
+    sender: str = ""
+    id: int = 0
+    expects_reply: bool = False
+    v: int = SCHEMA_VERSION
+
+
 class Codec:
     """Encodes envelopes into frames and decodes frames back, enforcing size limits."""
 
@@ -82,6 +98,7 @@ class Codec:
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
         self._decoder = msgspec.msgpack.Decoder(Envelope, dec_hook=self._dec_hook)
         self._version_decoder = msgspec.msgpack.Decoder(_Version)
+        self._stranger_decoder = msgspec.msgpack.Decoder(_StrangerEnvelope)
         # Bound once: the per-message path is short enough for attribute lookups to show.
         self._encode = self._encoder.encode
         self._decode = self._decoder.decode
@@ -141,6 +158,40 @@ class Codec:
         if envelope.v != SCHEMA_VERSION:
             raise _unsupported(envelope.v)
         return envelope
+
+    def decode_stranger(self, frames: Sequence[Frame]) -> Envelope:
+        """The envelope of a message from a connection that has not said ``Hello``.
+
+        Only a single frame of at most :data:`STRANGER_MAX_BYTES` whose body is ``Hello``,
+        ``Heartbeat`` or ``Bye`` is decoded; any other body is skipped unread (in C, no
+        Python objects built). A stranger cannot make the receive loop build the objects of
+        a large body: 64 MiB of MessagePack empty lists decoded to ~4.5 GB of Python lists
+        and held the loop for seconds. Raises ``ProtocolError`` ``hello_required``.
+        """
+        size = sum(len(f) for f in frames)
+        if len(frames) != 1 or size > STRANGER_MAX_BYTES:
+            raise ProtocolError(
+                f"a {len(frames)}-frame message of {size} bytes before Hello; until its Hello "
+                f"is accepted a connection may send one frame of at most {STRANGER_MAX_BYTES} "
+                "bytes",
+                code="hello_required",
+            )
+        try:
+            head = self._stranger_decoder.decode(frames[0])
+        except _DECODE_ERRORS as exc:
+            with contextlib.suppress(*_DECODE_ERRORS):
+                version = self._version_decoder.decode(frames[0]).v  # (skips the body)
+                if version != SCHEMA_VERSION:
+                    raise _unsupported(version) from exc
+            raise ProtocolError(
+                f"only hello, heartbeat or bye before Hello ({str(exc)[:200]})",
+                code="hello_required",
+            ) from exc
+        if head.v != SCHEMA_VERSION:
+            raise _unsupported(head.v)
+        return Envelope(
+            body=head.body, sender=head.sender, id=head.id, expects_reply=head.expects_reply
+        )
 
     def _decode_frames(self, frames: Sequence[Frame]) -> Envelope:
         """``decode`` for messages with array frames (or none at all)."""

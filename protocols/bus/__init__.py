@@ -70,6 +70,14 @@ Bounds, and why
   peer and should await earlier replies).
 * ``max_handlers`` (1,000) bounds handler tasks running at once; beyond it requests are
   answered ``Error(overloaded, retryable=True)`` so a flood cannot grow tasks without end.
+* A connection that has not said ``Hello`` gets only a single frame of at most 64 KiB
+  decoded, and only a ``Hello``, ``Heartbeat`` or ``Bye`` body: anything else is answered
+  ``hello_required`` (requests) or dropped, unread. A stranger's 7 MiB of MessagePack empty
+  lists decoded to ~630 MB of Python lists and held the loop 2 s, long enough for the
+  other peers to declare this endpoint dead.
+* ``max_subscriptions`` (256 prefixes of at most 256 characters per peer): the prefixes are
+  kept per peer and scanned on every ``publish``. Peer names are 1-200 bytes without NUL,
+  and the errors a peer sends are logged at most once a second, cut short.
 
 Implementation notes: each socket has one receive loop, driven by the event loop when the
 socket's descriptor turns readable; ``receive.py`` says why. ZeroMQ's descriptor is

@@ -33,6 +33,9 @@ class BusConfig:
     """Most request handlers suspended at once; more are answered ``overloaded``."""
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     """Largest message accepted or sent (all frames)."""
+    max_subscriptions: int = 256
+    """Most broadcast prefixes one peer may subscribe to (each at most 256 characters);
+    more are refused with ``Error(too_many_subscriptions)``."""
     curve_public_key: bytes | None = None
     """This endpoint's CURVE public key (Z85, from ``zmq.curve_keypair()``)."""
     curve_secret_key: bytes | None = None
@@ -51,7 +54,8 @@ class BusConfig:
         for name in ("heartbeat_interval", "peer_timeout", "request_timeout", "connect_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"BusConfig.{name} must be positive, got {getattr(self, name)}")
-        for name in ("hwm", "max_pending", "max_handlers", "max_message_bytes"):
+        bounds = ("hwm", "max_pending", "max_handlers", "max_message_bytes", "max_subscriptions")
+        for name in bounds:
             if getattr(self, name) < 1:
                 raise ConfigError(f"BusConfig.{name} must be at least 1, got {getattr(self, name)}")
         if self.peer_timeout <= self.heartbeat_interval:
@@ -79,3 +83,6 @@ class BusStats:
     late_replies: int = 0
     handler_errors: int = 0
     dead_peers: int = 0
+    hello_required: int = 0
+    """Messages from connections that had not said ``Hello`` (other than a ``Hello``,
+    ``Heartbeat`` or ``Bye``), refused unread."""

@@ -33,6 +33,24 @@ _LOG_PERIOD = 1.0  # seconds between two warnings of one kind about bad peers
 _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 
 
+MAX_PREFIX_CHARS = 256
+"""Longest broadcast prefix a peer may subscribe to."""
+
+
+def valid_name(name: str) -> bool:
+    """Whether ``name`` can name an endpoint: 1-200 bytes (UTF-8), no NUL."""
+    return bool(name) and len(name.encode()) <= 200 and "\x00" not in name
+
+
+def subscriptions_problem(prefixes: list[str], limit: int) -> str | None:
+    """Why a peer may not hold ``prefixes`` (too many, or one too long), or None."""
+    if len(prefixes) > limit:
+        return f"{len(prefixes)} subscriptions; at most {limit} per peer"
+    if any(len(prefix) > MAX_PREFIX_CHARS for prefix in prefixes):
+        return f"a subscription prefix over {MAX_PREFIX_CHARS} characters"
+    return None
+
+
 def _any(body: Body) -> AnyBody:
     """``body`` as the envelope's union type, for the type checker.
 
@@ -104,7 +122,7 @@ class _Core(abc.ABC):
         config: BusConfig | None = None,
         context: zmq.Context[Any] | None = None,
     ) -> None:
-        if not name or len(name.encode()) > 200 or "\x00" in name:
+        if not valid_name(name):
             raise ConfigError(f"endpoint name must be 1-200 bytes without NUL, got {name!r}")
         self.name = name
         self.config = config or BusConfig()

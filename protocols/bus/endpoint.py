@@ -13,7 +13,15 @@ from typing import Self
 import zmq
 
 from parley.protocols.bus.auth import ZapHandler, curve_client, curve_server, is_loopback
-from parley.protocols.bus.core import Admission, Handler, _any, _Link, _Sock, log
+from parley.protocols.bus.core import (
+    Admission,
+    Handler,
+    _any,
+    _Link,
+    _Sock,
+    log,
+    subscriptions_problem,
+)
 from parley.protocols.bus.receive import _in_task, _Receiver
 from parley.protocols.errors import BusError, ConfigError, PeerDead, RequestTimeout
 from parley.protocols.messages import Body, Bye, Envelope, Heartbeat, Hello, Subscribe
@@ -225,6 +233,9 @@ class Endpoint(_Receiver):
         """
         self._start()
         known = {prefix for prefix, _ in self._subs}
+        problem = subscriptions_problem(sorted(known | {channel}), self.config.max_subscriptions)
+        if problem is not None:  # (peers would refuse it: BusConfig.max_subscriptions)
+            raise ConfigError(f"cannot subscribe to {channel[:100]!r}: {problem}")
         self._subs.append((channel, _in_task(handler) if task else handler))
         if channel in known:
             return self._done_future()

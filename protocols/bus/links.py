@@ -13,7 +13,14 @@ import asyncio
 
 import zmq
 
-from parley.protocols.bus.core import _NOBLOCK, _Link, _Sock, log
+from parley.protocols.bus.core import (
+    _NOBLOCK,
+    _Link,
+    _Sock,
+    log,
+    subscriptions_problem,
+    valid_name,
+)
 from parley.protocols.bus.send import _Sender
 from parley.protocols.errors import BusError
 from parley.protocols.messages import SCHEMA_VERSION, Body, Envelope, Error, Heartbeat, Hello
@@ -35,8 +42,13 @@ class _Links(_Sender):
                 code="unsupported_version",
                 message=f"{self.name} speaks schema {SCHEMA_VERSION}, you offered {hello.schemas}",
             )
-        elif not name or name == self.name:
-            refusal = Error(code="bad_name", message=f"peer name {name!r} is empty or mine")
+        elif not valid_name(name) or name == self.name:
+            refusal = Error(
+                code="bad_name",
+                message=f"peer name {name[:200]!r} is empty, mine, over 200 bytes or has a NUL",
+            )
+        elif problem := subscriptions_problem(hello.subscriptions, self.config.max_subscriptions):
+            refusal = Error(code="too_many_subscriptions", message=problem)
         elif (known := sock.links.get(rid)) is not None and known.name and known.name != name:
             # One connection, one name: a rename would leave it holding two (two seats).
             refusal = Error(
@@ -129,6 +141,12 @@ class _Links(_Sender):
         reply = fut.result()  # raises RemoteError on a refusal
         if not isinstance(reply, Hello):
             raise BusError(f"expected Hello from {link.sock.address}, got {type(reply).__name__}")
+        problem = subscriptions_problem(reply.subscriptions, self.config.max_subscriptions)
+        if not valid_name(reply.name) or problem:
+            raise BusError(
+                f"{link.sock.address} answered Hello as {reply.name[:200]!r}: "
+                f"{problem or 'not a valid peer name'}"
+            )
         existing = self._links.get(reply.name)
         if existing is not None and existing is not link and existing.alive:
             raise BusError(f"already connected to a peer named {reply.name!r}")

@@ -18,9 +18,17 @@ from typing import Any
 
 import zmq
 
-from parley.protocols.bus.core import _NOBLOCK, Handler, _Link, _recv, _Sock, log
+from parley.protocols.bus.core import (
+    _NOBLOCK,
+    Handler,
+    _Link,
+    _recv,
+    _Sock,
+    log,
+    subscriptions_problem,
+)
 from parley.protocols.bus.links import _Links
-from parley.protocols.codec import Frame, Head, salvage_head
+from parley.protocols.codec import STRANGER_MAX_BYTES, Frame, Head, salvage_head
 from parley.protocols.errors import ProtocolError, RemoteError
 from parley.protocols.messages import (
     Body,
@@ -117,6 +125,9 @@ class _Receiver(_Links):
             # is gone and a new one reuses the id. The old peer is dead; this one is new.
             self._peer_died(link, f"{link.name}'s routing id came back with another key")
             link = None
+        if link is None and rid is not None:  # a connection that has not said Hello
+            self._on_stranger(sock, rid, frames)
+            return
         try:
             env = self._codec.decode(frames)
         except ProtocolError as exc:
@@ -137,6 +148,33 @@ class _Receiver(_Links):
                 env.sender,
                 exc_info=True,
             )
+
+    def _on_stranger(self, sock: _Sock, rid: bytes, frames: list[bytes]) -> None:
+        """A message from a connection that has not said Hello: only a small ``Hello``,
+        ``Heartbeat`` or ``Bye`` is decoded (:meth:`Codec.decode_stranger`); a request of
+        any other kind is answered ``hello_required`` (its id read without decoding its
+        body), a one-way message dropped."""
+        try:
+            env = self._codec.decode_stranger(frames)
+        except ProtocolError as exc:
+            if exc.code != "hello_required":  # (a Hello of another schema version)
+                self._bad_message(sock, rid, None, frames, exc)
+                return
+            self.stats.hello_required += 1
+            head = salvage_head(frames[0]) if frames else Head()
+            if head.expects_reply:
+                message = f"say Hello first: {self.name} does not know this connection"
+                if len(frames) != 1 or sum(len(f) for f in frames) > STRANGER_MAX_BYTES:
+                    message += f" ({exc.reason})"
+                error = Error(code="hello_required", message=message)
+                reply = Envelope(body=error, sender=self.name, reply_to=head.id)
+                self._raw_send(sock, rid, self._codec.encode(reply))
+            return
+        try:
+            self._dispatch(sock, rid, None, env)
+        except Exception:  # a bug in dispatch must not end the receive loop
+            self._log_limited("dispatch", "%s: failed to dispatch a %s from a new connection",
+                              self.name, env.kind, exc_info=True)  # fmt: skip
 
     def _dispatch(self, sock: _Sock, rid: bytes | None, link: _Link | None, env: Envelope) -> None:
         body = env.body
@@ -192,6 +230,13 @@ class _Receiver(_Links):
             if body.unsubscribe:
                 link.subscriptions.difference_update(body.channels)
             else:
+                wanted = sorted(link.subscriptions.union(body.channels))
+                problem = subscriptions_problem(wanted, self.config.max_subscriptions)
+                if problem is not None:
+                    if env.expects_reply:
+                        error = Error(code="too_many_subscriptions", message=problem)
+                        self._answer(sock, rid, env, error)
+                    return
                 link.subscriptions.update(body.channels)
             if env.expects_reply:
                 self._answer(sock, rid, env, Ok())
@@ -200,10 +245,9 @@ class _Receiver(_Links):
         elif isinstance(body, Error):
             if body.code == "hello_required" and not sock.router and link.name:
                 self._start_rehello(link)
-            else:
-                log.warning(
-                    "%s: %s sent error %s: %s", self.name, link.name, body.code, body.message
-                )
+            else:  # (rate-limited and cut short: a peer could send these without end)
+                self._log_limited("peer_error", "%s: %s sent error %s: %s", self.name,
+                                  link.name, body.code[:100], body.message[:300])  # fmt: skip
 
     def _bad_message(
         self,

@@ -16,7 +16,7 @@ import zmq
 
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.codec import Codec
-from parley.protocols.errors import ProtocolError
+from parley.protocols.errors import ConfigError, ProtocolError
 from parley.protocols.messages import Action, Envelope, Observation
 
 pytestmark = pytest.mark.timeout(60)
@@ -170,7 +170,7 @@ async def test_deeply_nested_keys_do_not_stop_the_receive_loop_or_the_ticker() -
         assert reply.text == "still here"
         assert server._ticker is not None
         assert not server._ticker.done()
-        assert server.stats.bad_messages == 50
+        assert server.stats.hello_required == 50  # (a connection that said no Hello)
     finally:
         raw.close()
         ctx.term()
@@ -194,6 +194,167 @@ async def test_one_connection_cannot_take_a_second_name() -> None:
                 reply = msgpack.unpackb(await asyncio.to_thread(raw.recv))
         assert reply["body"]["code"] == "bad_name"
         assert server.peers == ["agent-a"]
+    finally:
+        raw.close()
+        ctx.term()
+        await server.close()
+
+
+def _wide_observation(n: int, request_id: int) -> bytes:
+    """An observation request whose ``info`` holds a list of ``n`` empty lists: one byte on
+    the wire each, ~64 bytes of Python list each once decoded (review finding: 7 MiB of
+    them decoded to ~630 MB and held the loop 2 s)."""
+    head = msgpack.packb({"id": request_id, "expects_reply": True, "sender": "raw"})
+    body = (
+        b"\x84"
+        + msgpack.packb("kind")
+        + msgpack.packb("observation")
+        + msgpack.packb("agent")
+        + msgpack.packb("raw")
+        + msgpack.packb("text")
+        + msgpack.packb("t")
+        + msgpack.packb("info")
+        + b"\x81\xa1k\xdd"
+        + n.to_bytes(4, "big")
+        + b"\x90" * n
+    )
+    return b"\x84" + head[1:] + msgpack.packb("body") + body
+
+
+async def test_a_connection_without_hello_cannot_make_the_loop_decode_its_bodies() -> None:
+    """Before its Hello is accepted a connection gets only a small Hello, Heartbeat or Bye
+    decoded: large requests of any other kind are answered ``hello_required`` unread, the
+    peers that did say Hello are served meanwhile, and nothing large is ever allocated."""
+    import tracemalloc
+
+    async def echo(env: Envelope) -> Action:
+        assert isinstance(env.body, Observation)
+        return Action(agent=env.body.agent, text=env.body.text)
+
+    server = Endpoint("arena", config=FAST)
+    client = Endpoint("alice", config=FAST)
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 10_000
+    frame = _wide_observation(4 * 1024 * 1024, 9)
+    try:
+        server.on(Observation, echo)
+        address = await server.bind(_ipc())
+        await client.connect(address)
+        raw.connect(address)
+        tracemalloc.start()
+        try:
+            for _ in range(4):
+                raw.send(frame)
+            replies = [msgpack.unpackb(await asyncio.to_thread(raw.recv)) for _ in range(4)]
+            answer = await client.request("arena", Observation(agent="alice", text="here"))
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert [(r["body"]["code"], r["reply_to"]) for r in replies] == [("hello_required", 9)] * 4
+        assert "before Hello" in replies[0]["body"]["message"]
+        assert isinstance(answer, Action)
+        assert answer.text == "here"
+        assert peak < 4 * len(frame), f"{peak / 1e6:.0f} MB allocated for 4 refused messages"
+        assert server.stats.hello_required == 4
+        assert server.peers == ["alice"]
+    finally:
+        raw.close()
+        ctx.term()
+        await client.close()
+        await server.close()
+
+
+def _request(raw: zmq.Socket[bytes], body: dict[str, Any], rid: int) -> dict[str, Any]:
+    raw.send(msgpack.packb({"body": body, "sender": "raw", "id": rid, "expects_reply": True}))
+    while True:
+        reply: dict[str, Any] = msgpack.unpackb(raw.recv())
+        if reply["body"]["kind"] != "heartbeat":
+            return reply
+
+
+async def test_a_peer_holds_a_bounded_set_of_subscriptions_and_a_bounded_name() -> None:
+    """Subscriptions are kept per peer and scanned on every publish: a peer may hold at
+    most ``max_subscriptions`` prefixes of at most 256 characters (review finding: six
+    3 MiB ``Subscribe`` requests grew the bound side by 165 MB, all answered ``ok``)."""
+    config = BusConfig(heartbeat_interval=0.1, peer_timeout=0.6, max_subscriptions=8)
+    server = Endpoint("arena", config=config)
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 10_000
+    try:
+        address = await server.bind(_ipc())
+        raw.connect(address)
+
+        def attack() -> list[tuple[str, str]]:
+            hello = {"kind": "hello", "name": "raw"}
+            out = []
+            for body in (
+                {**hello, "name": "r" * 201},
+                {**hello, "name": "nul\x00"},
+                {**hello, "subscriptions": [str(i) for i in range(9)]},
+                {**hello, "subscriptions": ["x" * 257]},
+                {**hello, "subscriptions": ["a", "b"]},
+                {"kind": "subscribe", "channels": [str(i) for i in range(7)]},
+                {"kind": "subscribe", "channels": ["c", "d"]},
+                {"kind": "subscribe", "channels": ["y" * 300]},
+                {"kind": "subscribe", "channels": ["a", "b", "0"]},  # 2 known, 1 new: 8
+            ):
+                reply = _request(raw, body, len(out) + 1)["body"]
+                out.append((reply["kind"], reply.get("code", "")))
+            return out
+
+        answers = await asyncio.to_thread(attack)
+        assert answers == [
+            ("error", "bad_name"),
+            ("error", "bad_name"),
+            ("error", "too_many_subscriptions"),
+            ("error", "too_many_subscriptions"),
+            ("hello", ""),
+            ("error", "too_many_subscriptions"),  # 2 + 7 > 8: none of them taken
+            ("ok", ""),
+            ("error", "too_many_subscriptions"),
+            ("ok", ""),
+        ]
+        assert server._links["raw"].subscriptions == {"a", "b", "c", "d", "0"}
+        listener = Endpoint("listener", config=config)
+        try:
+            for i in range(8):
+                listener.subscribe(f"topic-{i}", lambda env: asyncio.sleep(0))
+            with pytest.raises(ConfigError, match="at most 8"):
+                listener.subscribe("one-too-many", lambda env: asyncio.sleep(0))
+        finally:
+            await listener.close()
+    finally:
+        raw.close()
+        ctx.term()
+        await server.close()
+
+
+async def test_errors_a_peer_sends_are_logged_at_a_bounded_rate_and_length(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A peer's one-way ``Error`` bodies are logged at most once a second, cut short
+    (review finding: 20,000 of them with 2 KB messages grew the log by 41 MB)."""
+    server = Endpoint("arena", config=FAST)
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 10_000
+    try:
+        address = await server.bind(_ipc())
+        raw.connect(address)
+        await asyncio.to_thread(_request, raw, {"kind": "hello", "name": "raw"}, 1)
+        error = {"body": {"kind": "error", "code": "boom", "message": "m" * 2_000}}
+        with caplog.at_level(logging.WARNING, logger="parley.protocols.bus"):
+            start = time.monotonic()
+            for _ in range(5_000):
+                raw.send(msgpack.packb(error))
+            # A request after them: answered once every error before it was read.
+            await asyncio.to_thread(_request, raw, {"kind": "subscribe", "channels": ["x"]}, 2)
+            elapsed = time.monotonic() - start
+        lines = [r.getMessage() for r in caplog.records if "sent error boom" in r.getMessage()]
+        assert 1 <= len(lines) <= elapsed + 2, f"{len(lines)} lines in {elapsed:.1f} s"
+        assert all(len(line) < 600 for line in lines)
     finally:
         raw.close()
         ctx.term()
