@@ -138,6 +138,8 @@ async def json_body(request: web.Request) -> Json:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not JSON: {exc}") from None
+    except RecursionError:  # "[" * 200_000: a 500 and a traceback per request before
+        raise BadRequest("the body's JSON is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body

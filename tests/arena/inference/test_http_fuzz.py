@@ -72,6 +72,8 @@ HOSTILE: list[tuple[str, Json | str, str | None]] = [
     ("completions", {"prompt": "x", "temperature": 1e6}, "temperature"),
     ("completions", '{"model": "tiny", "prompt": "x", "temperature": NaN}', "temperature"),
     ("completions", '{"model": "tiny", "prompt": "x", "top_p": Infinity}', "top_p"),
+    ("completions", "[" * 200_000, None),  # nested too deeply for json: a 500 before
+    ("chat/completions", '{"model": "tiny", "messages": ' + "[" * 200_000, None),
     ("completions", {"prompt": "x", "temperature": 10**400}, "temperature"),
     ("completions", {"prompt": "x", "top_p": 0}, "top_p"),
     ("completions", {"prompt": "x", "top_p": 1.5}, "top_p"),
