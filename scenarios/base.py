@@ -140,6 +140,12 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
     """``True``: a move the action space refuses is played as ``""`` (invalid in every
     scenario, so it uses up the seat's turn; the recorded reason stays the refusal's); every
     v1 or later sets it (:mod:`parley.scenarios.refusals`)."""
+    quote_messages: bool = False
+    """``True`` (``make(id, quote_messages=True)``, ``-s quote_messages=true``): every line
+    after the first of a seat's message is indented by two spaces in the others'
+    observations, so a message cannot forge a line of the scenario's (a notice, ``Invalid
+    move:``, the prompt) or another seat's (``agent_1 (private to agent_2): ...``). Off by
+    default: it changes observations, which a version keeps fixed."""
     default_max_cycles: ClassVar[int] = 1000
     """The step cap when the constructor's ``max_cycles`` is None: a guard, far above what
     every scenario's own rules allow, so that no episode runs forever (a policy looping on
@@ -304,15 +310,16 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         """Deliver ``sender``'s message: to everyone else (``to=None``) or privately to ``to``."""
         if text is not self._clean:  # (the action step just checked is printable already)
             text = printable(text)
+        shown = text.replace("\n", "\n  ") if self.quote_messages and "\n" in text else text
         if to is None:
             self._raw_events.append((self.turn, "message", sender, text, ()))
-            line = f"{sender}: {text}"
+            line = f"{sender}: {shown}"
             for deliver in self._deliver[sender]:
                 deliver(line)
             return
         recipients = tuple(to)
         self._raw_events.append((self.turn, "message", sender, text, recipients))
-        line = f"{sender} (private to {','.join(recipients)}): {text}"
+        line = f"{sender} (private to {','.join(recipients)}): {shown}"
         inbox = self._inbox
         for agent in recipients:
             if agent != sender:

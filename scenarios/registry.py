@@ -82,6 +82,17 @@ class ScenarioSpec:
         cls = _CLASSES.get(self.entry_point)
         if cls is None:  # resolved once per entry point (a runner makes one env per episode)
             cls = _CLASSES[self.entry_point] = load_attr(self.entry_point)
+        if "quote_messages" in kwargs or "quote_messages" in self.kwargs:
+            merged = {**self.kwargs, **kwargs}
+            quote = merged.pop("quote_messages")
+            env = cls(**merged)
+            if not hasattr(env, "quote_messages") or not isinstance(quote, bool):
+                raise ConfigError(
+                    f"quote_messages must be true or false (got {quote!r}) and applies to "
+                    f"parley Scenario subclasses ({self.id} is {type(env).__name__})"
+                )
+            env.quote_messages = quote
+            return env
         return cls(**{**self.kwargs, **kwargs}) if self.kwargs else cls(**kwargs)
 
 
