@@ -25,6 +25,9 @@ from parley.protocols.bus.send import _Sender
 from parley.protocols.errors import BusError
 from parley.protocols.messages import SCHEMA_VERSION, Body, Envelope, Error, Heartbeat, Hello
 
+MAX_HEARTBEAT_INTERVAL = 60.0
+"""Longest heartbeat interval a peer's ``Hello`` may announce; longer counts as this."""
+
 
 class _Links(_Sender):
     """The liveness layer of an endpoint."""
@@ -86,7 +89,12 @@ class _Links(_Sender):
         link.alive = True
         link.name = hello.name
         link.last_heard = self._loop.time()
-        link.timeout = max(self.config.peer_timeout, 2.5 * hello.heartbeat_interval)
+        # A peer's announced interval stretches its timeout, up to a bound: an infinite (or
+        # NaN) one would make a peer that goes silent never die.
+        interval = hello.heartbeat_interval
+        if not 0 < interval <= MAX_HEARTBEAT_INTERVAL:  # (NaN fails every comparison)
+            interval = MAX_HEARTBEAT_INTERVAL if interval > 0 else self.config.heartbeat_interval
+        link.timeout = max(self.config.peer_timeout, 2.5 * interval)
         link.subscriptions = set(hello.subscriptions)
         self._links[hello.name] = link
         self._peers_changed()

@@ -359,3 +359,25 @@ async def test_errors_a_peer_sends_are_logged_at_a_bounded_rate_and_length(
         raw.close()
         ctx.term()
         await server.close()
+
+
+@pytest.mark.parametrize("interval", [float("inf"), float("nan"), 1e9, -1.0])
+async def test_no_announced_heartbeat_interval_makes_a_silent_peer_immortal(
+    interval: float,
+) -> None:
+    """A peer's ``Hello`` stretches its timeout by its announced heartbeat interval, up to
+    60 s: ``inf`` made a peer that went silent keep its name (its seat) for ever."""
+    server = Endpoint("arena", config=FAST)
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 10_000
+    try:
+        address = await server.bind(_ipc())
+        raw.connect(address)
+        hello = {"kind": "hello", "name": "raw", "heartbeat_interval": interval}
+        assert (await asyncio.to_thread(_request, raw, hello, 1))["body"]["kind"] == "hello"
+        assert server._links["raw"].timeout <= 2.5 * 60.0
+    finally:
+        raw.close()
+        ctx.term()
+        await server.close()
