@@ -28,7 +28,7 @@ from parley.protocols.bus.core import (
     subscriptions_problem,
 )
 from parley.protocols.bus.links import _Links
-from parley.protocols.codec import STRANGER_MAX_BYTES, Frame, Head, salvage_head
+from parley.protocols.codec import Frame, Head, salvage_head
 from parley.protocols.errors import ProtocolError, RemoteError
 from parley.protocols.messages import (
     Body,
@@ -163,9 +163,10 @@ class _Receiver(_Links):
             self.stats.hello_required += 1
             head = salvage_head(frames[0]) if frames else Head()
             if head.expects_reply:
-                message = f"say Hello first: {self.name} does not know this connection"
-                if len(frames) != 1 or sum(len(f) for f in frames) > STRANGER_MAX_BYTES:
-                    message += f" ({exc.reason})"
+                message = (
+                    f"say Hello first: {self.name} does not know this connection "
+                    f"({exc.reason[:300]})"
+                )
                 error = Error(code="hello_required", message=message)
                 reply = Envelope(body=error, sender=self.name, reply_to=head.id)
                 self._raw_send(sock, rid, self._codec.encode(reply))
