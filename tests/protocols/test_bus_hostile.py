@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
@@ -28,9 +30,39 @@ def _ipc() -> str:
     return f"ipc://{tempfile.gettempdir()}/parley-test-{os.urandom(4).hex()}"
 
 
-def _nested_observation(depth: int, request_id: int) -> bytes:
-    """An observation request whose ``info`` nests ``depth`` maps (msgpack by hand: the
-    msgpack library itself refuses to pack that deep)."""
+async def _echo(env: Envelope) -> Action:
+    assert isinstance(env.body, Observation)
+    return Action(agent=env.body.agent, text=env.body.text)
+
+
+@contextlib.asynccontextmanager
+async def _arena(
+    config: BusConfig = FAST, *, client: bool = False
+) -> AsyncIterator[tuple[Endpoint, Endpoint, zmq.Socket[bytes]]]:
+    """A bound endpoint ``arena`` that echoes observations, a parley peer ``alice`` (said
+    Hello when ``client``), and a raw DEALER connected to the arena that has said nothing."""
+    server = Endpoint("arena", config=config)
+    alice = Endpoint("alice", config=config)
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 10_000
+    try:
+        server.on(Observation, _echo)
+        address = await server.bind(_ipc())
+        if client:
+            await alice.connect(address)
+        raw.connect(address)
+        yield server, alice, raw
+    finally:
+        raw.close()
+        ctx.term()
+        await alice.close()
+        await server.close()
+
+
+def _observation_with_info(info: bytes, request_id: int) -> bytes:
+    """An observation request whose ``info`` is the MessagePack ``info``, written by hand
+    (the msgpack library refuses to pack what the attacks need)."""
     head = msgpack.packb({"id": request_id, "expects_reply": True, "sender": "raw"})
     assert head[0] == 0x83  # fixmap of 3: add "body" as a 4th entry
     body = (
@@ -42,10 +74,14 @@ def _nested_observation(depth: int, request_id: int) -> bytes:
         + msgpack.packb("text")
         + msgpack.packb("t")
         + msgpack.packb("info")
-        + b"\x81\xa1a" * depth
-        + b"\x80"
+        + info
     )
     return b"\x84" + head[1:] + msgpack.packb("body") + body
+
+
+def _nested_observation(depth: int, request_id: int) -> bytes:
+    """An observation request whose ``info`` nests ``depth`` maps."""
+    return _observation_with_info(b"\x81\xa1a" * depth + b"\x80", request_id)
 
 
 @pytest.mark.parametrize("depth", [1_000, 100_000])
@@ -60,20 +96,7 @@ async def test_deeply_nested_messages_get_bad_message_and_bounded_logs(
     """A flood of deeply nested requests: each is answered ``bad_message`` with its id, the
     receive loop keeps serving a good peer, and the log gets a few lines, not thousands."""
 
-    async def echo(env: Envelope) -> Action:
-        assert isinstance(env.body, Observation)
-        return Action(agent=env.body.agent, text=env.body.text)
-
-    server = Endpoint("arena", config=FAST)
-    client = Endpoint("alice", config=FAST)
-    ctx: zmq.Context[Any] = zmq.Context()
-    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-    raw.linger, raw.rcvtimeo = 0, 10_000
-    try:
-        server.on(Observation, echo)
-        address = await server.bind(_ipc())
-        await client.connect(address)
-        raw.connect(address)
+    async with _arena(client=True) as (server, client, raw):
         hello = {"body": {"kind": "hello", "name": "raw"}, "id": 1, "expects_reply": True}
         raw.send(msgpack.packb(hello))
         assert msgpack.unpackb(await asyncio.to_thread(raw.recv))["body"]["kind"] == "hello"
@@ -108,11 +131,6 @@ async def test_deeply_nested_messages_get_bad_message_and_bounded_logs(
         # One line per second at most (and the first at once), however many arrive.
         assert 1 <= len(warnings) <= elapsed + 2, f"{len(warnings)} lines in {elapsed:.1f} s"
         assert not any(r.levelno >= logging.ERROR for r in caplog.records)
-    finally:
-        raw.close()
-        ctx.term()
-        await client.close()
-        await server.close()
 
 
 def test_salvage_head_never_raises_and_finds_the_id_past_deep_nesting() -> None:
@@ -148,20 +166,8 @@ def test_salvage_head_survives_deeply_nested_keys() -> None:
 
 
 async def test_deeply_nested_keys_do_not_stop_the_receive_loop_or_the_ticker() -> None:
-    async def echo(env: Envelope) -> Action:
-        assert isinstance(env.body, Observation)
-        return Action(agent=env.body.agent, text=env.body.text)
 
-    server = Endpoint("arena", config=FAST)
-    client = Endpoint("alice", config=FAST)
-    ctx: zmq.Context[Any] = zmq.Context()
-    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-    raw.linger, raw.rcvtimeo = 0, 10_000
-    try:
-        server.on(Observation, echo)
-        address = await server.bind(_ipc())
-        await client.connect(address)
-        raw.connect(address)
+    async with _arena(client=True) as (server, client, raw):
         for _ in range(50):
             raw.send(_deep_keys_frame())
         await asyncio.sleep(3 * FAST.heartbeat_interval)  # several ticks drain them too
@@ -171,21 +177,10 @@ async def test_deeply_nested_keys_do_not_stop_the_receive_loop_or_the_ticker() -
         assert server._ticker is not None
         assert not server._ticker.done()
         assert server.stats.hello_required == 50  # (a connection that said no Hello)
-    finally:
-        raw.close()
-        ctx.term()
-        await client.close()
-        await server.close()
 
 
 async def test_one_connection_cannot_take_a_second_name() -> None:
-    server = Endpoint("arena", config=FAST)
-    ctx: zmq.Context[Any] = zmq.Context()
-    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-    raw.linger, raw.rcvtimeo = 0, 10_000
-    try:
-        address = await server.bind(_ipc())
-        raw.connect(address)
+    async with _arena() as (server, _, raw):
         for i, name in enumerate(("agent-a", "agent-b")):
             hello = {"body": {"kind": "hello", "name": name}, "id": i + 1, "expects_reply": True}
             raw.send(msgpack.packb(hello))
@@ -194,31 +189,14 @@ async def test_one_connection_cannot_take_a_second_name() -> None:
                 reply = msgpack.unpackb(await asyncio.to_thread(raw.recv))
         assert reply["body"]["code"] == "bad_name"
         assert server.peers == ["agent-a"]
-    finally:
-        raw.close()
-        ctx.term()
-        await server.close()
 
 
 def _wide_observation(n: int, request_id: int) -> bytes:
     """An observation request whose ``info`` holds a list of ``n`` empty lists: one byte on
     the wire each, ~64 bytes of Python list each once decoded (review finding: 7 MiB of
     them decoded to ~630 MB and held the loop 2 s)."""
-    head = msgpack.packb({"id": request_id, "expects_reply": True, "sender": "raw"})
-    body = (
-        b"\x84"
-        + msgpack.packb("kind")
-        + msgpack.packb("observation")
-        + msgpack.packb("agent")
-        + msgpack.packb("raw")
-        + msgpack.packb("text")
-        + msgpack.packb("t")
-        + msgpack.packb("info")
-        + b"\x81\xa1k\xdd"
-        + n.to_bytes(4, "big")
-        + b"\x90" * n
-    )
-    return b"\x84" + head[1:] + msgpack.packb("body") + body
+    info = b"\x81\xa1k\xdd" + n.to_bytes(4, "big") + b"\x90" * n
+    return _observation_with_info(info, request_id)
 
 
 async def test_a_connection_without_hello_cannot_make_the_loop_decode_its_bodies() -> None:
@@ -227,21 +205,9 @@ async def test_a_connection_without_hello_cannot_make_the_loop_decode_its_bodies
     peers that did say Hello are served meanwhile, and nothing large is ever allocated."""
     import tracemalloc
 
-    async def echo(env: Envelope) -> Action:
-        assert isinstance(env.body, Observation)
-        return Action(agent=env.body.agent, text=env.body.text)
-
-    server = Endpoint("arena", config=FAST)
-    client = Endpoint("alice", config=FAST)
-    ctx: zmq.Context[Any] = zmq.Context()
-    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-    raw.linger, raw.rcvtimeo = 0, 10_000
     frame = _wide_observation(4 * 1024 * 1024, 9)
-    try:
-        server.on(Observation, echo)
-        address = await server.bind(_ipc())
-        await client.connect(address)
-        raw.connect(address)
+
+    async with _arena(client=True) as (server, client, raw):
         tracemalloc.start()
         try:
             for _ in range(4):
@@ -258,11 +224,6 @@ async def test_a_connection_without_hello_cannot_make_the_loop_decode_its_bodies
         assert peak < 4 * len(frame), f"{peak / 1e6:.0f} MB allocated for 4 refused messages"
         assert server.stats.hello_required == 4
         assert server.peers == ["alice"]
-    finally:
-        raw.close()
-        ctx.term()
-        await client.close()
-        await server.close()
 
 
 def _request(raw: zmq.Socket[bytes], body: dict[str, Any], rid: int) -> dict[str, Any]:
@@ -278,17 +239,11 @@ async def test_a_peer_holds_a_bounded_set_of_subscriptions_and_a_bounded_name() 
     most ``max_subscriptions`` prefixes of at most 256 characters (review finding: six
     3 MiB ``Subscribe`` requests grew the bound side by 165 MB, all answered ``ok``)."""
     config = BusConfig(heartbeat_interval=0.1, peer_timeout=0.6, max_subscriptions=8)
-    server = Endpoint("arena", config=config)
-    ctx: zmq.Context[Any] = zmq.Context()
-    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-    raw.linger, raw.rcvtimeo = 0, 10_000
-    try:
-        address = await server.bind(_ipc())
-        raw.connect(address)
+    async with _arena(config) as (server, _, raw):
 
         def attack() -> list[tuple[str, str]]:
             hello = {"kind": "hello", "name": "raw"}
-            out = []
+            out: list[tuple[str, str]] = []
             for body in (
                 {**hello, "name": "r" * 201},
                 {**hello, "name": "nul\x00"},
@@ -325,10 +280,6 @@ async def test_a_peer_holds_a_bounded_set_of_subscriptions_and_a_bounded_name() 
                 listener.subscribe("one-too-many", lambda env: asyncio.sleep(0))
         finally:
             await listener.close()
-    finally:
-        raw.close()
-        ctx.term()
-        await server.close()
 
 
 async def test_errors_a_peer_sends_are_logged_at_a_bounded_rate_and_length(
@@ -336,13 +287,7 @@ async def test_errors_a_peer_sends_are_logged_at_a_bounded_rate_and_length(
 ) -> None:
     """A peer's one-way ``Error`` bodies are logged at most once a second, cut short
     (review finding: 20,000 of them with 2 KB messages grew the log by 41 MB)."""
-    server = Endpoint("arena", config=FAST)
-    ctx: zmq.Context[Any] = zmq.Context()
-    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-    raw.linger, raw.rcvtimeo = 0, 10_000
-    try:
-        address = await server.bind(_ipc())
-        raw.connect(address)
+    async with _arena() as (_, _, raw):
         await asyncio.to_thread(_request, raw, {"kind": "hello", "name": "raw"}, 1)
         error = {"body": {"kind": "error", "code": "boom", "message": "m" * 2_000}}
         with caplog.at_level(logging.WARNING, logger="parley.protocols.bus"):
@@ -355,10 +300,6 @@ async def test_errors_a_peer_sends_are_logged_at_a_bounded_rate_and_length(
         lines = [r.getMessage() for r in caplog.records if "sent error boom" in r.getMessage()]
         assert 1 <= len(lines) <= elapsed + 2, f"{len(lines)} lines in {elapsed:.1f} s"
         assert all(len(line) < 600 for line in lines)
-    finally:
-        raw.close()
-        ctx.term()
-        await server.close()
 
 
 @pytest.mark.parametrize("interval", [float("inf"), float("nan"), 1e9, -1.0])
@@ -367,17 +308,7 @@ async def test_no_announced_heartbeat_interval_makes_a_silent_peer_immortal(
 ) -> None:
     """A peer's ``Hello`` stretches its timeout by its announced heartbeat interval, up to
     60 s: ``inf`` made a peer that went silent keep its name (its seat) for ever."""
-    server = Endpoint("arena", config=FAST)
-    ctx: zmq.Context[Any] = zmq.Context()
-    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-    raw.linger, raw.rcvtimeo = 0, 10_000
-    try:
-        address = await server.bind(_ipc())
-        raw.connect(address)
+    async with _arena() as (server, _, raw):
         hello = {"kind": "hello", "name": "raw", "heartbeat_interval": interval}
         assert (await asyncio.to_thread(_request, raw, hello, 1))["body"]["kind"] == "hello"
         assert server._links["raw"].timeout <= 2.5 * 60.0
-    finally:
-        raw.close()
-        ctx.term()
-        await server.close()
