@@ -220,6 +220,20 @@ class TrainConfig:
                     f"stage {stage.name!r}: restart.reinit names whole-model policies "
                     f"(of {self.policies}, without lora), got {rule.reinit}"
                 )
+        scored = self.agent.temperature if self.agent.temperature > 0 else 1.0
+        if self.pg.temperature != scored:  # (greedy rows' logprobs are temperature 1's)
+            raise ConfigError(
+                f"pg.temperature is {self.pg.temperature} but the agents sample at "
+                f"agent.temperature {self.agent.temperature}: set pg.temperature to {scored} "
+                "(the trainer scores tokens at the temperature they were sampled at; a "
+                "mismatch makes every importance ratio wrong, silently)"
+            )
+        try:
+            from parley.scenarios.shaping import load_shaping
+
+            load_shaping(self.shaping)  # (a bad key named now, not at the first batch)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"shaping: {exc}") from None
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r}: choose one of {sorted(PRECISIONS)}")
         for stage in self.stages:

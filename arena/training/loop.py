@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -261,6 +262,13 @@ class _Run:
     bar_done: int = 0  # the bar's updates of the stage attempts finished so far
     bar_total: int = 0  # ... and of every stage, restarts included
 
+    @functools.cached_property
+    def shaping(self) -> dict[str, Any]:
+        """The per-seat :class:`ShapingConfig` of ``config.shaping`` (read once)."""
+        from parley.scenarios.shaping import load_shaping
+
+        return load_shaping(self.config.shaping)
+
     async def stages(self) -> None:
         """The stages in order, each from the weights the previous one left. A stalled
         stage whose ``restart`` rule fires sends the run back to ``restart.back_to``, every
@@ -444,7 +452,9 @@ class _Run:
         sampler_config = dataclasses.replace(self.config.sampler, seed=seed)
         # A sample's age counts the learners' actions, in the pool's version numbering.
         version, learning = self.trainer.version, stage.train
-        sampler = AsyncSampler(runner, sampler_config, version=version, policies=learning)
+        sampler = AsyncSampler(
+            runner, sampler_config, version=version, policies=learning, seats=learners
+        )
         return runner, sampler, learners
 
     def _read_batch(
@@ -457,7 +467,7 @@ class _Run:
         samples = [
             s
             for record in batch.records
-            for s in samples_from_record(record, log=self.log, shaping=self.config.shaping)
+            for s in samples_from_record(record, log=self.log, shaping=self.shaping)
             if s.key.role in learners
         ]
         limit, start = self.config.sampler.staleness, sampler.start_version

@@ -190,3 +190,35 @@ def test_histogram_counts_by_age() -> None:
     assert batch.staleness == [0, 2, 0, 1]
     assert batch.staleness_histogram() == [2, 1, 1]
     assert np.sum(batch.staleness_histogram()) == 4
+
+
+@pytest.mark.timeout(60)
+async def test_only_the_learners_seats_age_an_episode() -> None:
+    """A seat that only plays can tag its actions with the learner's policy name (a frozen
+    copy served under that name, or a remote agent forging its records): counted by name
+    alone, its version-0 records made every episode stale from v1 on and stopped training
+    (found by review). Counted by seat, they are ignored."""
+    clock = Clock()
+    runner = _runner(clock)  # both seats tag their actions "learner"
+    original = VersionedTrader.act
+
+    async def forged_act(self: VersionedTrader, observation: Observation) -> Action:
+        action = await original(self, observation)
+        if observation.agent == "player_1":
+            action.tokens[0].policy_version = -7  # any version older than the trainer's
+        return action
+
+    VersionedTrader.act = forged_act  # type: ignore[method-assign]
+    try:
+        config = SamplerConfig(batch_size=4, staleness=0, concurrency=8)
+        by_seat = AsyncSampler(runner, config, policies={"learner"}, seats={"player_0"})
+        async with runner.open():
+            await _train(by_seat, clock, 4)
+        assert by_seat.dropped_stale == 0
+        clock.version = 0
+        by_name = AsyncSampler(runner, config, policies={"learner"})
+        async with runner.open():
+            with pytest.raises(SamplerError, match="older than S"):
+                await _train(by_name, clock, 4)
+    finally:
+        VersionedTrader.act = original  # type: ignore[method-assign]
