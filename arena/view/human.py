@@ -1,16 +1,18 @@
 """A person plays a seat in the browser (``--agents human``), or at the terminal
 (``--agents human:tty``).
 
-``human`` starts one small web server per process, bound to 127.0.0.1 (options
-``-o human_host=...``, ``-o human_port=8765``; default: a free port), and prints its page's
-URL, which carries a secret token: every request must present it, so another local user or
-a web page in the same browser cannot read a seat's private observation or play a move.
-Each episode a human seat is in shows up on that page as a game: the scenario's rules and
-action syntax (the system prompt an LLM in the seat would get), every observation the seat
-got, the action constraint when the scenario gives one (choices become buttons), and the
-scenario's reason when the previous move was invalid. The episode is run and recorded like
-any other. A person is slower than an agent: ``parley run`` gives a run with a human seat 30
-minutes a move unless ``--act-timeout`` says otherwise; play with ``--concurrency 1``.
+``human`` starts one small web server per process, bound to 127.0.0.1 (options ``-o
+human_host=...``, ``-o human_port=8765``; default: a free port), and prints one URL per
+human seat, each with its own secret token: every request must present it, and a token
+shows and plays only its own seat, so another local user, a web page in the same browser,
+or the person in another human seat cannot read a seat's private observation or play its
+move. Each episode a human seat is in shows up on that seat's page as a game: the
+scenario's rules and action syntax (the system prompt an LLM in the seat would get), every
+observation the seat got, the action constraint when the scenario gives one (choices become
+buttons), and the scenario's reason when the previous move was invalid. The episode is run
+and recorded like any other. A person is slower than an agent: ``parley run`` gives a run
+with a human seat 30 minutes a move unless ``--act-timeout`` says otherwise; play with
+``--concurrency 1``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from aiohttp import web
 
 from parley.agents.base import Agent
 from parley.agents.human import TerminalHuman, describe_constraint
+from parley.arena.inference.http_guard import guard, http_is_loopback
 from parley.arena.run.agent_specs import AgentSource, SeatContext
 from parley.arena.view.html import CSP, esc
 from parley.protocols.errors import ConfigError
@@ -77,16 +80,31 @@ class HumanHub:
     starts on the event loop of the first move."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.token = secrets.token_urlsafe(18)
         self.sock = socket.create_server((host, port))
         bound = self.sock.getsockname()
-        self.url = f"http://{host}:{bound[1]}/?token={self.token}"
+        self.base = f"http://{host}:{bound[1]}/"
+        self.loopback_only = http_is_loopback(host, bound[1])
+        self.tokens: dict[str, str] = {}  # token -> the seat it shows and plays
         self.games: dict[str, Game] = {}
         self._ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._changed: asyncio.Condition | None = None
         self.version = 0
+
+    def url_for(self, seat: str) -> str:
+        """The page of ``seat`` (its token made, and the URL printed, on first use)."""
+        token = next((t for t, known in self.tokens.items() if known == seat), None)
+        if token is None:
+            token = secrets.token_urlsafe(18)
+            self.tokens[token] = seat
+            print(
+                f"human seat {seat}: open {self.base}?token={token}\n  (one episode at a "
+                "time is easier to follow: --concurrency 1)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return f"{self.base}?token={token}"
 
     async def ensure_started(self) -> None:
         loop = asyncio.get_running_loop()
@@ -116,23 +134,32 @@ class HumanHub:
             async with self._changed:
                 self._changed.notify_all()
 
-    def state(self) -> dict[str, Any]:
-        live = [g for g in self.games.values() if not g.done]
-        finished = [g for g in self.games.values() if g.done][-5:]
+    def state(self, seat: str | None = None) -> dict[str, Any]:
+        """The games of ``seat`` (None: every seat's), live ones and the last 5 finished."""
+        games = [g for g in self.games.values() if seat is None or g.seat == seat]
+        live = [g for g in games if not g.done]
+        finished = [g for g in games if g.done][-5:]
         return {"version": self.version, "games": [g.as_json() for g in live + finished]}
 
-    def _authorised(self, request: web.Request, given: str | None = None) -> None:
-        token = given if given is not None else request.query.get("token", "")
-        if not secrets.compare_digest(str(token).encode(), self.token.encode()):
+    def _seat(self, request: web.Request, given: str | None = None) -> str:
+        """The seat whose token the request presents; 403 without a valid one."""
+        token = str(given if given is not None else request.query.get("token", "")).encode()
+        found = None
+        for known, seat in self.tokens.items():  # (every one compared: constant time)
+            if secrets.compare_digest(token, known.encode()):
+                found = seat
+        if found is None:
             raise web.HTTPForbidden(text="this page needs the URL the run printed (token)")
+        return found
 
     def _app(self) -> web.Application:
         app = web.Application(
-            client_max_size=4 * MAX_ACTION_CHARS + 4096, middlewares=[_one_request_per_connection]
+            client_max_size=4 * MAX_ACTION_CHARS + 4096,
+            middlewares=[guard(loopback_only=self.loopback_only), _one_request_per_connection],
         )
 
         async def page(request: web.Request) -> web.Response:
-            self._authorised(request)
+            self._seat(request)
             return web.Response(text=PAGE, content_type="text/html", headers=_HEADERS)
 
         async def script(request: web.Request) -> web.Response:
@@ -142,7 +169,7 @@ class HumanHub:
             return web.Response(body=asset(name), content_type=_ASSETS[request.path])
 
         async def state(request: web.Request) -> web.Response:
-            self._authorised(request)
+            seat = self._seat(request)
             try:
                 since = int(request.query.get("since", "-1"))
             except ValueError:
@@ -154,17 +181,19 @@ class HumanHub:
                         await asyncio.wait_for(
                             self._changed.wait_for(lambda: self.version > since), POLL_S
                         )
-            return web.json_response(self.state(), headers=_HEADERS)
+            return web.json_response(self.state(seat), headers=_HEADERS)
 
         async def act(request: web.Request) -> web.Response:
             try:
                 body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 raise web.HTTPBadRequest(text="send JSON: {token, game, text}") from None
             if not isinstance(body, dict):
                 raise web.HTTPBadRequest(text="send JSON: {token, game, text}")
-            self._authorised(request, str(body.get("token", "")))
+            seat = self._seat(request, str(body.get("token", "")))
             game = self.games.get(str(body.get("game", "")))
+            if game is not None and game.seat != seat:
+                game = None  # another seat's game: as if it did not exist
             text = body.get("text")
             if not isinstance(text, str) or len(text) > MAX_ACTION_CHARS:
                 raise web.HTTPBadRequest(
@@ -213,16 +242,11 @@ _hub: HumanHub | None = None
 
 
 def hub(host: str = "127.0.0.1", port: int = 0) -> HumanHub:
-    """The process's human-seat server (made, and its URL printed, on first use)."""
+    """The process's human-seat server (made on first use; each seat's page URL is printed
+    by :meth:`HumanHub.url_for`)."""
     global _hub
     if _hub is None:
         _hub = HumanHub(host, port)
-        print(
-            f"human seat: open {_hub.url}\n  (one episode at a time is easier to follow: "
-            "--concurrency 1)",
-            file=sys.stderr,
-            flush=True,
-        )
     return _hub
 
 
@@ -293,4 +317,5 @@ def resolve_human(arg: str, seat: SeatContext) -> AgentSource:
         server = hub(host, port)
     except (ValueError, OSError) as exc:
         raise ConfigError(f"human seat: cannot listen on {host}: {exc}") from exc
+    server.url_for(seat.seat)  # (prints the seat's page)
     return lambda: BrowserHuman(seat.seat, seat.scenario, rules, server)

@@ -103,7 +103,7 @@ def test_a_person_plays_deal_or_no_deal_in_the_browser(
     seat = resolve_agent_spec("human", SeatContext(SCENARIO, "player_0"))
     config = RunConfig(SCENARIO, episodes=1, out=str(tmp_path), progress=False, act_timeout=60)
     run = loop.submit(lambda: Runner(config, agents={"player_0": seat}).run())  # type: ignore[dict-item]
-    page.goto(server.url)
+    page.goto(server.url_for("player_0"))
     moves: list[str] = []
     told_invalid = False
     deadline = time.monotonic() + 90
@@ -210,7 +210,7 @@ def test_the_seat_page_shows_a_hostile_partner_as_text(
         act_timeout=60,
     )
     run = loop.submit(lambda: Runner(config, agents={"player_0": seat}).run())  # type: ignore[dict-item]
-    page.goto(server.url)
+    page.goto(server.url_for("player_0"))
     saw_payload = False
     deadline = time.monotonic() + 60
     while not run.done() and time.monotonic() < deadline:

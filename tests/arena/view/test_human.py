@@ -83,9 +83,9 @@ async def _state(s: aiohttp.ClientSession, base: str, token: str, since: int) ->
 
 
 async def test_browser_seat_api_plays_and_records_an_episode(tmp_path: Path) -> None:
-    server = human.hub()  # the process's page (the run would print its URL)
-    base, token = server.url.split("/?token=")
+    server = human.hub()  # the process's page server
     seat = resolve_agent_spec("human", SeatContext(SCENARIO, "player_1"))
+    base, token = server.url_for("player_1").split("/?token=")  # (the URL the run printed)
     config = RunConfig(SCENARIO, episodes=1, out=str(tmp_path), progress=False, act_timeout=30)
     run = asyncio.create_task(Runner(config, agents={"player_1": seat}).run())  # type: ignore[dict-item]
     moves: list[str] = []
@@ -162,3 +162,59 @@ def test_a_run_with_a_human_seat_gives_a_person_time() -> None:
     assert timeout(["scripted", "human"]) == HUMAN_ACT_TIMEOUT
     assert timeout(["human:tty", "scripted"], act_timeout=90.0) == 90.0
     assert timeout(["scripted", "scripted"]) == 60.0
+
+
+async def test_each_human_seat_has_its_own_page_and_no_other(tmp_path: Path) -> None:
+    """Two human seats in one process: each token shows and plays only its own seat (one
+    token for the process showed each person the other's private values and let them move
+    for the other; found by review), and the page's server has the viewer's guards."""
+    server = human.hub()
+    seats = {
+        s: resolve_agent_spec("human", SeatContext(SCENARIO, s)) for s in ("player_0", "player_1")
+    }
+    base, _ = server.url_for("player_0").split("/?token=")
+    tokens = {s: server.url_for(s).split("/?token=")[1] for s in seats}
+    assert tokens["player_0"] != tokens["player_1"]
+    config = RunConfig(SCENARIO, episodes=1, out=str(tmp_path), progress=False, act_timeout=30)
+    run = asyncio.create_task(Runner(config, agents=seats).run())  # type: ignore[arg-type]
+    played: dict[str, list[str]] = {s: [] for s in seats}
+    checked = False
+    async with aiohttp.ClientSession() as s:
+        while not run.done():
+            await asyncio.sleep(0.05)
+            for seat, token in tokens.items():
+                state = await _state(s, base, token, -1)
+                assert {g["seat"] for g in state["games"]} <= {seat}
+                games = [g for g in state["games"] if g["waiting"]]
+                if not games:
+                    continue
+                game = games[0]
+                other = tokens["player_1" if seat == "player_0" else "player_0"]
+                if not checked:  # the other seat's token cannot move here
+                    steal = {"token": other, "game": game["id"], "text": "<selection>"}
+                    async with s.post(f"{base}/api/act", json=steal) as r:
+                        assert r.status == 409
+                    async with s.get(server.url_for(seat), headers={"Host": "evil.example"}) as r:
+                        assert r.status == 421
+                    body = json.dumps({"token": token, "game": game["id"], "text": "x"})
+                    async with s.post(f"{base}/api/act", data=body) as r:  # text/plain
+                        assert r.status == 415
+                    deep = "[" * 5_000
+                    headers = {"Content-Type": "application/json"}
+                    async with s.post(f"{base}/api/act", data=deep, headers=headers) as r:
+                        assert r.status == 400
+                    checked = True
+                if game["constraint"]:
+                    move = give_all(counts(game["history"][0]["text"]))
+                else:
+                    move = "<selection>"
+                act = {"token": token, "game": game["id"], "text": move}
+                async with s.post(f"{base}/api/act", json=act) as r:
+                    assert r.status == 200, await r.text()
+                played[seat].append(move)
+        await run
+    assert checked
+    (ep,) = [json.loads(line) for line in (tmp_path / "transcripts.jsonl").open()]
+    for seat, moves in played.items():
+        assert [st["actions"][seat] for st in ep["steps"] if seat in st["actions"]] == moves
+    await server.close()
