@@ -14,7 +14,7 @@ import math
 import os
 import re
 import threading
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,9 +138,9 @@ def load_jsonl(path: Path | None) -> list[dict[str, Any]]:
         for line in f:
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:  # a line being written, or a damaged one
+            except (ValueError, RecursionError):  # a line being written, a damaged one
                 continue
-            if isinstance(row, dict):
+            if isinstance(row, dict) and _sane(row):
                 rows.append(row)
     with _cache_lock:
         _cache[path] = (stamp, rows)
@@ -148,6 +148,29 @@ def load_jsonl(path: Path | None) -> list[dict[str, Any]]:
         while len(_cache) > _CACHE_FILES:
             _cache.popitem(last=False)
     return rows
+
+
+_ROW_INTS = ("task", "trial", "update", "episodes")
+_ROW_MAPS = ("metrics", "returns", "agents", "infos", "actions")
+
+
+def _sane(row: Mapping[str, Any]) -> bool:
+    """Whether the fields the pages read have the types they expect: a row written by
+    something else (or by hand) is skipped like a damaged line, so that one bad line in a
+    run folder cannot break the pages of every run."""
+    for key in _ROW_INTS:
+        value = row.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10**9:
+            return False
+    if any(not isinstance(row.get(key, {}), Mapping) for key in _ROW_MAPS):
+        return False
+    steps = row.get("steps", [])
+    return isinstance(steps, list) and all(
+        isinstance(step, Mapping)
+        and isinstance(step.get("actions", {}), Mapping)
+        and isinstance(step.get("infos", {}), Mapping)
+        for step in steps
+    )
 
 
 def finite(value: Any) -> Any:
@@ -168,7 +191,7 @@ def read_json(path: Path | None) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -232,11 +255,16 @@ def metric_table(episodes: Sequence[Mapping[str, Any]]) -> list[MetricRow]:
 def pass_k(episodes: Sequence[Mapping[str, Any]]) -> dict[int, float]:
     """pass^k from the ``success`` metric, k = 1..trials (empty without ``success``)."""
     per_task: dict[int, list[float]] = defaultdict(list)
+    played: Counter[int] = Counter()  # episodes per task, failed ones included
     trials = 0
     for ep in episodes:
         trials = max(trials, int(ep.get("trial", 0)) + 1)
-        if ep.get("status") == "ok" and "success" in (ep.get("metrics") or {}):
-            per_task[int(ep.get("task", 0))].append(float(ep["metrics"]["success"]))
+        played[int(ep.get("task", 0))] += 1
+        success = (ep.get("metrics") or {}).get("success")
+        if ep.get("status") == "ok" and isinstance(success, int | float):
+            per_task[int(ep.get("task", 0))].append(float(success))
+    # (k goes no further than the trials a task has rows for, whatever a row's number says)
+    trials = min(trials, max(played.values(), default=0))
     return pass_hat_k_curve(per_task, trials) if per_task else {}
 
 

@@ -26,7 +26,7 @@ def _action_html(text: str) -> str:
     if stripped.startswith("{") and "tool" in stripped:
         try:
             move = json.loads(stripped)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # (a move nested too deeply: shown as text)
             move = None
         if isinstance(move, dict):
             return _tool_move_html(move)

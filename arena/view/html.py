@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, urlencode
 
 __all__ = ["CSP", "Links", "esc", "num", "page", "pm"]
@@ -37,13 +38,19 @@ def num(value: object, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def pm(mean: float | None, ci: float | None, digits: int = 3) -> str:
-    """``mean ± ci`` (just the mean when the interval is unknown)."""
-    if mean is None or not math.isfinite(mean):
+def pm(mean: Any, ci: Any, digits: int = 3) -> str:
+    """``mean ± ci`` (just the mean when the interval is unknown; "-" without a mean: a
+    value read from a file may be anything)."""
+    if not _real(mean):
         return "-"
-    if ci is None or not math.isfinite(ci):
+    if not _real(ci):
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} ± {ci:.{digits}f}"
+
+
+def _real(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)

@@ -53,14 +53,14 @@ def run_info(src: Source) -> dict[str, Any]:
             "headline": f"{len(rows)} updates" + ("" if summary else " (running)"),
         }
     summary = read_json(src.file("summary.json"))
-    episodes = summary.get("episodes") or {}
+    episodes = _map(summary.get("episodes"))
     if not summary:
         eps = load_jsonl(src.file("transcripts.jsonl"))
         first = eps[0] if eps else {}
         summary = {"scenario": first.get("scenario", ""), "agents": first.get("agents", {})}
         failed = sum(1 for e in eps if e.get("status") == "failed")
         episodes = {"total": len(eps), "ok": len(eps) - failed, "failed": failed}
-    metrics = summary.get("metrics") or {}
+    metrics = {k: v for k, v in _map(summary.get("metrics")).items() if isinstance(v, Mapping)}
     names = [m for m in HEADLINE if m in metrics] or sorted(metrics)[:2]
     headline = ", ".join(
         f"{name} {pm(metrics[name].get('mean'), metrics[name].get('ci95'))}" for name in names[:3]
@@ -75,6 +75,11 @@ def run_info(src: Source) -> dict[str, Any]:
         "episodes": f"{episodes.get('total', '?')} ({episodes.get('failed', 0)} failed)",
         "headline": headline,
     }
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else empty (summary.json may hold anything)."""
+    return value if isinstance(value, Mapping) else {}
 
 
 def _date(path: Any) -> str:

@@ -182,13 +182,18 @@ def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Applica
     return app
 
 
+MAX_LINE_BYTES = 4 << 20
+"""Longest metrics.jsonl line the live feed reads; a longer one is skipped (a row is a few
+KB: re-splitting a line of 100 MB as it arrived held the server for seconds)."""
+
+
 async def _train_events(request: web.Request, src: Source) -> web.StreamResponse:
     """Every metrics.jsonl row as an SSE ``message`` (old rows first, then new ones as they
     are written), and ``summary`` once summary.json appears (the run is over)."""
     headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     response = web.StreamResponse(headers={**headers, "Content-Security-Policy": CSP})
     await response.prepare(request)
-    offset, pending, sent_summary, idle = 0, b"", False, 0.0
+    offset, pending, sent_summary, idle, skipping = 0, b"", False, 0.0, False
     while request.transport is not None and not request.transport.is_closing():
         path = src.file("metrics.jsonl")
         chunk = b""
@@ -197,13 +202,20 @@ async def _train_events(request: web.Request, src: Source) -> web.StreamResponse
                 f.seek(offset)
                 chunk = f.read(1 << 20)
             offset += len(chunk)
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
+        lines: list[bytes] = []
+        if b"\n" in chunk:
+            *lines, pending = (pending + chunk).split(b"\n")
+        else:
+            pending += chunk
+        if skipping and lines:
+            lines, skipping = lines[1:], False  # (the rest of the overlong line)
+        if len(pending) > MAX_LINE_BYTES:  # no row is that long: skip to the next newline
+            pending, skipping = b"", True
         out = []
         for line in lines:
             try:
                 row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (ValueError, RecursionError):
                 continue
             if isinstance(row, dict):
                 out.append(f"data: {json.dumps(finite(row))}\n\n")
@@ -211,7 +223,7 @@ async def _train_events(request: web.Request, src: Source) -> web.StreamResponse
         if summary is not None and not sent_summary and not chunk:
             try:
                 data = json.loads(summary.read_text(errors="replace"))
-            except json.JSONDecodeError:  # being written: next poll
+            except (ValueError, RecursionError):  # being written: next poll
                 data = None
             if isinstance(data, dict):
                 out.append(f"event: summary\ndata: {json.dumps(finite(data))}\n\n")
@@ -223,6 +235,7 @@ async def _train_events(request: web.Request, src: Source) -> web.StreamResponse
         if out:
             await response.write("".join(out).encode())
         if len(chunk) == 1 << 20:
+            await asyncio.sleep(0)  # (more to read at once; other requests first)
             continue
         await asyncio.sleep(POLL_S)
     return response

@@ -1,0 +1,91 @@
+"""A run folder written by something else: one bad line or field must not take down the
+pages of every run (found by review: a move nested 1,200 deep, ``"mean": "x"`` in a
+summary, a ``trial`` of 10**9 each made the index or a run page fail, or ran out of
+memory)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from parley.arena.view.server import export_static, start
+from tests.arena.view.conftest import episode, write_run
+
+DEEP_MOVE = '{"tool_calls": ' + "[" * 1_200 + "]" * 1_200 + "}"
+STEP = {"turn": 0, "observations": {"a": "hi"}, "actions": {"a": DEEP_MOVE}, "infos": {}}
+
+POISONS: dict[str, tuple[list[dict], dict | None, str]] = {
+    # name: (transcripts, summary.json, a raw line appended to transcripts.jsonl)
+    "deep-line": ([episode("t1")], None, "[" * 100_000),
+    "mean-is-text": ([episode("t1")], {"scenario": "x", "metrics": {"m": {"mean": "x"}}}, ""),
+    "episodes-is-a-list": ([episode("t1")], {"scenario": "x", "episodes": [1]}, ""),
+    "metric-is-a-number": ([episode("t1")], {"metrics": {"m": 3}}, ""),
+    "trial-is-text": ([episode("t1"), episode("t2", trial="x")], None, ""),
+    "steps-of-text": ([episode("t1"), episode("t2", steps=["x"])], None, ""),
+    "trial-of-a-billion": ([episode("t1"), episode("t2", trial=10**9)], None, ""),
+    "deep-move": ([episode("t1", steps=[STEP])], None, ""),
+}
+
+
+def _poisoned(root: Path) -> Path:
+    write_run(root / "good", [episode("t1"), episode("t2", trial=1)])
+    for name, (episodes, summary, raw) in POISONS.items():
+        folder = write_run(root / name, episodes, summary)
+        if raw:
+            with (folder / "transcripts.jsonl").open("a") as f:
+                f.write(raw + "\n")
+    return root
+
+
+async def _get(s: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    async with s.get(url) as r:
+        return r.status, await r.text()
+
+
+@pytest.mark.timeout(120)
+async def test_every_page_of_every_run_answers_despite_poisoned_folders(tmp_path: Path) -> None:
+    runner, url = await start([_poisoned(tmp_path)])
+    try:
+        async with aiohttp.ClientSession() as s:
+            status, index = await _get(s, url)
+            assert status == 200
+            assert all(f"/run/{name}" in index for name in [*POISONS, "good"])
+            for name in [*POISONS, "good"]:
+                started = time.monotonic()
+                for page in ("", "/episodes", "/episode/t1"):
+                    status, text = await _get(s, f"{url}run/{name}{page}")
+                    assert status == 200, (name, page, text[:300])
+                assert time.monotonic() - started < 20, name  # (a billion trials: minutes)
+            status, text = await _get(s, f"{url}run/deep-move/episode/t1")
+            assert "tool_calls" in text  # the move, shown as text
+    finally:
+        await runner.cleanup()
+    export_static([tmp_path], tmp_path / "site")
+    assert (tmp_path / "site" / "index.html").exists()
+
+
+@pytest.mark.timeout(60)
+async def test_the_live_training_feed_skips_an_overlong_line(tmp_path: Path) -> None:
+    """A metrics.jsonl line of 6 MB is skipped whole; the rows after it still arrive."""
+    train = tmp_path / "t"
+    train.mkdir()
+    rows = [{"update": 1, "x": 0.5}, {"update": 2, "big": "y" * (6 << 20)}, {"update": 3}]
+    (train / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runner, url = await start([tmp_path])
+    got: list[int] = []
+    try:
+        async with aiohttp.ClientSession() as s, s.get(url + "train/t/events") as r:
+            async for raw in r.content:
+                line = raw.decode().rstrip("\n")
+                if line.startswith("data: "):
+                    got.append(json.loads(line[6:])["update"])
+                    if got[-1] == 3:
+                        r.close()
+                        break
+    finally:
+        await runner.cleanup()
+    assert got == [1, 3]
