@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -59,6 +60,10 @@ def asset(name: str) -> bytes:
     return resources.files("parley.arena.view").joinpath("static", name).read_bytes()
 
 
+RESCAN_S = 1.0
+"""Least time between two re-scans of the folders for an unknown run id."""
+
+
 class ViewerState:
     """The folders given to ``parley view`` and the runs found in them (re-scanned when an
     id is not found, so runs started after the server appear)."""
@@ -66,13 +71,19 @@ class ViewerState:
     def __init__(self, roots: Sequence[Path]) -> None:
         self.roots = [Path(r) for r in roots]
         self.sources: dict[str, Source] = discover(self.roots)
+        self._scanned = time.monotonic()
 
     def rescan(self) -> dict[str, Source]:
         self.sources = discover(self.roots)
+        self._scanned = time.monotonic()
         return self.sources
 
     def get(self, sid: str, kind: str) -> Source:
-        src = self.sources.get(sid) or self.rescan().get(sid)
+        src = self.sources.get(sid)
+        # An unknown id re-scans the folders at most once a second: a page asking for
+        # made-up ids made every request walk every folder, on the event loop.
+        if src is None and time.monotonic() - self._scanned >= RESCAN_S:
+            src = self.rescan().get(sid)
         if src is None or src.kind != kind:
             raise web.HTTPNotFound(text=f"no {kind} with id {sid!r}")
         return src

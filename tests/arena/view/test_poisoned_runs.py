@@ -89,3 +89,29 @@ async def test_the_live_training_feed_skips_an_overlong_line(tmp_path: Path) -> 
     finally:
         await runner.cleanup()
     assert got == [1, 3]
+
+
+def test_unknown_ids_rescan_the_folders_at_most_once_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiohttp import web
+
+    from parley.arena.view import server
+
+    write_run(tmp_path / "good", [episode("t1")])
+    state = server.ViewerState([tmp_path])
+    scans = 0
+    real = server.discover
+
+    def counting(roots: list[Path]) -> dict:
+        nonlocal scans
+        scans += 1
+        return real(roots)
+
+    monkeypatch.setattr(server, "discover", counting)
+    state._scanned -= server.RESCAN_S  # (as if the start were a second ago)
+    for i in range(200):
+        with pytest.raises(web.HTTPNotFound):
+            state.get(f"made-up-{i}", "run")
+    assert scans == 1
+    assert state.get("good", "run").id == "good"  # known ids need no scan
