@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,30 +13,34 @@ pytest.importorskip("torch")
 from parley.arena.training.loop import load_train_config, train
 
 
+def _self_play(model: Path, out: Path, updates: int, **fields: Any) -> dict[str, Any]:
+    """A train config: one policy playing both seats of simple-trade-v0, ``updates`` updates."""
+    return {
+        "scenario": "negotiation/simple-trade-v0",
+        "scenario_kwargs": {"max_turns": 2},
+        "model": str(model),
+        "policies": ["shared"],
+        "agent": {"max_tokens": 6, "system_prompt": True},
+        "sampler": {"batch_size": 4, "staleness": 1, "concurrency": 8},
+        "pg": {"estimator": "reinforce", "grouping": "role", "lr": 1e-4},
+        "stages": [
+            {
+                "name": "self-play",
+                "agents": {"player_0": "policy:shared", "player_1": "policy:shared"},
+                "train": ["shared"],
+                "max_updates": updates,
+            }
+        ],
+        "out": str(out),
+        "progress": False,
+        **fields,
+    }
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_self_play_simple_trade_logs_per_role_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
-    config = load_train_config(
-        data={
-            "scenario": "negotiation/simple-trade-v0",
-            "scenario_kwargs": {"max_turns": 2},
-            "model": str(tiny_model_dir),
-            "policies": ["shared"],
-            "agent": {"max_tokens": 6, "system_prompt": True},
-            "sampler": {"batch_size": 4, "staleness": 1, "concurrency": 8},
-            "pg": {"estimator": "reinforce", "grouping": "role", "lr": 1e-4},
-            "stages": [
-                {
-                    "name": "self-play",
-                    "agents": {"player_0": "policy:shared", "player_1": "policy:shared"},
-                    "train": ["shared"],
-                    "max_updates": 3,
-                }
-            ],
-            "out": str(tmp_path / "run"),
-            "progress": False,
-        }
-    )
+    config = load_train_config(data=_self_play(tiny_model_dir, tmp_path / "run", 3))
     result = train(config)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert len(rows) == 3
@@ -123,28 +128,10 @@ def test_the_trainer_scores_at_the_temperature_the_agents_sample_at() -> None:
 def test_a_shaped_run_trains(tiny_model_dir: Path, tmp_path: Path) -> None:
     """``shaping:`` reaches the samples as ShapingConfigs (it crashed the first batch with
     "'dict' object has no attribute 'weigh'"; found by review)."""
-    config = load_train_config(
-        data={
-            "scenario": "negotiation/simple-trade-v0",
-            "scenario_kwargs": {"max_turns": 2},
-            "model": str(tiny_model_dir),
-            "policies": ["shared"],
-            "agent": {"max_tokens": 4, "system_prompt": False},
-            "sampler": {"batch_size": 2, "staleness": 0, "concurrency": 2},
-            "pg": {"estimator": "reinforce", "grouping": "role", "lr": 1e-4},
-            "shaping": {"*": {"alpha": 0.5}, "player_1": {"alpha": 1.0}},
-            "stages": [
-                {
-                    "name": "self-play",
-                    "agents": {"player_0": "policy:shared", "player_1": "policy:shared"},
-                    "train": ["shared"],
-                    "max_updates": 1,
-                }
-            ],
-            "out": str(tmp_path / "run"),
-            "progress": False,
-        }
-    )
+    shaping = {"*": {"alpha": 0.5}, "player_1": {"alpha": 1.0}}
+    sampler = {"batch_size": 2, "staleness": 0, "concurrency": 2}
+    data = _self_play(tiny_model_dir, tmp_path / "run", 1, shaping=shaping, sampler=sampler)
+    config = load_train_config(data=data)
     train(config)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert len(rows) == 1
