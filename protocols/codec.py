@@ -15,14 +15,25 @@ A :class:`Codec` is not thread-safe: give each socket (each event loop) its own.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from typing import Any, TypeAlias
+from collections.abc import Collection, Sequence
+from typing import Any, TypeAlias, Union, cast
 
 import msgspec
 import numpy as np
 
 from parley.protocols.errors import ProtocolError
-from parley.protocols.messages import SCHEMA_VERSION, Bye, Envelope, Heartbeat, Hello
+from parley.protocols.messages import (
+    BODY_TYPES,
+    SCHEMA_VERSION,
+    Bye,
+    Envelope,
+    Error,
+    Heartbeat,
+    Hello,
+    Ok,
+    Subscribe,
+    kind_of,
+)
 
 __all__ = [
     "Codec",
@@ -32,6 +43,7 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_ZERO_COPY_BYTES",
     "STRANGER_MAX_BYTES",
+    "SESSION_KINDS",
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -43,6 +55,12 @@ DEFAULT_ZERO_COPY_BYTES = 64 * 1024
 STRANGER_MAX_BYTES = 64 * 1024
 """Largest message accepted from a connection that has not said ``Hello``: a ``Hello`` is a
 few hundred bytes. Larger ones are refused unread (see :meth:`Codec.decode_stranger`)."""
+
+SESSION_KINDS = frozenset(kind_of(t) for t in (Hello, Heartbeat, Bye, Subscribe, Ok, Error))
+"""Body kinds every endpoint decodes, whatever it ``accept``s: the session and the replies
+that carry no payload."""
+
+_KINDS = {kind_of(t): t for t in BODY_TYPES}
 
 # Arrays may only carry plain numeric dtypes: an object dtype would smuggle pickles in.
 _ALLOWED_DTYPE_KINDS = frozenset("biuf")
@@ -79,24 +97,59 @@ class _StrangerEnvelope(msgspec.Struct, kw_only=True):
     v: int = SCHEMA_VERSION
 
 
+class _BodyKind(msgspec.Struct):
+    kind: str = ""
+
+
+class _KindProbe(msgspec.Struct):
+    """Just enough of an envelope to read its body's kind (the rest is skipped in C)."""
+
+    body: _BodyKind = msgspec.field(default_factory=_BodyKind)
+
+
+def _accepting(kinds: Collection[str]) -> type[Envelope]:
+    """An :class:`Envelope` subclass whose body may only be of ``kinds`` (and the session
+    kinds): a body of another kind fails at its tag, the rest of it skipped unread."""
+    unknown = sorted(set(kinds) - set(_KINDS))
+    if unknown:
+        raise ValueError(f"unknown body kinds {unknown}; the kinds are {sorted(_KINDS)}")
+    types = tuple(t for kind, t in _KINDS.items() if kind in kinds or kind in SESSION_KINDS)
+    body = Union[types]  # type: ignore[valid-type]  # noqa: UP007 -- built at run time
+    accepted = msgspec.defstruct(
+        "AcceptedEnvelope", [("body", body)], bases=(Envelope,), kw_only=True, omit_defaults=True
+    )
+    return cast("type[Envelope]", accepted)
+
+
 class Codec:
-    """Encodes envelopes into frames and decodes frames back, enforcing size limits."""
+    """Encodes envelopes into frames and decodes frames back, enforcing size limits.
+
+    ``accept`` (body kinds, as on the wire) restricts what :meth:`decode` builds: a message
+    whose body is of another kind (beyond :data:`SESSION_KINDS`) is refused unread with
+    ``ProtocolError`` ``unexpected_kind``. A receiver that never handles a kind thus never
+    builds the objects of one: ``Observation.info`` holds any MessagePack value, and 64 MiB
+    of empty lists there decode to ~4.5 GB of Python lists. ``None`` decodes every kind.
+    """
 
     def __init__(
         self,
         *,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         zero_copy_bytes: int = DEFAULT_ZERO_COPY_BYTES,
+        accept: Collection[str] | None = None,
     ) -> None:
         if max_message_bytes <= 0:
             raise ValueError(f"max_message_bytes must be positive, got {max_message_bytes}")
         self.max_message_bytes = max_message_bytes
         self.zero_copy_bytes = zero_copy_bytes
+        self.accept = None if accept is None else frozenset(accept) | SESSION_KINDS
         self._out_frames: list[Frame] = []
         self._in_frames: Sequence[Frame] = ()
         self._used_frames = 0
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
-        self._decoder = msgspec.msgpack.Decoder(Envelope, dec_hook=self._dec_hook)
+        envelope = Envelope if accept is None else _accepting(accept)
+        self._decoder = msgspec.msgpack.Decoder(envelope, dec_hook=self._dec_hook)
+        self._kind_decoder = msgspec.msgpack.Decoder(_KindProbe)
         self._version_decoder = msgspec.msgpack.Decoder(_Version)
         self._stranger_decoder = msgspec.msgpack.Decoder(_StrangerEnvelope)
         # Bound once: the per-message path is short enough for attribute lookups to show.
@@ -154,7 +207,7 @@ class Codec:
         try:
             envelope: Envelope = self._decode(head)
         except _DECODE_ERRORS as exc:
-            raise ProtocolError(self._explain(head, exc)) from exc
+            raise self._refusal(head, exc) from exc
         if envelope.v != SCHEMA_VERSION:
             raise _unsupported(envelope.v)
         return envelope
@@ -208,7 +261,7 @@ class Codec:
         try:
             envelope: Envelope = self._decoder.decode(head)
         except _DECODE_ERRORS as exc:
-            raise ProtocolError(self._explain(head, exc)) from exc
+            raise self._refusal(head, exc) from exc
         finally:
             self._in_frames = ()  # do not keep large buffers alive
         if envelope.v != SCHEMA_VERSION:
@@ -219,6 +272,21 @@ class Codec:
                 f"{self._used_frames} array frames"
             )
         return envelope
+
+    def _refusal(self, head: Frame, exc: Exception) -> ProtocolError:
+        """Why ``head`` failed to decode: a kind this codec does not accept, or ``_explain``."""
+        if self.accept is not None:
+            try:
+                kind = self._kind_decoder.decode(head).body.kind
+            except _DECODE_ERRORS:
+                kind = ""
+            if kind in _KINDS and kind not in self.accept:
+                return ProtocolError(
+                    f"this endpoint does not take {kind} messages; it takes "
+                    f"{', '.join(sorted(self.accept))}",
+                    code="unexpected_kind",
+                )
+        return ProtocolError(self._explain(head, exc))
 
     def _explain(self, head: Frame, exc: Exception) -> str:
         """A reason for a failed decode, naming the version when that is the cause."""

@@ -14,7 +14,7 @@ Adding an optional field keeps the version; renaming, removing or retyping one b
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
@@ -44,12 +44,22 @@ __all__ = [
     "TurnRecord",
     "WeightUpdate",
     "BODY_TYPES",
+    "MAX_LIST_ITEMS",
 ]
 
 SCHEMA_VERSION = 1
 """Wire schema version carried in every envelope (``Envelope.v``)."""
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+MAX_LIST_ITEMS = 4096
+"""Most entries of a list of names or texts (``Envelope.to``, ``Chat.to``, ``Hello`` and
+``Subscribe`` prefixes, ``SamplingParams.stop``); ``Constraint.choices`` may hold 65,536.
+The receiver refuses a longer list before decoding its entries: a short string costs ~20x
+its wire size in Python, and these lists have no use for more."""
+
+_Texts = Annotated[list[str], msgspec.Meta(max_length=MAX_LIST_ITEMS)]
+_Choices = Annotated[list[str], msgspec.Meta(max_length=65_536)]
 
 
 class Body(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=True):
@@ -69,10 +79,14 @@ class Hello(Body, tag="hello"):
 
     name: str
     role: str = "peer"
-    schemas: list[int] = msgspec.field(default_factory=lambda: [SCHEMA_VERSION])
+    schemas: Annotated[list[int], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=lambda: [SCHEMA_VERSION]
+    )
     heartbeat_interval: float = 1.0
-    subscriptions: list[str] = msgspec.field(default_factory=list)
-    meta: dict[str, str] = msgspec.field(default_factory=dict)
+    subscriptions: _Texts = msgspec.field(default_factory=list)
+    meta: Annotated[dict[str, str], msgspec.Meta(max_length=256)] = msgspec.field(
+        default_factory=dict
+    )
 
 
 class Heartbeat(Body, tag="heartbeat"):
@@ -93,7 +107,7 @@ class Subscribe(Body, tag="subscribe"):
     ``unsubscribe`` true withdraws them instead. Sent as a request; the reply is ``Ok``.
     """
 
-    channels: list[str]
+    channels: _Texts
     unsubscribe: bool = False
 
 
@@ -153,7 +167,7 @@ class Chat(Body, tag="chat"):
 
     sender: str
     text: str
-    to: list[str] = msgspec.field(default_factory=list)
+    to: _Texts = msgspec.field(default_factory=list)
     channel: Literal["public", "private"] = "public"
 
 
@@ -183,7 +197,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 64
-    stop: list[str] = msgspec.field(default_factory=list)
+    stop: _Texts = msgspec.field(default_factory=list)
     n: int = 1
     seed: int | None = None
     logprobs: bool = True
@@ -199,7 +213,7 @@ class Constraint(msgspec.Struct, kw_only=True, omit_defaults=True):
     """
 
     type: Literal["choice", "regex", "json"]
-    choices: list[str] = msgspec.field(default_factory=list)
+    choices: _Choices = msgspec.field(default_factory=list)
     pattern: str = ""
     json_schema: str = ""
 
@@ -326,7 +340,7 @@ class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True):
     id: int = 0
     reply_to: int = 0
     expects_reply: bool = False
-    to: list[str] = msgspec.field(default_factory=list)
+    to: _Texts = msgspec.field(default_factory=list)
     channel: str = ""
     episode: str = ""
     turn: int = 0
@@ -338,7 +352,7 @@ class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True):
         return kind_of(self.body)
 
 
-def kind_of(body: Body) -> str:
-    """The wire tag of a body struct."""
+def kind_of(body: Body | type[Body]) -> str:
+    """The wire tag of a body struct (or of a body struct type)."""
     tag = body.__struct_config__.tag
     return str(tag)

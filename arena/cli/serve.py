@@ -207,7 +207,7 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
     Everything is closed on exit, the pool first so waiting requests get their answer.
     """
     from parley.arena.inference.backends import load_backend
-    from parley.arena.inference.pool import POOL_ENDPOINT, InferencePool, PoolConfig
+    from parley.arena.inference.pool import POOL_ACCEPTS, POOL_ENDPOINT, InferencePool, PoolConfig
     from parley.protocols.bus import BusConfig, Endpoint
 
     config = PoolConfig(
@@ -234,6 +234,7 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
     # is overloaded, with its own retryable error.
     bus = BusConfig(
         max_handlers=config.max_queue + config.max_in_flight + config.max_batch_size,
+        accept=POOL_ACCEPTS,
         **options.bus_security(),
     )
     endpoint = Endpoint(POOL_ENDPOINT, config=bus)

@@ -75,10 +75,22 @@ if TYPE_CHECKING:
     from parley.protocols.bus import Endpoint
     from parley.protocols.messages import Envelope
 
-__all__ = ["PoolConfig", "PoolError", "PoolStats", "PoolService", "InferencePool", "POOL_ENDPOINT"]
+__all__ = [
+    "PoolConfig",
+    "PoolError",
+    "PoolStats",
+    "PoolService",
+    "InferencePool",
+    "POOL_ENDPOINT",
+    "POOL_ACCEPTS",
+]
 
 POOL_ENDPOINT = "pool"
 """The bus endpoint name the pool serves under."""
+
+POOL_ACCEPTS = frozenset({"generate", "weights"})
+"""``BusConfig.accept`` of a pool's endpoint: what :meth:`PoolService.serve` answers (the
+session kinds aside, every other body is refused unread)."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Action, Body, Envelope, Observation
 
-__all__ = ["AgentHost", "AGENT_SEED_KEY", "FAILED_KEY", "join_arena"]
+__all__ = ["AgentHost", "AGENT_ACCEPTS", "AGENT_SEED_KEY", "FAILED_KEY", "join_arena"]
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,10 @@ class AgentHost:
             await self._end(key)
 
 
+AGENT_ACCEPTS = frozenset({"observation"})
+"""What an agent host's endpoint decodes from the arena besides the session kinds."""
+
+
 async def join_arena(
     address: str,
     seats: Mapping[str, AgentFactory],
@@ -155,6 +159,9 @@ async def join_arena(
     heartbeats; raises :class:`~parley.protocols.errors.RequestTimeout` when no arena
     answers within ``connect_timeout`` seconds.
     """
+    # An arena sends observations only: nothing else it sends is decoded (section 4 of
+    # PROTOCOL.md), so a hostile arena cannot make this process build a large body.
+    bus = (bus or BusConfig()).accepting(AGENT_ACCEPTS)
     groups: dict[str, dict[str, AgentFactory]] = {}
     for seat, factory in seats.items():
         name = (names or {}).get(seat, remote_peer_name(seat))

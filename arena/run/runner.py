@@ -59,7 +59,12 @@ from parley.arena.run.peers import AbsentPeers
 from parley.arena.run.process import PlayClock, frozen_heap
 from parley.arena.run.progress import progress_bar
 from parley.arena.run.records import EpisodeRecord, RecordWriter
-from parley.arena.run.security import SeatKeys, admission_policy, arena_bus_config
+from parley.arena.run.security import (
+    ARENA_ACCEPTS,
+    SeatKeys,
+    admission_policy,
+    arena_bus_config,
+)
 from parley.arena.run.summary import SummaryBuilder, plain_json
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.codec import Codec
@@ -304,7 +309,8 @@ class Runner:
         """Bind the arena, host the in-process agents, wait for remote ones; yield the
         address agents connect to. :meth:`play` works only inside this context."""
         context = zmq.asyncio.Context()
-        arena = Endpoint(ARENA_NAME, config=self.bus_config, context=context)
+        own = self.bus_config.accepting(ARENA_ACCEPTS)  # (the in-process host's takes more)
+        arena = Endpoint(ARENA_NAME, config=own, context=context)
         host_endpoint: Endpoint | None = None
         host: AgentHost | None = None
         heap = frozen_heap()

@@ -20,7 +20,7 @@ from parley.protocols.bus import Admission, BusConfig
 from parley.protocols.errors import ConfigError
 from parley.protocols.keys import load_public_key, load_secret_key
 
-__all__ = ["SeatKeys", "arena_bus_config", "admission_policy"]
+__all__ = ["ARENA_ACCEPTS", "SeatKeys", "arena_bus_config", "admission_policy"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,14 @@ def arena_bus_config(base: BusConfig, keys: SeatKeys | None, *, insecure: bool) 
         curve_allowed_clients=tuple(keys.seats.values()),
         allow_insecure_tcp=insecure,
     )
+
+
+ARENA_ACCEPTS = frozenset({"action"})
+"""What the arena's endpoint decodes from its peers besides the session kinds: the agents'
+replies. Anything else (an ``Observation`` with 64 MiB of nesting in ``info``) is refused
+unread, so a seated agent cannot make the arena build it. Only the arena's own endpoint
+gets it (``config.accepting(ARENA_ACCEPTS)``): the in-process agent host, on the same
+config, takes observations."""
 
 
 def admission_policy(expected: Mapping[str, bytes | None]) -> Admission:

@@ -323,6 +323,7 @@ class TrainRayRunner(RayRunner):
             curve_public_key=server_public,
             curve_secret_key=server_secret,
             curve_allowed_clients=(client_public,),
+            accept=frozenset({"generate"}),  # generation only (see below)
         )
         host = "127.0.0.1" if self.config.ray in (None, "", LOCAL) else _node_ip(ray)
         endpoint = Endpoint(POOL_ENDPOINT, config=bus)

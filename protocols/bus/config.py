@@ -5,10 +5,12 @@ Why each bound has the value it has is in the package docstring (``parley.protoc
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from parley.protocols.codec import DEFAULT_MAX_MESSAGE_BYTES
 from parley.protocols.errors import ConfigError
+from parley.protocols.messages import BODY_TYPES, kind_of
 
 __all__ = ["BusConfig", "BusStats"]
 
@@ -36,6 +38,13 @@ class BusConfig:
     max_subscriptions: int = 256
     """Most broadcast prefixes one peer may subscribe to (each at most 256 characters);
     more are refused with ``Error(too_many_subscriptions)``."""
+    accept: frozenset[str] | None = None
+    """Body kinds (wire tags) this endpoint decodes from its peers, besides the session
+    kinds (``hello``, ``heartbeat``, ``bye``, ``subscribe``, ``ok``, ``error``); a message of
+    another kind is refused unread with ``Error(unexpected_kind)``, as a reply fails its
+    request. ``None``: every kind. An endpoint that peers it does not control can reach
+    should name what it handles (the arena: ``action``): then no peer makes it build the
+    objects of a kind it never reads (:class:`~parley.protocols.codec.Codec`)."""
     curve_public_key: bytes | None = None
     """This endpoint's CURVE public key (Z85, from ``zmq.curve_keypair()``)."""
     curve_secret_key: bytes | None = None
@@ -63,8 +72,16 @@ class BusConfig:
                 f"peer_timeout ({self.peer_timeout}) must exceed heartbeat_interval "
                 f"({self.heartbeat_interval}); use at least 2.5x"
             )
+        if self.accept is not None:
+            unknown = sorted(set(self.accept) - {kind_of(t) for t in BODY_TYPES})
+            if unknown:
+                raise ConfigError(f"BusConfig.accept names unknown body kinds {unknown}")
         if (self.curve_secret_key is None) != (self.curve_public_key is None):
             raise ConfigError("set curve_public_key and curve_secret_key together")
+
+    def accepting(self, kinds: frozenset[str]) -> BusConfig:
+        """This config with ``accept=kinds``, unless it already names its own kinds."""
+        return self if self.accept is not None else dataclasses.replace(self, accept=kinds)
 
     @property
     def curve(self) -> bool:

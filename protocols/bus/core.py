@@ -129,7 +129,9 @@ class _Core(abc.ABC):
         self.stats = BusStats()
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
-        self._codec = Codec(max_message_bytes=self.config.max_message_bytes)
+        self._codec = Codec(
+            max_message_bytes=self.config.max_message_bytes, accept=self.config.accept
+        )
         self._socks: list[_Sock] = []
         self._links: dict[str, _Link] = {}
         self._handlers: dict[type[Body], Handler] = {}

@@ -24,7 +24,7 @@ from parley.protocols.bus.core import (
 )
 from parley.protocols.bus.receive import _in_task, _Receiver
 from parley.protocols.errors import BusError, ConfigError, PeerDead, RequestTimeout
-from parley.protocols.messages import Body, Bye, Envelope, Heartbeat, Hello, Subscribe
+from parley.protocols.messages import Body, Bye, Envelope, Heartbeat, Hello, Subscribe, kind_of
 
 
 class Endpoint(_Receiver):
@@ -54,6 +54,12 @@ class Endpoint(_Receiver):
         """
         if body_type in (Hello, Heartbeat, Bye, Subscribe):
             raise ConfigError(f"{body_type.__name__} is handled by the bus itself")
+        accept = self.config.accept
+        if accept is not None and kind_of(body_type) not in accept:
+            raise ConfigError(
+                f"this endpoint's BusConfig.accept ({sorted(accept)}) leaves out "
+                f"{kind_of(body_type)!r}: its messages would be refused unread; add it"
+            )
         self._handlers[body_type] = _in_task(handler) if task else handler
 
     async def bind(self, address: str) -> str:
