@@ -15,6 +15,7 @@ A :class:`Codec` is not thread-safe: give each socket (each event loop) its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Collection, Sequence
 from typing import Any, TypeAlias, Union, cast
 
@@ -107,6 +108,13 @@ class _KindProbe(msgspec.Struct):
     body: _BodyKind = msgspec.field(default_factory=_BodyKind)
 
 
+def _as_envelope(self: Envelope) -> tuple[Any, ...]:
+    """Pickle a decoded envelope as the plain :class:`Envelope` it is (its class is made at
+    run time, under no importable name)."""
+    values = {name: getattr(self, name) for name in self.__struct_fields__}
+    return (functools.partial(Envelope, **values), ())
+
+
 def _accepting(kinds: Collection[str]) -> type[Envelope]:
     """An :class:`Envelope` subclass whose body may only be of ``kinds`` (and the session
     kinds): a body of another kind fails at its tag, the rest of it skipped unread."""
@@ -116,7 +124,12 @@ def _accepting(kinds: Collection[str]) -> type[Envelope]:
     types = tuple(t for kind, t in _KINDS.items() if kind in kinds or kind in SESSION_KINDS)
     body = Union[types]  # type: ignore[valid-type]  # noqa: UP007 -- built at run time
     accepted = msgspec.defstruct(
-        "AcceptedEnvelope", [("body", body)], bases=(Envelope,), kw_only=True, omit_defaults=True
+        "AcceptedEnvelope",
+        [("body", body)],
+        bases=(Envelope,),
+        kw_only=True,
+        omit_defaults=True,
+        namespace={"__reduce__": _as_envelope},
     )
     return cast("type[Envelope]", accepted)
 
@@ -129,6 +142,8 @@ class Codec:
     ``ProtocolError`` ``unexpected_kind``. A receiver that never handles a kind thus never
     builds the objects of one: ``Observation.info`` holds any MessagePack value, and 64 MiB
     of empty lists there decode to ~4.5 GB of Python lists. ``None`` decodes every kind.
+    With ``accept`` the envelopes decoded are of a subclass of :class:`Envelope` (they
+    pickle as plain envelopes; ``==`` compares classes too).
     """
 
     def __init__(
@@ -280,6 +295,10 @@ class Codec:
                 kind = self._kind_decoder.decode(head).body.kind
             except _DECODE_ERRORS:
                 kind = ""
+            with contextlib.suppress(*_DECODE_ERRORS):  # (another version: say that first)
+                version = self._version_decoder.decode(head).v
+                if version != SCHEMA_VERSION:
+                    return _unsupported(version)
             if kind in _KINDS and kind not in self.accept:
                 return ProtocolError(
                     f"this endpoint does not take {kind} messages; it takes "

@@ -160,7 +160,8 @@ async def join_arena(
     answers within ``connect_timeout`` seconds.
     """
     # An arena sends observations only: nothing else it sends is decoded (section 4 of
-    # PROTOCOL.md), so a hostile arena cannot make this process build a large body.
+    # PROTOCOL.md). (An observation's info is any MessagePack value: an agent trusts the
+    # arena it joins that far.)
     bus = (bus or BusConfig()).accepting(AGENT_ACCEPTS)
     groups: dict[str, dict[str, AgentFactory]] = {}
     for seat, factory in seats.items():

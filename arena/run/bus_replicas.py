@@ -41,7 +41,7 @@ from typing import Any
 
 from parley.agents.base import Agent
 from parley.arena.run.agent_specs import SeatContext, remote_peer_name
-from parley.arena.run.security import ARENA_ACCEPTS
+from parley.arena.run.security import arena_endpoint_config
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.errors import ConfigError, PeerDead, RemoteError, RequestTimeout
 from parley.protocols.messages import Action, Observation
@@ -98,7 +98,7 @@ class BusReplicas:
         self._start_lock = self._start_lock or asyncio.Lock()
         async with self._start_lock:
             if self.endpoint is None:
-                config = self.bus.accepting(ARENA_ACCEPTS)  # (replicas send actions only)
+                config = arena_endpoint_config(self.bus)  # (replicas send actions only)
                 endpoint = Endpoint(f"arena-replicas-{self.seat}", config=config)
                 endpoint.set_admission(self._admit)
                 try:

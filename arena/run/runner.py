@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
 import uuid
@@ -42,7 +43,7 @@ from typing import Any
 import zmq.asyncio
 from rich.console import Console
 
-from parley.arena.run.agent_host import AGENT_SEED_KEY, FAILED_KEY, AgentHost
+from parley.arena.run.agent_host import AGENT_ACCEPTS, AGENT_SEED_KEY, FAILED_KEY, AgentHost
 from parley.arena.run.agent_specs import (
     AgentSource,
     RemoteSeat,
@@ -60,10 +61,10 @@ from parley.arena.run.process import PlayClock, frozen_heap
 from parley.arena.run.progress import progress_bar
 from parley.arena.run.records import EpisodeRecord, RecordWriter
 from parley.arena.run.security import (
-    ARENA_ACCEPTS,
     SeatKeys,
     admission_policy,
     arena_bus_config,
+    arena_endpoint_config,
 )
 from parley.arena.run.summary import SummaryBuilder, plain_json
 from parley.protocols.bus import BusConfig, Endpoint
@@ -309,8 +310,7 @@ class Runner:
         """Bind the arena, host the in-process agents, wait for remote ones; yield the
         address agents connect to. :meth:`play` works only inside this context."""
         context = zmq.asyncio.Context()
-        own = self.bus_config.accepting(ARENA_ACCEPTS)  # (the in-process host's takes more)
-        arena = Endpoint(ARENA_NAME, config=own, context=context)
+        arena = Endpoint(ARENA_NAME, config=arena_endpoint_config(self.bus_config), context=context)
         host_endpoint: Endpoint | None = None
         host: AgentHost | None = None
         heap = frozen_heap()
@@ -331,7 +331,8 @@ class Runner:
                 self._direct = DirectAgents(host, codec, name=LOCAL_HOST_NAME)
                 self._direct_only = self.config.pipeline and self._direct_seats == set(self.seats)
             elif local:
-                host_endpoint = Endpoint(LOCAL_HOST_NAME, config=self.bus_config, context=context)
+                own = dataclasses.replace(self.bus_config, accept=AGENT_ACCEPTS)
+                host_endpoint = Endpoint(LOCAL_HOST_NAME, config=own, context=context)
                 host = AgentHost(host_endpoint, local)
                 await host_endpoint.connect(inproc)
             address = await arena.bind(self.config.listen) if self.config.listen else inproc

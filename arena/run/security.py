@@ -20,7 +20,14 @@ from parley.protocols.bus import Admission, BusConfig
 from parley.protocols.errors import ConfigError
 from parley.protocols.keys import load_public_key, load_secret_key
 
-__all__ = ["ARENA_ACCEPTS", "SeatKeys", "arena_bus_config", "admission_policy"]
+__all__ = [
+    "ARENA_ACCEPTS",
+    "ARENA_MAX_MESSAGE_BYTES",
+    "SeatKeys",
+    "arena_bus_config",
+    "arena_endpoint_config",
+    "admission_policy",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,9 +79,20 @@ def arena_bus_config(base: BusConfig, keys: SeatKeys | None, *, insecure: bool) 
 ARENA_ACCEPTS = frozenset({"action"})
 """What the arena's endpoint decodes from its peers besides the session kinds: the agents'
 replies. Anything else (an ``Observation`` with 64 MiB of nesting in ``info``) is refused
-unread, so a seated agent cannot make the arena build it. Only the arena's own endpoint
-gets it (``config.accepting(ARENA_ACCEPTS)``): the in-process agent host, on the same
-config, takes observations."""
+unread, so a seated agent cannot make the arena build it."""
+
+ARENA_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The most an arena's endpoint takes in one message (less when its config says less). An
+action is text and token records: a 128k-token prompt is ~400 KB of ids. The bus's 64 MiB
+default is for weights; token ids and logprobs cost up to ~30x their wire size once decoded."""
+
+
+def arena_endpoint_config(base: BusConfig) -> BusConfig:
+    """``base`` for an endpoint that agents answer (the arena's, a seat's replica listener):
+    it takes :data:`ARENA_ACCEPTS` (unless ``base`` names its kinds) and messages of at
+    most :data:`ARENA_MAX_MESSAGE_BYTES`. The in-process agent host keeps ``base``."""
+    limit = min(base.max_message_bytes, ARENA_MAX_MESSAGE_BYTES)
+    return dataclasses.replace(base.accepting(ARENA_ACCEPTS), max_message_bytes=limit)
 
 
 def admission_policy(expected: Mapping[str, bytes | None]) -> Admission:

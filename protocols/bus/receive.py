@@ -43,6 +43,11 @@ from parley.protocols.messages import (
 
 _BATCH = 2000  # messages read per receive-loop round before yielding to other tasks
 
+MAX_FRAMES = 4096
+"""Most parts of one message: the envelope and its out-of-band arrays (one per array of at
+least ``zero_copy_bytes``; a model's weights inline have a few hundred). A message of more
+is read to its end without being kept and refused ``bad_message``."""
+
 
 @types.coroutine
 def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
@@ -109,12 +114,36 @@ class _Receiver(_Links):
                 while part.more:
                     part = recv_frame()
                     frames.append(part.bytes)
-                on_frames(sock, rid, frames)
+                    if len(frames) > MAX_FRAMES:
+                        self._too_many_frames(sock, rid, frames[0], recv_frame, part)
+                        break
+                else:
+                    on_frames(sock, rid, frames)
             self._wake(sock)  # more may be waiting: continue after other callbacks ran
         except zmq.ZMQError as exc:
             log.warning("%s: receive on %s failed: %s", self.name, sock.address, exc)
         finally:
             sock.draining = False
+
+    def _too_many_frames(
+        self,
+        sock: _Sock,
+        rid: bytes | None,
+        head: bytes,
+        recv_frame: Callable[[], zmq.Frame],
+        part: zmq.Frame,
+    ) -> None:
+        """Read the rest of a message of over :data:`MAX_FRAMES` parts without keeping
+        them, and refuse it: its parts count nothing towards ``max_message_bytes`` when
+        empty, and millions of them held as a list stalled the loop for seconds."""
+        self.stats.received += 1
+        count = MAX_FRAMES + 1
+        while part.more:
+            part = recv_frame()
+            count += 1
+        link = sock.link if rid is None else sock.links.get(rid)
+        reason = f"a message of {count} frames; at most {MAX_FRAMES} (the envelope, then arrays)"
+        self._bad_message(sock, rid, link, [head], ProtocolError(reason))
 
     def _on_frames(self, sock: _Sock, rid: bytes | None, frames: list[bytes]) -> None:
         """Handle one received message; never raises (a bad peer must not stop the loop)."""

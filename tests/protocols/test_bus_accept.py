@@ -6,10 +6,11 @@ lists there decoded to ~4.5 GB of Python lists once the sender had said Hello)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import tempfile
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import msgpack
@@ -18,13 +19,17 @@ import zmq
 
 from parley.arena.run.config import RunConfig
 from parley.arena.run.runner import Runner
-from parley.arena.run.security import ARENA_ACCEPTS
+from parley.arena.run.security import (
+    ARENA_ACCEPTS,
+    ARENA_MAX_MESSAGE_BYTES,
+    arena_endpoint_config,
+)
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.codec import Codec
 from parley.protocols.errors import ConfigError, ProtocolError, RemoteError
 from parley.protocols.messages import MAX_LIST_ITEMS, Action, Envelope, Observation
 from tests.arena.run.test_runner import SCENARIO
-from tests.protocols.test_bus_hostile import FAST, _ipc, _wide_observation
+from tests.protocols.test_bus_hostile import FAST, _ipc, _request, _wide_observation
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -133,20 +138,18 @@ def test_accept_names_real_kinds_and_covers_the_handlers() -> None:
         endpoint.on(Observation, lambda env: None)  # type: ignore[arg-type, return-value]
 
 
-async def test_a_seated_peer_cannot_make_the_endpoint_build_what_it_never_reads(
-    traced: None,
-) -> None:
-    """A peer that said Hello sends four 4 MiB observation bombs: each is answered
-    ``unexpected_kind`` with its id, nothing large is allocated, and the endpoint's own
-    requests to another peer (observations out, actions back) go on."""
+async def _act(env: Envelope) -> Action:
+    assert isinstance(env.body, Observation)
+    return Action(agent="alice", text=env.body.text.upper())
 
-    async def act(env: Envelope) -> Action:
-        assert isinstance(env.body, Observation)
-        return Action(agent="alice", text=env.body.text.upper())
 
+@contextlib.asynccontextmanager
+async def _seated() -> AsyncIterator[tuple[Endpoint, zmq.Socket[bytes]]]:
+    """An arena-like endpoint (takes actions), a peer ``alice`` it asks for actions, and a
+    raw DEALER that has said Hello as ``raw``."""
     server = Endpoint("arena", config=ACTIONS)
     alice = Endpoint("alice", config=FAST)
-    alice.on(Observation, act)
+    alice.on(Observation, _act)
     ctx: zmq.Context[Any] = zmq.Context()
     raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
     raw.linger, raw.rcvtimeo = 0, 10_000
@@ -154,9 +157,23 @@ async def test_a_seated_peer_cannot_make_the_endpoint_build_what_it_never_reads(
         address = await server.bind(_ipc())
         await alice.connect(address)
         raw.connect(address)
-        raw.send(msgpack.packb({"body": {"kind": "hello", "name": "raw"}, "id": 1,
-                                "expects_reply": True}))  # fmt: skip
-        assert msgpack.unpackb(await asyncio.to_thread(raw.recv))["body"]["kind"] == "hello"
+        hello = {"body": {"kind": "hello", "name": "raw"}, "id": 1, "expects_reply": True}
+        assert (await asyncio.to_thread(_request, raw, hello["body"], 1))["body"]["kind"] == "hello"
+        yield server, raw
+    finally:
+        raw.close()
+        ctx.term()
+        await alice.close()
+        await server.close()
+
+
+async def test_a_seated_peer_cannot_make_the_endpoint_build_what_it_never_reads(
+    traced: None,
+) -> None:
+    """A peer that said Hello sends four 4 MiB observation bombs: each is answered
+    ``unexpected_kind`` with its id, nothing large is allocated, and the endpoint's own
+    requests to another peer (observations out, actions back) go on."""
+    async with _seated() as (server, raw):
         frame = _wide_observation(4 << 20, 9)
         _start_counting()
 
@@ -175,15 +192,11 @@ async def test_a_seated_peer_cannot_make_the_endpoint_build_what_it_never_reads(
                    for i in range(20)]  # fmt: skip
         replies = await attacker
         peak = _peak()
-    finally:
-        raw.close()
-        ctx.term()
-        await alice.close()
-        await server.close()
+        bad = server.stats.bad_messages
     assert [(r["body"]["code"], r["reply_to"]) for r in replies] == [("unexpected_kind", 9)] * 4
     assert [a.text for a in answers if isinstance(a, Action)] == [f"M{i}" for i in range(20)]
     assert peak < 4 * len(frame), f"{peak / 1e6:.0f} MB allocated for 4 refused messages"
-    assert server.stats.bad_messages == 4
+    assert bad == 4
 
 
 async def test_a_reply_of_a_kind_not_accepted_fails_its_request() -> None:
@@ -206,9 +219,11 @@ async def test_a_reply_of_a_kind_not_accepted_fails_its_request() -> None:
 def test_the_runners_arena_takes_only_actions_and_a_bomb_fails_its_episode() -> None:
     """A seated remote agent answering with an observation bomb fails its episodes with
     ``unexpected_kind``; the arena stays up and the run ends."""
-    assert BusConfig().accepting(ARENA_ACCEPTS).accept == ARENA_ACCEPTS == {"action"}
-    mine = BusConfig(accept=frozenset({"action", "chat"}))
-    assert mine.accepting(ARENA_ACCEPTS) is mine
+    own = arena_endpoint_config(BusConfig())
+    assert own.accept == ARENA_ACCEPTS == {"action"}
+    assert own.max_message_bytes == ARENA_MAX_MESSAGE_BYTES
+    mine = BusConfig(accept=frozenset({"action", "chat"}), max_message_bytes=1 << 20)
+    assert arena_endpoint_config(mine) == mine
     bombs = asyncio.Event()
     endpoints: list[Endpoint] = []
 
@@ -274,3 +289,51 @@ async def test_an_agent_host_takes_only_observations_from_its_arena() -> None:
     await asyncio.wait_for(joined, 10)
     assert refused.value.code == "unexpected_kind"
     assert isinstance(answer, Action)
+
+
+async def test_a_message_of_too_many_frames_is_refused_without_being_kept() -> None:
+    """Empty frames count nothing towards max_message_bytes: a message of 200,000 of them
+    is read to its end, refused ``bad_message`` (its id answered), and the next message of
+    the same peer is served."""
+    from parley.protocols.bus.receive import MAX_FRAMES
+
+    async with _seated() as (server, raw):
+        head = msgpack.packb({"body": {"kind": "ok"}, "id": 5, "expects_reply": True})
+        raw.send_multipart([head] + [b""] * 200_000)
+        subscribe = {"kind": "subscribe", "channels": ["x"]}
+        refusal = await asyncio.to_thread(_request, raw, subscribe, 6)  # (the first reply)
+        ok = msgpack.unpackb(await asyncio.to_thread(raw.recv))
+        while ok["body"]["kind"] == "heartbeat":  # (the server's, when it was idle)
+            ok = msgpack.unpackb(await asyncio.to_thread(raw.recv))
+        answer = await server.request("alice", Observation(agent="a", text="still here"))
+        bad = server.stats.bad_messages
+    assert (refusal["body"]["code"], refusal["reply_to"]) == ("bad_message", 5)
+    assert f"200001 frames; at most {MAX_FRAMES}" in refusal["body"]["message"]
+    assert (ok["body"]["kind"], ok["reply_to"]) == ("ok", 6)
+    assert isinstance(answer, Action)
+    assert answer.text == "STILL HERE"
+    assert bad == 1
+
+
+def test_token_ids_are_never_negative() -> None:
+    """A negative id is a ~40x allocation per wire byte and never a token."""
+    from parley.protocols.messages import TokenRecord
+
+    codec = Codec()
+    token = TokenRecord(policy="p", policy_version=1, prompt_token_ids=[1, -3], token_ids=[2],
+                        logprobs=[-0.1])  # fmt: skip
+    frames = codec.encode(Envelope(body=Action(agent="a", text="x", tokens=[token])))
+    with pytest.raises(ProtocolError, match=r"Expected `int` >= 0 - at `\$.body.tokens\[0\]"):
+        codec.decode(frames)
+
+
+def test_an_arena_config_that_names_its_kinds_leaves_the_in_process_host_working() -> None:
+    """``Runner(bus=BusConfig(accept={"action"}))``: the in-process agents (over the bus)
+    still get their observations."""
+    from tests.arena.run.test_runner import TargetAgent
+
+    config = RunConfig(scenario=SCENARIO, agents=["scripted", "scripted"], episodes=2,
+                       progress=False, local_agents_over_bus=True)  # fmt: skip
+    runner = Runner(config, agents={"a": TargetAgent, "b": TargetAgent}, bus=ACTIONS)
+    result = asyncio.run(runner.run())
+    assert result.summary["episodes"] == {"total": 2, "ok": 2, "failed": 0}

@@ -57,6 +57,10 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
     args = typing.get_args(tp)
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         return struct_strategy(tp)
+    if origin is typing.Annotated:  # (list lengths: the bounds are far above max_size)
+        inner, *metas = args
+        ge = [m.ge for m in metas if isinstance(m, msgspec.Meta) and m.ge is not None]
+        return st.integers(ge[0], 2**64 - 1) if inner is int and ge else strategy_for(inner)
     if tp is Any:
         return _JSON
     if tp is np.ndarray:
@@ -83,7 +87,7 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
 
 
 def struct_strategy(cls: type[msgspec.Struct]) -> st.SearchStrategy[Any]:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: strategy_for(hints[f.name]) for f in msgspec.structs.fields(cls)}
     return st.builds(cls, **fields)
 
