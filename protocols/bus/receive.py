@@ -218,6 +218,8 @@ class _Receiver(_Links):
             return
         assert self._loop is not None
         link.last_heard = self._now
+        if env.sender != link.name and link.name:  # the name it said Hello with, not a claim
+            env.sender = link.name
         if not link.alive and not sock.router and link.name:
             self._start_rehello(link)
         if env.reply_to:

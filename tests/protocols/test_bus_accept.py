@@ -143,6 +143,30 @@ async def _act(env: Envelope) -> Action:
     return Action(agent="alice", text=env.body.text.upper())
 
 
+def _next_reply(raw: zmq.Socket[bytes]) -> dict[str, Any]:
+    """The next message that is not a heartbeat (the server's, when it was idle)."""
+    while True:
+        message: dict[str, Any] = msgpack.unpackb(raw.recv())
+        if message["body"]["kind"] != "heartbeat":
+            return message
+
+
+@contextlib.asynccontextmanager
+async def _raw_peer(address: str, name: str) -> AsyncIterator[zmq.Socket[bytes]]:
+    """A plain DEALER that has said Hello to ``address`` as ``name``."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    raw.linger, raw.rcvtimeo = 0, 10_000
+    try:
+        raw.connect(address)
+        hello = {"kind": "hello", "name": name}
+        assert (await asyncio.to_thread(_request, raw, hello, 1))["body"]["kind"] == "hello"
+        yield raw
+    finally:
+        raw.close()
+        ctx.term()
+
+
 @contextlib.asynccontextmanager
 async def _seated() -> AsyncIterator[tuple[Endpoint, zmq.Socket[bytes]]]:
     """An arena-like endpoint (takes actions), a peer ``alice`` it asks for actions, and a
@@ -150,19 +174,12 @@ async def _seated() -> AsyncIterator[tuple[Endpoint, zmq.Socket[bytes]]]:
     server = Endpoint("arena", config=ACTIONS)
     alice = Endpoint("alice", config=FAST)
     alice.on(Observation, _act)
-    ctx: zmq.Context[Any] = zmq.Context()
-    raw: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-    raw.linger, raw.rcvtimeo = 0, 10_000
     try:
         address = await server.bind(_ipc())
         await alice.connect(address)
-        raw.connect(address)
-        hello = {"body": {"kind": "hello", "name": "raw"}, "id": 1, "expects_reply": True}
-        assert (await asyncio.to_thread(_request, raw, hello["body"], 1))["body"]["kind"] == "hello"
-        yield server, raw
+        async with _raw_peer(address, "raw") as raw:
+            yield server, raw
     finally:
-        raw.close()
-        ctx.term()
         await alice.close()
         await server.close()
 
@@ -180,12 +197,7 @@ async def test_a_seated_peer_cannot_make_the_endpoint_build_what_it_never_reads(
         def attack() -> list[dict[str, Any]]:
             for _ in range(4):
                 raw.send(frame)
-            replies: list[dict[str, Any]] = []
-            while len(replies) < 4:
-                reply = msgpack.unpackb(raw.recv())
-                if reply["body"]["kind"] != "heartbeat":
-                    replies.append(reply)
-            return replies
+            return [_next_reply(raw) for _ in range(4)]
 
         attacker = asyncio.create_task(asyncio.to_thread(attack))
         answers = [await server.request("alice", Observation(agent="a", text=f"m{i}"))
@@ -302,9 +314,7 @@ async def test_a_message_of_too_many_frames_is_refused_without_being_kept() -> N
         raw.send_multipart([head] + [b""] * 200_000)
         subscribe = {"kind": "subscribe", "channels": ["x"]}
         refusal = await asyncio.to_thread(_request, raw, subscribe, 6)  # (the first reply)
-        ok = msgpack.unpackb(await asyncio.to_thread(raw.recv))
-        while ok["body"]["kind"] == "heartbeat":  # (the server's, when it was idle)
-            ok = msgpack.unpackb(await asyncio.to_thread(raw.recv))
+        ok = await asyncio.to_thread(_next_reply, raw)
         answer = await server.request("alice", Observation(agent="a", text="still here"))
         bad = server.stats.bad_messages
     assert (refusal["body"]["code"], refusal["reply_to"]) == ("bad_message", 5)
@@ -337,3 +347,27 @@ def test_an_arena_config_that_names_its_kinds_leaves_the_in_process_host_working
     runner = Runner(config, agents={"a": TargetAgent, "b": TargetAgent}, bus=ACTIONS)
     result = asyncio.run(runner.run())
     assert result.summary["episodes"] == {"total": 2, "ok": 2, "failed": 0}
+
+
+async def test_a_peer_cannot_claim_another_sender() -> None:
+    """``Envelope.sender`` is a claim: handlers (and logs) see the name the connection
+    said Hello with."""
+    seen: list[str] = []
+
+    async def record(env: Envelope) -> Action:
+        seen.append(env.sender)
+        return Action(agent="x", text="ok")
+
+    server = Endpoint("pool", config=FAST)
+    server.on(Observation, record)
+    try:
+        address = await server.bind(_ipc())
+        async with _raw_peer(address, "mallory") as raw:
+            obs = {"kind": "observation", "agent": "a", "text": "t"}
+            envelope = {"body": obs, "sender": "trainer", "id": 2, "expects_reply": True}
+            raw.send(msgpack.packb(envelope))
+            reply = await asyncio.to_thread(_next_reply, raw)
+    finally:
+        await server.close()
+    assert reply["body"]["kind"] == "action"
+    assert seen == ["mallory"]
