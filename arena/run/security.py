@@ -90,7 +90,8 @@ default is for weights; token ids and logprobs cost up to ~30x their wire size o
 def arena_endpoint_config(base: BusConfig) -> BusConfig:
     """``base`` for an endpoint that agents answer (the arena's, a seat's replica listener):
     it takes :data:`ARENA_ACCEPTS` (unless ``base`` names its kinds) and messages of at
-    most :data:`ARENA_MAX_MESSAGE_BYTES`. The in-process agent host keeps ``base``."""
+    most :data:`ARENA_MAX_MESSAGE_BYTES`. (The in-process agent host, over the bus, takes
+    observations instead.)"""
     limit = min(base.max_message_bytes, ARENA_MAX_MESSAGE_BYTES)
     return dataclasses.replace(base.accepting(ARENA_ACCEPTS), max_message_bytes=limit)
 
