@@ -72,6 +72,15 @@ def add_parser(sub: Any) -> None:
         help="public key file of a client allowed to connect (with --curve-key); repeatable",
     )
     p.add_argument(
+        "--weights-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="public key file of a trainer allowed to change weights over the bus (with "
+        "--curve-key; repeatable). Without it a CURVE pool takes no weights over the bus: its "
+        "clients may generate only",
+    )
+    p.add_argument(
         "--insecure",
         action="store_true",
         help="allow --listen on a non-loopback tcp address without keys (plain text), and --http "
@@ -135,6 +144,9 @@ class ServeOptions:
     """The pool's CURVE secret key file; its ``tcp://`` bind then admits only ``client_keys``."""
     client_keys: tuple[str, ...] = ()
     """Public key files (or Z85 keys) of the clients a CURVE pool admits."""
+    weights_keys: tuple[str, ...] = ()
+    """Public key files (or Z85 keys) of the trainers a CURVE pool takes weight updates
+    from (they are admitted too); none: a CURVE pool takes no weights over the bus."""
     insecure: bool = False
     """Allow a non-loopback ``tcp://`` listen address without CURVE keys (plain text)."""
     ray: str | None = None
@@ -173,12 +185,15 @@ class ServeOptions:
 
     def bus_security(self) -> dict[str, Any]:
         """The :class:`~parley.protocols.bus.BusConfig` fields for these keys."""
+        from parley.arena.inference.pool import POOL_ACCEPTS
         from parley.protocols.bus.auth import is_loopback
         from parley.protocols.keys import load_public_key, load_secret_key
 
         if not self.curve_key:
-            if self.client_keys:
-                raise ConfigError("--client-key needs --curve-key (the pool's secret key file)")
+            if self.client_keys or self.weights_keys:
+                raise ConfigError(
+                    "--client-key and --weights-key need --curve-key (the pool's secret key file)"
+                )
             tcp = self.listen.startswith("tcp://")
             if tcp and not self.insecure and not is_loopback(self.listen):
                 raise ConfigError(
@@ -188,15 +203,26 @@ class ServeOptions:
                     "or --insecure on a network you trust"
                 )
             return {"allow_insecure_tcp": self.insecure}
-        if not self.client_keys:
+        if not self.client_keys and not self.weights_keys:
             raise ConfigError("with --curve-key, list the clients it admits (--client-key)")
         public, secret = load_secret_key(self.curve_key)
+        clients = (*self.client_keys, *self.weights_keys)
         return {
             "curve_public_key": public,
             "curve_secret_key": secret,
-            "curve_allowed_clients": tuple(load_public_key(k) for k in self.client_keys),
+            "curve_allowed_clients": tuple(load_public_key(k) for k in clients),
             "allow_insecure_tcp": self.insecure,
+            # Who may change weights: without CURVE, every client (loopback or --insecure).
+            "accept": POOL_ACCEPTS if self.weights_keys else frozenset({"generate"}),
         }
+
+    def weights_from(self) -> frozenset[str] | None:
+        """:meth:`PoolService.serve`'s ``weights_keys``: ``None`` (anyone) without CURVE."""
+        from parley.protocols.keys import load_public_key
+
+        if not self.curve_key:
+            return None
+        return frozenset(load_public_key(k).decode() for k in self.weights_keys)
 
 
 @contextlib.asynccontextmanager
@@ -232,10 +258,9 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
         pool = InferencePool({options.policy: backend}, config)
     # Room for every waiting and running request, so the pool (not the bus) says when it
     # is overloaded, with its own retryable error.
+    security = {"accept": POOL_ACCEPTS, **options.bus_security()}
     bus = BusConfig(
-        max_handlers=config.max_queue + config.max_in_flight + config.max_batch_size,
-        accept=POOL_ACCEPTS,
-        **options.bus_security(),
+        max_handlers=config.max_queue + config.max_in_flight + config.max_batch_size, **security
     )
     endpoint = Endpoint(POOL_ENDPOINT, config=bus)
     runner = None
@@ -243,7 +268,7 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
         await pool.start()
         for name, path in options.adapters:
             await pool.add_adapter(name, options.policy, path)
-        pool.serve(endpoint)
+        pool.serve(endpoint, weights_keys=options.weights_from())
         address = await endpoint.bind(options.listen)
         url = ""
         if options.http:
@@ -332,6 +357,7 @@ def main(args: argparse.Namespace) -> int:
             ),
             curve_key=args.curve_key or "",
             client_keys=tuple(args.client_key),
+            weights_keys=tuple(args.weights_key),
             insecure=args.insecure,
             ray=args.ray,
             replicas=args.replicas,

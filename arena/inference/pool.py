@@ -61,7 +61,7 @@ import abc
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -360,11 +360,22 @@ class PoolService(abc.ABC):
     async def update_weights(self, update: WeightUpdate) -> int:
         """Apply ``update`` to its policy; returns the version now served."""
 
-    def serve(self, endpoint: Endpoint) -> None:
+    _weights_keys: frozenset[str] | None = None
+    _endpoint: Endpoint | None = None
+
+    def serve(self, endpoint: Endpoint, *, weights_keys: Collection[str] | None = None) -> None:
         """Answer ``GenerateRequest`` and ``WeightUpdate`` requests arriving at ``endpoint``
-        (name it :data:`POOL_ENDPOINT` so agents find it)."""
+        (name it :data:`POOL_ENDPOINT` so agents find it).
+
+        ``weights_keys`` (CURVE public keys, Z85): only peers connected with one of them may
+        change weights; the others get ``Error(forbidden)``. Empty: weights are not taken
+        over the bus at all (leave ``weights`` out of the endpoint's ``accept``). ``None``:
+        every peer may (an in-process or loopback pool whose clients are all trusted)."""
+        self._endpoint = endpoint
+        self._weights_keys = None if weights_keys is None else frozenset(weights_keys)
         endpoint.on(GenerateRequest, self._on_generate)
-        endpoint.on(WeightUpdate, self._on_weights)
+        if self._weights_keys != frozenset():
+            endpoint.on(WeightUpdate, self._on_weights)
 
     async def _on_generate(self, env: Envelope) -> GenerateResult | Error:
         assert isinstance(env.body, GenerateRequest)  # the bus dispatches by body type
@@ -375,6 +386,13 @@ class PoolService(abc.ABC):
 
     async def _on_weights(self, env: Envelope) -> Ok | Error:
         assert isinstance(env.body, WeightUpdate)
+        keys, endpoint = self._weights_keys, self._endpoint
+        if keys is not None and (endpoint is None or endpoint.peer_key(env.sender) not in keys):
+            message = (
+                f"{env.sender} may generate but not change weights: this pool takes weights "
+                "only from the keys it was given (parley serve --weights-key FILE)"
+            )
+            return Error(code="forbidden", message=message)
         try:
             await self.update_weights(env.body)
         except PoolError as exc:

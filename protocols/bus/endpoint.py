@@ -43,6 +43,13 @@ class Endpoint(_Receiver):
         """Names of the peers currently connected and alive."""
         return [name for name, link in self._links.items() if link.alive]
 
+    def peer_key(self, name: str) -> str | None:
+        """The CURVE public key (Z85) the peer ``name`` said Hello with; ``None`` when it
+        has none (no CURVE on its connection) or is not connected. A handler asks it with
+        ``env.sender``, which the bus sets to the name the connection said Hello with."""
+        link = self._links.get(name)
+        return None if link is None else link.user
+
     def on(self, body_type: type[Body], handler: Handler, *, task: bool = False) -> None:
         """Handle messages whose body is a ``body_type`` (replacing an earlier handler).
 
