@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Collection, Sequence
-from typing import Any, TypeAlias, Union, cast
+from typing import Annotated, Any, TypeAlias, Union, cast
 
 import msgspec
 import numpy as np
@@ -108,6 +108,32 @@ class _KindProbe(msgspec.Struct):
     body: _BodyKind = msgspec.field(default_factory=_BodyKind)
 
 
+class _ArrayWire(msgspec.Struct, forbid_unknown_fields=True):
+    """An array's map exactly as the encoder writes it (checked before the array decodes:
+    the decoder hands an array's map to the hook as any MessagePack value, built whole)."""
+
+    dtype: str
+    shape: Annotated[list[int], msgspec.Meta(max_length=64)]
+    data: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    frame: int = 0
+
+
+class _WeightsWire(msgspec.Struct):
+    kind: str = ""
+    tensors: dict[str, _ArrayWire] = msgspec.field(default_factory=dict)
+
+
+class _WeightsProbe(msgspec.Struct):
+    """A weights body's arrays, closed (every other field skipped in C)."""
+
+    body: _WeightsWire = msgspec.field(default_factory=_WeightsWire)
+
+
+_CHECK_ARRAYS_BYTES = 64 * 1024
+"""Messages from this size on that may carry arrays (``weights``) get their array maps
+checked closed first: a smaller one cannot build much whatever it holds."""
+
+
 def _as_envelope(self: Envelope) -> tuple[Any, ...]:
     """Pickle a decoded envelope as the plain :class:`Envelope` it is (its class is made at
     run time, under no importable name)."""
@@ -165,6 +191,8 @@ class Codec:
         envelope = Envelope if accept is None else _accepting(accept)
         self._decoder = msgspec.msgpack.Decoder(envelope, dec_hook=self._dec_hook)
         self._kind_decoder = msgspec.msgpack.Decoder(_KindProbe)
+        self._arrays_decoder = msgspec.msgpack.Decoder(_WeightsProbe)
+        self._takes_arrays = accept is None or "weights" in accept
         self._version_decoder = msgspec.msgpack.Decoder(_Version)
         self._stranger_decoder = msgspec.msgpack.Decoder(_StrangerEnvelope)
         # Bound once: the per-message path is short enough for attribute lookups to show.
@@ -219,6 +247,8 @@ class Codec:
             raise ProtocolError(
                 f"message of {len(head)} bytes exceeds the limit of {self.max_message_bytes}"
             )
+        if len(head) >= _CHECK_ARRAYS_BYTES and self._takes_arrays:
+            self._check_arrays(head)
         try:
             envelope: Envelope = self._decode(head)
         except _DECODE_ERRORS as exc:
@@ -271,6 +301,8 @@ class Codec:
                 f"message of {size} bytes exceeds the limit of {self.max_message_bytes}"
             )
         head = frames[0]
+        if len(head) >= _CHECK_ARRAYS_BYTES and self._takes_arrays:
+            self._check_arrays(head)
         self._in_frames = frames  # read by _dec_hook for out-of-band arrays
         self._used_frames = 0
         try:
@@ -287,6 +319,21 @@ class Codec:
                 f"{self._used_frames} array frames"
             )
         return envelope
+
+    def _check_arrays(self, head: Frame) -> None:
+        """Refuse a ``weights`` body whose array maps are not exactly what the encoder
+        writes (extra keys, a long shape), before the decoder builds them as any value:
+        an extra key of 8 MiB of empty lists had cost ~64x its size."""
+        try:
+            kind = self._kind_decoder.decode(head).body.kind
+        except _DECODE_ERRORS:
+            return  # (the decoder says what is wrong)
+        if kind != "weights":
+            return
+        try:
+            self._arrays_decoder.decode(head)
+        except _DECODE_ERRORS as exc:
+            raise ProtocolError(f"malformed array in a weights message: {exc}") from exc
 
     def _refusal(self, head: Frame, exc: Exception) -> ProtocolError:
         """Why ``head`` failed to decode: a kind this codec does not accept, or ``_explain``."""

@@ -371,3 +371,47 @@ async def test_a_peer_cannot_claim_another_sender() -> None:
         await server.close()
     assert reply["body"]["kind"] == "action"
     assert seen == ["mallory"]
+
+
+def _weights_with_array_map(array_map: bytes) -> bytes:
+    """A weights request whose one tensor's map is ``array_map`` (written by hand)."""
+    body = (
+        b"\x84" + msgpack.packb("kind") + msgpack.packb("weights")
+        + msgpack.packb("policy") + msgpack.packb("p")
+        + msgpack.packb("version") + msgpack.packb(1)
+        + msgpack.packb("tensors") + b"\x81" + msgpack.packb("w") + array_map
+    )  # fmt: skip
+    return b"\x82" + msgpack.packb("id") + msgpack.packb(3) + msgpack.packb("body") + body
+
+
+@pytest.mark.parametrize("extra", ["junk", "shape"])
+def test_a_weights_array_map_is_checked_closed_before_it_is_built(traced: None, extra: str) -> None:
+    """The decoder hands an array's map to the codec's hook as any value, built whole: 4 MiB
+    of empty lists under an extra key (or as a shape) cost ~64x before anything looked."""
+    lists = b"\xdd" + (4 << 20).to_bytes(4, "big") + b"\x90" * (4 << 20)
+    if extra == "junk":
+        array_map = b"\x84\xa5dtype\xa3<f4\xa5shape\x91\x01\xa4data\xc4\x04\x00\x00\x00\x00"
+        array_map += b"\xa4junk" + lists
+    else:
+        array_map = b"\x82\xa5dtype\xa3<f4\xa5shape" + lists
+    frame = _weights_with_array_map(array_map)
+    codec = Codec(accept={"generate", "weights"})
+    _start_counting()
+    with pytest.raises(ProtocolError, match="malformed array in a weights message"):
+        codec.decode([frame])
+    assert _peak() < 1 << 20, f"{_peak() / 1e6:.0f} MB allocated for a refused message"
+
+
+def test_large_weights_inline_still_decode() -> None:
+    import numpy as np
+
+    from parley.protocols.messages import WeightUpdate
+
+    tensors = {"a": np.arange(40_000, dtype="f4").reshape(200, 200), "b": np.zeros(3, "i8")}
+    codec = Codec(zero_copy_bytes=1 << 30)  # every array inline: one large frame
+    frames = codec.encode(Envelope(body=WeightUpdate(policy="p", version=2, tensors=tensors)))
+    assert len(frames) == 1
+    assert len(frames[0]) > 64 * 1024
+    body = Codec(accept={"weights"}).decode(frames).body
+    assert isinstance(body, WeightUpdate)
+    assert all(np.array_equal(body.tensors[k], v) for k, v in tensors.items())
