@@ -125,17 +125,11 @@ class _Receiver(_Links):
         finally:
             sock.draining = False
 
-    def _too_many_frames(
-        self,
-        sock: _Sock,
-        rid: bytes | None,
-        head: bytes,
-        recv_frame: Callable[[], zmq.Frame],
-        part: zmq.Frame,
-    ) -> None:
-        """Read the rest of a message of over :data:`MAX_FRAMES` parts without keeping
-        them, and refuse it: its parts count nothing towards ``max_message_bytes`` when
-        empty, and millions of them held as a list stalled the loop for seconds."""
+    def _too_many_frames(self, sock: _Sock, rid: bytes | None, head: bytes,
+                         recv_frame: Callable[[], zmq.Frame], part: zmq.Frame) -> None:  # fmt: skip
+        """Read the rest of a message of over :data:`MAX_FRAMES` parts unkept and refuse it
+        (empty parts count nothing towards ``max_message_bytes``: millions of them held as
+        a list stalled the loop for seconds)."""
         self.stats.received += 1
         count = MAX_FRAMES + 1
         while part.more:
