@@ -24,6 +24,7 @@ import numpy as np
 
 from parley.protocols.errors import ProtocolError
 from parley.protocols.messages import (
+    BODY_KINDS,
     BODY_TYPES,
     SCHEMA_VERSION,
     Bye,
@@ -144,9 +145,9 @@ def _as_envelope(self: Envelope) -> tuple[Any, ...]:
 def _accepting(kinds: Collection[str]) -> type[Envelope]:
     """An :class:`Envelope` subclass whose body may only be of ``kinds`` (and the session
     kinds): a body of another kind fails at its tag, the rest of it skipped unread."""
-    unknown = sorted(set(kinds) - set(_KINDS))
+    unknown = sorted(set(kinds) - BODY_KINDS)
     if unknown:
-        raise ValueError(f"unknown body kinds {unknown}; the kinds are {sorted(_KINDS)}")
+        raise ValueError(f"unknown body kinds {unknown}; the kinds are {sorted(BODY_KINDS)}")
     types = tuple(t for kind, t in _KINDS.items() if kind in kinds or kind in SESSION_KINDS)
     body = Union[types]  # type: ignore[valid-type]  # noqa: UP007 -- built at run time
     accepted = msgspec.defstruct(

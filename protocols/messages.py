@@ -43,6 +43,7 @@ __all__ = [
     "Trajectory",
     "TurnRecord",
     "WeightUpdate",
+    "BODY_KINDS",
     "BODY_TYPES",
     "MAX_LIST_ITEMS",
 ]
@@ -359,3 +360,7 @@ def kind_of(body: Body | type[Body]) -> str:
     """The wire tag of a body struct (or of a body struct type)."""
     tag = body.__struct_config__.tag
     return str(tag)
+
+
+BODY_KINDS: frozenset[str] = frozenset(kind_of(t) for t in BODY_TYPES)
+"""The wire tag of every body kind (what ``BusConfig.accept`` may name)."""

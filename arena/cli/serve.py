@@ -202,7 +202,8 @@ class ServeOptions:
                     "(parley keys new pool CLIENT) and pass --curve-key/--client-key, "
                     "or --insecure on a network you trust"
                 )
-            return {"allow_insecure_tcp": self.insecure}
+            # Without CURVE, every client may change weights (loopback or --insecure).
+            return {"allow_insecure_tcp": self.insecure, "accept": POOL_ACCEPTS}
         if not self.client_keys and not self.weights_keys:
             raise ConfigError("with --curve-key, list the clients it admits (--client-key)")
         public, secret = load_secret_key(self.curve_key)
@@ -212,7 +213,7 @@ class ServeOptions:
             "curve_secret_key": secret,
             "curve_allowed_clients": tuple(load_public_key(k) for k in clients),
             "allow_insecure_tcp": self.insecure,
-            # Who may change weights: without CURVE, every client (loopback or --insecure).
+            # With CURVE, only --weights-key clients may change weights: without one, no one.
             "accept": POOL_ACCEPTS if self.weights_keys else frozenset({"generate"}),
         }
 
@@ -233,7 +234,7 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
     Everything is closed on exit, the pool first so waiting requests get their answer.
     """
     from parley.arena.inference.backends import load_backend
-    from parley.arena.inference.pool import POOL_ACCEPTS, POOL_ENDPOINT, InferencePool, PoolConfig
+    from parley.arena.inference.pool import POOL_ENDPOINT, InferencePool, PoolConfig
     from parley.protocols.bus import BusConfig, Endpoint
 
     config = PoolConfig(
@@ -258,9 +259,9 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
         pool = InferencePool({options.policy: backend}, config)
     # Room for every waiting and running request, so the pool (not the bus) says when it
     # is overloaded, with its own retryable error.
-    security = {"accept": POOL_ACCEPTS, **options.bus_security()}
     bus = BusConfig(
-        max_handlers=config.max_queue + config.max_in_flight + config.max_batch_size, **security
+        max_handlers=config.max_queue + config.max_in_flight + config.max_batch_size,
+        **options.bus_security(),
     )
     endpoint = Endpoint(POOL_ENDPOINT, config=bus)
     runner = None

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from parley.protocols.codec import DEFAULT_MAX_MESSAGE_BYTES
 from parley.protocols.errors import ConfigError
-from parley.protocols.messages import BODY_TYPES, kind_of
+from parley.protocols.messages import BODY_KINDS
 
 __all__ = ["BusConfig", "BusStats"]
 
@@ -73,7 +73,7 @@ class BusConfig:
                 f"({self.heartbeat_interval}); use at least 2.5x"
             )
         if self.accept is not None:
-            unknown = sorted(set(self.accept) - {kind_of(t) for t in BODY_TYPES})
+            unknown = sorted(set(self.accept) - BODY_KINDS)
             if unknown:
                 raise ConfigError(f"BusConfig.accept names unknown body kinds {unknown}")
         if (self.curve_secret_key is None) != (self.curve_public_key is None):
