@@ -123,7 +123,8 @@ def _stamp(path: Path) -> tuple[int, int]:
 
 
 def load_jsonl(path: Path | None) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file (cached until it changes); bad lines are skipped."""
+    """The JSON objects of a JSONL file such as ``metrics.jsonl`` (cached until it changes);
+    bad lines are skipped. Transcripts are read through :mod:`parley.arena.view.index`."""
     if path is None:
         return []
     stamp = _stamp(path)
@@ -162,15 +163,7 @@ def _sane(row: Mapping[str, Any]) -> bool:
         value = row.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10**9:
             return False
-    if any(not isinstance(row.get(key, {}), Mapping) for key in _ROW_MAPS):
-        return False
-    steps = row.get("steps", [])
-    return isinstance(steps, list) and all(
-        isinstance(step, Mapping)
-        and isinstance(step.get("actions", {}), Mapping)
-        and isinstance(step.get("infos", {}), Mapping)
-        for step in steps
-    )
+    return all(isinstance(row.get(key, {}), Mapping) for key in _ROW_MAPS)
 
 
 def finite(value: Any) -> Any:
@@ -207,16 +200,15 @@ def failure_groups(episodes: Iterable[Mapping[str, Any]]) -> dict[str, list[tupl
 
 
 def invalid_rates(episodes: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
-    """Per seat: ``(actions, invalid actions)``; a step's ``infos[seat]["invalid"]`` judges
-    the action that seat played in that step."""
+    """Per seat: ``(actions, invalid actions)`` over episode rows
+    (:func:`~parley.arena.view.index.episode_row`): a step's ``infos[seat]["invalid"]``
+    judges the action that seat played in that step."""
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for ep in episodes:
-        for step in ep.get("steps", []):
-            infos = step.get("infos", {})
-            for seat in step.get("actions", {}):
-                out[seat][0] += 1
-                if (infos.get(seat) or {}).get("invalid"):
-                    out[seat][1] += 1
+        for seat, n in ep["_acted"].items():
+            out[seat][0] += n
+        for seat, n in ep["_invalid"].items():
+            out[seat][1] += n
     return {seat: (a, b) for seat, (a, b) in sorted(out.items())}
 
 
@@ -338,10 +330,11 @@ def _float(text: str | None) -> float | None:
 def filter_episodes(
     episodes: Iterable[Mapping[str, Any]], query: Mapping[str, str]
 ) -> list[Mapping[str, Any]]:
-    """Episodes matching the query: ``status`` (ok/failed), ``reason`` (failure kind or text
-    in the reason), ``seat`` (played by or failed in that seat; with ``invalid=1``: that seat
-    made an invalid move), ``metric`` with ``min``/``max``, ``return_seat`` with
-    ``return_min``/``return_max``. Unknown or malformed values filter nothing."""
+    """Episode rows (:func:`~parley.arena.view.index.episode_row`) matching the query:
+    ``status`` (ok/failed), ``reason`` (failure kind or text in the reason), ``seat`` (played
+    by or failed in that seat; with ``invalid=1``: that seat made an invalid move),
+    ``metric`` with ``min``/``max``, ``return_seat`` with ``return_min``/``return_max``.
+    Unknown or malformed values filter nothing."""
     status = query.get("status", "")
     reason = query.get("reason", "").strip()
     seat = query.get("seat", "").strip()
@@ -360,14 +353,9 @@ def filter_episodes(
         if seat:
             if seat not in (ep.get("agents") or {}):
                 continue
-            if invalid and not any(
-                ((s.get("infos") or {}).get(seat) or {}).get("invalid") for s in ep.get("steps", [])
-            ):
+            if invalid and not ep["_invalid"].get(seat):
                 continue
-        elif invalid and not any(
-            any((i or {}).get("invalid") for i in (s.get("infos") or {}).values())
-            for s in ep.get("steps", [])
-        ):
+        elif invalid and not ep["_invalid"]:
             continue
         ranged = lo is not None or hi is not None
         if metric and ranged and not _in_range((ep.get("metrics") or {}).get(metric), lo, hi):

@@ -26,6 +26,7 @@ from parley.arena.view.data import (
     read_json,
 )
 from parley.arena.view.html import Links, esc, num, page, pm
+from parley.arena.view.index import episode_rows
 
 __all__ = ["compare_page", "episodes_page", "index_page", "run_info", "run_page", "train_page"]
 
@@ -55,7 +56,7 @@ def run_info(src: Source) -> dict[str, Any]:
     summary = read_json(src.file("summary.json"))
     episodes = _map(summary.get("episodes"))
     if not summary:
-        eps = load_jsonl(src.file("transcripts.jsonl"))
+        eps = episode_rows(src.file("transcripts.jsonl"))
         first = eps[0] if eps else {}
         summary = {"scenario": first.get("scenario", ""), "agents": first.get("agents", {})}
         failed = sum(1 for e in eps if e.get("status") == "failed")
@@ -153,7 +154,7 @@ def _metrics_html(episodes: Sequence[Mapping[str, Any]]) -> str:
 
 
 def run_page(src: Source, links: Links) -> str:
-    eps = load_jsonl(src.file("transcripts.jsonl"))
+    eps = episode_rows(src.file("transcripts.jsonl"))
     summary = read_json(src.file("summary.json"))
     info = run_info(src)
     ok = sum(1 for e in eps if e.get("status") == "ok")
@@ -210,7 +211,7 @@ def run_page(src: Source, links: Links) -> str:
 def episodes_page(
     src: Source, links: Links, query: Mapping[str, str], shown: Sequence[Mapping[str, Any]]
 ) -> str:
-    eps = load_jsonl(src.file("transcripts.jsonl"))
+    eps = episode_rows(src.file("transcripts.jsonl"))
     seats = sorted({s for e in eps for s in (e.get("agents") or {})})
     metrics = sorted({m for e in eps for m in (e.get("metrics") or {})})
     kinds = sorted({failure_kind(str(e.get("failed", ""))) for e in eps if e.get("failed")})
@@ -231,7 +232,7 @@ def episodes_page(
             f"<td>{esc(ep.get('status', ''))}</td><td>{esc(ep.get('failed', ''))}</td>"
             + "".join(f"<td class=num>{num(m.get(k))}</td>" for k in metrics)
             + "".join(f"<td class=num>{num(r.get(s))}</td>" for s in seats)
-            + f"<td class=num>{len(ep.get('steps', []))}</td></tr>"
+            + f"<td class=num>{ep['_steps']}</td></tr>"
         )
     more = f"<p>showing 2000 of {len(shown)}</p>" if len(shown) > 2000 else ""
     parts.append(
@@ -281,8 +282,8 @@ def links_path(src: Source) -> str:
 
 
 def compare_page(a: Source, b: Source, links: Links) -> str:
-    ea = load_jsonl(a.file("transcripts.jsonl"))
-    eb = load_jsonl(b.file("transcripts.jsonl"))
+    ea = episode_rows(a.file("transcripts.jsonl"))
+    eb = episode_rows(b.file("transcripts.jsonl"))
     rows = []
     for row in compare_metrics(ea, eb):
         cell_a = pm(row.a.mean, row.a.ci95) if row.a else "-"

@@ -40,6 +40,7 @@ from parley.arena.view.data import (
 )
 from parley.arena.view.episode import episode_page
 from parley.arena.view.html import CSP, Links
+from parley.arena.view.index import episode_rows, iter_episodes, read_episode
 from parley.arena.view.pages import (
     compare_page,
     episodes_page,
@@ -151,7 +152,7 @@ def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Applica
         query = {k: v for k, v in request.query.items()}
 
         def render() -> str:
-            shown = filter_episodes(load_jsonl(src.file("transcripts.jsonl")), query)
+            shown = filter_episodes(episode_rows(src.file("transcripts.jsonl")), query)
             return episodes_page(src, links, query, shown)
 
         return _html(await asyncio.to_thread(render))
@@ -160,9 +161,9 @@ def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Applica
         src = state.get(request.match_info["rid"], "run")
         eid = request.match_info["ep"]
         if EPISODE_ID.match(eid):
-            for ep in await asyncio.to_thread(load_jsonl, src.file("transcripts.jsonl")):
-                if ep.get("episode") == eid:
-                    return _html(episode_page(src, ep, links))
+            ep = await asyncio.to_thread(read_episode, src.file("transcripts.jsonl"), eid)
+            if ep is not None:
+                return _html(episode_page(src, ep, links))
         raise web.HTTPNotFound(text=f"no episode {eid!r} in run {src.id!r}")
 
     async def compare(request: web.Request) -> web.Response:
@@ -271,10 +272,10 @@ def export_static(roots: Sequence[Path], out: Path) -> list[Path]:
     write("index.html", index_page(sources, links))
     runs = [s for s in sources.values() if s.kind == "run"]
     for src in runs:
-        eps = load_jsonl(src.file("transcripts.jsonl"))
+        transcripts = src.file("transcripts.jsonl")
         write(links.run(src.id), run_page(src, links))
-        write(links.episodes(src.id), episodes_page(src, links, {}, eps))
-        for ep in eps:
+        write(links.episodes(src.id), episodes_page(src, links, {}, episode_rows(transcripts)))
+        for ep in iter_episodes(transcripts):
             eid = str(ep.get("episode", ""))
             if EPISODE_ID.match(eid):
                 write(links.episode(src.id, eid), episode_page(src, ep, links))

@@ -18,6 +18,7 @@ import pytest
 
 from parley.arena.cli import main as cli_main
 from parley.arena.view.data import compare_metrics, discover, filter_episodes, t975
+from parley.arena.view.index import episode_row
 from parley.arena.view.server import start
 from tests.arena.view.conftest import episode, write_run
 from tests.arena.view.hostile import PAYLOAD
@@ -186,7 +187,8 @@ def test_filters_select_what_they_say() -> None:
         episode("t2", "failed", failed="b: timeout: no action within 60 s"),
         episode("t3", "failed", failed="scenario_error: boom"),
     ]
-    ids = lambda q: [e["episode"] for e in filter_episodes(eps, q)]  # noqa: E731
+    rows = [episode_row(ep) for ep in eps]
+    ids = lambda q: [e["episode"] for e in filter_episodes(rows, q)]  # noqa: E731
     assert ids({"status": "failed"}) == ["t2", "t3"]
     assert ids({"reason": "timeout"}) == ["t2"]
     assert ids({"reason": "boom"}) == ["t3"]

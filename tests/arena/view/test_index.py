@@ -1,0 +1,187 @@
+"""The viewer's transcript index: rows in memory, whole transcripts read one line at a time,
+a growing file read on from where it stopped, a replaced one read again."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from parley.arena.view import index
+from parley.arena.view.data import filter_episodes, invalid_rates
+from parley.arena.view.index import episode_row, episode_rows, iter_episodes, read_episode
+from tests.arena.view.conftest import episode
+
+
+def _steps(n: int, size: int = 0, invalid: str = "") -> list[dict]:
+    steps = []
+    for turn in range(n):
+        seat = "ab"[turn % 2]
+        infos = {s: {"to_act": s != seat, "view": {"x": [1, 2, 3]}} for s in "ab"}
+        if invalid and turn == 1:
+            infos[seat]["invalid"] = invalid
+        steps.append(
+            {
+                "turn": turn,
+                "actions": {seat: f"move {turn}"},
+                "observations": {seat: "o" * size},
+                "infos": infos,
+            }
+        )
+    return steps
+
+
+def _write(path: Path, episodes: list[dict], mode: str = "w") -> None:
+    with path.open(mode) as f:
+        f.writelines(json.dumps(ep) + "\n" for ep in episodes)
+
+
+@pytest.fixture
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The lines the index parses, in order."""
+    seen: list[bytes] = []
+    real = index._parse
+
+    def counting(line: bytes) -> object:
+        seen.append(line)
+        return real(line)
+
+    monkeypatch.setattr(index, "_parse", counting)
+    return seen
+
+
+def test_rows_hold_what_the_pages_read_and_the_page_reads_the_whole_line(tmp_path: Path) -> None:
+    path = tmp_path / "transcripts.jsonl"
+    eps = [episode(f"t{i}", steps=_steps(4, invalid="bad" if i == 1 else "")) for i in range(3)]
+    _write(path, eps)
+    rows = episode_rows(path)
+    assert [r["episode"] for r in rows] == ["t0", "t1", "t2"]
+    assert all("steps" not in r for r in rows)
+    assert rows[1]["_steps"] == 4
+    assert rows[1]["_acted"] == {"a": 2, "b": 2}
+    assert rows[1]["_invalid"] == {"b": 1}
+    assert rows[0]["_invalid"] == {}
+    assert rows[1]["metrics"] == eps[1]["metrics"]
+    assert rows[1]["returns"] == eps[1]["returns"]
+    assert invalid_rates(rows) == {"a": (6, 0), "b": (6, 1)}
+    assert [r["episode"] for r in filter_episodes(rows, {"invalid": "1"})] == ["t1"]
+    assert read_episode(path, "t2") == eps[2]
+    assert read_episode(path, "t9") is None
+    assert list(iter_episodes(path)) == eps
+    assert episode_row(eps[1]) == rows[1]  # (one derivation for parsed and read lines)
+
+
+def test_a_growing_file_is_read_on_from_where_the_index_stopped(
+    tmp_path: Path, parses: list[bytes]
+) -> None:
+    path = tmp_path / "transcripts.jsonl"
+    _write(path, [episode(f"t{i}", steps=_steps(3)) for i in range(50)])
+    assert len(episode_rows(path)) == 50
+    assert len(parses) == 50
+    assert len(episode_rows(path)) == 50
+    assert len(parses) == 50  # unchanged: nothing read
+    # A run appends an episode and is half-way through writing the next one.
+    line = json.dumps(episode("t51", steps=_steps(3)))
+    with path.open("a") as f:
+        f.write(json.dumps(episode("t50")) + "\n" + line[:40])
+    assert [r["episode"] for r in episode_rows(path)[-1:]] == ["t50"]
+    assert len(parses) == 51  # only the new whole line
+    with path.open("a") as f:
+        f.write(line[40:] + "\n")
+    assert [r["episode"] for r in episode_rows(path)[-2:]] == ["t50", "t51"]
+    assert len(parses) == 52
+    assert read_episode(path, "t51") == json.loads(line)
+
+
+def test_a_replaced_truncated_or_rewritten_file_is_read_again(tmp_path: Path) -> None:
+    path = tmp_path / "transcripts.jsonl"
+    _write(path, [episode(f"old{i}") for i in range(5)])
+    assert len(episode_rows(path)) == 5
+    # Replaced (a new run written to a temporary file and moved over the old one).
+    other = tmp_path / "new.jsonl"
+    _write(other, [episode(f"new{i}") for i in range(7)])
+    os.replace(other, path)
+    assert [r["episode"] for r in episode_rows(path)][:1] == ["new0"]
+    assert len(episode_rows(path)) == 7
+    # Truncated and rewritten shorter, in place.
+    _write(path, [episode("short")])
+    assert [r["episode"] for r in episode_rows(path)] == ["short"]
+    # Rewritten in place, same inode, at least as long: the first bytes differ.
+    _write(path, [episode("again"), episode("more")])
+    assert [r["episode"] for r in episode_rows(path)] == ["again", "more"]
+    assert read_episode(path, "short") is None
+    assert read_episode(path, "more") == episode("more")
+
+
+def test_an_episode_read_after_its_file_changed_under_the_index(tmp_path: Path) -> None:
+    """The index says where t1 was; the file now holds something else there."""
+    path = tmp_path / "transcripts.jsonl"
+    _write(path, [episode("t0"), episode("t1")])
+    assert len(episode_rows(path)) == 2
+    with path.open("r+b") as f:  # same inode, same size, first bytes kept
+        first = f.readline()
+        f.seek(len(first))
+        f.write(b"x" * (len(json.dumps(episode("t1"))) - 1) + b"\n")
+    # The head still matches and the size did not change: the index still names t1, but
+    # its line is no longer a transcript. The read says so and the index is rebuilt.
+    assert read_episode(path, "t1") is None
+    assert [r["episode"] for r in episode_rows(path)] == ["t0"]
+
+
+def test_lines_that_are_not_transcripts_are_left_out(tmp_path: Path) -> None:
+    path = tmp_path / "transcripts.jsonl"
+    lines = [
+        json.dumps(episode("ok0")),
+        "[" * 100_000,  # nesting deeper than any parser's stack
+        json.dumps(episode("bad-trial", trial=-1)),
+        json.dumps(episode("bad-steps", steps=["x"])),
+        json.dumps(episode("bad-info", steps=[{"actions": {}, "infos": {"a": "text"}}])),
+        json.dumps(episode("nan", metrics={"score": float("nan")})),  # Python's json: NaN
+        "not json",
+        json.dumps(episode("ok1")),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    assert [r["episode"] for r in episode_rows(path)] == ["ok0", "nan", "ok1"]
+    assert read_episode(path, "nan")["metrics"]["score"] != 0  # (NaN: never equal)
+
+
+def _traced(fn: object) -> tuple[object, int, int]:
+    gc.collect()
+    tracemalloc.start()
+    try:
+        value = fn()  # type: ignore[operator]
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return value, kept, peak
+
+
+def test_the_index_holds_a_small_part_of_what_the_transcripts_hold(tmp_path: Path) -> None:
+    """2,000 episodes of 20 steps with 1 KB observations (~48 MB). Parsed whole, a tenth of
+    them holds more memory than the whole file's size; the index of all of them holds under
+    a tenth of that, and never more than a few chunks of the file while reading."""
+    path = tmp_path / "transcripts.jsonl"
+    with path.open("w") as f:
+        for i in range(2000):
+            f.write(json.dumps(episode(f"t{i:05d}", steps=_steps(20, size=1024))) + "\n")
+    size = path.stat().st_size
+    lines = path.read_bytes().splitlines()[:200]
+    whole, whole_kept, _ = _traced(lambda: [json.loads(line) for line in lines])
+    rows, kept, peak = _traced(lambda: episode_rows(path))
+    assert len(rows) == 2000  # type: ignore[arg-type]
+    assert 10 * whole_kept > size  # (the old way: every transcript parsed and kept)
+    assert kept < whole_kept, (kept, whole_kept)  # all 2,000 rows < 200 parsed transcripts
+    assert peak < 3 * index._CHUNK + kept, (peak, kept)
+    assert read_episode(path, "t00199") == whole[199]  # type: ignore[index]
+
+
+def test_the_indexes_kept_are_bounded(tmp_path: Path) -> None:
+    for i in range(3 * index._CACHE_FILES):
+        path = tmp_path / f"t{i}.jsonl"
+        _write(path, [episode(f"t{i}")])
+        assert [r["episode"] for r in episode_rows(path)] == [f"t{i}"]
+    assert len(index._indexes) <= index._CACHE_FILES
