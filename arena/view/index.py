@@ -60,6 +60,8 @@ _KEPT = tuple(name for name in _Transcript.__struct_fields__ if name != "steps")
 _decode = msgspec.json.Decoder(_Transcript).decode
 _DECODE_ERRORS = (msgspec.DecodeError, ValueError, TypeError, RecursionError)
 _CHUNK = 8 << 20
+MAX_LINE_BYTES = 128 << 20
+"""Longest transcript line indexed (an episode of 128 MB); a longer one is skipped."""
 
 
 def _row(t: _Transcript) -> dict[str, Any]:
@@ -116,25 +118,37 @@ class _Index:
             if not self.head:
                 self.head = f.read(4096)
             f.seek(self.end)
-            rest = b""
+            parts: list[bytes] = []  # the line not yet ended (a run may be writing it)
+            held = 0  # its length: over MAX_LINE_BYTES, it is not kept but skipped
             while chunk := f.read(_CHUNK):
-                data = rest + chunk
-                cut = data.rfind(b"\n") + 1  # only whole lines: a run may be writing one
-                self._add(data[:cut], self.end)
-                self.end += cut
-                rest = data[cut:]
+                cut = chunk.rfind(b"\n") + 1
+                if not cut:
+                    held += len(chunk)
+                    if held > MAX_LINE_BYTES:
+                        parts = []
+                    else:
+                        parts.append(chunk)
+                    continue
+                start = chunk.index(b"\n") + 1  # the held line ends here
+                if held + start > MAX_LINE_BYTES:
+                    self.end += held + start
+                else:
+                    self._add(b"".join([*parts, chunk[:start]]) if parts else chunk[:start])
+                while start < cut:  # (whole lines, each shorter than a chunk)
+                    stop = chunk.index(b"\n", start) + 1
+                    self._add(chunk[start:stop])
+                    start = stop
+                parts, held = [chunk[cut:]], len(chunk) - cut
 
-    def _add(self, data: bytes, offset: int) -> None:
-        start = 0
-        while start < len(data):
-            stop = data.index(b"\n", start) + 1
-            transcript = _parse(data[start:stop])
-            if transcript is not None:
-                row = _row(transcript)
-                self.by_id.setdefault(str(row["episode"]), len(self.rows))
-                self.rows.append(row)
-                self.spans.append((offset + start, stop - start))
-            start = stop
+    def _add(self, line: bytes) -> None:
+        """Index ``line``, which starts at ``self.end``, and move past it."""
+        transcript = _parse(line)
+        if transcript is not None:
+            row = _row(transcript)
+            self.by_id.setdefault(str(row["episode"]), len(self.rows))
+            self.rows.append(row)
+            self.spans.append((self.end, len(line)))
+        self.end += len(line)
 
 
 _CACHE_FILES = 8

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import random
 import tracemalloc
 from pathlib import Path
 
@@ -130,6 +131,33 @@ def test_an_episode_read_after_its_file_changed_under_the_index(tmp_path: Path) 
     # its line is no longer a transcript. The read says so and the index is rebuilt.
     assert read_episode(path, "t1") is None
     assert [r["episode"] for r in episode_rows(path)] == ["t0"]
+
+
+def test_lines_across_chunks_are_read_whole_and_overlong_ones_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of 64 bytes, lines of 100 bytes to 2 KB, at most 1 KB kept: every line that
+    fits is indexed at its place, every longer one skipped, in one read or appended."""
+    monkeypatch.setattr(index, "_CHUNK", 64)
+    monkeypatch.setattr(index, "MAX_LINE_BYTES", 1024)
+    rng = random.Random(7)
+    path = tmp_path / "transcripts.jsonl"
+    path.write_bytes(b"")
+    kept = []
+    for i in range(120):
+        line = json.dumps(episode(f"t{i}", failed="x" * rng.randrange(0, 1800))) + "\n"
+        if len(line) <= 1024:
+            kept.append(f"t{i}")
+        with path.open("a") as f:
+            f.write(line)
+        if i % 7 == 0:
+            episode_rows(path)  # read on as the file grows
+    assert [r["episode"] for r in episode_rows(path)] == kept
+    assert 30 < len(kept) < 110
+    for eid in kept[::9]:
+        assert read_episode(path, eid)["episode"] == eid
+    index._indexes.clear()  # and read at once from the start
+    assert [r["episode"] for r in episode_rows(path)] == kept
 
 
 def test_lines_that_are_not_transcripts_are_left_out(tmp_path: Path) -> None:
