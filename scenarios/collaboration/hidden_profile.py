@@ -52,11 +52,12 @@ defaults give v0's rules, observations and transcripts:
   "choice" between ``share`` and ``pass`` (free text stays legal, as in v0).
 * ``notebook`` (False): True keeps, per agent, the set of distinct *real* facts it holds or
   has been told (a fact line in a message enters its recipients' notebooks only when the
-  deal holds that fact: a made-up fact is ignored), and shows it as a short line in every
-  prompt, the option letter of each known fact (``Known:C,A,C,B``, in fact-id order, so the
-  order carries no information). The brief is then left out (the notebook carries the
-  facts) and a ``share`` message reads ``share`` (what it shared is in the recipients'
-  notebooks). ``view["known"]`` holds the notebook as fact dicts.
+  sender knows that fact, held or told: a made-up or guessed fact is ignored, else spraying
+  every possible fact line would have the notebook confirm the real ones), and shows it as a
+  short line in every prompt, the option letter of each known fact (``Known:C,A,C,B``, in
+  fact-id order, so the order carries no information). The brief is then left out (the
+  notebook carries the facts) and a ``share`` message reads ``share`` (what it shared is in
+  the recipients' notebooks). ``view["known"]`` holds the notebook as fact dicts.
 
 Why: a tiny model trained from reward alone cannot count distinct fact ids across several
 long messages, but it can read the most frequent letter of one short line. The task stays
@@ -381,11 +382,13 @@ class HiddenProfileV1(HiddenProfile):
         reason = super().play(agent, action)
         if self.s.phase == "talk" and reason is None and text and text.lower() != "pass":
             to, body = split_address(text, self.possible_agents)
-            self._learn(agent, [f for f in parse_facts(body) if f in self._deal], to)
+            # Only facts the sender knows: the notebook must not confirm a guessed line.
+            known = self.known[agent]
+            self._learn(agent, [f for f in parse_facts(body) if f in known], to)
         return reason
 
     def _learn(self, sender: str, facts: list[Fact], to: list[str] | None) -> None:
-        """Real ``facts`` from ``sender`` enter the notebooks of its recipients."""
+        """``facts`` that ``sender`` knows enter the notebooks of its recipients."""
         if not facts:
             return
         deal = {f: f for f in self._deal}  # the dealt copy keeps the pro's wording

@@ -89,6 +89,42 @@ def test_made_up_and_private_facts_reach_only_whom_they_should() -> None:
     assert all(f.value == 1 for facts in env.known.values() for f in facts)
 
 
+TALKY = {**LEARNABLE, "talk": "text", "discussion_rounds": 2}
+
+
+def _lines_of(chunk: str) -> list[str]:
+    return [f"[{part.strip()}" for part in chunk.split("[") if part.strip()]
+
+
+def test_spraying_every_possible_fact_line_teaches_nothing() -> None:
+    """Found by review: the notebook took any line matching a dealt fact, whoever sent it, so
+    three seats that shared nothing they held, only all 297 possible fact lines, learned the
+    whole deal from their notebooks and won every episode."""
+    lines = [f"[F{i:02d}] option {o}: +1" for o in "ABC" for i in range(1, 100)]
+    chunks = [" ".join(lines[k : k + 52]) for k in range(0, len(lines), 52)]
+    for seed in range(20):
+        env = make(V1, **TALKY)
+        env.reset(seed=seed)
+        held = {seat: set(facts) for seat, facts in env.s.held.items()}
+        for r in range(2):
+            moves = {}
+            for k, seat in enumerate(env.possible_agents):
+                own = {f"[F{f.id:02d}] option {f.option}: +1" for f in held[seat]}
+                moves[seat] = " ".join(  # a sprayer sends none of the facts it holds
+                    line for line in _lines_of(chunks[3 * r + k]) if line not in own
+                )
+            env.step(moves)
+        assert env.known == held, seed  # no guessed line entered a notebook
+    # Relaying what one was told still teaches: agent_1 passes on agent_0's fact.
+    env = make(V1, **TALKY)
+    env.reset(seed=4)
+    real = next(f for f in env.s.held["agent_0"] if f not in env.s.held["agent_2"])
+    env.step({"agent_0": f"@agent_1: {real.line()}", "agent_1": "pass", "agent_2": "pass"})
+    assert real not in env.known["agent_2"]
+    env.step({"agent_0": "pass", "agent_1": real.line(), "agent_2": "pass"})
+    assert real in env.known["agent_2"]
+
+
 def test_hostile_talk_and_votes_never_crash_and_count_as_nothing() -> None:
     env = make(V1, **LEARNABLE)
     env.reset(seed=1)
