@@ -8,6 +8,7 @@ per-seat trajectories and turns them into an :class:`~parley.arena.run.records.E
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -211,8 +212,25 @@ class EpisodeLog:
             if value:
                 trajectories[seat].reward += value
 
+    def non_finite(self) -> str:
+        """Which seat's reward (or reward component) summed to NaN or an infinity, or "".
+
+        One such reward in a training batch makes every advantage NaN, and every weight
+        after one optimizer step (clipping the gradient's norm does not stop a NaN)."""
+        for seat, trajectory in self.trajectories.items():
+            if not math.isfinite(trajectory.reward):
+                return f"{seat}'s reward is {trajectory.reward}"
+            for name, total in trajectory.components.items():
+                if not math.isfinite(total):
+                    return f"{seat}'s reward component {name!r} is {total}"
+        return ""
+
     def record(self) -> EpisodeRecord:
         plan = self.plan
+        if not self.failed:
+            bad = self.non_finite()
+            if bad:  # failed, so never scored nor trained on
+                self.failed = f"scenario_error: {bad} (rewards must be finite numbers)"
         if self.failed:
             self.metrics = {}
             for trajectory in self.trajectories.values():

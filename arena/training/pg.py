@@ -49,6 +49,7 @@ Why these choices:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -80,6 +81,7 @@ __all__ = ["PGConfig", "PolicyGradientTrainer", "Sample"]
 # Running sums of one update's statistics (see PolicyGradientTrainer.step).
 _SUMS = (
     "loss",
+    "nonfinite_steps",
     "steps",
     "tokens",
     "sequences",
@@ -317,7 +319,8 @@ class PolicyGradientTrainer:
         of frozen policies only update the baselines. Metrics: ``loss`` (mean over the
         optimizer steps), ``ratio_mean``, ``ratio_min``, ``ratio_max``, ``clip_frac``
         (share of tokens whose clip was active), ``is_weight_mean``, ``kl``,
-        ``optimizer_steps``, ``micro_batches``, ``over_budget`` (micro-batches of one sample
+        ``optimizer_steps``, ``nonfinite_steps`` (optimizer steps skipped: the gradient was
+        NaN or infinite), ``micro_batches``, ``over_budget`` (micro-batches of one sample
         longer than ``token_budget``), ``logp_gap`` (see the module docstring; absent when
         no sample was on-policy) and, per role, ``reward/<role>`` and ``advantage_abs/<role>``.
         """
@@ -325,6 +328,13 @@ class PolicyGradientTrainer:
         samples = list(samples)
         if not samples:
             raise ValueError("step() needs at least one sample")
+        for s in samples:
+            if not math.isfinite(s.reward):
+                raise ValueError(
+                    f"a sample of {s.policy!r} ({s.key}) has reward {s.reward}: one NaN or "
+                    "infinite reward makes every advantage NaN, and every weight after one "
+                    "step (the runner fails such episodes: scenario_error)"
+                )
         # 1. advantages, over the fresh samples only (replayed ones keep theirs)
         advantages = compute_advantages(
             [s.reward for s in samples],
@@ -361,6 +371,7 @@ class PolicyGradientTrainer:
         metrics = {
             "loss": totals["loss"] / steps,
             "optimizer_steps": totals["steps"],
+            "nonfinite_steps": totals["nonfinite_steps"],
             "ratio_mean": totals["ratio_sum"] / tokens,
             "ratio_min": totals["ratio_min"] if totals["tokens"] else 1.0,
             "ratio_max": totals["ratio_max"] if totals["tokens"] else 1.0,
@@ -398,10 +409,15 @@ class PolicyGradientTrainer:
         if scaler is not None:
             scaler.unscale_(optim)  # clip the true gradient, not the scaled one
         params = self.weights[name].parameters()
-        self.torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        norm = self.torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
         if scaler is not None:
             scaler.step(optim)  # skipped when the scaled gradient overflowed
             scaler.update()
+        elif not math.isfinite(float(norm)):
+            # A NaN or inf gradient (non-finite recorded logprobs, an overflow) would make
+            # every weight NaN: the step is skipped and counted, the weights stay as they were.
+            optim.zero_grad(set_to_none=True)
+            totals["nonfinite_steps"] += 1
         else:
             optim.step()
         totals["steps"] += 1
