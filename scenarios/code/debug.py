@@ -35,8 +35,9 @@ is a ``json`` constraint for structured output (the tool-call form or the seat's
 form). Scripted oracles get the fix through the privileged ``oracle`` hook
 (``{"fixed": ...}``), which the runner gives only to in-process agents marked ``privileged``.
 
-What "hidden" means: the hidden tests and the fix are in no observation, view or tool result,
-and never enter the sandbox. They are not secret from a policy that can read the installed
+What "hidden" means: the hidden tests and the fix are in no observation, view or tool result;
+only the hidden calls enter the sandbox of the submission's run (its output is never shown:
+code that prints them is not heard). They are not secret from a policy that can read the installed
 package: the task table (:mod:`parley.scenarios.code.debug_tasks`) ships with it, and the
 view's ``name`` and buggy ``code`` identify the task as surely as an index would. Scores are
 honest for agents that see only their observations; for secrecy against code with access to
@@ -107,6 +108,7 @@ remaining calls (they ran before, for up to 8 s each).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -129,6 +131,8 @@ from parley.scenarios.tools.tool import (
     result_dicts,
     tool,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CodeDebug", "TestRun", "run_tests"]
 
@@ -328,12 +332,14 @@ class CodeDebug(Scenario):
         if code is not None:
             self.s.submitted = True
             try:
-                run = run_tests(self.sandbox, code, self.s.task.hidden)
+                run = run_tests(self.sandbox, code, self.s.task.hidden, hidden=True)
             except SandboxError as exc:
                 # In the weak mode the submission can end the sandbox without a report (it
-                # can kill its supervisor): no results, score 0, the reason kept.
+                # can kill its supervisor): no results, score 0. The reason goes to the log,
+                # not the view: it can quote what the code printed (the hidden calls).
                 self.s.sandbox_failed = True
-                self.s.hidden_problem = f"the sandbox failed: {str(exc)[:300]}"
+                self.s.hidden_problem = "the sandbox failed (the reason is in the log)"
+                log.warning("%s: the hidden tests' sandbox failed: %s", self.s.task.name, exc)
             else:
                 self.s.hidden_passed = run.passed / len(run.results)
                 self.s.hidden_problem = run.problem[:300]

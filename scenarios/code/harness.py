@@ -265,10 +265,14 @@ def judge(outcome: Outcome, expected: Any) -> tuple[bool, str]:
     return bool(passed), "returned " + repr(outcome.value)[:MAX_DETAIL]
 
 
-def run_tests(sandbox: Sandbox, code: str, tests: Sequence[tuple[str, str]]) -> TestRun:
+def run_tests(
+    sandbox: Sandbox, code: str, tests: Sequence[tuple[str, str]], *, hidden: bool = False
+) -> TestRun:
     """Run ``tests`` against ``code`` (saved as ``solution.py``) in ``sandbox``.
 
     Only the calls enter the sandbox; the expected values are parsed and compared here.
+    ``hidden``: the problem never quotes the run's output (the code can print the calls it
+    was given there).
     Never raises on anything the code does (a :class:`~parley.scenarios.tools.SandboxError`
     from the sandbox itself still propagates: that is the host's failure, not the code's)."""
     calls = [call for call, _ in tests]
@@ -280,5 +284,7 @@ def run_tests(sandbox: Sandbox, code: str, tests: Sequence[tuple[str, str]]) -> 
         for outcome, (_, expected) in zip(outcomes, tests, strict=True)
     )
     if problem == "no results":
-        problem = f"the tests did not finish (ended by {run.ended_by}): {run.stderr[-300:]}"
+        problem = f"the tests did not finish (ended by {run.ended_by})"
+        if not hidden:
+            problem += f": {run.stderr[-300:]}"
     return TestRun(results, problem)

@@ -92,8 +92,11 @@ def parse_proposal(text: str, n: int) -> tuple[list[float] | None, str | None]:
     shares = [float(w) for w in words]
     if len(shares) != n:
         return None, f"give exactly {n} shares (one per player, in seat order)"
-    if sum(shares) > 1 + TOLERANCE:
-        return None, f"shares sum to {sum(shares):.6f}; they may sum to at most 1"
+    total = sum(shares)
+    if total > 1 + TOLERANCE:
+        return None, f"shares sum to {total:.6f}; they may sum to at most 1"
+    if total > 1:  # within the tolerance (decimals that do not add up exactly): scaled to 1,
+        shares = [share / total for share in shares]  # or the pie would pay more than itself
     return shares, None
 
 

@@ -371,3 +371,24 @@ def test_the_introspection_hacks_gain_nothing_on_any_task(task: int) -> None:
 
 def test_the_fix_still_scores_one_on_every_task() -> None:
     assert [score(t.fixed, i) for i, t in enumerate(TASKS)] == [1.0] * len(TASKS)
+
+
+@pytest.mark.parametrize("task", [0, 5])
+def test_the_hidden_calls_are_heard_from_nowhere(task: int) -> None:
+    """Found by review: a submission that printed calls.json to stderr and exited before its
+    results saw the hidden calls come back in ``view["hidden_problem"]`` (and so in every
+    transcript)."""
+    env = make(ID, task=task)
+    env.reset(seed=0)
+    leak = (
+        "import sys, os\ncalls = open('calls.json').read()\n"
+        "sys.stderr.write(calls)\nsys.stderr.flush()\nsys.stdout.write(calls)\n"
+        "sys.stdout.flush()\nos._exit(3)\n"
+    )
+    observations, _, terminations, _, infos = env.step({"coder": json.dumps({"submit": leak})})
+    assert all(terminations.values())
+    problem = infos["coder"]["view"]["hidden_problem"]
+    assert problem.startswith("the tests did not finish"), problem
+    shown = json.dumps([observations, infos, [e.text for e in env.events]])
+    for call, _ in TASKS[task].hidden:
+        assert json.dumps(call)[1:-1] not in shown, call

@@ -66,3 +66,18 @@ def test_parse_proposal() -> None:
     assert parse_proposal("propose: 0.5 0.5 0.1", 3)[1]
     assert parse_proposal("propose: " + "1" * 900, 1)[1]  # huge number, no hang
     assert parse_proposal("share: a b c", 3)[1]
+
+
+def test_the_pie_never_pays_more_than_itself() -> None:
+    """Found by review: shares summing to 1 + 1e-6 passed the tolerance and paid 1.000001."""
+    shares, reason = parse_proposal("propose: 1.000001 0 0", 3)
+    assert reason is None
+    assert shares is not None
+    assert sum(shares) == pytest.approx(1.0, abs=1e-12)
+    assert sum(shares) <= 1.0
+    assert parse_proposal("propose: 0.333 0.333 0.334", 3) == ([0.333, 0.333, 0.334], None)
+    env = make(ID, n_players=3, delta=0.9)
+    env.reset(seed=3)
+    env.step({env.s.proposer: "propose: 0.5 0.5 0.000001"})
+    _, rewards, *_ = env.step(dict.fromkeys(env.agents, "yes"))
+    assert sum(rewards.values()) <= 1.0
