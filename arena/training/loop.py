@@ -407,7 +407,9 @@ class _Run:
         episodes = len(curve) * self.config.sampler.batch_size
         failed, dropped = sampler.failed, sampler.dropped_stale
         self._finish_stage(stage, curve, stage_start, episodes, failed, dropped)
-        self.summaries[-1].update(attempt=attempt, seed=seed, stalled=stalled)
+        self.summaries[-1].update(
+            attempt=attempt, seed=seed, stalled=stalled, dropped_groups=sampler.dropped_groups
+        )
         figures = getattr(runner, "figures", None)  # on Ray: TrainRayRunner.figures
         if callable(figures):
             self.summaries[-1]["ray"] = figures()  # workers lost/replaced, episodes retried

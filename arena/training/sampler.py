@@ -34,6 +34,15 @@ those still being played. Without it, a slow trainer would let sampling run arbi
 ahead; with it alone, a slow episode started at version v could still arrive many versions
 later (measured: S = 1 gave samples 15-20 versions stale), hence the rule above.
 
+**A batch holds whole groups.** With ``group_size`` G > 1, G episodes share a scenario seed
+(a GRPO group "by prompt"); a batch takes only groups whose G members are all ready (and
+each within S), so no sample sits in a partial group, where its group-relative advantage
+would be 0 or noisy (measured before: at S = 1, 75 of 320 samples alone in their batch's
+group). A member dropped as stale is played again (same seeds, newest weights), up to
+:data:`MAX_REPLAYS` times; a member that fails, or one dropped that often, gives its group
+up: the other members are dropped (:attr:`AsyncSampler.dropped_groups`) and new groups
+start. ``batch_size`` must be a multiple of G.
+
 Failed episodes (an agent timed out or died, a scenario raised) are recorded with their
 reason in :attr:`AsyncSampler.failures` and never reach the trainer: an infrastructure
 failure is not a reward of 0. A replacement starts for each; after
@@ -75,6 +84,20 @@ __all__ = [
 
 KEEP_FAILURES = 100
 """Failed episode records an :class:`AsyncSampler` keeps (the newest)."""
+MAX_REPLAYS = 3
+"""Plays of one group member dropped as stale before its group is given up."""
+
+
+@dataclass
+class _Ready:
+    """A finished episode waiting for its batch (and for the rest of its group)."""
+
+    record: EpisodeRecord
+    started: int  # published version when it started
+    oldest: int  # version of its oldest counted action
+    plan: EpisodePlan
+    replays: int  # plays of its plan dropped as stale before this one
+
 
 _TRAIN_KEY = 7  # purpose tag for derive_seed: training episode seeds
 
@@ -95,7 +118,8 @@ class SamplerConfig:
     concurrency: int = 64
     """Most episodes played at once."""
     group_size: int = 1
-    """Episodes per scenario seed; > 1 makes GRPO groups 'by prompt' meaningful."""
+    """Episodes per scenario seed; > 1 makes GRPO groups 'by prompt' meaningful. A batch
+    holds whole groups only (see the module docstring)."""
     seed: int | None = None
     """Seeds the scenario and agent seeds of every episode (None: 0; ``parley train``
     derives it from the run's ``seed``)."""
@@ -107,6 +131,11 @@ class SamplerConfig:
             raise ConfigError("batch_size, concurrency and group_size must be >= 1")
         if self.staleness < 0:
             raise ConfigError("staleness must be >= 0")
+        if self.batch_size % self.group_size:
+            raise ConfigError(
+                f"batch_size ({self.batch_size}) must be a multiple of group_size "
+                f"({self.group_size}): a batch holds whole groups"
+            )
         if self.max_consecutive_failures < 1:
             raise ConfigError("max_consecutive_failures must be >= 1")
 
@@ -201,8 +230,14 @@ class AsyncSampler:
         """Their ages (versions) when dropped: what admission control alone lets through."""
         self.peak_outstanding = 0
         """Largest ``accepted + running`` seen (never above the budget of its time)."""
-        self._running: dict[asyncio.Task[EpisodeRecord], int] = {}
-        self._ready: list[tuple[EpisodeRecord, int, int]] = []  # record, started, oldest
+        self.dropped_groups = 0
+        """Groups given up (a member failed, or was dropped as stale MAX_REPLAYS times):
+        their other members are dropped too, so that no batch holds a partial group."""
+        # task -> (started version, plan, plays of that plan dropped as stale before)
+        self._running: dict[asyncio.Task[EpisodeRecord], tuple[int, EpisodePlan, int]] = {}
+        self._ready: list[_Ready] = []
+        self._replay: deque[tuple[EpisodePlan, int]] = deque()  # group members to play again
+        self._given_up: set[int] = set()  # tasks whose members still running are dropped
         self._new_failures: list[EpisodeRecord] = []
         self._new_dropped = 0
         self._failures_in_a_row = 0
@@ -247,31 +282,78 @@ class AsyncSampler:
         )
 
     def _top_up(self) -> None:
+        # A member of a group played again replaces one dropped (its slot was freed): it
+        # starts even when new episodes may not, or its group could never be whole.
+        while self._replay and len(self._running) < self.config.concurrency:
+            plan, replays = self._replay.popleft()
+            if plan.task not in self._given_up:
+                self._start(plan, replays)
         while (
             len(self._running) < self.config.concurrency
             and self.accepted + len(self._running) < self.budget
         ):
-            task = asyncio.create_task(self.runner.play(self._plan()))
-            self._running[task] = self.version
+            self._start(self._plan(), 0)
         self.peak_outstanding = max(self.peak_outstanding, self.accepted + len(self._running))
+
+    def _start(self, plan: EpisodePlan, replays: int) -> None:
+        task = asyncio.create_task(self.runner.play(plan))
+        self._running[task] = (self.version, plan, replays)
+
+    def _again(self, plan: EpisodePlan, replays: int) -> None:
+        """A member of a group was dropped as stale: play its plan again (same seeds, newer
+        weights), or give the group up after MAX_REPLAYS (a task too slow to finish within
+        S would otherwise keep its group from ever being whole). Without groups (size 1)
+        a new episode replaces it, as admission allows."""
+        if self.config.group_size == 1:
+            return
+        if replays + 1 < MAX_REPLAYS:
+            self._replay.append((plan, replays + 1))
+        else:
+            self._give_up(plan.task)
+
+    def _give_up(self, task: int) -> None:
+        """Drop every member of group ``task``: ready ones now, running ones as they end."""
+        if self.config.group_size == 1:
+            return
+        self.dropped_groups += 1
+        self._given_up.add(task)
+        self._ready = [item for item in self._ready if item.plan.task != task]
+        self._forget(task)
+
+    def _forget(self, task: int) -> None:
+        """Forget a given-up group once none of its members is running or waiting."""
+        if task in self._given_up and not any(
+            plan.task == task for _, plan, _ in self._running.values()
+        ):
+            self._given_up.discard(task)
+            self._replay = deque(item for item in self._replay if item[0].task != task)
 
     def _fresh(self, oldest: int) -> bool:
         return self.version - oldest <= self.config.staleness
 
     def _drop_stale(self) -> None:
         """Drop what waits in the buffer and has grown older than S."""
-        keep: list[tuple[EpisodeRecord, int, int]] = []
+        keep: list[_Ready] = []
+        stale: list[_Ready] = []
         for item in self._ready:
-            if self._fresh(item[2]):
-                keep.append(item)
-            else:
-                self.dropped_ages[self.version - item[2]] += 1
-                self.dropped_stale += 1
-                self._new_dropped += 1
+            (keep if self._fresh(item.oldest) else stale).append(item)
         self._ready = keep
+        for item in stale:
+            self.dropped_ages[self.version - item.oldest] += 1
+            self.dropped_stale += 1
+            self._new_dropped += 1
+            self._again(item.plan, item.replays)
 
-    def _finished(self, record: EpisodeRecord, started: int) -> None:
+    def _finished(
+        self, record: EpisodeRecord, started: int, plan: EpisodePlan, replays: int = 0
+    ) -> None:
         """File a finished episode: failed, too old, or ready."""
+        if plan.task in self._given_up:  # its group was given up while it ran
+            self._forget(plan.task)
+            if not record.failed:
+                return
+        elif record.failed:
+            self._give_up(plan.task)  # its group can never be whole
         if record.failed:
             self.failures.append(record)
             self.failed += 1
@@ -292,13 +374,14 @@ class AsyncSampler:
                 f"the published {self.version}: publish() the versions the pool tags with"
             )
         if self._fresh(oldest):
-            self._ready.append((record, started, oldest))
+            self._ready.append(_Ready(record, started, oldest, plan, replays))
             self._stale_in_a_row = 0
             return
         self.dropped_stale += 1
         self.dropped_ages[self.version - oldest] += 1
         self._new_dropped += 1
         self._stale_in_a_row += 1
+        self._again(plan, replays)
         # Episodes started under the newest weights cannot all come back stale: if they
         # do, the versions counted are not the learners' (a frozen policy is counted).
         cfg = self.config
@@ -309,19 +392,31 @@ class AsyncSampler:
                 "pass the learners as AsyncSampler(policies=..., seats=...)"
             )
 
+    def _whole(self) -> list[int]:
+        """Tasks whose whole group is ready, in the order their last member finished."""
+        size = self.config.group_size
+        counts: Counter[int] = Counter()
+        whole = []
+        for item in self._ready:
+            counts[item.plan.task] += 1
+            if counts[item.plan.task] == size:
+                whole.append(item.plan.task)
+        return whole
+
     def _take_batch(self) -> Batch:
-        take, self._ready = (
-            self._ready[: self.config.batch_size],
-            self._ready[self.config.batch_size :],
-        )
+        groups = self.config.batch_size // self.config.group_size
+        rank = {task: i for i, task in enumerate(self._whole()[:groups])}
+        take = [item for item in self._ready if item.plan.task in rank]
+        take.sort(key=lambda item: (rank[item.plan.task], item.plan.trial))  # groups together
+        self._ready = [item for item in self._ready if item.plan.task not in rank]
         self.handed += len(take)
         failures, self._new_failures = self._new_failures, []
         dropped, self._new_dropped = self._new_dropped, 0
         return Batch(
-            records=[r for r, _, _ in take],
+            records=[item.record for item in take],
             failures=failures,
-            started_versions=[v for _, v, _ in take],
-            oldest_versions=[v for _, _, v in take],
+            started_versions=[item.started for item in take],
+            oldest_versions=[item.oldest for item in take],
             version=self.version,
             dropped_stale=dropped,
         )
@@ -338,7 +433,8 @@ class AsyncSampler:
             while limit is None or produced < limit:
                 self._drop_stale()  # a publish() since the last look may have aged some
                 self._top_up()
-                if len(self._ready) >= self.config.batch_size:
+                whole = len(self._whole()) * self.config.group_size
+                if whole >= self.config.batch_size:
                     produced += 1
                     yield self._take_batch()
                     continue
@@ -355,8 +451,8 @@ class AsyncSampler:
                 waiter.cancel()
                 for task in done:
                     if task is not waiter:
-                        started = self._running.pop(task)  # type: ignore[arg-type]
-                        self._finished(task.result(), started)  # type: ignore[arg-type]
+                        started, plan, replays = self._running.pop(task)  # type: ignore[arg-type]
+                        self._finished(task.result(), started, plan, replays)  # type: ignore[arg-type]
         finally:
             for task in self._running:
                 task.cancel()

@@ -20,6 +20,7 @@ from parley.arena.run.config import RunConfig
 from parley.arena.run.records import EpisodeRecord
 from parley.arena.run.runner import Runner
 from parley.arena.training.sampler import AsyncSampler, SamplerConfig, SamplerError
+from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Action, Observation, TokenRecord
 
 SCENARIO = "negotiation/simple-trade-v0"
@@ -56,7 +57,9 @@ class VersionedTrader(Trader):
         return Action(agent=observation.agent, text=self.decide(observation), tokens=[tokens])
 
 
-def _runner(clock: Clock, partner_policy: str = "learner") -> Runner:
+def _runner(
+    clock: Clock, partner_policy: str = "learner", first: type[VersionedTrader] = VersionedTrader
+) -> Runner:
     config = RunConfig(
         scenario=SCENARIO,
         scenario_kwargs={"max_turns": 6},
@@ -64,7 +67,7 @@ def _runner(clock: Clock, partner_policy: str = "learner") -> Runner:
         progress=False,
     )
     agents = {
-        "player_0": lambda: VersionedTrader(clock),
+        "player_0": lambda: first(clock),
         "player_1": lambda: VersionedTrader(clock, partner_policy),
     }
     return Runner(config, agents=agents)
@@ -222,3 +225,57 @@ async def test_only_the_learners_seats_age_an_episode() -> None:
                 await _train(by_name, clock, 4)
     finally:
         VersionedTrader.act = original  # type: ignore[method-assign]
+
+
+class FlakyTrader(VersionedTrader):
+    """A VersionedTrader that fails about one episode in eight (its agent seed decides)."""
+
+    def reset(self, seed: int | None = None) -> None:
+        super().reset(seed)
+        self.broken = bool(self.rng.random() < 0.125)
+
+    async def act(self, observation: Observation) -> Action:
+        if self.broken:
+            raise RuntimeError("flaky agent")
+        return await super().act(observation)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("staleness", "flaky"), [(0, False), (1, False), (1, True)])
+async def test_every_batch_holds_whole_groups(staleness: int, flaky: bool) -> None:
+    """Found by review: batches took episodes as they finished, so GRPO groups "by prompt"
+    were split (at S = 1, 75 of 320 samples alone in their group: advantage 0), and one
+    failed episode misaligned every later batch. Long-tailed episodes, groups of 4."""
+    clock = Clock()
+    runner = _runner(clock, first=FlakyTrader if flaky else VersionedTrader)
+    config = SamplerConfig(
+        batch_size=8, group_size=4, staleness=staleness, concurrency=32, seed=3 + staleness
+    )
+    sampler = AsyncSampler(runner, config, version=0, policies={"learner"})
+    tasks: list[int] = []
+    async with runner.open():
+        async for batch in sampler.batches(limit=12):
+            groups: dict[int, list[EpisodeRecord]] = {}
+            for record in batch.records:
+                groups.setdefault(record.task, []).append(record)
+            assert len(batch.records) == 8
+            assert sorted(len(g) for g in groups.values()) == [4, 4], groups.keys()
+            for members in groups.values():
+                assert len({r.seed for r in members}) == 1  # one scenario seed a group
+                assert sorted(r.trial for r in members) == [0, 1, 2, 3]
+            assert max(clock.version - _oldest(r) for r in batch.records) <= staleness
+            tasks.extend(groups)
+            await asyncio.sleep(0.01)
+            clock.version += 1
+            sampler.publish(clock.version)
+    assert len(tasks) == len(set(tasks)) == 24  # no group handed out twice
+    if flaky:
+        assert sampler.failed > 0
+        assert sampler.dropped_groups > 0
+    if staleness == 1 and not flaky:
+        assert sampler.dropped_stale > 0  # members were played again and groups completed
+
+
+def test_a_batch_is_whole_groups_or_the_config_says_why() -> None:
+    with pytest.raises(ConfigError, match="multiple of group_size"):
+        SamplerConfig(batch_size=6, group_size=4)
