@@ -186,7 +186,14 @@ async def run_training(config: TrainConfig, *, progress: Any = None) -> TrainRes
     # One trainer over every policy; each stage sets which of them learn. Dr. GRPO's
     # constant length is the generation budget unless the config names one.
     pg = dataclasses.replace(
-        config.pg, seed=seeds.trainer, length_norm=config.pg.length_norm or config.agent.max_tokens
+        config.pg,
+        seed=seeds.trainer,
+        length_norm=config.pg.length_norm or config.agent.max_tokens,
+        replay_max_age=(
+            config.sampler.staleness
+            if config.pg.replay_max_age is None
+            else config.pg.replay_max_age
+        ),
     )
     trainer = PolicyGradientTrainer(
         policies.weights, tokenizer.hf, pg, trainable=[], precision=config.precision

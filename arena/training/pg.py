@@ -176,6 +176,10 @@ class PGConfig:
     """Past samples kept in a replay buffer and mixed into each update (0: none)."""
     replay_fraction: float = 0.0
     """Fraction of each update's samples drawn from the replay buffer."""
+    replay_max_age: int | None = None
+    """Most versions a replayed sample's action may be behind the weights it trains; older
+    ones leave the buffer (None: no limit; ``parley train`` uses the sampler's staleness S,
+    so that no sample older than S is trained on, replayed or not)."""
     seed: int | None = None
     """Seeds the trainer's generator: minibatch order and replay draws (None: 0;
     ``parley train`` uses the run's ``seed``)."""
@@ -211,6 +215,8 @@ class PGConfig:
             raise ConfigError("entropy_coef must be >= 0")
         if self.kl_coef < 0 or self.replay < 0 or not 0 <= self.replay_fraction < 1:
             raise ConfigError("kl_coef >= 0, replay >= 0 and 0 <= replay_fraction < 1")
+        if self.replay_max_age is not None and self.replay_max_age < 0:
+            raise ConfigError("replay_max_age must be >= 0 (or None: no limit)")
 
     @property
     def advantage_estimator(self) -> str:
@@ -345,7 +351,8 @@ class PolicyGradientTrainer:
         )
         for s, a in zip(samples, advantages, strict=True):
             s.advantage = float(a)
-        batch = samples + self._from_replay(len(samples))
+        replayed = self._from_replay(len(samples))
+        batch = samples + replayed
         if cfg.replay:
             self._replay.extend(samples)
         # 2. per trainable policy: epochs x minibatches optimizer steps
@@ -383,6 +390,11 @@ class PolicyGradientTrainer:
             "micro_batches": totals["micro_batches"],
             "over_budget": totals["over_budget"],
         }
+        if cfg.replay:
+            metrics["replayed"] = float(len(replayed))
+            metrics["replay_age_max"] = float(
+                max((self.version - 1 - s.policy_version for s in replayed), default=0)
+            )
         if totals["gap_tokens"]:
             metrics["logp_gap"] = totals["gap_sum"] / totals["gap_tokens"]
         for role in sorted({s.key.role for s in samples}):
@@ -474,6 +486,12 @@ class PolicyGradientTrainer:
         cfg = self.config
         if not cfg.replay or not cfg.replay_fraction or not self._replay:
             return []
+        if cfg.replay_max_age is not None:  # too old to train on: out of the buffer
+            young = [
+                s for s in self._replay if self.version - s.policy_version <= cfg.replay_max_age
+            ]
+            if len(young) < len(self._replay):
+                self._replay = deque(young, maxlen=self._replay.maxlen)
         want = round(fresh * cfg.replay_fraction / (1 - cfg.replay_fraction))
         pool = list(self._replay)
         picks = self._rng.choice(len(pool), size=min(want, len(pool)), replace=False)

@@ -95,3 +95,33 @@ def test_samples_without_their_logprobs_are_refused(tiny: tuple[Any, Any]) -> No
     with pytest.raises(ValueError, match="logprobs=True"):
         trainer.step(samples)
     assert trainer.version == 0
+
+
+def _tagged(model: Any, hf: Any, version: int) -> list[Sample]:
+    samples = _samples(model, hf)
+    for s in samples:
+        s.policy_version = version
+    return samples
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("max_age", [None, 1])
+def test_replayed_samples_are_no_older_than_replay_max_age(
+    tiny: tuple[Any, Any], max_age: int | None
+) -> None:
+    """Found by review: with a replay buffer the age of trained samples grew without bound
+    (0, 1, ..., 7 versions over 8 updates at S = 0), and no metric said so. Fresh samples are
+    always on-policy here; ``replay_age_max`` reports the replayed ones' age."""
+    model, hf = copy.deepcopy(tiny[0]), tiny[1]
+    config = PGConfig(lr=1e-3, replay=1000, replay_fraction=0.5, replay_max_age=max_age)
+    trainer = PolicyGradientTrainer({"p": model}, hf, config)
+    ages = []
+    for _ in range(5):
+        metrics = trainer.step(_tagged(model, hf, trainer.version))
+        ages.append(metrics["replay_age_max"])
+        if trainer.version > 1:
+            assert metrics["replayed"] > 0
+    if max_age is None:
+        assert ages[-1] >= 3  # the unbounded buffer: what the bound is for
+    else:
+        assert max(ages) <= max_age, ages
