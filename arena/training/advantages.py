@@ -11,7 +11,9 @@ belongs to, to one advantage per sample (list in, list out, same order)::
 - ``rloo``: ``r - mean of the *other* samples of the group`` (Ahmadian et al. 2024); a
   sample alone in its group gets 0.
 - ``reinforce``: ``r - b_g`` with ``b_g`` a moving average of past rewards of group ``g``
-  (decay 0.95), updated *after* the batch is scored, so a sample never baselines itself.
+  (decay 0.95), updated *after* the batch is scored, so a sample never baselines itself (a
+  group seen for the first time: the mean of the others of its group in the batch, or the
+  moving average of all rewards when it is alone). The last 4,096 groups are remembered.
   With grouping by role this is SPIRAL's role-conditioned baseline for self-play.
 
 The group of a sample comes from a grouping function (:data:`GROUPINGS`) over the
@@ -24,7 +26,7 @@ picked from dicts (STYLE.md #11), not string flags tested inside one class.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -63,8 +65,16 @@ class BaselineState:
 
     decay: float = 0.95
     """Weight of the old value in ``b <- decay * b + (1 - decay) * mean(batch rewards)``."""
-    values: dict[Hashable, float] = field(default_factory=dict)
-    """Current baseline per group; a group seen for the first time starts at its batch mean."""
+    values: OrderedDict[Hashable, float] = field(default_factory=OrderedDict)
+    """Current baseline per group (least recently seen first); a group seen for the first
+    time starts at its batch mean."""
+    max_groups: int = 4096
+    """Groups remembered; the least recently seen are forgotten. Grouping by prompt or
+    context makes a new group for almost every sample (measured without a bound: 128,000
+    entries and 2.5 GB after 200 updates of 640 decisions with 512-token contexts)."""
+    overall: float | None = None
+    """Moving average of every reward: with it a group seen for the first time, alone in
+    its batch, is not baselined by itself."""
 
 
 Estimator = Callable[[np.ndarray, list[Hashable], BaselineState], np.ndarray]
@@ -110,11 +120,27 @@ def rloo(rewards: np.ndarray, groups: list[Hashable], state: BaselineState) -> n
 def reinforce(rewards: np.ndarray, groups: list[Hashable], state: BaselineState) -> np.ndarray:
     index, n = _group_index(groups)
     mean = _group_mean(rewards, index, n)  # (N,)
-    baseline = np.array([state.values.get(g, m) for g, m in zip(groups, mean, strict=True)])
+    counts = np.bincount(index, minlength=n)[index]  # (N,) size of each sample's group
+    # A group not seen before: the mean of the *other* samples of its group in the batch;
+    # alone there, the moving average of every reward (the first batch: of the others').
+    others = (mean * counts - rewards) / np.maximum(counts - 1, 1)  # (N,)
+    size = len(rewards)
+    if state.overall is not None:
+        fallback = np.full(size, state.overall)
+    else:
+        fallback = (rewards.sum() - rewards) / (size - 1) if size > 1 else np.zeros(size)
+    first = np.where(counts > 1, others, fallback)  # (N,)
+    known = state.values
+    baseline = np.array([known.get(g, b) for g, b in zip(groups, first, strict=True)])
     advantages: np.ndarray = rewards - baseline
     for g, m in dict(zip(groups, mean, strict=True)).items():  # update after scoring
-        old = state.values.get(g, m)
-        state.values[g] = state.decay * old + (1.0 - state.decay) * m
+        old = known.pop(g, m)
+        known[g] = state.decay * old + (1.0 - state.decay) * m  # (now the most recent)
+    while len(known) > state.max_groups:
+        known.popitem(last=False)
+    batch_mean = float(rewards.mean())
+    old_overall = batch_mean if state.overall is None else state.overall
+    state.overall = state.decay * old_overall + (1.0 - state.decay) * batch_mean
     return advantages
 
 

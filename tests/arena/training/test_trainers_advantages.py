@@ -72,8 +72,9 @@ def test_reinforce_role_ema_baseline_decays_095() -> None:
     state = BaselineState(decay=0.95)
     keys = [SampleKey("x"), SampleKey("y")]
     first = compute_advantages([1.0, 0.0], keys, estimator="reinforce", state=state)
-    # A group seen for the first time is baselined by its own batch mean.
-    np.testing.assert_allclose(first, [0.0, 0.0])
+    # A group seen for the first time, alone in the batch: baselined by the others' mean,
+    # never by itself (it had been: every such advantage was 0).
+    np.testing.assert_allclose(first, [1.0, -1.0])
     assert state.values == {"x": 1.0, "y": 0.0}
     second = compute_advantages([0.0, 1.0], keys, estimator="reinforce", state=state)
     np.testing.assert_allclose(second, [-1.0, 1.0])  # scored against the old baselines
@@ -86,3 +87,26 @@ def test_unknown_names_are_refused() -> None:
         compute_advantages([1.0], [SampleKey("a")], estimator="ppo")
     with pytest.raises(KeyError, match="grouping"):
         compute_advantages([1.0], [SampleKey("a")], grouping="moon")
+
+
+def test_reinforce_never_baselines_a_sample_by_itself_and_forgets_old_groups() -> None:
+    """Found by review: grouping by prompt makes new groups every batch; each was baselined
+    by its own reward (every advantage 0: nothing learned) and kept forever (2.5 GB after
+    200 updates with 512-token contexts)."""
+    rng = np.random.default_rng(0)
+    state = BaselineState(max_groups=100)
+    for update in range(50):
+        keys = [SampleKey("a", prompt=f"{update}:{i}") for i in range(16)]
+        rewards = (rng.random(16) < 0.5).astype(float)
+        adv = compute_advantages(
+            rewards, keys, estimator="reinforce", grouping="prompt", state=state
+        )
+        assert np.abs(adv).max() > 0.1
+        assert len(state.values) <= 100
+    assert state.overall == pytest.approx(0.5, abs=0.2)
+    # Two samples of a new group: each is baselined by the other.
+    keys = [SampleKey("a", prompt="new")] * 2
+    adv = compute_advantages(
+        [1.0, 0.0], keys, estimator="reinforce", grouping="prompt", state=state
+    )
+    np.testing.assert_allclose(adv, [1.0, -1.0])
