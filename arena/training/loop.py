@@ -518,6 +518,7 @@ class _Run:
             "episodes": self.episodes_done,
             "failed": len(batch.failures),
             "samples": samples,
+            "constraint_lost": self.log.lost,  # decisions left out: their mask was forgotten
             "stale_mean": float(np.mean(stale)) if stale else 0.0,
             "stale_max": max(stale, default=0),
             "stale_hist": batch.staleness_histogram(),  # [episodes 0, 1, ... versions old]

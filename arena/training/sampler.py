@@ -59,10 +59,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from parley.arena.run.records import EpisodeRecord
 from parley.arena.run.runner import EpisodePlan, Runner, derive_seed
@@ -471,22 +474,42 @@ class ConstraintLog:
     trajectories carry the tokens but not the constraint. The same prompt always comes
     with the same constraint (the scenario derives both from one observation), and many
     episodes share prompts, so entries are kept (not consumed); the oldest are dropped
-    beyond ``capacity``.
+    beyond ``capacity``. A prompt is keyed by a 128-bit digest of its ids (~100 bytes an
+    entry, not the ids themselves: 100,000 prompts of 512 tokens had held ~2 GB).
+
+    A decision whose entry was dropped cannot be scored right (its recorded logprobs are
+    the masked ones): :func:`samples_from_record` leaves it out and counts it in
+    :attr:`lost` (a miss with nothing ever dropped means the request did not go through
+    this log's client: unconstrained, as before).
     """
 
-    def __init__(self, capacity: int = 100_000) -> None:
+    def __init__(self, capacity: int = 1_000_000) -> None:
         self.capacity = capacity
-        self._by_prompt: OrderedDict[tuple[str, tuple[int, ...]], Constraint | None] = OrderedDict()
+        self.evicted = 0
+        """Entries dropped to stay within ``capacity``."""
+        self.lost = 0
+        """Decisions left out of training because their entry had been dropped."""
+        self._by_prompt: OrderedDict[tuple[str, bytes], Constraint | None] = OrderedDict()
+
+    @staticmethod
+    def _key(policy: str, prompt_ids: Sequence[int]) -> tuple[str, bytes]:
+        ids = np.asarray(prompt_ids, dtype=np.int64).tobytes()
+        return policy, hashlib.blake2b(ids, digest_size=16).digest()
 
     def note(self, request: GenerateRequest) -> None:
-        key = (request.policy, tuple(request.prompt_token_ids))
+        key = self._key(request.policy, request.prompt_token_ids)
         self._by_prompt[key] = request.constraint
         self._by_prompt.move_to_end(key)
         while len(self._by_prompt) > self.capacity:
             self._by_prompt.popitem(last=False)
+            self.evicted += 1
 
     def get(self, policy: str, prompt_ids: Sequence[int]) -> Constraint | None:
-        return self._by_prompt.get((policy, tuple(prompt_ids)))
+        return self._by_prompt.get(self._key(policy, prompt_ids))
+
+    def forgotten(self, policy: str, prompt_ids: Sequence[int]) -> bool:
+        """Whether this prompt's entry may have been dropped (absent after evictions)."""
+        return bool(self.evicted) and self._key(policy, prompt_ids) not in self._by_prompt
 
     def __len__(self) -> int:
         return len(self._by_prompt)
@@ -538,7 +561,12 @@ def samples_from_record(
         for i, turn in enumerate(trajectory.turns):
             reward = shaped[trajectory.agent] if shaped is not None else to_go[i]
             for tokens in turn.tokens:
-                constraint = log.get(tokens.policy, tokens.prompt_token_ids) if log else None
+                constraint = None
+                if log is not None:
+                    if log.forgotten(tokens.policy, tokens.prompt_token_ids):
+                        log.lost += 1  # its mask is unknown: scoring it unmasked is wrong
+                        continue
+                    constraint = log.get(tokens.policy, tokens.prompt_token_ids)
                 out.append(
                     Sample(
                         policy=tokens.policy,

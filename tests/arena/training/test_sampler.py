@@ -104,3 +104,50 @@ async def test_failed_episodes_are_recorded_and_never_trained_on() -> None:
     assert all(s.key.context == tuple(s.prompt_ids) and s.key.context for s in samples)
     with pytest.raises(ValueError, match="never train"):
         samples_from_record(sampler.failures[0])
+
+
+def test_a_decision_whose_constraint_was_forgotten_is_left_out() -> None:
+    """Found by review: past capacity the log forgot constraints, and the trainer scored
+    those decisions on the full softmax against masked recorded logprobs (ratios ~0.001).
+    Now such a decision is left out and counted; prompts are keyed by a digest."""
+    from parley.arena.run.episode import EpisodeLog, EpisodePlan
+    from parley.arena.training.sampler import ConstraintLog, samples_from_record
+    from parley.protocols.messages import (
+        Action,
+        Constraint,
+        GenerateRequest,
+        Observation,
+        TokenRecord,
+    )
+
+    choice = Constraint(type="choice", choices=["yes", "no"])
+    log = ConstraintLog(capacity=3)
+    log.note(GenerateRequest(policy="p", prompt_token_ids=[5, 6, 7], constraint=choice))
+
+    def record() -> object:
+        plan = EpisodePlan(index=0, task=0, trial=0, seed=1, agent_seeds={"a": 1})
+        episode = EpisodeLog(plan, "x", ["a"], {"a": "llm:p"})
+        for turn, prompt in enumerate(([5, 6, 7], [8, 9])):
+            token = TokenRecord(
+                policy="p", policy_version=0, prompt_token_ids=prompt, token_ids=[2], logprobs=[-1]
+            )
+            episode.add_step(
+                turn,
+                {"a": Observation(agent="a", text="o")},
+                {"a": Action(agent="a", text="yes", tokens=[token])},
+                {"a": "o"},
+                {"a": 1.0},
+                {"a": False},
+                {"a": False},
+                {"a": {}},
+            )
+        return episode.record()
+
+    samples = samples_from_record(record(), log=log)  # type: ignore[arg-type]
+    assert [s.constraint for s in samples] == [choice, None]  # [8, 9]: never through the log
+    for i in range(3):
+        log.note(GenerateRequest(policy="p", prompt_token_ids=[100, i]))
+    assert log.evicted == 1
+    samples = samples_from_record(record(), log=log)  # type: ignore[arg-type]
+    assert samples == []  # both unknown now that entries were dropped: neither is scored
+    assert log.lost == 2
