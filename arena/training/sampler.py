@@ -58,6 +58,7 @@ under, so the trainer can rebuild the exact legal-token masks.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import hashlib
 from collections import Counter, OrderedDict, deque
@@ -539,27 +540,26 @@ def samples_from_record(
 
     ``seats``: only these seats' decisions (default: every seat that has model tokens).
     Each decision's reward is its return-to-go (its turn's reward plus later ones); with
-    ``shaping`` (seat or ``"*"`` -> :class:`~parley.scenarios.shaping.ShapingConfig`) it
-    is the shaped episode return ``alpha * team + individual`` over the reward components.
+    ``shaping`` (seat or ``"*"`` -> :class:`~parley.scenarios.shaping.ShapingConfig`) the
+    same over shaped rewards: each step's ``alpha * team + individual`` over the reward
+    components (the transcript's), credited as the scenario's rewards are, to the seat's
+    latest decision. The identity shaping thus gives exactly the unshaped rewards.
     """
     if record.failed:
         raise ValueError(f"episode {record.episode} failed ({record.failed}): never train on it")
-    shaped: dict[str, float] | None = None
-    if shaping:
-        from parley.scenarios.shaping import ShapingConfig, shape
-
-        fallback = shaping.get("*", ShapingConfig())
-        per_seat = {t.agent: shaping.get(t.agent, fallback) for t in record.trajectories}
-        shaped = shape({t.agent: t.components for t in record.trajectories}, per_seat)
+    shaped = _shaped_turn_rewards(record, shaping) if shaping else None
     out: list[Sample] = []
     for trajectory in record.trajectories:
         if seats is not None and trajectory.agent not in seats:
             continue
+        rewards = (
+            [t.reward for t in trajectory.turns] if shaped is None else shaped[trajectory.agent]
+        )
         to_go = [0.0] * (len(trajectory.turns) + 1)
         for i in range(len(trajectory.turns) - 1, -1, -1):
-            to_go[i] = to_go[i + 1] + trajectory.turns[i].reward
+            to_go[i] = to_go[i + 1] + rewards[i]
         for i, turn in enumerate(trajectory.turns):
-            reward = shaped[trajectory.agent] if shaped is not None else to_go[i]
+            reward = to_go[i]
             for tokens in turn.tokens:
                 constraint = None
                 if log is not None:
@@ -584,6 +584,34 @@ def samples_from_record(
                         constraint=constraint,
                     )
                 )
+    return out
+
+
+def _shaped_turn_rewards(
+    record: EpisodeRecord, shaping: Mapping[str, Any]
+) -> dict[str, list[float]]:
+    """Per seat, the shaped reward of each of its turns: every step's shaped rewards (from
+    its reward components) credited to each seat's latest decision at that step."""
+    from parley.scenarios.shaping import ShapingConfig, shape
+
+    steps = record.transcript.get("steps")
+    if not steps and any(t.turns for t in record.trajectories):
+        raise ValueError(
+            f"episode {record.episode}: shaping needs the transcript's steps (their reward "
+            "components); play it with steps kept (Runner keep_records or out)"
+        )
+    fallback = shaping.get("*", ShapingConfig())
+    per_seat = {t.agent: shaping.get(t.agent, fallback) for t in record.trajectories}
+    turns = {t.agent: [turn.turn for turn in t.turns] for t in record.trajectories}
+    out = {seat: [0.0] * len(numbers) for seat, numbers in turns.items()}
+    for step in steps or []:
+        infos = step.get("infos") or {}
+        components = {seat: (infos.get(seat) or {}).get("components") or {} for seat in turns}
+        for seat, value in shape(components, per_seat).items():
+            # the seat's latest decision at this step (none yet: credited to nothing)
+            at = bisect.bisect_right(turns[seat], step.get("turn", 0)) - 1
+            if value and at >= 0:
+                out[seat][at] += value
     return out
 
 

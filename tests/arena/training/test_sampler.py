@@ -151,3 +151,33 @@ def test_a_decision_whose_constraint_was_forgotten_is_left_out() -> None:
     samples = samples_from_record(record(), log=log)  # type: ignore[arg-type]
     assert samples == []  # both unknown now that entries were dropped: neither is scored
     assert log.lost == 2
+
+
+def test_shaped_rewards_are_credited_turn_by_turn() -> None:
+    """Found by review: with shaping, every decision got the shaped *episode* return, so the
+    identity shaping paid a bad move made after a success (+0.5 instead of -0.5). Real runs
+    of a scenario with reward components (the runner tests' counting game, one noisy seat)."""
+    from parley.arena.run.config import RunConfig
+    from parley.arena.run.runner import run
+    from parley.arena.training.sampler import samples_from_record
+    from parley.scenarios.shaping import load_shaping, shape
+    from tests.arena.run.test_runner import SCENARIO, NoisyAgent, TargetAgent
+
+    config = RunConfig(SCENARIO, episodes=12, progress=False)
+    agents = {"a": TargetAgent, "b": NoisyAgent}
+    result = run(config, agents=agents, keep_records=True)  # type: ignore[arg-type]
+    identity, team = load_shaping({"*": {}}), load_shaping({"*": {"alpha": 1.0}})
+    for record in result.records:
+        plain = samples_from_record(record)
+        assert [s.reward for s in samples_from_record(record, shaping=identity)] == [
+            s.reward for s in plain
+        ]
+        # Each seat's first decision gets the whole shaped episode return (nothing is earned
+        # before it acts here); later ones only what is left.
+        episode = shape({t.agent: t.components for t in record.trajectories}, team["*"])
+        shaped = samples_from_record(record, shaping=team)
+        firsts = {}
+        for s in shaped:
+            firsts.setdefault(s.key.role, s.reward)
+        assert firsts["a"] == pytest.approx(episode["a"])
+        assert len({s.reward for s in shaped if s.key.role == "a"}) > 1  # turn by turn
