@@ -364,7 +364,9 @@ class PolicyGradientTrainer:
             if len(s.logprobs) != len(s.token_ids):
                 raise ValueError(
                     f"a sample of {s.policy!r} has {len(s.token_ids)} tokens but "
-                    f"{len(s.logprobs)} logprobs: generate with SamplingParams(logprobs=True)"
+                    f"{len(s.logprobs)} logprobs: generate with SamplingParams(logprobs=True) "
+                    "from a backend that returns the sampled token ids (an OpenAI-compatible "
+                    "server that ignores return_token_ids gives no usable logprobs)"
                 )
         for name in sorted({s.policy for s in learners}):
             own = [s for s in learners if s.policy == name]

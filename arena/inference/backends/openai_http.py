@@ -9,9 +9,11 @@ Request body: ``model``, ``prompt`` (token ids when the request has them, else t
 ``max_tokens``, ``temperature``, ``top_p``, ``n``, ``stop``, ``seed``, ``logprobs: 1``,
 and the vLLM extensions ``return_token_ids`` / ``return_tokens_as_token_ids`` (exact token
 ids back) and ``structured_outputs`` (``{"choice"|"regex"|"json": ...}``) for constraints.
-A server that ignores the extensions still works: token ids then come from the local
-tokenizer re-encoding the text (approximate; say ``tokenizer=`` to have one), and
-constraints are not enforced by the server.
+A server that ignores the extensions still works for play: token ids then come from the
+local tokenizer re-encoding the text (approximate; say ``tokenizer=`` to have one), and
+constraints are not enforced by the server. Logprobs are kept only with the sampled ids, one
+each: beside re-encoded ids (other ids, often another count) or with a null among them, a
+completion has none, and a trainer refuses it rather than score it against wrong ones.
 
 Failure handling: every request is bounded by ``timeout`` seconds (``connect_timeout``
 to connect; a request's own ``timeout`` wins when set). 429, 5xx, connection errors and
@@ -234,9 +236,14 @@ class OpenAIBackend(Backend):
         tokens = lp.get("tokens") or []
         if not token_ids and tokens and all(str(t).startswith("token_id:") for t in tokens):
             token_ids = [int(str(t).removeprefix("token_id:")) for t in tokens]
+        raw = list(lp.get("token_logprobs") or [])
+        # Logprobs belong to the sampled ids, one each: with ids re-encoded here (other ids,
+        # often another count) or a null among them they would be wrong, so none are kept
+        # (the trainer then refuses the decision instead of scoring it against them).
+        exact = bool(token_ids) and len(raw) == len(token_ids) and None not in raw
         if not token_ids and self._tokenizer is not None:
             token_ids = self._tokenizer.encode(text)  # approximate: the server gave no ids
-        logprobs = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []]
+        logprobs = [float(x) for x in raw] if exact else []
         c = Completion(
             text=text,
             token_ids=token_ids,

@@ -44,6 +44,8 @@ class Server:
     status: int = 0  # answer every completion with this status when set
     delay: float = 0.0  # sleep before answering
     ids_in_logprobs_only: bool = False  # omit choices[].token_ids (older servers)
+    no_ids: bool = False  # no token ids anywhere: tokens as text (a server without vLLM's ids)
+    null_logprob: bool = False  # the first token's logprob is null
     hits: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
@@ -97,10 +99,12 @@ async def _completions(request: web.Request) -> web.Response:
             "finish_reason": c.finish_reason,
             "logprobs": {
                 "tokens": [f"token_id:{t}" for t in c.token_ids],
-                "token_logprobs": c.logprobs,
+                "token_logprobs": [None, *c.logprobs[1:]] if s.null_logprob else c.logprobs,
             },
         }
-        if not s.ids_in_logprobs_only:
+        if s.no_ids:
+            choice["logprobs"]["tokens"] = [s.backend.tokenizer.hf.decode([t]) for t in c.token_ids]
+        elif not s.ids_in_logprobs_only:
             choice["token_ids"] = c.token_ids
         choices.append(choice)
     return web.json_response({"object": "text_completion", "model": s.name, "choices": choices})
@@ -176,6 +180,24 @@ async def test_token_ids_are_read_from_logprobs_when_the_server_omits_them(
         (h,) = await client.generate([req])
         (d,) = await server.backend.generate([req])
         assert h.completions[0].token_ids == d.completions[0].token_ids
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("switch", ["no_ids", "null_logprob"])
+async def test_logprobs_without_their_sampled_ids_are_not_kept(server: Server, switch: str) -> None:
+    """Found by review: with no ids from the server the text was re-encoded (other ids,
+    another count) and its logprobs kept beside them, a null logprob read as 0.0: a trainer
+    or an export got ids never sampled with logprobs that were not theirs."""
+    setattr(server, switch, True)
+    client = await connect(server)
+    try:
+        req = GenerateRequest(prompt="deal", params=SamplingParams(temperature=1.0, max_tokens=8))
+        (h,) = await client.generate([req])
+        completion = h.completions[0]
+        assert completion.text  # play still works
+        assert completion.token_ids
+        assert completion.logprobs == []  # no logprob without its own sampled token
     finally:
         await client.close()
 
