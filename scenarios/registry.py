@@ -334,3 +334,11 @@ for _v0, _v1_class in (
         baselines=_first.baselines,
         description=f"{_first.description} v1: a refused move uses up the turn.",
     )
+
+register(
+    "code/debug-v2",
+    "parley.scenarios.code.debug:CodeDebugV2",
+    baselines=_REGISTRY["code/debug-v1"].baselines,
+    description="code/debug-v1 whose reward is the improvement over the unfixed code's "
+    "share of hidden tests (submitting it unchanged paid 0.45 on average).",
+)

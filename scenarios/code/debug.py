@@ -60,7 +60,8 @@ Rewards (both seats, on submission or at the step limit):
 =========  ===================================================================
 component  value
 =========  ===================================================================
-task       fraction of the hidden tests the submission passes (0 without one)
+task       fraction of the hidden tests the submission passes (0 without one); v2: the
+           improvement over the unfixed code's fraction (see the version history)
 invalid    -``invalid_penalty`` (0.05) per invalid move
 =========  ===================================================================
 
@@ -97,6 +98,12 @@ cap with the code's own prints.
 v1 — a move the action space refuses (characters outside the charset, too long) uses
 up the seat's turn (:mod:`parley.scenarios.refusals`), so every episode ends within the
 scenario's limits; v0 is kept as it was.
+v2 — the ``task`` reward is the improvement over the unfixed code:
+``max(0, (pass - pass_buggy) / (1 - pass_buggy))``, ``pass_buggy`` the hidden pass rate of
+the task's buggy module (measured in the sandbox once per task and process; the metric
+``buggy_pass_rate``). Submitting the code unchanged had paid 0.45 of the maximum on average
+over the 33 tasks (0.75 on 8 of them), and a constant return value 0.36: a policy could
+settle on copying. ``success`` and ``hidden_pass_rate`` are as in v1.
 Without a version bump (both versions): the per-step tool budget, the metric
 ``sandbox_failed``, the view's ``hidden_problem``, and a sandbox failure at submission scoring
 0 instead of raising. Honest play is unaffected: a tool run takes 0.1-0.2 s, so even eight
@@ -134,7 +141,7 @@ from parley.scenarios.tools.tool import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CodeDebug", "TestRun", "run_tests"]
+__all__ = ["CodeDebug", "CodeDebugV1", "CodeDebugV2", "TestRun", "run_tests"]
 
 T = TypeVar("T")
 
@@ -343,10 +350,15 @@ class CodeDebug(Scenario):
             else:
                 self.s.hidden_passed = run.passed / len(run.results)
                 self.s.hidden_problem = run.problem[:300]
+        task_reward = self._task_reward()
         for agent in self.possible_agents:
-            self.reward(agent, "task", self.s.hidden_passed)
+            self.reward(agent, "task", task_reward)
         self.announce(f"Hidden tests passed: {self.s.hidden_passed:.0%}.")
         self.finish()
+
+    def _task_reward(self) -> float:
+        """The ``task`` reward of the submission (v0, v1: its hidden pass rate)."""
+        return self.s.hidden_passed
 
     def prompt(self, agent: str) -> str:
         if agent == "reviewer":
@@ -426,6 +438,41 @@ class CodeDebugV1(RefusedMoveTakesTurn, CodeDebug):
     metadata: ClassVar[dict[str, Any]] = {**CodeDebug.metadata, "name": "code/debug-v1"}
 
 
+_BUGGY_PASSED: dict[tuple[str, str], float] = {}
+"""Hidden pass rate of each task's unfixed code, per (name, code), measured once a process."""
+
+
+class CodeDebugV2(CodeDebugV1):
+    """v2: the ``task`` reward is the improvement over the unfixed code's hidden pass rate."""
+
+    metadata: ClassVar[dict[str, Any]] = {**CodeDebug.metadata, "name": "code/debug-v2"}
+
+    def _task_reward(self) -> float:
+        base = self._buggy_passed()
+        if base >= 1.0:  # (no task is like this; a replaced task table might be)
+            return self.s.hidden_passed
+        return max(0.0, (self.s.hidden_passed - base) / (1.0 - base))
+
+    def _buggy_passed(self) -> float:
+        task = self.s.task
+        key = (task.name, task.buggy)
+        if key not in _BUGGY_PASSED:
+            try:
+                run = run_tests(self.sandbox, task.buggy, task.hidden, hidden=True)
+            except SandboxError as exc:  # unknown: the plain pass rate, as in v1
+                log.warning("%s: the unfixed code's run failed: %s", task.name, exc)
+                return 0.0
+            _BUGGY_PASSED[key] = run.passed / len(run.results)
+        return _BUGGY_PASSED[key]
+
+    def metrics(self) -> dict[str, float]:
+        metrics = super().metrics()
+        if metrics:
+            metrics["buggy_pass_rate"] = self._buggy_passed()
+        return metrics
+
+
 # help(env) shows the scenario's documentation page (this module's docstring).
 CodeDebug.__doc__ = __doc__
 CodeDebugV1.__doc__ = __doc__
+CodeDebugV2.__doc__ = __doc__

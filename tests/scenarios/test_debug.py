@@ -108,3 +108,31 @@ def test_tools_report_and_bad_actions_are_invalid() -> None:
     _, rewards, terminations, _, _ = env.step({"coder": json.dumps({"submit": TASKS[0].fixed})})
     assert terminations["coder"]
     assert rewards["coder"] == 1.0
+
+
+def _task_reward(scenario: str, task: int, code: str) -> float:
+    env = make(scenario, task=task)
+    env.reset(seed=0)
+    _, _, terminations, _, infos = env.step({"coder": json.dumps({"submit": code})})
+    assert all(terminations.values())
+    return float(infos["coder"]["components"]["task"])
+
+
+def test_v2_pays_nothing_for_the_unfixed_code_and_everything_for_the_fix() -> None:
+    """Found by review: submitting the buggy module unchanged paid 0.45 of the maximum on
+    average (0.75 on 8 tasks) in v0/v1; v2 pays the improvement over it."""
+    tasks = range(0, len(TASKS), 4)
+    unchanged_v1 = [_task_reward("code/debug-v1", i, TASKS[i].buggy) for i in tasks]
+    assert sum(unchanged_v1) / len(unchanged_v1) > 0.2  # what v2 takes away
+    assert [_task_reward("code/debug-v2", i, TASKS[i].buggy) for i in tasks] == [0.0] * len(tasks)
+    assert [_task_reward("code/debug-v2", i, TASKS[i].fixed) for i in tasks] == [1.0] * len(tasks)
+    # A constant answer scores at most what it adds over the unfixed code.
+    constant = "def f(*a, **k):\n    return 0\n" + "\n".join(
+        f"{name} = f" for name in ("is_palindrome", "count_vowels", "fib", "digit_sum")
+    )
+    assert _task_reward("code/debug-v2", 0, constant) <= _task_reward("code/debug-v1", 0, constant)
+    paid, task = max(zip(unchanged_v1, tasks, strict=True))
+    env = make("code/debug-v2", task=task)
+    env.reset(seed=0)
+    env.step({"coder": json.dumps({"submit": TASKS[task].buggy})})
+    assert env.episode_metrics()["buggy_pass_rate"] == paid > 0

@@ -74,7 +74,7 @@ def test_honest_calls_all_run_within_the_budget() -> None:
 
 
 def test_submission_whose_sandbox_ends_without_a_report_scores_zero(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Fault injection: in the weak mode the submission can kill the sandbox's supervisor
     # (kill(getppid(), 9)), which the parent sees as this SandboxError.
@@ -83,14 +83,19 @@ def test_submission_whose_sandbox_ends_without_a_report_scores_zero(
     scenario = env.unwrapped
 
     def ended_without_report(*args: object, **kwargs: object) -> None:
-        raise SandboxError("the sandbox ended without a report; its stderr: ")
+        raise SandboxError('the sandbox ended without a report; its stderr: ["digit_sum(9)"]')
 
     monkeypatch.setattr(scenario.sandbox, "run", ended_without_report)
     submit = json.dumps({"submit": scenario.s.task.fixed})
     _, rewards, terminations, _, infos = env.step({"coder": submit})
     assert terminations["coder"]
     assert rewards["coder"] == 0.0
-    assert "ended without a report" in infos["coder"]["view"]["hidden_problem"]
+    # The reason (which can quote what the code printed: the hidden calls) is logged for
+    # the operator, never shown in the view (and so in no transcript).
+    assert (
+        infos["coder"]["view"]["hidden_problem"] == "the sandbox failed (the reason is in the log)"
+    )
+    assert "ended without a report" in caplog.text
     assert scenario.metrics()["sandbox_failed"] == 1.0
     assert scenario.metrics()["hidden_pass_rate"] == 0.0
 
