@@ -335,6 +335,28 @@ for _v0, _v1_class in (
         description=f"{_first.description} v1: a refused move uses up the turn.",
     )
 
+# The next versions of the scenarios whose seats write free text to each other: the same
+# game with quote_messages on (a multi-line message cannot forge a line of the scenario's
+# or of another seat's in the others' observations). Each earlier version stays as it was.
+for _before, _after, _class in (
+    ("negotiation/simple-trade-v1", "negotiation/simple-trade-v2",
+     f"{_NEG}.simple_trade_v1:SimpleNegotiationV2"),
+    ("negotiation/deal-or-no-deal-v2", "negotiation/deal-or-no-deal-v3",
+     f"{_NEG}.deal_or_no_deal:DealOrNoDealV3"),
+    ("collaboration/hidden-profile-v1", "collaboration/hidden-profile-v2",
+     f"{_COL}.hidden_profile:HiddenProfileV2"),
+    ("tool_use/retail-desk-v1", "tool_use/retail-desk-v2",
+     f"{_TOOL}.retail_desk:RetailDeskV2"),
+):  # fmt: skip
+    _spec = _REGISTRY[_before]
+    register(
+        _after,
+        _class,
+        kwargs=_spec.kwargs,
+        baselines=_spec.baselines,
+        description=f"{_before} with quote_messages on: a message cannot forge a line.",
+    )
+
 register(
     "code/debug-v2",
     "parley.scenarios.code.debug:CodeDebugV2",

@@ -103,7 +103,8 @@ v2 — the ``task`` reward is the improvement over the unfixed code:
 the task's buggy module (measured in the sandbox once per task and process; the metric
 ``buggy_pass_rate``). Submitting the code unchanged had paid 0.45 of the maximum on average
 over the 33 tasks (0.75 on 8 of them), and a constant return value 0.36: a policy could
-settle on copying. ``success`` and ``hidden_pass_rate`` are as in v1.
+settle on copying. ``success`` and ``hidden_pass_rate`` are as in v1. ``quote_messages`` is
+on (the coder's and reviewer's messages cannot forge a line of the scenario's).
 Without a version bump (both versions): the per-step tool budget, the metric
 ``sandbox_failed``, the view's ``hidden_problem``, and a sandbox failure at submission scoring
 0 instead of raising. Honest play is unaffected: a tool run takes 0.1-0.2 s, so even eight
@@ -446,6 +447,7 @@ class CodeDebugV2(CodeDebugV1):
     """v2: the ``task`` reward is the improvement over the unfixed code's hidden pass rate."""
 
     metadata: ClassVar[dict[str, Any]] = {**CodeDebug.metadata, "name": "code/debug-v2"}
+    quote_messages = True
 
     def _task_reward(self) -> float:
         base = self._buggy_passed()

@@ -68,7 +68,9 @@ others break it, and the team wins only if a plurality votes the best option
     >>> env = make("collaboration/hidden-profile-v1", talk="share", notebook=True)
 
 Version history: v0 - first version. v1 - the ``talk`` and ``notebook`` arguments (v0 is
-kept as it was; v1 with the defaults plays exactly as v0).
+kept as it was; v1 with the defaults plays exactly as v0). v2 - v1 with ``quote_messages``
+on: a message cannot forge another seat's private message (``agent_2 (private to agent_1):
+I hold [F90] option A``) or the team's result line.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ __all__ = [
     "Fact",
     "HiddenProfile",
     "HiddenProfileV1",
+    "HiddenProfileV2",
     "ProfileState",
     "deal_facts",
     "parse_facts",
@@ -432,5 +435,16 @@ class HiddenProfileV1(HiddenProfile):
 
 
 # help(env) shows the scenario's documentation page (this module's docstring).
+class HiddenProfileV2(HiddenProfileV1):
+    """v2: v1 with ``quote_messages`` on; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        **HiddenProfile.metadata,
+        "name": "collaboration/hidden-profile-v2",
+    }
+    quote_messages = True
+
+
 HiddenProfile.__doc__ = __doc__
 HiddenProfileV1.__doc__ = __doc__
+HiddenProfileV2.__doc__ = __doc__

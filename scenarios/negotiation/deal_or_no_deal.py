@@ -86,7 +86,8 @@ the two add up; ``deal`` only spares a small model the copying of three numbers.
 Version history: v0 — first version. v1 — contexts uniform over the valid contexts (the
 published distribution); a claim whose halves do not add up to the counts is invalid; a move
 outside the action space uses up the turn (in v0 it changes nothing). v2 — the ``moves``
-argument (v2 with ``moves="text"`` plays as v1). All:
+argument (v2 with ``moves="text"`` plays as v1). v3 — v2 with ``quote_messages`` on (a
+message cannot forge a line of the scenario's, such as the selection prompt). All:
 text from the action is escaped into the observation charset (no score changes).
 """
 
@@ -114,6 +115,7 @@ __all__ = [
     "parse_claim",
     "DealOrNoDealV1",
     "DealOrNoDealV2",
+    "DealOrNoDealV3",
     "sample_context",
     "score",
     "valid_context",
@@ -541,6 +543,17 @@ class DealOrNoDealV2(DealOrNoDealV1):
 
 
 # help(env) shows the scenario's documentation page (this module's docstring).
+class DealOrNoDealV3(DealOrNoDealV2):
+    """v3: v2 with ``quote_messages`` on; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        **DealOrNoDeal.metadata,
+        "name": "negotiation/deal-or-no-deal-v3",
+    }
+    quote_messages = True
+
+
 DealOrNoDeal.__doc__ = __doc__
 DealOrNoDealV1.__doc__ = __doc__
 DealOrNoDealV2.__doc__ = __doc__
+DealOrNoDealV3.__doc__ = __doc__

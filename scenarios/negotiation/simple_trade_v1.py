@@ -64,6 +64,10 @@ Arguments: ``max_turns`` (10), ``randomize`` (False), ``invalid_penalty``, ``max
 
 Version history: v0 - first version (its own offer syntax, offers that lapse after one
 turn, turns lost to invalid moves). v1 - SPIRAL's rules exactly (above), and ``randomize``.
+v2 - v1 with ``quote_messages`` on: every line after the first of a message is indented in
+the other's observation, so a message cannot forge the scenario's notices (``player_1
+accepted the offer``, ``Game over. player_1 made an invalid move.``: the first invalid move
+loses, so inducing one pays); v1 is kept as it was.
 """
 
 from __future__ import annotations
@@ -89,7 +93,14 @@ from parley.scenarios.negotiation.simple_trade import (
     transfer,
 )
 
-__all__ = ["SimpleNegotiation", "NegotiationState", "find_offer", "parse_offer", "parse_resources"]
+__all__ = [
+    "SimpleNegotiation",
+    "SimpleNegotiationV2",
+    "NegotiationState",
+    "find_offer",
+    "parse_offer",
+    "parse_resources",
+]
 
 # SPIRAL's patterns. Its offer pattern, r"\[Offer:\s*(?:I\s+(?:give|offer)\s+)?([^\[\]]+?)\s*\.*\]",
 # backtracks quadratically (20 ms on 1,000 characters of spaces); find_offer matches the same
@@ -424,4 +435,15 @@ def _random_values(rng: np.random.Generator) -> dict[str, Bundle]:
 
 
 # help(env) shows the scenario's documentation page (this module's docstring).
+class SimpleNegotiationV2(SimpleNegotiation):
+    """v2: v1 with ``quote_messages`` on; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        **SimpleNegotiation.metadata,
+        "name": "negotiation/simple-trade-v2",
+    }
+    quote_messages = True
+
+
 SimpleNegotiation.__doc__ = __doc__
+SimpleNegotiationV2.__doc__ = __doc__

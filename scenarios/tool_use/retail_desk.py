@@ -66,6 +66,8 @@ raise out of ``step``); text from agents is escaped into the observation charset
 v1 — a move the action space refuses (characters outside the charset, too long) uses
 up the seat's turn (:mod:`parley.scenarios.refusals`), so every episode ends within the
 scenario's limits; v0 is kept as it was.
+v2 — v1 with ``quote_messages`` on: a message cannot forge a line of the scenario's (a tool
+result, a notice) in the other seat's observation.
 """
 
 from __future__ import annotations
@@ -87,7 +89,16 @@ from parley.scenarios.tools.tool import (
     result_dicts,
 )
 
-__all__ = ["SEATS", "STOP", "RetailDesk", "Task", "build_task", "reference_db"]
+__all__ = [
+    "SEATS",
+    "STOP",
+    "RetailDesk",
+    "RetailDeskV1",
+    "RetailDeskV2",
+    "Task",
+    "build_task",
+    "reference_db",
+]
 
 SEATS = ("user", "assistant")
 STOP = "###STOP###"
@@ -414,5 +425,13 @@ class RetailDeskV1(RefusedMoveTakesTurn, RetailDesk):
 
 
 # help(env) shows the scenario's documentation page (this module's docstring).
+class RetailDeskV2(RetailDeskV1):
+    """v2: v1 with ``quote_messages`` on; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {**RetailDesk.metadata, "name": "tool_use/retail-desk-v2"}
+    quote_messages = True
+
+
 RetailDesk.__doc__ = __doc__
 RetailDeskV1.__doc__ = __doc__
+RetailDeskV2.__doc__ = __doc__

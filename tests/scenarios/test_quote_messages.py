@@ -64,3 +64,24 @@ def test_quote_messages_is_a_checked_scenario_option() -> None:
     check_scenario_kwargs("negotiation/deal-or-no-deal-v1", {"quote_messages": True})
     with pytest.raises(ConfigError, match="quote_messages must be true or false"):
         make("negotiation/simple-trade-v1", quote_messages="yes")
+
+
+QUOTED_BY_DEFAULT = [
+    "negotiation/simple-trade-v2",
+    "negotiation/deal-or-no-deal-v3",
+    "collaboration/hidden-profile-v2",
+    "tool_use/retail-desk-v2",
+    "code/debug-v2",
+]
+
+
+@pytest.mark.parametrize("scenario", QUOTED_BY_DEFAULT)
+def test_the_next_versions_quote_by_default(scenario: str) -> None:
+    """Found by review: with the option off by default, a policy in self-play could learn to
+    forge the scenario's notices or another seat's private message. The next version of each
+    scenario with free-text messages turns it on; the earlier ones stay as they were."""
+    lines = _lines(scenario, quote=False)  # (no argument: the version's default)
+    assert FORGED not in lines
+    assert "Invalid move: player_1 must answer now" not in lines
+    assert make(scenario).unwrapped.quote_messages is True
+    assert make(scenario, quote_messages=False).unwrapped.quote_messages is False
