@@ -296,7 +296,11 @@ class AsyncSampler:
             len(self._running) < self.config.concurrency
             and self.accepted + len(self._running) < self.budget
         ):
-            self._start(self._plan(), 0)
+            plan = self._plan()
+            if plan.task in self._given_up:  # a later member of a group given up: skipped
+                self._forget(plan.task)
+                continue
+            self._start(plan, 0)
         self.peak_outstanding = max(self.peak_outstanding, self.accepted + len(self._running))
 
     def _start(self, plan: EpisodePlan, replays: int) -> None:
@@ -325,9 +329,13 @@ class AsyncSampler:
         self._forget(task)
 
     def _forget(self, task: int) -> None:
-        """Forget a given-up group once none of its members is running or waiting."""
-        if task in self._given_up and not any(
-            plan.task == task for _, plan, _ in self._running.values()
+        """Forget a given-up group once none of its members is running, waiting to be
+        played again or still to be planned."""
+        planned = self._next_index >= (task + 1) * self.config.group_size
+        if (
+            task in self._given_up
+            and planned
+            and not any(plan.task == task for _, plan, _ in self._running.values())
         ):
             self._given_up.discard(task)
             self._replay = deque(item for item in self._replay if item[0].task != task)

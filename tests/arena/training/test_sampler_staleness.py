@@ -248,8 +248,8 @@ async def test_every_batch_holds_whole_groups(staleness: int, flaky: bool) -> No
     failed episode misaligned every later batch. Long-tailed episodes, groups of 4."""
     clock = Clock()
     runner = _runner(clock, first=FlakyTrader if flaky else VersionedTrader)
-    config = SamplerConfig(
-        batch_size=8, group_size=4, staleness=staleness, concurrency=32, seed=3 + staleness
+    config = SamplerConfig(  # (concurrency 6: a group's later members start after a failure)
+        batch_size=8, group_size=4, staleness=staleness, concurrency=6, seed=3 + staleness
     )
     sampler = AsyncSampler(runner, config, version=0, policies={"learner"})
     tasks: list[int] = []
@@ -272,6 +272,10 @@ async def test_every_batch_holds_whole_groups(staleness: int, flaky: bool) -> No
     if flaky:
         assert sampler.failed > 0
         assert sampler.dropped_groups > 0
+        failed = {r.task for r in sampler.failures}
+        assert failed.isdisjoint(tasks)  # no member of a given-up group was handed out
+        # nor kept waiting: later members of a given-up group are never played
+        assert failed.isdisjoint(item.plan.task for item in sampler._ready)
     if staleness == 1 and not flaky:
         assert sampler.dropped_stale > 0  # members were played again and groups completed
 
