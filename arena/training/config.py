@@ -183,6 +183,15 @@ class TrainConfig:
     own pool serves them."""
 
     def __post_init__(self) -> None:
+        pg = self.pg
+        age = self.sampler.staleness if pg.replay_max_age is None else pg.replay_max_age
+        if pg.replay and pg.replay_fraction and age == 0:
+            raise ConfigError(
+                "pg.replay with sampler.staleness 0 replays nothing: a replayed sample is at "
+                "least one version old, and no sample older than pg.replay_max_age (default: "
+                "the staleness S) is trained on. Set pg.replay_max_age (importance-weighted "
+                "older samples) or sampler.staleness"
+            )
         if self.ray_trainer_actor and self.ray is None:
             raise ConfigError("ray_trainer_actor needs ray (parley train --ray [ADDRESS])")
         if self.ray_pool_replicas < 0 or (self.ray_pool_replicas and self.ray is None):

@@ -122,6 +122,12 @@ def test_the_trainer_scores_at_the_temperature_the_agents_sample_at() -> None:
     assert load_train_config(data={**base, "agent": {"temperature": 0}}).pg.temperature == 1.0
     with pytest.raises(ConfigError, match="unknown shaping keys"):
         load_train_config(data={**base, "shaping": {"*": {"alfa": 0.5}}})
+    # Replay at S = 0 would replay nothing (no sample older than S is trained on).
+    replay = {"replay": 100, "replay_fraction": 0.25}
+    with pytest.raises(ConfigError, match="replays nothing"):
+        load_train_config(data={**base, "pg": replay})
+    load_train_config(data={**base, "pg": {**replay, "replay_max_age": 2}})
+    load_train_config(data={**base, "pg": replay, "sampler": {"staleness": 1}})
 
 
 @pytest.mark.timeout(300)
