@@ -68,8 +68,9 @@ __all__ = [
     "train_in_actor",
 ]
 
-ShippedConstraint = tuple[str, list[int], Constraint]
-"""(policy, prompt token ids, constraint) of one generation, shipped with its episode."""
+Verdicts = list[Constraint | str | None]
+"""What a worker's :class:`ConstraintLog` knows of each decision of an episode (its
+constraint, None, or ``FORGOTTEN``), shipped with the episode."""
 
 
 @dataclass(frozen=True)
@@ -171,18 +172,7 @@ class TrainEpisodeWorker(EpisodeWorker):
                 source.bind(RecordingClient(self.pool, self.log))
 
     def items(self, records: Sequence[EpisodeRecord]) -> list[Any]:
-        return [(record, self._constraints(record)) for record in records]
-
-    def _constraints(self, record: EpisodeRecord) -> list[ShippedConstraint]:
-        shipped: dict[tuple[str, tuple[int, ...]], ShippedConstraint] = {}
-        for trajectory in record.trajectories:
-            for turn in trajectory.turns:
-                for tokens in turn.tokens:
-                    key = (tokens.policy, tuple(tokens.prompt_token_ids))
-                    constraint = self.log.get(*key)
-                    if constraint is not None and key not in shipped:
-                        shipped[key] = (tokens.policy, list(tokens.prompt_token_ids), constraint)
-        return list(shipped.values())
+        return [(record, self.log.verdicts(record)) for record in records]
 
     async def stop(self) -> None:
         try:
@@ -200,7 +190,7 @@ class TrainRayRunner(RayRunner):
     """
 
     worker_class = TrainEpisodeWorker
-    item_type = tuple[EpisodeRecord, list[ShippedConstraint]]
+    item_type = tuple[EpisodeRecord, Verdicts]
 
     def __init__(
         self,
@@ -288,11 +278,8 @@ class TrainRayRunner(RayRunner):
         return (*super()._worker_args(), self.access)
 
     def _record(self, result: Any) -> EpisodeRecord:
-        record, constraints = result
-        for policy, prompt_ids, constraint in constraints:
-            self.log.note(
-                GenerateRequest(policy=policy, prompt_token_ids=prompt_ids, constraint=constraint)
-            )
+        record, verdicts = result
+        self.log.learn(record, verdicts)
         return super()._record(record)
 
     async def _on_generate(self, envelope: Envelope) -> GenerateResult | Error:

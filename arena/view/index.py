@@ -109,6 +109,10 @@ class _Index:
     ident: tuple[int, int]  # (device, inode): another file at the same path reads again
     head: bytes = b""  # its first bytes: a file rewritten in place reads again
     end: int = 0  # bytes read: the end of the last whole line
+    tail: bytes = b""  # the bytes just before ``end``: so does one whose start is the same
+    last: tuple[dict[str, Any], tuple[int, int]] | None = None
+    """A whole transcript after the last newline (a file another tool wrote without a final
+    newline): listed, and read again next time (a run may still be writing it)."""
     rows: list[dict[str, Any]] = field(default_factory=list)
     spans: list[tuple[int, int]] = field(default_factory=list)  # (offset, length) per row
     by_id: dict[str, int] = field(default_factory=dict)  # episode id -> its first row
@@ -139,6 +143,24 @@ class _Index:
                     self._add(chunk[start:stop])
                     start = stop
                 parts, held = [chunk[cut:]], len(chunk) - cut
+            self.tail = _tail(f, self.end)
+            self.last = None
+            if parts and 0 < held <= MAX_LINE_BYTES:
+                transcript = _parse(b"".join(parts))
+                if transcript is not None:
+                    self.last = (_row(transcript), (self.end, held))
+
+    @property
+    def all_rows(self) -> list[dict[str, Any]]:
+        return self.rows if self.last is None else [*self.rows, self.last[0]]
+
+    def span_of(self, episode: str) -> tuple[int, int] | None:
+        at = self.by_id.get(episode)
+        if at is not None:
+            return self.spans[at]
+        if self.last is not None and str(self.last[0]["episode"]) == episode:
+            return self.last[1]
+        return None
 
     def _add(self, line: bytes) -> None:
         """Index ``line``, which starts at ``self.end``, and move past it."""
@@ -164,7 +186,7 @@ def _index(path: Path) -> _Index:
         index = _indexes.get(path)
         if index is not None and (index.ident != ident or st.st_size < index.end):
             index = None  # replaced or truncated
-        if index is not None and index.head and not _starts_with(path, index.head):
+        if index is not None and not _starts_with(path, index.head, index.tail, index.end):
             index = None  # rewritten in place
         if index is None:
             index = _Index(ident)
@@ -177,9 +199,16 @@ def _index(path: Path) -> _Index:
         return index
 
 
-def _starts_with(path: Path, head: bytes) -> bool:
+def _starts_with(path: Path, head: bytes, tail: bytes, end: int) -> bool:
+    """Whether ``path`` still holds ``head`` at its start and ``tail`` just before ``end``."""
     with path.open("rb") as f:
-        return f.read(len(head)) == head
+        return f.read(len(head)) == head and _tail(f, end) == tail
+
+
+def _tail(f: Any, end: int) -> bytes:
+    start = max(0, end - 256)
+    f.seek(start)
+    return bytes(f.read(end - start))
 
 
 def episode_rows(path: Path | None) -> list[dict[str, Any]]:
@@ -189,7 +218,7 @@ def episode_rows(path: Path | None) -> list[dict[str, Any]]:
     if path is None:
         return []
     try:
-        return _index(path).rows
+        return _index(path).all_rows
     except OSError:
         return []
 
@@ -203,10 +232,10 @@ def read_episode(path: Path | None, episode: str) -> dict[str, Any] | None:
             index = _index(path)
         except OSError:
             return None
-        at = index.by_id.get(episode)
-        if at is None:
+        span = index.span_of(episode)
+        if span is None:
             return None
-        value = _read(path, index.spans[at])
+        value = _read(path, span)
         if value is not None and str(value.get("episode", "")) == episode:
             return value
         with _lock:
@@ -219,9 +248,10 @@ def iter_episodes(path: Path | None) -> Iterator[dict[str, Any]]:
     if path is None:
         return
     try:
-        spans = list(_index(path).spans)
+        index = _index(path)
     except OSError:
         return
+    spans = [*index.spans, *([index.last[1]] if index.last is not None else [])]
     for span in spans:
         value = _read(path, span)
         if value is not None:

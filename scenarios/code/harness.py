@@ -271,8 +271,8 @@ def run_tests(
     """Run ``tests`` against ``code`` (saved as ``solution.py``) in ``sandbox``.
 
     Only the calls enter the sandbox; the expected values are parsed and compared here.
-    ``hidden``: the problem never quotes the run's output (the code can print the calls it
-    was given there).
+    ``hidden``: the problem never quotes the run's output nor anything the code chose (it
+    can print the calls it was given, or a number computed from them).
     Never raises on anything the code does (a :class:`~parley.scenarios.tools.SandboxError`
     from the sandbox itself still propagates: that is the host's failure, not the code's)."""
     calls = [call for call, _ in tests]
@@ -287,4 +287,6 @@ def run_tests(
         problem = f"the tests did not finish (ended by {run.ended_by})"
         if not hidden:
             problem += f": {run.stderr[-300:]}"
+    elif problem and hidden:  # (the count of a forged results line is the code's to choose)
+        problem = "the results line was malformed or incomplete"
     return TestRun(results, problem)

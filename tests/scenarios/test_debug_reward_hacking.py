@@ -392,3 +392,21 @@ def test_the_hidden_calls_are_heard_from_nowhere(task: int) -> None:
     shown = json.dumps([observations, infos, [e.text for e in env.events]])
     for call, _ in TASKS[task].hidden:
         assert json.dumps(call)[1:-1] not in shown, call
+
+
+def test_a_forged_results_count_says_nothing_either() -> None:
+    """Found by review of the fix above: the problem quoted the forged line's length
+    ("2467 results for 4 tests"), any number the code computed from the hidden calls."""
+    from parley.scenarios.code.harness import MARK
+
+    env = make(ID, task=0)
+    env.reset(seed=0)
+    leak = (
+        "import json, os\nn = len(open('calls.json').read())\n"
+        f"os.write(1, ('\\n{MARK}' + json.dumps([['n']] * n) + '\\n').encode())\n"
+        "os._exit(0)\n"
+    )
+    _, _, _, _, infos = env.step({"coder": json.dumps({"submit": leak})})
+    problem = infos["coder"]["view"]["hidden_problem"]
+    assert problem == "the results line was malformed or incomplete", problem
+    assert not any(ch.isdigit() for ch in problem)

@@ -181,3 +181,56 @@ def test_shaped_rewards_are_credited_turn_by_turn() -> None:
             firsts.setdefault(s.key.role, s.reward)
         assert firsts["a"] == pytest.approx(episode["a"])
         assert len({s.reward for s in shaped if s.key.role == "a"}) > 1  # turn by turn
+
+
+def test_a_workers_verdicts_reach_the_trainers_log() -> None:
+    """Found by review: Ray workers shipped only constrained prompts, so once the trainer's
+    log dropped one entry every unconstrained decision counted as forgotten (left out), and
+    a prompt a worker's own log had dropped was scored unmasked. Workers now ship what
+    their log knows of every decision, forgotten ones included."""
+    from parley.arena.run.episode import EpisodeLog, EpisodePlan
+    from parley.arena.training.sampler import FORGOTTEN, ConstraintLog, samples_from_record
+    from parley.protocols.messages import (
+        Action,
+        Constraint,
+        GenerateRequest,
+        Observation,
+        TokenRecord,
+    )
+
+    choice = Constraint(type="choice", choices=["yes", "no"])
+    prompts = ([1, 2], [3, 4], [5, 6])  # constrained, unconstrained, never through the log
+    plan = EpisodePlan(index=0, task=0, trial=0, seed=1, agent_seeds={"a": 1})
+    episode = EpisodeLog(plan, "x", ["a"], {"a": "llm:p"})
+    for turn, prompt in enumerate(prompts):
+        token = TokenRecord(
+            policy="p", policy_version=0, prompt_token_ids=prompt, token_ids=[2], logprobs=[-1]
+        )
+        episode.add_step(
+            turn,
+            {"a": Observation(agent="a", text="o")},
+            {"a": Action(agent="a", text="yes", tokens=[token])},
+            {"a": "o"},
+            {"a": 1.0},
+            {"a": False},
+            {"a": False},
+            {"a": {}},
+        )
+    record = episode.record()
+    worker = ConstraintLog(capacity=2)
+    worker.note(GenerateRequest(policy="p", prompt_token_ids=prompts[0], constraint=choice))
+    worker.note(GenerateRequest(policy="p", prompt_token_ids=prompts[1]))
+    assert worker.verdicts(record) == [choice, None, None]
+    trainer = ConstraintLog(capacity=3)
+    trainer.learn(record, worker.verdicts(record))
+    trainer.note(GenerateRequest(policy="p", prompt_token_ids=[9]))  # drops the oldest
+    samples = samples_from_record(record, log=trainer)
+    assert [s.constraint for s in samples] == [None, None]  # the two it still knows
+    assert trainer.lost == 1  # the constrained one it dropped: left out, not scored unmasked
+    for i in range(2):  # the worker drops both of its entries
+        worker.note(GenerateRequest(policy="p", prompt_token_ids=[100 + i]))
+    assert worker.verdicts(record) == [FORGOTTEN] * 3
+    fresh = ConstraintLog()
+    fresh.learn(record, worker.verdicts(record))
+    assert samples_from_record(record, log=fresh) == []
+    assert fresh.lost == 3

@@ -283,3 +283,25 @@ async def test_every_batch_holds_whole_groups(staleness: int, flaky: bool) -> No
 def test_a_batch_is_whole_groups_or_the_config_says_why() -> None:
     with pytest.raises(ConfigError, match="multiple of group_size"):
         SamplerConfig(batch_size=6, group_size=4)
+
+
+async def test_a_group_given_up_while_dropping_stale_members_stays_given_up() -> None:
+    """Found by review: a whole group left over beyond a batch went stale; its first member
+    had used up its replays, so the group was given up (and forgotten: none running), and the
+    next member in the same pass was queued to play again, alone, for a group that no longer
+    existed."""
+    from parley.arena.training.sampler import MAX_REPLAYS, _Ready
+
+    clock = Clock()
+    runner = _runner(clock)
+    sampler = AsyncSampler(runner, SamplerConfig(batch_size=2, group_size=2, staleness=1))
+    first, second = sampler._plan(), sampler._plan()  # one group: task 0, trials 0 and 1
+    record = EpisodeRecord(index=0, episode="e", task=0, trial=0, seed=0, transcript={})
+    sampler._ready = [
+        _Ready(record, 0, 0, first, MAX_REPLAYS - 1),
+        _Ready(record, 0, 0, second, 0),
+    ]
+    sampler.version = 2  # two publishes later: both older than S = 1
+    sampler._drop_stale()
+    assert sampler.dropped_groups == 1
+    assert not sampler._replay  # neither member is played again

@@ -43,12 +43,13 @@ def _write(path: Path, episodes: list[dict], mode: str = "w") -> None:
 
 @pytest.fixture
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """The lines the index parses, in order."""
+    """The whole lines (newline-ended) the index parses, in order."""
     seen: list[bytes] = []
     real = index._parse
 
     def counting(line: bytes) -> object:
-        seen.append(line)
+        if line.endswith(b"\n"):  # (an unended last line is tried again each read)
+            seen.append(line)
         return real(line)
 
     monkeypatch.setattr(index, "_parse", counting)
@@ -213,3 +214,30 @@ def test_the_indexes_kept_are_bounded(tmp_path: Path) -> None:
         _write(path, [episode(f"t{i}")])
         assert [r["episode"] for r in episode_rows(path)] == [f"t{i}"]
     assert len(index._indexes) <= index._CACHE_FILES
+
+
+def test_a_rerun_into_the_same_file_with_the_same_start_is_read_again(tmp_path: Path) -> None:
+    """Found by review: a rerun into the same --out rewrites transcripts.jsonl in place (same
+    inode); when its first 4 KB matched and the viewer missed the short moment, the old rows
+    stayed and reading went on from the middle of a line."""
+    path = tmp_path / "transcripts.jsonl"
+    same = [episode(f"t{i}", failed="x" * 1000) for i in range(5)]  # > 4 KB in common
+    _write(path, [*same, episode("old-5"), episode("old-6")])
+    assert [r["episode"] for r in episode_rows(path)][-2:] == ["old-5", "old-6"]
+    with path.open("r+") as f:  # same inode, longer, the same first 5 lines
+        f.writelines(json.dumps(ep) + "\n" for ep in [*same, episode("new-5", failed="y" * 300)])
+        f.writelines(json.dumps(episode(f"new-{i}")) + "\n" for i in range(6, 9))
+    assert [r["episode"] for r in episode_rows(path)][5:] == ["new-5", "new-6", "new-7", "new-8"]
+
+
+def test_a_last_line_without_its_newline_is_listed_when_whole(tmp_path: Path) -> None:
+    """A file written by another tool may lack the final newline (the old reader listed such
+    a line); a half-written line is still left out, and nothing is listed twice."""
+    path = tmp_path / "transcripts.jsonl"
+    path.write_text(json.dumps(episode("t0")) + "\n" + json.dumps(episode("t1")))
+    assert [r["episode"] for r in episode_rows(path)] == ["t0", "t1"]
+    assert read_episode(path, "t1") == episode("t1")
+    assert [e["episode"] for e in iter_episodes(path)] == ["t0", "t1"]
+    with path.open("a") as f:
+        f.write("\n" + json.dumps(episode("t2"))[:30])  # t1 ended; t2 half written
+    assert [r["episode"] for r in episode_rows(path)] == ["t0", "t1"]
