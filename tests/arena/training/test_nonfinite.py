@@ -9,13 +9,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from parley.arena.run.config import RunConfig
 from parley.arena.run.episode import EpisodeLog, EpisodePlan
 from parley.arena.run.runner import run
-from parley.arena.training.advantages import SampleKey
 from parley.arena.training.sampler import samples_from_record
 from parley.protocols.messages import Action, Observation, TokenRecord
 from parley.scenarios import register
@@ -123,6 +121,8 @@ def test_a_run_fails_the_poisoned_episodes_and_only_those(
 
 torch = pytest.importorskip("torch")
 
+from tests.arena.training.test_pg_epochs import _samples  # noqa: E402  (16 on-policy decisions)
+
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir: Path) -> tuple[Any, Any]:
@@ -132,30 +132,6 @@ def tiny(tiny_model_dir: Path) -> tuple[Any, Any]:
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype="float32")
     return model, load_tokenizer(str(tiny_model_dir)).hf
-
-
-def _samples(model: Any, hf: Any) -> list[Any]:
-    from parley.arena.training.pg import PGConfig, PolicyGradientTrainer, Sample
-
-    rng = np.random.default_rng(0)
-    samples = [
-        Sample(
-            policy="p",
-            prompt_ids=rng.integers(5, 1000, size=4).tolist(),
-            token_ids=rng.integers(5, 1000, size=3).tolist(),
-            logprobs=[],
-            policy_version=0,
-            reward=float(i % 2),
-            key=SampleKey("a", prompt=str(i)),
-        )
-        for i in range(8)
-    ]
-    scorer = PolicyGradientTrainer({"p": model}, hf, PGConfig(), trainable=[])
-    with torch.no_grad():
-        logp, _ = scorer.token_logprobs(model, samples)
-    for i, s in enumerate(samples):
-        s.logprobs = logp[i, logp.shape[1] - len(s.token_ids) :].tolist()
-    return samples
 
 
 @pytest.mark.timeout(120)

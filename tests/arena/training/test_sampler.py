@@ -9,6 +9,7 @@ import pytest
 from parley.agents.base import Agent
 from parley.agents.scripted.collaboration import CodeListener
 from parley.arena.run.config import RunConfig
+from parley.arena.run.records import EpisodeRecord
 from parley.arena.run.runner import Runner
 from parley.arena.training.sampler import AsyncSampler, SamplerConfig, samples_from_record
 from parley.protocols.messages import Action, Observation, TokenRecord
@@ -106,49 +107,52 @@ async def test_failed_episodes_are_recorded_and_never_trained_on() -> None:
         samples_from_record(sampler.failures[0])
 
 
+def _decisions(*prompts: list[int]) -> EpisodeRecord:
+    """A finished episode of one seat "a" whose turns were generated from ``prompts``."""
+    from parley.arena.run.episode import EpisodeLog, EpisodePlan
+
+    plan = EpisodePlan(index=0, task=0, trial=0, seed=1, agent_seeds={"a": 1})
+    episode = EpisodeLog(plan, "x", ["a"], {"a": "llm:p"})
+    for turn, prompt in enumerate(prompts):
+        token = TokenRecord(
+            policy="p", policy_version=0, prompt_token_ids=prompt, token_ids=[2], logprobs=[-1]
+        )
+        episode.add_step(
+            turn,
+            {"a": Observation(agent="a", text="o")},
+            {"a": Action(agent="a", text="yes", tokens=[token])},
+            {"a": "o"},
+            {"a": 1.0},
+            {"a": False},
+            {"a": False},
+            {"a": {}},
+        )
+    return episode.record()
+
+
 def test_a_decision_whose_constraint_was_forgotten_is_left_out() -> None:
     """Found by review: past capacity the log forgot constraints, and the trainer scored
     those decisions on the full softmax against masked recorded logprobs (ratios ~0.001).
     Now such a decision is left out and counted; prompts are keyed by a digest."""
-    from parley.arena.run.episode import EpisodeLog, EpisodePlan
     from parley.arena.training.sampler import ConstraintLog, samples_from_record
     from parley.protocols.messages import (
-        Action,
         Constraint,
         GenerateRequest,
-        Observation,
-        TokenRecord,
     )
 
     choice = Constraint(type="choice", choices=["yes", "no"])
     log = ConstraintLog(capacity=3)
     log.note(GenerateRequest(policy="p", prompt_token_ids=[5, 6, 7], constraint=choice))
 
-    def record() -> object:
-        plan = EpisodePlan(index=0, task=0, trial=0, seed=1, agent_seeds={"a": 1})
-        episode = EpisodeLog(plan, "x", ["a"], {"a": "llm:p"})
-        for turn, prompt in enumerate(([5, 6, 7], [8, 9])):
-            token = TokenRecord(
-                policy="p", policy_version=0, prompt_token_ids=prompt, token_ids=[2], logprobs=[-1]
-            )
-            episode.add_step(
-                turn,
-                {"a": Observation(agent="a", text="o")},
-                {"a": Action(agent="a", text="yes", tokens=[token])},
-                {"a": "o"},
-                {"a": 1.0},
-                {"a": False},
-                {"a": False},
-                {"a": {}},
-            )
-        return episode.record()
+    def record() -> EpisodeRecord:
+        return _decisions([5, 6, 7], [8, 9])
 
-    samples = samples_from_record(record(), log=log)  # type: ignore[arg-type]
+    samples = samples_from_record(record(), log=log)
     assert [s.constraint for s in samples] == [choice, None]  # [8, 9]: never through the log
     for i in range(3):
         log.note(GenerateRequest(policy="p", prompt_token_ids=[100, i]))
     assert log.evicted == 1
-    samples = samples_from_record(record(), log=log)  # type: ignore[arg-type]
+    samples = samples_from_record(record(), log=log)
     assert samples == []  # both unknown now that entries were dropped: neither is scored
     assert log.lost == 2
 
@@ -188,35 +192,15 @@ def test_a_workers_verdicts_reach_the_trainers_log() -> None:
     log dropped one entry every unconstrained decision counted as forgotten (left out), and
     a prompt a worker's own log had dropped was scored unmasked. Workers now ship what
     their log knows of every decision, forgotten ones included."""
-    from parley.arena.run.episode import EpisodeLog, EpisodePlan
     from parley.arena.training.sampler import FORGOTTEN, ConstraintLog, samples_from_record
     from parley.protocols.messages import (
-        Action,
         Constraint,
         GenerateRequest,
-        Observation,
-        TokenRecord,
     )
 
     choice = Constraint(type="choice", choices=["yes", "no"])
     prompts = ([1, 2], [3, 4], [5, 6])  # constrained, unconstrained, never through the log
-    plan = EpisodePlan(index=0, task=0, trial=0, seed=1, agent_seeds={"a": 1})
-    episode = EpisodeLog(plan, "x", ["a"], {"a": "llm:p"})
-    for turn, prompt in enumerate(prompts):
-        token = TokenRecord(
-            policy="p", policy_version=0, prompt_token_ids=prompt, token_ids=[2], logprobs=[-1]
-        )
-        episode.add_step(
-            turn,
-            {"a": Observation(agent="a", text="o")},
-            {"a": Action(agent="a", text="yes", tokens=[token])},
-            {"a": "o"},
-            {"a": 1.0},
-            {"a": False},
-            {"a": False},
-            {"a": {}},
-        )
-    record = episode.record()
+    record = _decisions(*prompts)
     worker = ConstraintLog(capacity=2)
     worker.note(GenerateRequest(policy="p", prompt_token_ids=prompts[0], constraint=choice))
     worker.note(GenerateRequest(policy="p", prompt_token_ids=prompts[1]))
