@@ -16,7 +16,7 @@ import numpy as np
 from parley.arena.run.records import EpisodeRecord
 from parley.arena.training.advantages import SampleKey
 from parley.arena.training.pg import Sample
-from parley.protocols.messages import Constraint, GenerateRequest, GenerateResult
+from parley.protocols.messages import Constraint, GenerateRequest, GenerateResult, TokenRecord
 
 __all__ = ["FORGOTTEN", "ConstraintLog", "RecordingClient", "samples_from_record"]
 
@@ -62,8 +62,16 @@ class ConstraintLog:
             self._by_prompt.popitem(last=False)
             self.evicted += 1
 
+    def verdict(self, policy: str, prompt_ids: Sequence[int]) -> Constraint | str | None:
+        """This prompt's constraint, ``None`` (unconstrained), or :data:`FORGOTTEN` (noted as
+        forgotten, or absent after entries were dropped here)."""
+        key = self._key(policy, prompt_ids)
+        if key not in self._by_prompt:
+            return FORGOTTEN if self.evicted else None
+        return self._by_prompt[key]
+
     def get(self, policy: str, prompt_ids: Sequence[int]) -> Constraint | None:
-        value = self._by_prompt.get(self._key(policy, prompt_ids))
+        value = self.verdict(policy, prompt_ids)
         return value if isinstance(value, Constraint) else None
 
     def forget(self, policy: str, prompt_ids: Sequence[int]) -> None:
@@ -74,29 +82,17 @@ class ConstraintLog:
         self._by_prompt.move_to_end(key)
 
     def forgotten(self, policy: str, prompt_ids: Sequence[int]) -> bool:
-        """Whether this prompt's constraint is unknown: noted as forgotten, or absent after
-        entries were dropped here."""
-        key = self._key(policy, prompt_ids)
-        if key not in self._by_prompt:
-            return bool(self.evicted)
-        return self._by_prompt[key] == FORGOTTEN
+        """Whether this prompt's constraint is unknown (:meth:`verdict`)."""
+        return self.verdict(policy, prompt_ids) == FORGOTTEN
 
     def verdicts(self, record: EpisodeRecord) -> list[Constraint | str | None]:
-        """What this log knows of each decision of ``record`` (in trajectory, turn, token
-        order): its constraint, ``None``, or :data:`FORGOTTEN`; for :meth:`learn`."""
-        return [
-            FORGOTTEN
-            if self.forgotten(tokens.policy, tokens.prompt_token_ids)
-            else self.get(tokens.policy, tokens.prompt_token_ids)
-            for trajectory in record.trajectories
-            for turn in trajectory.turns
-            for tokens in turn.tokens
-        ]
+        """What this log knows of each decision of ``record`` (:meth:`verdict`, in
+        trajectory, turn, token order), for another log's :meth:`learn`."""
+        return [self.verdict(t.policy, t.prompt_token_ids) for t in _decisions(record)]
 
     def learn(self, record: EpisodeRecord, verdicts: Sequence[Constraint | str | None]) -> None:
         """Note what another log said of each decision of ``record`` (:meth:`verdicts`)."""
-        tokens = [t for tr in record.trajectories for turn in tr.turns for t in turn.tokens]
-        for token, verdict in zip(tokens, verdicts, strict=True):
+        for token, verdict in zip(_decisions(record), verdicts, strict=True):
             if verdict == FORGOTTEN:
                 self.forget(token.policy, token.prompt_token_ids)
             else:
@@ -109,6 +105,11 @@ class ConstraintLog:
 
     def __len__(self) -> int:
         return len(self._by_prompt)
+
+
+def _decisions(record: EpisodeRecord) -> list[TokenRecord]:
+    """Every generation of ``record``, in trajectory, turn, token order."""
+    return [t for tr in record.trajectories for turn in tr.turns for t in turn.tokens]
 
 
 class RecordingClient:
@@ -156,12 +157,12 @@ def samples_from_record(
         for i, turn in enumerate(trajectory.turns):
             reward = to_go[i]
             for tokens in turn.tokens:
-                constraint = None
-                if log is not None:
-                    if log.forgotten(tokens.policy, tokens.prompt_token_ids):
-                        log.lost += 1  # its mask is unknown: scoring it unmasked is wrong
-                        continue
-                    constraint = log.get(tokens.policy, tokens.prompt_token_ids)
+                verdict = log.verdict(tokens.policy, tokens.prompt_token_ids) if log else None
+                if verdict == FORGOTTEN:
+                    assert log is not None
+                    log.lost += 1  # its mask is unknown: scoring it unmasked is wrong
+                    continue
+                constraint = verdict if isinstance(verdict, Constraint) else None
                 out.append(
                     Sample(
                         policy=tokens.policy,
