@@ -29,7 +29,12 @@ interleaved with a plain Python loop that steps the same env and awaits the same
   wire copy, the transcript and trajectories, the failure handling — weighs against almost
   nothing;
 * the same with the suffix ``_simple_trade``: ``negotiation/simple-trade-v1`` with its
-  scripted baselines (the workload issue 11 measured), one seat acting a step.
+  scripted baselines (the workload issue 11 measured), one seat acting a step;
+* beside each, the plain loop doing only what the runner cannot skip
+  (:mod:`~parley.arena.bench.floors`): ``copy_floor_ratio_vs_plain_loop`` (every
+  observation a bare msgpack round trip, CPU time: a ceiling for ``runner_ratio_*``) and
+  ``raw_pyzmq_ratio_vs_plain_loop`` (every ``act`` a raw pyzmq round trip to another
+  process, wall clock: the transport alone, beside ``remote_ratio_*``).
 
 And simple-trade v0/v1 env steps/s beside TextArena 0.7.4's SimpleNegotiation with the
 same trivial moves, and with every move a text that never recurs (``_distinct_moves``, as a
@@ -58,10 +63,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import msgspec
 import numpy as np
 from pettingzoo import ParallelEnv
 
 from parley.agents.base import Agent
+from parley.arena.bench.floors import raw_pyzmq_steps_per_s
 from parley.arena.bench.textarena import best_rates
 from parley.protocols.messages import Action, Observation
 from parley.scenarios import Scenario, register
@@ -84,16 +91,23 @@ TARGETS = {
     "simple_trade_v1_ratio_vs_textarena_distinct_moves": (">=", 1.0),
 }
 
+# The reference loop of each runner ratio (the same key with the same workload suffix):
+# the plain loop doing only what the contract requires (:mod:`parley.arena.bench.floors`).
+REFERENCES = {
+    "runner_ratio_vs_plain_loop": "copy_floor_ratio_vs_plain_loop",
+    "remote_ratio_vs_plain_loop": "raw_pyzmq_ratio_vs_plain_loop",
+}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agents", type=int, default=N_AGENTS, help="agents per episode")
     parser.add_argument("--steps", type=int, default=50, help="steps per episode")
     parser.add_argument("--env-episodes", type=int, default=200, help="episodes per env case")
-    parser.add_argument("--episodes", type=int, default=6, help="episodes per runner case")
+    parser.add_argument("--episodes", type=int, default=20, help="episodes per runner case")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many timings")
     parser.add_argument("--no-inproc", action="store_true", help="skip the in-process case")
     parser.add_argument(
-        "--trade-episodes", type=int, default=200, help="simple-trade episodes per runner case"
+        "--trade-episodes", type=int, default=1000, help="simple-trade episodes per runner case"
     )
     parser.add_argument(
         "--concurrency", type=int, default=8, help="episodes at once in the overhead cases"
@@ -252,12 +266,15 @@ def _workloads(args: argparse.Namespace) -> list[Workload]:
     return [broadcast, trade]
 
 
-def _plain_loop_steps_per_s(work: Workload) -> tuple[float, float]:
+def _plain_loop_steps_per_s(work: Workload, *, copy: bool = False) -> tuple[float, float]:
     """Agent steps per CPU second and per wall-clock second of ``env.step`` fed by
-    awaiting each acting agent's ``act`` in turn."""
+    awaiting each acting agent's ``act`` in turn; with ``copy``, each agent gets a bare
+    msgpack round trip of its observation (the copy floor, :mod:`~parley.arena.bench.floors`)."""
     from parley.scenarios import make
 
     factories = work.factories()
+    encode = msgspec.msgpack.Encoder().encode
+    decode = msgspec.msgpack.Decoder(Observation).decode
 
     async def play() -> tuple[int, float, float]:
         steps = 0
@@ -281,6 +298,8 @@ def _plain_loop_steps_per_s(work: Workload) -> tuple[float, float]:
                         reward=rewards.get(seat, 0.0),
                         info=infos.get(seat, {}),
                     )
+                    if copy:
+                        obs = decode(encode(obs))
                     actions[seat] = (await agents[seat].act(obs)).text
                     steps += 1
                 observations, rewards, _, _, infos = env.step(actions)
@@ -379,8 +398,10 @@ def _pipelining(args: argparse.Namespace, work: Workload, results: dict[str, Any
 
 def _overhead(args: argparse.Namespace, work: Workload, results: dict[str, Any]) -> None:
     """The plain loop, the runner with in-process agents and with agents in another process
-    over ipc (``--concurrency`` episodes at once), interleaved; ratios of the best: CPU
-    time for the runner (everything in this process), wall clock for remote agents."""
+    over ipc (``--concurrency`` episodes at once), and the reference loop of each
+    (:mod:`~parley.arena.bench.floors`), interleaved; ratios of the best: CPU time for the
+    runner and the copy floor (everything in this process), wall clock for remote agents and
+    the raw pyzmq reference."""
     cases: dict[str, Callable[[], tuple[float, float]]] = {
         "plain_loop": lambda: _plain_loop_steps_per_s(work)
     }
@@ -391,7 +412,9 @@ def _overhead(args: argparse.Namespace, work: Workload, results: dict[str, Any])
 
     if not args.no_inproc:
         cases["runner"] = lambda: play_rates(False)
+        cases["copy_floor"] = lambda: _plain_loop_steps_per_s(work, copy=True)
     cases["remote"] = lambda: play_rates(True)
+    cases["raw_pyzmq"] = lambda: raw_pyzmq_steps_per_s(work, args.concurrency)
     best = {name: [0.0, 0.0] for name in cases}  # (per CPU second, per wall second)
     for _ in range(args.repeats):
         for name, case in cases.items():
@@ -399,11 +422,14 @@ def _overhead(args: argparse.Namespace, work: Workload, results: dict[str, Any])
     suffix = "" if work.name == "broadcast" else f"_{work.name}"
     for name, (cpu, wall) in best.items():
         results[f"agent_steps_per_s_{name}{suffix}"] = wall
-        if name != "remote":
+        if name in ("plain_loop", "runner", "copy_floor"):
             results[f"agent_steps_per_cpu_s_{name}{suffix}"] = cpu
+    plain_cpu, plain_wall = best["plain_loop"]
     if "runner" in best:
-        results[f"runner_ratio_vs_plain_loop{suffix}"] = best["runner"][0] / best["plain_loop"][0]
-    results[f"remote_ratio_vs_plain_loop{suffix}"] = best["remote"][1] / best["plain_loop"][1]
+        results[f"runner_ratio_vs_plain_loop{suffix}"] = best["runner"][0] / plain_cpu
+        results[f"copy_floor_ratio_vs_plain_loop{suffix}"] = best["copy_floor"][0] / plain_cpu
+    results[f"remote_ratio_vs_plain_loop{suffix}"] = best["remote"][1] / plain_wall
+    results[f"raw_pyzmq_ratio_vs_plain_loop{suffix}"] = best["raw_pyzmq"][1] / plain_wall
 
 
 def _measure(args: argparse.Namespace, step: Callable[[str], None]) -> dict[str, Any]:
@@ -472,9 +498,11 @@ def run(args: argparse.Namespace) -> int:
         "agent_steps_per_s_plain_loop": "agent steps/s, plain loop (no runner)",
         "agent_steps_per_s_runner": "agent steps/s, runner, in-process agents",
         "agent_steps_per_s_remote": "agent steps/s, runner, agents over ipc",
+        "agent_steps_per_s_raw_pyzmq": "agent steps/s, raw pyzmq loop, agents over ipc",
         "agent_steps_per_s_plain_loop_simple_trade": "simple-trade-v1: plain loop",
         "agent_steps_per_s_runner_simple_trade": "simple-trade-v1: runner, in-process",
         "agent_steps_per_s_remote_simple_trade": "simple-trade-v1: runner, over ipc",
+        "agent_steps_per_s_raw_pyzmq_simple_trade": "simple-trade-v1: raw pyzmq loop, over ipc",
         "env_steps_per_s_simple_trade_v0": "env steps/s, simple-trade-v0",
         "env_steps_per_s_simple_trade_v1": "env steps/s, simple-trade-v1",
         "env_steps_per_s_textarena_bare": "env steps/s, TextArena SimpleNegotiation",
@@ -485,19 +513,27 @@ def run(args: argparse.Namespace) -> int:
             table.add_row(label, f"{results[key]:,.0f}")
     console.print(table)
     ratios = Table(title=f"ratios (runner and remote: {args.concurrency} episodes at once)")
-    ratios.add_column("ratio")
+    ratios.add_column("ratio", overflow="fold")
     ratios.add_column("value", justify="right")
     ratios.add_column("target", justify="right")
     ratios.add_column("met")
+    ratios.add_column("reference", justify="right")
+    ratios.caption = (
+        "reference: the plain loop doing only what the runner must — each observation's "
+        "msgpack copy (in-process; a floor), raw pyzmq round trips (ipc)"
+    )
     for key, value in results.items():
-        if "ratio" not in key:
+        if "ratio" not in key or key.startswith(("copy_floor_", "raw_pyzmq_")):
             continue
+        base = key.removesuffix("_simple_trade")
+        ref = results.get(REFERENCES[base] + key[len(base) :]) if base in REFERENCES else None
+        shown = "" if ref is None else f"{ref:.2f}"
         if key in TARGETS:
             op, target = TARGETS[key]
             met = value >= target
-            ratios.add_row(key, f"{value:.2f}", f"{op} {target}", "yes" if met else "no")
+            ratios.add_row(key, f"{value:.2f}", f"{op} {target}", "yes" if met else "no", shown)
         else:
-            ratios.add_row(key, f"{value:.2f}", "—", "")
+            ratios.add_row(key, f"{value:.2f}", "—", "", shown)
     console.print(ratios)
     if "textarena_skipped" in results:
         console.print(f"TextArena comparison skipped: {results['textarena_skipped']}")

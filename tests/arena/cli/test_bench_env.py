@@ -19,7 +19,10 @@ def test_bench_env_json_reports_the_runner_ratios(capsys: pytest.CaptureFixture[
     for key in ("runner_ratio_vs_plain_loop", "remote_ratio_vs_plain_loop",
                 "runner_ratio_vs_plain_loop_simple_trade",
                 "remote_ratio_vs_plain_loop_simple_trade",
-                "env_step_ratio_vs_bare", "agent_steps_per_s_plain_loop"):  # fmt: skip
+                "env_step_ratio_vs_bare", "agent_steps_per_s_plain_loop",
+                "copy_floor_ratio_vs_plain_loop", "raw_pyzmq_ratio_vs_plain_loop",
+                "copy_floor_ratio_vs_plain_loop_simple_trade",
+                "raw_pyzmq_ratio_vs_plain_loop_simple_trade"):  # fmt: skip
         assert results[key] > 0, key
     # TextArena is not a dependency: without it the comparison says how to install it.
     if "textarena_skipped" in results:
@@ -40,3 +43,39 @@ def test_the_textarena_comparison_is_skipped_with_the_install_line_when_missing(
         "textarena_skipped": "TextArena is not installed (import of textarena halted; None in "
         "sys.modules); to compare, run: pip install --no-deps textarena==0.7.4 nltk chess"
     }
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_the_raw_pyzmq_loop_plays_every_agent_step_of_the_plain_loop(
+    monkeypatch: pytest.MonkeyPatch, concurrency: int
+) -> None:
+    """The reference loop must do the plain loop's work, over the wire: the same episodes,
+    every acting seat asked once per step, the same moves (same transcripts)."""
+    from parley.arena.bench import env, floors
+    from parley.scenarios import Scenario
+
+    env._register()
+    work = env.Workload(
+        "simple_trade",
+        env.TRADE_ID,
+        {},
+        dict.fromkeys(["player_0", "player_1"], "parley.agents.scripted.negotiation:SpiralTrader"),
+        5,
+    )
+    played: list[tuple[int, dict[str, str]]] = []
+    step = Scenario.step
+
+    def recording(self: Scenario, actions: dict[str, str]) -> object:
+        played.append((self.turn, dict(actions)))
+        return step(self, actions)
+
+    monkeypatch.setattr(Scenario, "step", recording)
+    env._plain_loop_steps_per_s(work)
+    plain = sorted(played, key=repr)
+    played.clear()
+    cpu_rate, wall_rate = floors.raw_pyzmq_steps_per_s(work, concurrency)
+    assert cpu_rate > 0
+    assert wall_rate > 0
+    assert sorted(played, key=repr) == plain
+    assert sum(len(actions) for _, actions in plain) > 5
