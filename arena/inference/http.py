@@ -79,7 +79,12 @@ from parley.arena.inference.http_fields import (
     stream_asked,
     want_logprobs,
 )
-from parley.arena.inference.http_guard import guard, http_is_loopback
+from parley.arena.inference.http_guard import (
+    ConnectionLimits,
+    guard,
+    http_is_loopback,
+    serve_guarded,
+)
 from parley.arena.inference.http_stream import EventStream, logprobs_json
 from parley.arena.inference.pool import InferencePool, PoolError
 from parley.protocols.messages import (
@@ -468,16 +473,19 @@ def _check_finished(results: Sequence[GenerateResult]) -> None:
 
 
 async def serve_http(
-    pool: InferencePool, host: str = "127.0.0.1", port: int = 0, **options: Any
+    pool: InferencePool,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    limits: ConnectionLimits | None = None,
+    **options: Any,
 ) -> tuple[web.AppRunner, str]:
     """Start the front on ``host:port`` (0 picks a port); returns the runner (call
-    ``await runner.cleanup()`` to stop) and the base URL, ``http://host:port/v1``."""
+    ``await runner.cleanup()`` to stop) and the base URL, ``http://host:port/v1``.
+    ``limits``: connections held at once and the time to send headers (see
+    :class:`~parley.arena.inference.http_guard.ConnectionLimits`; default: from the
+    process's file descriptor limit, 10 s)."""
     front = OpenAIFront(pool, loopback_only=http_is_loopback(host, port), **options)
     runner = web.AppRunner(front.app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    server = site._server
-    sockets = getattr(server, "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
+    bound = await serve_guarded(runner, host, port, limits)
     return runner, f"http://{host}:{bound}/v1"

@@ -11,11 +11,29 @@ here:
 * **DNS rebinding**: a page whose domain is re-pointed at 127.0.0.1 talks to the server as
   same-origin. A loopback-bound front answers only loopback ``Host`` headers (421
   otherwise), as the run viewer does.
+
+And one attack from anyone who can connect, on every parley HTTP server (the front, the
+run viewer, the human seat's page): **slow or idle connections**. aiohttp holds a
+connection that never finishes its request's headers for ever (300 such connections were
+all still open after 20 s), so a few thousand exhaust the process's file descriptors — in
+the human seat's case, the arena's own. :class:`GuardedSite` closes a connection that has
+not sent its first request's headers within ``header_timeout`` and holds at most
+``max_connections`` at once: a new one past the cap evicts the oldest connection still
+without headers, or is closed if every one has sent its request (idle keep-alive
+connections are closed by aiohttp after its ``keepalive_timeout``). Both are logged at a
+bounded rate.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import resource
+import socket
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -82,3 +100,181 @@ def guard(*, loopback_only: bool) -> Middleware:
         return await handler(request)
 
     return check
+
+
+log = logging.getLogger("parley.http")
+
+_LOG_EVERY_S = 10.0
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How many connections a parley HTTP server holds at once, and how long a new one may
+    take to send its first request's headers (seconds)."""
+
+    max_connections: int
+    header_timeout: float = 10.0
+
+    @classmethod
+    def default(cls) -> ConnectionLimits:
+        """A quarter of this process's file descriptor limit, between 64 and 4,096."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            soft = 16_384
+        return cls(max_connections=max(64, min(4096, soft // 4)))
+
+
+class _Tracker:
+    """The connections of one site: how many, which have not sent headers yet (oldest
+    first), and what was refused since the last log line."""
+
+    def __init__(self, limits: ConnectionLimits, name: str) -> None:
+        self.limits = limits
+        self.name = name
+        self.open = 0
+        self.headless: dict[_Guarded, None] = {}  # (insertion order: oldest first)
+        self.refused = 0
+        self.evicted = 0
+        self.timed_out = 0
+        self._logged_at = 0.0
+
+    def admit(self) -> bool:
+        """Room for one more connection (evicting the oldest headless one if full)?"""
+        if self.open < self.limits.max_connections:
+            return True
+        if self.headless:
+            oldest = next(iter(self.headless))
+            oldest.drop()
+            self.evicted += 1
+            self.note()
+            return True
+        self.refused += 1
+        self.note()
+        return False
+
+    def note(self) -> None:
+        now = time.monotonic()
+        if now - self._logged_at < _LOG_EVERY_S:
+            return
+        self._logged_at = now
+        log.warning(
+            "%s: %d connection(s) refused at the cap of %d, %d evicted and %d closed for "
+            "sending no request headers within %g s (counts since the server started)",
+            self.name,
+            self.refused,
+            self.limits.max_connections,
+            self.evicted,
+            self.timed_out,
+            self.limits.header_timeout,
+        )
+
+
+class _Guarded(asyncio.Protocol):
+    """An aiohttp connection, counted, and closed if its first headers are too slow."""
+
+    def __init__(self, make: Callable[[], Any], tracker: _Tracker) -> None:
+        self._make = make
+        self._tracker = tracker
+        self._inner: Any = None  # aiohttp's protocol, made only for an admitted connection
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        tracker = self._tracker
+        assert isinstance(transport, asyncio.Transport)  # (a stream server's transport)
+        if not tracker.admit():
+            transport.abort()
+            return
+        tracker.open += 1
+        tracker.headless[self] = None
+        self._transport = transport
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(tracker.limits.header_timeout, self._too_slow)
+        self._inner = self._make()
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is None:
+            return
+        if self._timer is not None:
+            seen = self._tail + data
+            if b"\r\n\r\n" in seen:
+                self._headed()
+            else:
+                self._tail = seen[-3:]
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None if self._inner is None else self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._inner is None:
+            return
+        self._headed()
+        self._tracker.open -= 1
+        inner, self._inner = self._inner, None
+        inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def _headed(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._tracker.headless.pop(self, None)
+
+    def _too_slow(self) -> None:
+        self._timer = None
+        self._tracker.timed_out += 1
+        self._tracker.note()
+        self.drop()
+
+    def drop(self) -> None:
+        """Close the connection now (it has not sent its request's headers)."""
+        self._headed()
+        if self._transport is not None:
+            self._transport.abort()  # connection_lost follows: counted out there
+
+
+class GuardedSite(web.SockSite):
+    """aiohttp's :class:`~aiohttp.web.SockSite` with :class:`ConnectionLimits` enforced."""
+
+    __slots__ = ("_limits",)
+
+    def __init__(
+        self, runner: web.BaseRunner, sock: socket.socket, limits: ConnectionLimits | None = None
+    ) -> None:
+        super().__init__(runner, sock)
+        self._limits = limits or ConnectionLimits.default()
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site (SockSite's would serve unguarded)
+        server = self._runner.server
+        assert server is not None  # (BaseSite refuses a runner that is not set up)
+        tracker = _Tracker(self._limits, f"HTTP server {self.name}")
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _Guarded(server, tracker), sock=self._sock, backlog=self._backlog
+        )
+
+
+def bind_tcp(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: a free port; ``""``: every IPv4 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
+
+
+async def serve_guarded(
+    runner: web.BaseRunner, host: str, port: int, limits: ConnectionLimits | None = None
+) -> int:
+    """Serve ``runner`` (set up) on ``host:port`` through a :class:`GuardedSite`; returns
+    the bound port (``port`` 0 picks one). ``runner.cleanup()`` stops it."""
+    sock = bind_tcp(host, port)
+    await GuardedSite(runner, sock, limits).start()
+    return int(sock.getsockname()[1])

@@ -22,7 +22,6 @@ import contextlib
 import itertools
 import json
 import secrets
-import socket
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +30,13 @@ from aiohttp import web
 
 from parley.agents.base import Agent
 from parley.agents.human import TerminalHuman, describe_constraint
-from parley.arena.inference.http_guard import guard, http_is_loopback
+from parley.arena.inference.http_guard import (
+    ConnectionLimits,
+    GuardedSite,
+    bind_tcp,
+    guard,
+    http_is_loopback,
+)
 from parley.arena.run.agent_specs import AgentSource, SeatContext
 from parley.arena.view.html import CSP, esc
 from parley.protocols.errors import ConfigError
@@ -79,8 +84,11 @@ class HumanHub:
     bound at construction (so the URL can be printed before the run starts); the server
     starts on the event loop of the first move."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.sock = socket.create_server((host, port))
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, limits: ConnectionLimits | None = None
+    ) -> None:
+        self.sock = bind_tcp(host, port)
+        self.limits = limits  # (None: ConnectionLimits.default())
         bound = self.sock.getsockname()
         self.base = f"http://{host}:{bound[1]}/"
         self.loopback_only = http_is_loopback(host, bound[1])
@@ -116,7 +124,7 @@ class HumanHub:
         await self._runner.setup()
         # A duplicate of the socket for each event loop (a run per asyncio.run): the one
         # bound at construction stays open however many runs this process plays.
-        await web.SockSite(self._runner, self.sock.dup()).start()
+        await GuardedSite(self._runner, self.sock.dup(), self.limits).start()  # (slow clients)
 
     async def close(self) -> None:
         if self._runner is not None:

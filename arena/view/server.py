@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from parley.arena.inference.http_guard import ConnectionLimits, serve_guarded
 from parley.arena.view.data import (
     EPISODE_ID,
     Source,
@@ -291,17 +292,20 @@ def export_static(roots: Sequence[Path], out: Path) -> list[Path]:
 
 
 async def start(
-    roots: Sequence[Path], host: str = "127.0.0.1", port: int = 0
+    roots: Sequence[Path],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    limits: ConnectionLimits | None = None,
 ) -> tuple[web.AppRunner, str]:
-    """Start the viewer; returns its runner (``await runner.cleanup()`` stops it) and URL."""
+    """Start the viewer; returns its runner (``await runner.cleanup()`` stops it) and URL.
+    ``limits``: see :class:`~parley.arena.inference.http_guard.ConnectionLimits`."""
     # Bound to a loopback address, answer only to loopback names; on another address the
     # user chose to expose the runs, under whatever name reaches it.
     hosts = () if host in ("127.0.0.1", "localhost", "::1") else ("*",)
     app = make_app(roots, hosts=hosts)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    await serve_guarded(runner, host, port, limits)  # (slow and idle connections)
     bound = runner.addresses[0]
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
     return runner, f"http://{shown}:{bound[1]}/"

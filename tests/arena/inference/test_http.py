@@ -260,3 +260,20 @@ async def test_weights_endpoint_bumps_the_version(
         assert (await r.json())["policy_version"] == 4
     reply = await client.completions.create(model="tiny", prompt="hat", max_tokens=2)
     assert reply.model_extra["policy_version"] == 4  # type: ignore[index]
+
+
+async def test_the_front_closes_connections_that_send_no_headers(pool: InferencePool) -> None:
+    """Slow and idle connections (``test_http_slow_clients.py``) against the front itself."""
+    from parley.arena.inference.http_guard import ConnectionLimits
+
+    limits = ConnectionLimits(max_connections=8, header_timeout=0.3)
+    runner, url = await serve_http(pool, "127.0.0.1", 0, limits=limits)
+    try:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\n")
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/models") as response:
+            assert response.status == 200
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,179 @@
+"""Slow and idle connections against parley's HTTP servers (``http_guard.GuardedSite``).
+
+Before the guard, aiohttp held a connection that never finished its headers for ever: 300
+of them were all open 20 s later, and a few thousand exhaust the process's descriptors.
+Everything here is a real socket against a real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from parley.arena.inference.http_guard import ConnectionLimits, GuardedSite
+from parley.arena.view.server import start
+
+pytestmark = pytest.mark.timeout(60)
+
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _open(port: int, sent: bytes = b"") -> Conn:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if sent:
+        writer.write(sent)
+        await writer.drain()
+    return reader, writer
+
+
+async def _closed_by_server(conn: Conn, within: float) -> bool:
+    """Whether the server ends ``conn`` (EOF or reset) within ``within`` seconds."""
+    reader, _ = conn
+    try:
+        while True:
+            if not await asyncio.wait_for(reader.read(1024), within):
+                return True
+    except TimeoutError:  # (an OSError: caught first)
+        return False
+    except OSError:  # reset
+        return True
+
+
+def _request(path: str = "/") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+
+
+async def _get_on(conn: Conn, path: str = "/") -> bytes:
+    """The status line of a GET sent on ``conn`` (kept open: HTTP/1.1 keep-alive)."""
+    reader, writer = conn
+    writer.write(_request(path))
+    await writer.drain()
+    status = await asyncio.wait_for(reader.readline(), 10)
+    headers = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in headers.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    await asyncio.wait_for(reader.readexactly(length), 10)
+    return status
+
+
+async def _viewer(tmp_path: Path, limits: ConnectionLimits) -> tuple[aiohttp.web.AppRunner, int]:
+    runner, url = await start([tmp_path], limits=limits)
+    return runner, int(url.rstrip("/").rsplit(":", 1)[1])
+
+
+@pytest.fixture
+async def viewer(tmp_path: Path) -> AsyncIterator[tuple[aiohttp.web.AppRunner, int]]:
+    runner, port = await _viewer(tmp_path, ConnectionLimits(max_connections=8, header_timeout=0.5))
+    try:
+        yield runner, port
+    finally:
+        await runner.cleanup()
+
+
+def _held(runner: aiohttp.web.AppRunner) -> int:
+    assert runner.server is not None
+    return len(runner.server.connections)
+
+
+async def test_connections_that_never_finish_their_headers_are_closed(
+    viewer: tuple[aiohttp.web.AppRunner, int],
+) -> None:
+    runner, port = viewer
+    silent = await _open(port)
+    partial = await _open(port, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    trickle = await _open(port, b"G")
+    for _ in range(4):  # a byte every 0.2 s: still no headers after the timeout
+        await asyncio.sleep(0.2)
+        trickle[1].write(b"E")
+    assert await _closed_by_server(silent, 3)
+    assert await _closed_by_server(partial, 3)
+    assert await _closed_by_server(trickle, 3)
+    assert _held(runner) == 0
+    # The server is unharmed: a request sent at once is answered.
+    assert (await _get_on(await _open(port))).startswith(b"HTTP/1.1 200")
+
+
+async def test_a_request_whose_headers_arrive_in_pieces_in_time_is_served(
+    viewer: tuple[aiohttp.web.AppRunner, int],
+) -> None:
+    _, port = viewer
+    reader, writer = await _open(port, b"GET / HT")
+    await asyncio.sleep(0.1)
+    writer.write(b"TP/1.1\r\nHost: 127.0.0.1\r")  # the blank line split across writes
+    await asyncio.sleep(0.1)
+    writer.write(b"\n\r")
+    await asyncio.sleep(0.1)
+    writer.write(b"\n")
+    status = await asyncio.wait_for(reader.readline(), 10)
+    assert status.startswith(b"HTTP/1.1 200")
+    writer.close()
+
+
+async def test_a_flood_of_idle_connections_evicts_itself_not_a_real_client(
+    viewer: tuple[aiohttp.web.AppRunner, int],
+) -> None:
+    runner, port = viewer  # max_connections=8
+    flood = [await _open(port) for _ in range(50)]
+    await asyncio.sleep(0.05)
+    assert _held(runner) <= 8
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/") as r:
+        assert r.status == 200
+    assert _held(runner) <= 8
+    closed = [await _closed_by_server(conn, 0.01) for conn in flood[:40]]
+    assert all(closed)  # the oldest went first
+
+
+async def test_at_the_cap_with_every_connection_in_use_a_new_one_is_refused_until_one_ends(
+    viewer: tuple[aiohttp.web.AppRunner, int],
+) -> None:
+    runner, port = viewer  # max_connections=8
+    clients = [await _open(port) for _ in range(8)]
+    for conn in clients:  # each has sent a request: none may be evicted
+        assert (await _get_on(conn)).startswith(b"HTTP/1.1 200")
+    assert _held(runner) == 8
+    late = await _open(port)
+    assert await _closed_by_server(late, 3)
+    for conn in clients:  # the 8 are untouched: keep-alive requests still answered
+        assert (await _get_on(conn)).startswith(b"HTTP/1.1 200")
+    clients[0][1].close()
+    await clients[0][1].wait_closed()
+    for _ in range(100):  # the server sees the close, and counts it out
+        if _held(runner) < 8:
+            break
+        await asyncio.sleep(0.01)
+    assert (await _get_on(await _open(port))).startswith(b"HTTP/1.1 200")
+
+
+async def test_the_default_cap_follows_the_descriptor_limit() -> None:
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limits = ConnectionLimits.default()
+    assert 64 <= limits.max_connections <= 4096
+    if soft != resource.RLIM_INFINITY:
+        assert limits.max_connections <= max(64, soft // 4)
+    assert limits.header_timeout == 10.0
+
+
+async def test_the_human_seat_page_closes_a_silent_connection() -> None:
+    """The human seat's page runs in the arena's own process: its descriptors are the
+    arena's. (The OpenAI front: ``test_http.py``.)"""
+    from parley.arena.view.human import HumanHub
+
+    hub = HumanHub(limits=ConnectionLimits(max_connections=8, header_timeout=0.3))
+    await hub.ensure_started()
+    try:
+        assert hub._runner is not None
+        assert all(isinstance(site, GuardedSite) for site in hub._runner.sites)
+        port = hub.sock.getsockname()[1]
+        assert await _closed_by_server(await _open(port, b"GET / HTTP/1.1\r\n"), 3)
+    finally:
+        await hub.close()
+        hub.sock.close()
