@@ -109,6 +109,21 @@ class _KindProbe(msgspec.Struct):
     body: _BodyKind = msgspec.field(default_factory=_BodyKind)
 
 
+class Peek(msgspec.Struct, kw_only=True):
+    """The envelope fields a receiver reads before deciding to decode a large body
+    (:meth:`Codec.peek`; the body's other fields are skipped in C, no objects built)."""
+
+    body: _BodyKind = msgspec.field(default_factory=_BodyKind)
+    id: int = 0
+    reply_to: int = 0
+    expects_reply: bool = False
+    channel: str = ""
+    episode: str = ""
+
+
+_peek_decoder = msgspec.msgpack.Decoder(Peek)
+
+
 class _ArrayWire(msgspec.Struct, forbid_unknown_fields=True):
     """An array's map exactly as the encoder writes it (checked before the array decodes:
     the decoder hands an array's map to the hook as any MessagePack value, built whole)."""
@@ -257,6 +272,14 @@ class Codec:
         if envelope.v != SCHEMA_VERSION:
             raise _unsupported(envelope.v)
         return envelope
+
+    def peek(self, head: Frame) -> Peek | None:
+        """The routing fields and body kind of the envelope frame ``head``, without
+        building its body; ``None`` if it does not parse (:meth:`decode` says why)."""
+        try:
+            return _peek_decoder.decode(head)
+        except _DECODE_ERRORS:
+            return None
 
     def decode_stranger(self, frames: Sequence[Frame]) -> Envelope:
         """The envelope of a message from a connection that has not said ``Hello``.

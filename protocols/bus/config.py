@@ -103,3 +103,6 @@ class BusStats:
     hello_required: int = 0
     """Messages from connections that had not said ``Hello`` (other than a ``Hello``,
     ``Heartbeat`` or ``Bye``), refused unread."""
+    replies_dropped: int = 0
+    """Replies dropped because their peer had :data:`~parley.protocols.bus.send.MAX_REPLIES_WAITING`
+    replies already waiting for room in its queue (it reads none: its requests time out)."""

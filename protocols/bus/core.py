@@ -92,6 +92,9 @@ class _Link:
     pending: dict[int, asyncio.Future[Body]] = field(default_factory=dict)
     rehello: asyncio.Task[None] | None = None
     user: str | None = None  # the CURVE client key (Z85) its Hello came with
+    replies_waiting: int = 0  # replies waiting for room in its full queue (send.py)
+    probed_at: float = -1.0  # when a duplicate Hello last made us probe it (links.py)
+    unwanted: int = 0  # large messages in a row nobody asked for (receive.py)
 
 
 class _Sock:
@@ -106,6 +109,7 @@ class _Sock:
         self.user: str | None = None  # that key, for the message being handled
         self.fd: int = int(z.getsockopt(zmq.FD))
         self.links: dict[bytes, _Link] = {}  # ROUTER: routing id -> link
+        self.shunned: dict[bytes, None] = {}  # ROUTER: connections read no more (receive.py)
         self.link: _Link | None = None  # DEALER: the one remote peer
         self.reading = False  # registered with the event loop
         self.draining = False  # inside the receive loop right now

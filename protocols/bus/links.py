@@ -25,6 +25,9 @@ from parley.protocols.bus.send import _Sender
 from parley.protocols.errors import BusError
 from parley.protocols.messages import SCHEMA_VERSION, Body, Envelope, Error, Heartbeat, Hello
 
+PROBE_EVERY_S = 0.05
+"""Least time between two probes of one peer prompted by duplicate Hellos."""
+
 MAX_HEARTBEAT_INTERVAL = 60.0
 """Longest heartbeat interval a peer's ``Hello`` may announce; longer counts as this."""
 
@@ -100,7 +103,14 @@ class _Links(_Sender):
         self._peers_changed()
 
     def _probe(self, link: _Link) -> bool:
-        """Whether a ROUTER peer's connection still exists (sends it a heartbeat)."""
+        """Whether a ROUTER peer's connection still exists (sends it a heartbeat). At most
+        one probe per :data:`PROBE_EVERY_S`: a stranger's duplicate Hellos had made 193,800
+        heartbeats to the live peer in 10 s; within it, the last answer holds."""
+        assert self._loop is not None
+        now = self._loop.time()
+        if now - link.probed_at < PROBE_EVERY_S:
+            return True  # (a failed probe declares the link dead: this one was alive)
+        link.probed_at = now
         frames = self._codec.encode(Envelope(body=Heartbeat(), sender=self.name))
         try:
             link.sock.z.send_multipart([link.rid or b"", *frames], _NOBLOCK)

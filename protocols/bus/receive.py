@@ -28,7 +28,7 @@ from parley.protocols.bus.core import (
     subscriptions_problem,
 )
 from parley.protocols.bus.links import _Links
-from parley.protocols.codec import Frame, Head, salvage_head
+from parley.protocols.codec import SESSION_KINDS, Frame, Head, salvage_head
 from parley.protocols.errors import ProtocolError, RemoteError
 from parley.protocols.messages import (
     Body,
@@ -39,9 +39,24 @@ from parley.protocols.messages import (
     Hello,
     Ok,
     Subscribe,
+    kind_of,
 )
 
 _BATCH = 2000  # messages read per receive-loop round before yielding to other tasks
+_BATCH_BYTES = 4 << 20  # ... or bytes: 25 large messages a round had held the loop 5 s
+PEEK_BYTES = 64 * 1024
+"""From this size on, a message's envelope is peeked at before its body is decoded: a reply
+nobody waits for, or a message no handler takes, is dropped unread (or answered
+``no_handler``). A peer's 16 MiB one-way actions, decoded to be thrown away, took 0.2 s of
+the loop each.
+
+A connected peer (``ROUTER`` side) that sends :data:`MAX_UNWANTED` such messages in a row is
+declared dead, and its connection is read no more (its messages dropped unread, a Hello
+too): its agent must connect again. The :data:`MAX_SHUNNED` latest such connections are
+remembered."""
+
+MAX_UNWANTED = 8
+MAX_SHUNNED = 4096
 
 MAX_FRAMES = 4096
 """Most parts of one message: the envelope and its out-of-band arrays (one per array of at
@@ -97,6 +112,7 @@ class _Receiver(_Links):
         router = sock.router
         curve = sock.curve
         on_frames = self._on_frames
+        budget = _BATCH_BYTES
         try:
             for _ in range(_BATCH):
                 try:
@@ -119,6 +135,9 @@ class _Receiver(_Links):
                         break
                 else:
                     on_frames(sock, rid, frames)
+                budget -= len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
+                if budget <= 0:
+                    break
             self._wake(sock)  # more may be waiting: continue after other callbacks ran
         except zmq.ZMQError as exc:
             log.warning("%s: receive on %s failed: %s", self.name, sock.address, exc)
@@ -149,7 +168,12 @@ class _Receiver(_Links):
             self._peer_died(link, f"{link.name}'s routing id came back with another key")
             link = None
         if link is None and rid is not None:  # a connection that has not said Hello
+            if rid in sock.shunned:  # (declared dead for flooding: its messages go unread)
+                self.stats.unhandled += 1
+                return
             self._on_stranger(sock, rid, frames)
+            return
+        if link is not None and len(frames[0]) >= PEEK_BYTES and self._unwanted(link, frames[0]):
             return
         try:
             env = self._codec.decode(frames)
@@ -171,6 +195,45 @@ class _Receiver(_Links):
                 env.sender,
                 exc_info=True,
             )
+
+    def _unwanted(self, link: _Link, head: bytes) -> bool:
+        """Whether a large message from ``link`` is dropped unread (see :data:`PEEK_BYTES`):
+        a reply to no pending request, a broadcast on no subscribed channel, a body no
+        handler takes (a request for one is answered ``no_handler``)."""
+        peek = self._codec.peek(head)
+        if peek is None:
+            return False  # decoding it names the problem
+        if peek.reply_to:
+            fut = link.pending.get(peek.reply_to)
+            if fut is not None and not fut.done():
+                link.unwanted = 0
+                return False
+            self.stats.late_replies += 1
+        elif peek.channel:
+            if any(peek.channel.startswith(prefix) for prefix, _ in self._subs):
+                return False
+            self.stats.unhandled += 1
+        else:
+            kind = peek.body.kind
+            accept = self._codec.accept
+            if accept is not None and kind not in accept:
+                return False  # refused unread by decode, as unexpected_kind
+            if kind in SESSION_KINDS or any(kind_of(cls) == kind for cls in self._handlers):
+                link.unwanted = 0
+                return False
+            self.stats.unhandled += 1
+            if peek.expects_reply:
+                message = f"{self.name} has no handler for {kind[:100]!r}"
+                request = Envelope(body=Ok(), id=peek.id, expects_reply=True, episode=peek.episode)
+                self._reply(link, request, Error(code="no_handler", message=message))
+        link.unwanted += 1
+        if link.unwanted >= MAX_UNWANTED and link.rid is not None:
+            shunned = link.sock.shunned
+            shunned[link.rid] = None
+            if len(shunned) > MAX_SHUNNED:
+                del shunned[next(iter(shunned))]
+            self._peer_died(link, f"it sent {link.unwanted} large messages nobody asked for")
+        return True
 
     def _on_stranger(self, sock: _Sock, rid: bytes, frames: list[bytes]) -> None:
         """A message from a connection that has not said Hello: only a small ``Hello``,
@@ -231,8 +294,14 @@ class _Receiver(_Links):
                 fut.set_result(body)
             return
         if kind is Heartbeat:
+            if env.expects_reply:
+                self._reply(link, env, Ok())
             return
         if env.channel:
+            if env.expects_reply:  # (a broadcast is answered by nobody: refused whole)
+                refusal = "a broadcast (channel set) cannot expect a reply"
+                self._reply(link, env, Error(code="bad_message", message=refusal))
+                return
             self._deliver_broadcast(env)
             return
         if kind is Hello or kind is Subscribe or kind is Bye or kind is Error:
@@ -267,8 +336,13 @@ class _Receiver(_Links):
             if env.expects_reply:
                 self._answer(sock, rid, env, Ok())
         elif isinstance(body, Bye):
+            if env.expects_reply:
+                self._reply(link, env, Ok())
             self._peer_died(link, f"{link.name} said goodbye ({body.reason or 'no reason'})")
         elif isinstance(body, Error):
+            if env.expects_reply:
+                refusal = "an error is a reply or a one-way notice, never a request"
+                self._reply(link, env, Error(code="bad_message", message=refusal))
             if body.code == "hello_required" and not sock.router and link.name:
                 self._start_rehello(link)
             else:  # (rate-limited and cut short: a peer could send these without end)

@@ -27,6 +27,9 @@ from parley.protocols.codec import Frame
 from parley.protocols.errors import BusError, PeerDead, ProtocolError
 from parley.protocols.messages import Body, Envelope, Error, Ok
 
+MAX_REPLIES_WAITING = 256
+"""Replies to one peer that may wait for room in its full queue; later ones are dropped."""
+
 
 class _Sender(_Core):
     """The sending layer of an endpoint."""
@@ -135,13 +138,30 @@ class _Sender(_Core):
                 )
             )
         try:
-            if not self._send_now(link, frames):
-                self._spawn(self._reply_later(link, frames))
+            if self._send_now(link, frames):
+                return
         except BusError as exc:
             log.debug("%s: reply to %s lost: %s", self.name, link.name, exc)
+            return
+        if link.replies_waiting >= MAX_REPLIES_WAITING:
+            # A peer that sends requests and reads no replies: a task per reply had grown
+            # to 388,000 in 30 s. Its requests time out on its side instead.
+            self.stats.replies_dropped += 1
+            self._log_limited(
+                "reply_dropped",
+                "%s: %s reads no replies (%d waiting for room in its queue): reply dropped",
+                self.name,
+                link.name,
+                link.replies_waiting,
+            )
+            return
+        link.replies_waiting += 1
+        self._spawn(self._reply_later(link, frames))
 
     async def _reply_later(self, link: _Link, frames: list[Frame]) -> None:
         try:
             await self._send_later(link, frames, self.config.request_timeout)
         except BusError as exc:
-            log.warning("%s: reply to %s lost: %s", self.name, link.name, exc)
+            self._log_limited("reply_lost", "%s: reply to %s lost: %s", self.name, link.name, exc)
+        finally:
+            link.replies_waiting -= 1
