@@ -272,7 +272,8 @@ def run_tests(
 
     Only the calls enter the sandbox; the expected values are parsed and compared here.
     ``hidden``: the problem never quotes the run's output nor anything the code chose (it
-    can print the calls it was given, or a number computed from them).
+    can print the calls it was given, or a number computed from them, or end the run in a
+    way chosen from them: exit, output cap or signal, a digit per episode).
     Never raises on anything the code does (a :class:`~parley.scenarios.tools.SandboxError`
     from the sandbox itself still propagates: that is the host's failure, not the code's)."""
     calls = [call for call, _ in tests]
@@ -284,9 +285,10 @@ def run_tests(
         for outcome, (_, expected) in zip(outcomes, tests, strict=True)
     )
     if problem == "no results":
-        problem = f"the tests did not finish (ended by {run.ended_by})"
-        if not hidden:
-            problem += f": {run.stderr[-300:]}"
+        if hidden:  # (how it ended is the code's to choose too: exit, output, signal)
+            problem = "the tests did not finish"
+        else:
+            problem = f"the tests did not finish (ended by {run.ended_by}): {run.stderr[-300:]}"
     elif problem and hidden:  # (the count of a forged results line is the code's to choose)
         problem = "the results line was malformed or incomplete"
     return TestRun(results, problem)

@@ -82,7 +82,8 @@ def build_root(config: dict[str, object]) -> None:
     """Mount the new root at ``config["root"]`` and pivot into it (we are in a new mount ns)."""
     root = str(config["root"])
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={config['disk_mb']}m,mode=0755")
+    size = f"size={config['disk_mb']}m,nr_inodes={config['max_files']}"
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=0755")
     # /tmp and /work first: a Python installed under either is then bound inside them.
     os.mkdir(root + "/tmp", mode=0o777)
     os.chmod(root + "/tmp", 0o1777)

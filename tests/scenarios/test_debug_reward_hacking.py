@@ -394,6 +394,24 @@ def test_the_hidden_calls_are_heard_from_nowhere(task: int) -> None:
         assert json.dumps(call)[1:-1] not in shown, call
 
 
+def test_how_a_hidden_run_ends_says_nothing_either() -> None:
+    """Found by the second review: "ended by exit / output / signal" was the code's to
+    choose, a base-3 digit of the hidden calls per episode (a 16-character call read back in
+    80 episodes). Every way of not finishing reads the same."""
+    endings = [
+        "import os\nos._exit(3)\n",
+        "import sys\nwhile True: sys.stdout.write('x' * 9999)\n",
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    ]
+    problems = set()
+    for code in endings:
+        env = make(ID, task=0)
+        env.reset(seed=0)
+        _, _, _, _, infos = env.step({"coder": json.dumps({"submit": code})})
+        problems.add(infos["coder"]["view"]["hidden_problem"])
+    assert problems == {"the tests did not finish"}
+
+
 def test_a_forged_results_count_says_nothing_either() -> None:
     """Found by review of the fix above: the problem quoted the forged line's length
     ("2467 results for 4 tests"), any number the code computed from the hidden calls."""

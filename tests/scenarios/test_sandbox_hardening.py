@@ -390,3 +390,23 @@ def test_runs_in_a_container_with_a_partial_uid_map_do_not_share_a_process_cap(
     assert mode == "namespaces"
     assert int(bombed) < 16
     assert other_said == "forked 5"
+
+
+def test_empty_files_cannot_pin_kernel_memory(sandbox: Sandbox) -> None:
+    """Directories take no tmpfs size, yet each pins kernel memory: a run making them until
+    its wall limit held 2.1 GB of slab and took ~3 s to tear down. The tmpfs has
+    ``max_files`` inodes; the next mkdir fails with ENOSPC (28)."""
+    result = sandbox.run(
+        "import os\n"
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        os.mkdir(f'/tmp/d{n}')\n"
+        "        n += 1\n"
+        "except OSError as e:\n"
+        "    print(n, e.errno)\n"
+    )
+    assert result.ok, result.stderr
+    made, errno = map(int, result.stdout.split())
+    assert made < SandboxLimits().max_files
+    assert errno == 28
