@@ -292,6 +292,7 @@ class _Receiver(_Links):
                     self._start_rehello(link)  # the bound side forgot us: introduce again
             else:
                 fut.set_result(body)
+                link.unwanted = 0  # ("in a row": an answer in between starts the count again)
             return
         if kind is Heartbeat:
             if env.expects_reply:

@@ -210,3 +210,25 @@ async def test_every_request_is_answered(body: dict[str, Any], channel: str, ans
         await server.close()
     assert reply["reply_to"] == 5
     assert reply["body"].get("code", reply["body"]["kind"]) == answer
+
+
+async def test_a_slow_agents_late_replies_do_not_add_up_across_answers() -> None:
+    """Eight late large replies spread over a long run, each after an answer in time, are
+    not "eight in a row": the agent stays."""
+    async with _seated() as (server, raw):
+        late = _big_action(reply_to=999)
+
+        def answer() -> None:
+            asked = _next_reply(raw)
+            raw.send(msgpack.packb({"body": {"kind": "action", "agent": "raw", "text": "ok"},
+                                    "reply_to": asked["id"]}))  # fmt: skip
+
+        for _ in range(2 * MAX_UNWANTED):
+            await asyncio.to_thread(raw.send, late)
+            answering = asyncio.create_task(asyncio.to_thread(answer))
+            assert isinstance(
+                await server.request("raw", Observation(agent="raw", text="go")), Action
+            )
+            await answering
+        assert "raw" in server.peers
+        assert server.stats.late_replies == 2 * MAX_UNWANTED
