@@ -166,15 +166,19 @@ def _sane(row: Mapping[str, Any]) -> bool:
     return all(isinstance(row.get(key, {}), Mapping) for key in _ROW_MAPS)
 
 
-def finite(value: Any) -> Any:
+def finite(value: Any, depth: int = 0) -> Any:
     """``value`` with every NaN or infinity replaced by None, so that it is valid JSON
-    (metrics.jsonl may hold ``NaN``, which Python reads and browsers refuse)."""
+    (metrics.jsonl may hold ``NaN``, which Python reads and browsers refuse), and anything
+    nested deeper than 32 levels too (600 nested lists had raised RecursionError in the live
+    feed, which then sent no row at all)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, dict | list) and depth >= 32:
+        return None
     if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
+        return {k: finite(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [finite(v) for v in value]
+        return [finite(v, depth + 1) for v in value]
     return value
 
 

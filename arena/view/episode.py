@@ -81,11 +81,17 @@ def _components(info: Mapping[str, Any]) -> str:
     return " (" + ", ".join(f"{esc(k)} {esc(num(v))}" for k, v in comps.items()) + ")"
 
 
+def _map(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else empty (a transcript from elsewhere may put a list
+    where a step has a map: one such step had failed its page and the whole export)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def _cell(seat: str, step: Mapping[str, Any]) -> str:
-    obs = (step.get("observations") or {}).get(seat)
-    actions = step.get("actions") or {}
-    info = (step.get("infos") or {}).get(seat) or {}
-    reward = (step.get("rewards") or {}).get(seat, 0.0)
+    obs = _map(step.get("observations")).get(seat)
+    actions = _map(step.get("actions"))
+    info = _map(_map(step.get("infos")).get(seat))
+    reward = _map(step.get("rewards")).get(seat, 0.0)
     out = []
     if obs is not None:
         out.append(
@@ -103,18 +109,22 @@ def _cell(seat: str, step: Mapping[str, Any]) -> str:
         out.append(
             f"<details class=view><summary>private view</summary><pre>{esc(view)}</pre></details>"
         )
-    if step.get("terminations", {}).get(seat) or step.get("truncations", {}).get(seat):
+    if _map(step.get("terminations")).get(seat) or _map(step.get("truncations")).get(seat):
         out.append("<div class=ended>done</div>")
     return "".join(out)
 
 
 def episode_page(src: Source, ep: Mapping[str, Any], links: Links) -> str:
     eid = str(ep.get("episode", ""))
-    agents = ep.get("agents") or {}
-    seats = list(agents) or sorted({s for st in ep.get("steps", []) for s in st.get("actions", {})})
+    agents = _map(ep.get("agents"))
+    raw_steps = ep.get("steps")
+    steps = (
+        [st for st in raw_steps if isinstance(st, Mapping)] if isinstance(raw_steps, list) else []
+    )
+    seats = list(agents) or sorted({str(s) for st in steps for s in _map(st.get("actions"))})
     status = str(ep.get("status", ""))
-    metrics = ep.get("metrics") or {}
-    returns = ep.get("returns") or {}
+    metrics = _map(ep.get("metrics"))
+    returns = _map(ep.get("returns"))
     outcome = [
         f"<div id=outcome class='outcome {esc(status)}'><b>{esc(status)}</b>",
         f" · scenario {esc(ep.get('scenario', ''))} · seed {esc(ep.get('seed', ''))}",
@@ -137,7 +147,7 @@ def episode_page(src: Source, ep: Mapping[str, Any], links: Links) -> str:
     outcome.append("</div>")
     head = "".join(f"<th>{esc(s)}<br><small>{esc(agents.get(s, ''))}</small></th>" for s in seats)
     rows = []
-    for step in ep.get("steps", []):
+    for step in steps:
         cells = "".join(f"<td>{_cell(s, step)}</td>" for s in seats)
         rows.append(f"<tr><td class=turn>{esc(step.get('turn', ''))}</td>{cells}</tr>")
     body = (

@@ -9,6 +9,7 @@ run.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import math
 from dataclasses import dataclass
@@ -25,8 +26,13 @@ CSP = (
 
 
 def esc(value: object) -> str:
-    """Text as HTML (quotes included, so it is safe in attribute values too)."""
-    return html.escape(str(value), quote=True)
+    """Text as HTML (quotes included, so it is safe in attribute values too). A lone
+    surrogate (``json.loads`` reads ``"\\ud800"``) becomes ``?``: unencodable, it had made every
+    page that showed it, and the whole static export, fail."""
+    text = str(value)
+    if not text.isascii():
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return html.escape(text, quote=True)
 
 
 def num(value: object, digits: int = 3) -> str:
@@ -69,27 +75,36 @@ class Links:
     def asset(self, name: str) -> str:
         return f"static/{name}" if self.static else f"/static/{name}"
 
+    def _file(self, kind: str, *ids: str) -> str:
+        """A static page's file name: the ids quoted and joined by ``=`` (which quoting
+        always escapes, so two pages never share a name: ``-`` had let a run called
+        ``victim-t00000`` overwrite another run's episode page), hashed past 180 chars."""
+        name = kind + "-" + "=".join(self._q(i) for i in ids)
+        if len(name) > 180:
+            name = f"{name[:120]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+        return name + ".html"
+
     def run(self, rid: str) -> str:
-        return f"run-{self._q(rid)}.html" if self.static else f"/run/{self._q(rid)}"
+        return self._file("run", rid) if self.static else f"/run/{self._q(rid)}"
 
     def episodes(self, rid: str, **query: str) -> str:
         if self.static:
-            return f"episodes-{self._q(rid)}.html"
+            return self._file("episodes", rid)
         q = {k: v for k, v in query.items() if v}
         return f"/run/{self._q(rid)}/episodes" + (f"?{urlencode(q)}" if q else "")
 
     def episode(self, rid: str, ep: str) -> str:
         if self.static:
-            return f"episode-{self._q(rid)}-{self._q(ep)}.html"
+            return self._file("episode", rid, ep)
         return f"/run/{self._q(rid)}/episode/{self._q(ep)}"
 
     def compare(self, a: str, b: str) -> str:
         if self.static:
-            return f"compare-{self._q(a)}-vs-{self._q(b)}.html"
+            return self._file("compare", a, b)
         return "/compare?" + urlencode({"a": a, "b": b})
 
     def train(self, tid: str) -> str:
-        return f"train-{self._q(tid)}.html" if self.static else f"/train/{self._q(tid)}"
+        return self._file("train", tid) if self.static else f"/train/{self._q(tid)}"
 
 
 def page(title: str, body: str, links: Links, *, scripts: tuple[str, ...] = ()) -> str:

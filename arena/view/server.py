@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,8 @@ ASSETS = {"view.css": "text/css", "train.js": "text/javascript", "human.js": "te
 """The only files ``/static/`` serves, from this package's ``static`` folder."""
 POLL_S = 0.5
 """How often the training feed looks for new metrics rows."""
+
+log = logging.getLogger("parley.view")
 
 
 def asset(name: str) -> bytes:
@@ -92,7 +95,8 @@ class ViewerState:
 
 
 def _html(text: str) -> web.Response:
-    return web.Response(text=text, content_type="text/html", charset="utf-8")
+    body = text.encode("utf-8", "replace")  # (a lone surrogate esc() did not see: "?")
+    return web.Response(body=body, content_type="text/html", charset="utf-8")
 
 
 @web.middleware
@@ -163,8 +167,8 @@ def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Applica
         eid = request.match_info["ep"]
         if EPISODE_ID.match(eid):
             ep = await asyncio.to_thread(read_episode, src.file("transcripts.jsonl"), eid)
-            if ep is not None:
-                return _html(episode_page(src, ep, links))
+            if ep is not None:  # (built off the loop: a 150k-step page takes seconds)
+                return _html(await asyncio.to_thread(episode_page, src, ep, links))
         raise web.HTTPNotFound(text=f"no episode {eid!r} in run {src.id!r}")
 
     async def compare(request: web.Request) -> web.Response:
@@ -263,31 +267,39 @@ def export_static(roots: Sequence[Path], out: Path) -> list[Path]:
     (out / "static").mkdir(exist_ok=True)
     written: list[Path] = []
 
-    def write(name: str, text: str) -> None:
+    def write(name: str, build: Callable[..., str], *args: Any, **kwargs: Any) -> None:
+        """Write one page; a page that cannot be built (a damaged record) is logged and
+        skipped, never the end of the export (one bad step had stopped every later page)."""
+        try:
+            content = build(*args, **kwargs)
+        except Exception as exc:  # (whatever a hand-made or foreign file holds)
+            log.warning("parley view: page %s skipped: %s: %s", name, type(exc).__name__, exc)
+            return
         path = out / name
-        path.write_text(text, encoding="utf-8")
+        path.write_text(content, encoding="utf-8", errors="replace")
         written.append(path)
 
     for name in ASSETS:
         (out / "static" / name).write_bytes(asset(name))
-    write("index.html", index_page(sources, links))
+    write("index.html", index_page, sources, links)
     runs = [s for s in sources.values() if s.kind == "run"]
     for src in runs:
         transcripts = src.file("transcripts.jsonl")
-        write(links.run(src.id), run_page(src, links))
-        write(links.episodes(src.id), episodes_page(src, links, {}, episode_rows(transcripts)))
+        write(links.run(src.id), run_page, src, links)
+        rows = episode_rows(transcripts)
+        write(links.episodes(src.id), episodes_page, src, links, {}, rows)
         for ep in iter_episodes(transcripts):
             eid = str(ep.get("episode", ""))
             if EPISODE_ID.match(eid):
-                write(links.episode(src.id, eid), episode_page(src, ep, links))
+                write(links.episode(src.id, eid), episode_page, src, ep, links)
     for a in runs:
         for b in runs:
             if a.id < b.id and len(written) < 100_000:
-                write(links.compare(a.id, b.id), compare_page(a, b, links))
+                write(links.compare(a.id, b.id), compare_page, a, b, links)
     for src in sources.values():
         if src.kind == "train":
             rows = load_jsonl(src.file("metrics.jsonl"))
-            write(links.train(src.id), train_page(src, links, rows=rows))
+            write(links.train(src.id), train_page, src, links, rows=rows)
     return written
 
 

@@ -12,11 +12,21 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from parley.arena.view.html import Links
 from parley.arena.view.server import export_static, start
 from tests.arena.view.conftest import episode, write_run
 
 DEEP_MOVE = '{"tool_calls": ' + "[" * 1_200 + "]" * 1_200 + "}"
 STEP = {"turn": 0, "observations": {"a": "hi"}, "actions": {"a": DEEP_MOVE}, "infos": {}}
+MAPS_ARE_LISTS = {
+    "turn": 0,
+    "observations": ["x"],
+    "actions": {"a": "x"},
+    "rewards": [1],
+    "terminations": [1],
+    "truncations": "no",
+    "infos": {"a": {"view": [1]}},
+}
 
 POISONS: dict[str, tuple[list[dict], dict | None, str]] = {
     # name: (transcripts, summary.json, a raw line appended to transcripts.jsonl)
@@ -28,6 +38,14 @@ POISONS: dict[str, tuple[list[dict], dict | None, str]] = {
     "steps-of-text": ([episode("t1"), episode("t2", steps=["x"])], None, ""),
     "trial-of-a-billion": ([episode("t1"), episode("t2", trial=10**9)], None, ""),
     "deep-move": ([episode("t1", steps=[STEP])], None, ""),
+    # (second review) a lone surrogate, which json.loads reads and UTF-8 cannot encode
+    "lone-surrogate": (
+        [episode("t1", failed="x\ud800", scenario="y\ud800")],
+        {"scenario": "x\ud800"},
+        "",
+    ),
+    # (second review) lists where a step has maps
+    "maps-are-lists": ([episode("t1", steps=[MAPS_ARE_LISTS])], None, ""),
 }
 
 
@@ -65,7 +83,63 @@ async def test_every_page_of_every_run_answers_despite_poisoned_folders(tmp_path
     finally:
         await runner.cleanup()
     export_static([tmp_path], tmp_path / "site")
-    assert (tmp_path / "site" / "index.html").exists()
+    site = tmp_path / "site"
+    assert (site / "index.html").exists()
+    links = Links(static=True)
+    for name in [*POISONS, "good"]:  # every run's pages, whatever came before it
+        assert (site / links.run(name)).exists(), name
+        assert (site / links.episodes(name)).exists(), name
+    for name in ("good", "lone-surrogate", "maps-are-lists"):
+        assert (site / links.episode(name, "t1")).exists(), name
+    assert "x?" in (site / links.episode("lone-surrogate", "t1")).read_text()
+
+
+@pytest.mark.timeout(60)
+async def test_a_metrics_row_nested_too_deep_is_cut_not_the_feed(tmp_path: Path) -> None:
+    """600 nested lists in one metrics row raised RecursionError in the live feed, which
+    then sent no row at all (and the export stopped)."""
+    train = tmp_path / "t"
+    train.mkdir()
+    deep = "[" * 600 + "]" * 600
+    (train / "metrics.jsonl").write_text(
+        '{"update": 1, "x": 0.5}\n{"update": 2, "deep": ' + deep + '}\n{"update": 3}\n'
+    )
+    runner, url = await start([tmp_path])
+    got: list[int] = []
+    try:
+        async with aiohttp.ClientSession() as s, s.get(url + "train/t/events") as r:
+            async for raw in r.content:
+                line = raw.decode().rstrip("\n")
+                if line.startswith("data: "):
+                    got.append(json.loads(line[6:])["update"])
+                    if got[-1] == 3:
+                        r.close()
+                        break
+    finally:
+        await runner.cleanup()
+    assert got == [1, 2, 3]
+    export_static([tmp_path], tmp_path / "site")
+    assert (tmp_path / "site" / Links(static=True).train("t")).exists()
+
+
+def test_exported_page_names_never_collide_nor_grow_too_long(tmp_path: Path) -> None:
+    """A run called ``victim-t00000`` with an episode ``r00`` had overwritten run
+    ``victim``'s episode ``t00000-r00``; two 120-character run names made a compare page
+    name of 257 characters and stopped the export."""
+    write_run(tmp_path / "victim", [episode("t00000-r00", status="ok")])
+    write_run(tmp_path / "victim-t00000", [episode("r00", failed="FORGED RESULT")])
+    write_run(tmp_path / ("a" * 120), [episode("t1")])
+    write_run(tmp_path / ("b" * 120), [episode("t1")])
+    written = export_static([tmp_path], tmp_path / "site")
+    links = Links(static=True)
+    real = (tmp_path / "site" / links.episode("victim", "t00000-r00")).read_text()
+    assert "FORGED RESULT" not in real
+    assert (
+        "FORGED RESULT" in (tmp_path / "site" / links.episode("victim-t00000", "r00")).read_text()
+    )
+    assert len({p.name for p in written}) == len(written)
+    assert max(len(p.name) for p in written) <= 200
+    assert (tmp_path / "site" / links.compare("a" * 120, "b" * 120)).exists()
 
 
 @pytest.mark.timeout(60)

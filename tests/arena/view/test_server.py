@@ -242,15 +242,15 @@ def test_export_writes_static_pages_that_link_to_each_other(runs_dir: Path, tmp_
     assert cli_main(["view", str(runs_dir), "--export", str(out)]) == 0
     pages = {p.name for p in out.glob("*.html")}
     assert {"index.html", "run-hostile.html", "episodes-scripted.html"} <= pages
-    assert "episode-hostile-t00000-r00.html" in pages
-    assert "compare-hostile-vs-scripted.html" in pages
+    assert "episode-hostile=t00000-r00.html" in pages
+    assert "compare-hostile=scripted.html" in pages
     assert (out / "static" / "view.css").is_file()
     for page in out.glob("*.html"):
         text = page.read_text()
         _no_live_markup(text)
         for href in re.findall(r'href="([^"]+)"', text):
             assert (out / href).is_file(), f"{page.name} links to missing {href}"
-    text = (out / "episode-hostile-t00000-r00.html").read_text()
+    text = (out / "episode-hostile=t00000-r00.html").read_text()
     assert "&lt;script&gt;window.__xss" in text
 
 
