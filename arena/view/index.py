@@ -116,14 +116,17 @@ class _Index:
     rows: list[dict[str, Any]] = field(default_factory=list)
     spans: list[tuple[int, int]] = field(default_factory=list)  # (offset, length) per row
     by_id: dict[str, int] = field(default_factory=dict)  # episode id -> its first row
+    skipping: int = 0
+    """Bytes after ``end`` of an unended line already over MAX_LINE_BYTES: not read again
+    (a 16 GB file without a newline had been read whole on every request)."""
 
     def read_on(self, path: Path) -> None:
         with path.open("rb") as f:
             if not self.head:
                 self.head = f.read(4096)
-            f.seek(self.end)
+            f.seek(self.end + self.skipping)
             parts: list[bytes] = []  # the line not yet ended (a run may be writing it)
-            held = 0  # its length: over MAX_LINE_BYTES, it is not kept but skipped
+            held = self.skipping  # its length: over MAX_LINE_BYTES, it is not kept but skipped
             while chunk := f.read(_CHUNK):
                 cut = chunk.rfind(b"\n") + 1
                 if not cut:
@@ -143,6 +146,7 @@ class _Index:
                     self._add(chunk[start:stop])
                     start = stop
                 parts, held = [chunk[cut:]], len(chunk) - cut
+            self.skipping = held if held > MAX_LINE_BYTES else 0
             self.tail = _tail(f, self.end)
             self.last = None
             if parts and 0 < held <= MAX_LINE_BYTES:
@@ -176,26 +180,35 @@ class _Index:
 _CACHE_FILES = 8
 """Indexes kept (least recently used out)."""
 _indexes: OrderedDict[Path, _Index] = OrderedDict()
-_lock = threading.Lock()  # pages are built in worker threads
+_lock = threading.Lock()  # pages are built in worker threads: guards the two dicts
+_file_locks: dict[Path, threading.Lock] = {}
 
 
 def _index(path: Path) -> _Index:
-    st = path.stat()
-    ident = (st.st_dev, st.st_ino)
     with _lock:
-        index = _indexes.get(path)
-        if index is not None and (index.ident != ident or st.st_size < index.end):
+        file_lock = _file_locks.setdefault(path, threading.Lock())
+    # One reader per file; the pages of other runs go on meanwhile (a 16 GB file being
+    # indexed had held every other run's page for 42 s under one global lock).
+    with file_lock:
+        st = path.stat()
+        ident = (st.st_dev, st.st_ino)
+        with _lock:
+            index = _indexes.get(path)
+        if index is not None and (
+            index.ident != ident or st.st_size < index.end + index.skipping
+        ):
             index = None  # replaced or truncated
         if index is not None and not _starts_with(path, index.head, index.tail, index.end):
             index = None  # rewritten in place
         if index is None:
             index = _Index(ident)
-        if index.end < st.st_size or not index.head:
+        if index.end + index.skipping < st.st_size or not index.head:
             index.read_on(path)
-        _indexes[path] = index
-        _indexes.move_to_end(path)
-        while len(_indexes) > _CACHE_FILES:
-            _indexes.popitem(last=False)
+        with _lock:
+            _indexes[path] = index
+            _indexes.move_to_end(path)
+            while len(_indexes) > _CACHE_FILES:
+                _indexes.popitem(last=False)
         return index
 
 

@@ -241,3 +241,65 @@ def test_a_last_line_without_its_newline_is_listed_when_whole(tmp_path: Path) ->
     with path.open("a") as f:
         f.write("\n" + json.dumps(episode("t2"))[:30])  # t1 ended; t2 half written
     assert [r["episode"] for r in episode_rows(path)] == ["t0", "t1"]
+
+
+def test_an_overlong_unended_line_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Second review: a file ending in a line over MAX_LINE_BYTES with no newline was read
+    from that line's start on every request (a 16 GB one: 42 s a page)."""
+    monkeypatch.setattr(index, "MAX_LINE_BYTES", 1 << 16)
+    monkeypatch.setattr(index, "_CHUNK", 1 << 12)
+    path = tmp_path / "transcripts.jsonl"
+    path.write_text(json.dumps(episode("t1")) + "\n" + "x" * (1 << 17))
+    assert [r["episode"] for r in episode_rows(path)] == ["t1"]
+    skipped = index._indexes[path].skipping
+    assert skipped > 1 << 16
+    read: list[int] = []
+    real_read_on = index._Index.read_on
+
+    def counting(self: index._Index, p: Path) -> None:
+        read.append(self.end + self.skipping)  # where this read starts
+        real_read_on(self, p)
+
+    monkeypatch.setattr(index._Index, "read_on", counting)
+    with path.open("a") as f:
+        f.write("y" * 1000 + "\n" + json.dumps(episode("t2")) + "\n")
+    assert [r["episode"] for r in episode_rows(path)] == ["t1", "t2"]
+    assert read == [len(json.dumps(episode("t1"))) + 1 + skipped]  # on from where it stopped
+    assert read_episode(path, "t2") is not None
+
+
+def test_indexing_one_file_does_not_hold_the_pages_of_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Second review: one global lock was held while a large file was indexed, and every
+    other run's page waited for it (42 s)."""
+    import threading
+
+    big, small = tmp_path / "big.jsonl", tmp_path / "small.jsonl"
+    big.write_text(json.dumps(episode("b1")) + "\n")
+    small.write_text(json.dumps(episode("s1")) + "\n")
+    entered, release = threading.Event(), threading.Event()
+    real_read_on = index._Index.read_on
+
+    def slow(self: index._Index, p: Path) -> None:
+        if p == big:
+            entered.set()
+            release.wait(30)
+        real_read_on(self, p)
+
+    monkeypatch.setattr(index._Index, "read_on", slow)
+    reader = threading.Thread(target=episode_rows, args=(big,))
+    reader.start()
+    try:
+        assert entered.wait(10)
+        done = threading.Event()
+        rows: list = []
+        other = threading.Thread(target=lambda: (rows.extend(episode_rows(small)), done.set()))
+        other.start()
+        assert done.wait(10), "the small run's page waited for the big file"
+        assert [r["episode"] for r in rows] == ["s1"]
+    finally:
+        release.set()
+        reader.join(10)
