@@ -194,9 +194,7 @@ def _index(path: Path) -> _Index:
         ident = (st.st_dev, st.st_ino)
         with _lock:
             index = _indexes.get(path)
-        if index is not None and (
-            index.ident != ident or st.st_size < index.end + index.skipping
-        ):
+        if index is not None and (index.ident != ident or st.st_size < index.end + index.skipping):
             index = None  # replaced or truncated
         if index is not None and not _starts_with(path, index.head, index.tail, index.end):
             index = None  # rewritten in place
