@@ -61,8 +61,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -96,6 +96,8 @@ from parley.protocols.messages import (
 )
 
 __all__ = ["OpenAIFront", "serve_http"]
+
+T = TypeVar("T")
 
 _log = logging.getLogger(__name__)
 
@@ -224,7 +226,7 @@ class OpenAIFront:
             update = WeightUpdate(
                 policy=str(body["policy"]), version=int(body["version"]), path=str(body["path"])
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # (version Infinity)
             raise BadRequest(f"need policy, version and path: {exc}") from None
         version = await self.pool.update_weights(update)
         return web.json_response({"policy": update.policy, "policy_version": version})
@@ -243,7 +245,7 @@ class OpenAIFront:
         """Run ``requests`` (choices in order, ``n`` each) and answer with JSON, or with
         server-sent events streamed as the tokens come when the body asked ``stream``."""
         if not stream_asked(body):
-            results = await asyncio.gather(*(self._generate(r, chat=chat) for r in requests))
+            results = await _all_or_none(self._generate(r, chat=chat) for r in requests)
             _check_finished(results)
             return web.json_response(self._body(model, body, results, chat=chat))
         queue: asyncio.Queue[tuple[int, Completion]] = asyncio.Queue()
@@ -253,11 +255,8 @@ class OpenAIFront:
 
         n = requests[0].params.n
         work = asyncio.ensure_future(
-            asyncio.gather(
-                *(
-                    self._generate(r, chat=chat, on_tokens=sink(i * n))
-                    for i, r in enumerate(requests)
-                )
+            _all_or_none(
+                self._generate(r, chat=chat, on_tokens=sink(i * n)) for i, r in enumerate(requests)
             )
         )
         stream: EventStream | None = None
@@ -457,6 +456,18 @@ def _per_choice(results: Sequence[GenerateResult]) -> list[tuple[GenerateResult,
 def _finish(c: Completion) -> str:
     """OpenAI's finish reason; only called on completions :func:`_check_finished` passed."""
     return "length" if c.finish_reason == "length" else "stop"
+
+
+async def _all_or_none(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Every result, or the first error with the other calls cancelled (``gather`` lets them
+    run on: a request refused ``overloaded`` left its 1,024 siblings generating)."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 def _check_finished(results: Sequence[GenerateResult]) -> None:

@@ -184,10 +184,24 @@ def chat_message(message: Any, i: int) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
+MAX_PROMPTS = 128
+"""Most prompts one ``/v1/completions`` call may list (1,100 had filled the pool's queue,
+been answered 429 at once, and still run, 190,110 tokens for nobody)."""
+
+
 def prompts_of(prompt: Any) -> list[str | list[int]]:
     """OpenAI's four prompt shapes as a list of text or token-id prompts."""
     if isinstance(prompt, str) and prompt:
         return [prompt]
+    if (
+        isinstance(prompt, list)
+        and len(prompt) > MAX_PROMPTS
+        and not all(isinstance(t, int) for t in prompt)
+    ):
+        raise BadRequest(
+            f"at most {MAX_PROMPTS} prompts per request, got {len(prompt)}; send several requests",
+            "prompt",
+        )
     if isinstance(prompt, list) and prompt:
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return [list(prompt)]

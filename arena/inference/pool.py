@@ -514,6 +514,13 @@ class InferencePool(PoolService):
         Raises :class:`PoolError` ``stale_weights`` when ``update.version`` is not newer
         than the version being served, ``unknown_policy``, or ``backend_failed``.
         """
+        version = update.version
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 < version < 2**63:
+            # (10**30 over HTTP had been served, then broke every result's encoding and
+            # refused every later 64-bit version as stale)
+            raise PoolError(
+                "bad_request", f"a weights version is an integer in [1, 2**63), got {version!r}"
+            )
         backend = self.backend(update.policy)
         served = backend.version_of(update.policy)
         if update.version <= served:

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -43,6 +45,8 @@ import numpy as np
 
 from parley.arena.inference.backends.errors import BackendError
 from parley.protocols.messages import Constraint
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "check_constraint",
@@ -146,7 +150,23 @@ def _types(s: dict[str, Any], where: str) -> list[str]:
     return kinds
 
 
+MAX_SCHEMA_REGEX_CHARS = 64 * 1024
+"""Longest regex a JSON schema may compile to (checked at every level as it is built): an
+array nested 17 deep, 494 characters of schema, had grown a regex 4x per level (119 MB at
+20) and held the pool's event loop for every client."""
+
+
 def _schema(s: Any, where: str) -> str:
+    out = _schema_body(s, where)
+    if len(out) > MAX_SCHEMA_REGEX_CHARS:
+        raise BackendError(
+            f"{where}: the schema compiles to a pattern of {len(out):,} characters; at most "
+            f"{MAX_SCHEMA_REGEX_CHARS:,} (nest fewer arrays or objects)"
+        )
+    return out
+
+
+def _schema_body(s: Any, where: str) -> str:
     if not isinstance(s, dict):
         raise BackendError(f"{where}: a schema must be an object, got {json.dumps(s)[:40]}")
     kinds = _types(s, where)
@@ -403,25 +423,39 @@ class TokenVocab:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def regex_mask(self, pattern: Any, prefix: bytes) -> np.ndarray:
-        """Allowed next tokens after ``prefix`` for a compiled ``regex`` pattern (cached)."""
+        """Allowed next tokens after ``prefix`` for a compiled ``regex`` pattern (cached).
+
+        At most :data:`MASK_BUDGET_S` per mask: a pattern that backtracks past it allows
+        no token, so its completion ends with ``error`` (``(a|a){40}``, ten characters, had
+        taken minutes per token and held every request of the policy behind it)."""
         key = (pattern.pattern, prefix)
         mask = self._cache.get(key)
         if mask is not None:
             self._cache.move_to_end(key)
             return mask
         mask = np.zeros(self.size, dtype=bool)
-        done = _split_utf8(prefix)
-        if done is not None and not done[1]:
-            candidates = list(self._other)
-            for char, group in self._by_first.items():
-                if pattern.fullmatch(done[0] + char, partial=True) is not None:
-                    candidates += group
-        else:
-            candidates = self._candidates
-        for i in candidates:
-            mask[i] = _can_continue(pattern, prefix + self.bytes[i])  # type: ignore[operator]
-        if done is not None and not done[1] and pattern.fullmatch(done[0]) is not None:
-            mask[self.eos_id] = True
+        deadline = time.monotonic() + MASK_BUDGET_S
+        try:
+            done = _split_utf8(prefix)
+            if done is not None and not done[1]:
+                candidates = list(self._other)
+                for char, group in self._by_first.items():
+                    if _partial(pattern, done[0] + char, deadline):
+                        candidates += group
+            else:
+                candidates = self._candidates
+            for i in candidates:
+                mask[i] = _can_continue(pattern, prefix + self.bytes[i], deadline)  # type: ignore[operator]
+            if done is not None and not done[1] and _full(pattern, done[0], deadline):
+                mask[self.eos_id] = True
+        except TimeoutError:
+            mask[:] = False
+            _log.warning(
+                "constraint pattern %.80r took over %g s for one token mask: its completion "
+                "ends with error",
+                pattern.pattern,
+                MASK_BUDGET_S,
+            )
         self._cache[key] = mask
         if len(self._cache) > 4096:
             self._cache.popitem(last=False)
@@ -438,7 +472,27 @@ def _split_utf8(data: bytes) -> tuple[str, bytes] | None:
     return text, decoder.getstate()[0]
 
 
-def _can_continue(pattern: Any, data: bytes) -> bool:
+MASK_BUDGET_S = 0.5
+"""Most time one token mask may take (see :meth:`TokenVocab.regex_mask`)."""
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
+def _partial(pattern: Any, text: str, deadline: float) -> bool:
+    """``text`` can still be extended to a full match (raises TimeoutError past ``deadline``)."""
+    return pattern.fullmatch(text, partial=True, timeout=_left(deadline)) is not None
+
+
+def _full(pattern: Any, text: str, deadline: float) -> bool:
+    return pattern.fullmatch(text, timeout=_left(deadline)) is not None
+
+
+def _can_continue(pattern: Any, data: bytes, deadline: float) -> bool:
     """Whether text starting with the bytes ``data`` can still fully match ``pattern``.
 
     When ``data`` ends inside a multi-byte character, some character starting with those
@@ -452,7 +506,7 @@ def _can_continue(pattern: Any, data: bytes) -> bool:
         return False
     text, pending = split
     if not pending:
-        return pattern.fullmatch(text, partial=True) is not None
+        return _partial(pattern, text, deadline)
     length = 2 if pending[0] < 0xE0 else 3 if pending[0] < 0xF0 else 4
     value = pending[0] & (0x7F >> length)
     for byte in pending[1:]:
@@ -465,7 +519,7 @@ def _can_continue(pattern: Any, data: bytes) -> bool:
     for cp in range(lo, lo + (1 << free)):
         if cp < shortest or 0xD800 <= cp <= 0xDFFF or cp > 0x10FFFF:
             continue
-        if pattern.fullmatch(text + chr(cp), partial=True) is not None:
+        if _partial(pattern, text + chr(cp), deadline):
             return True
     return False
 
