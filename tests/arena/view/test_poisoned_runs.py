@@ -59,6 +59,24 @@ def _poisoned(root: Path) -> Path:
     return root
 
 
+async def _feed_updates(root: Path, *, last: int) -> list[int]:
+    """The ``update`` of each row the live feed of training run ``t`` sends, up to ``last``."""
+    runner, url = await start([root])
+    got: list[int] = []
+    try:
+        async with aiohttp.ClientSession() as s, s.get(url + "train/t/events") as r:
+            async for raw in r.content:
+                line = raw.decode().rstrip("\n")
+                if line.startswith("data: "):
+                    got.append(json.loads(line[6:])["update"])
+                    if got[-1] == last:
+                        r.close()
+                        break
+    finally:
+        await runner.cleanup()
+    return got
+
+
 async def _get(s: aiohttp.ClientSession, url: str) -> tuple[int, str]:
     async with s.get(url) as r:
         return r.status, await r.text()
@@ -104,19 +122,7 @@ async def test_a_metrics_row_nested_too_deep_is_cut_not_the_feed(tmp_path: Path)
     (train / "metrics.jsonl").write_text(
         '{"update": 1, "x": 0.5}\n{"update": 2, "deep": ' + deep + '}\n{"update": 3}\n'
     )
-    runner, url = await start([tmp_path])
-    got: list[int] = []
-    try:
-        async with aiohttp.ClientSession() as s, s.get(url + "train/t/events") as r:
-            async for raw in r.content:
-                line = raw.decode().rstrip("\n")
-                if line.startswith("data: "):
-                    got.append(json.loads(line[6:])["update"])
-                    if got[-1] == 3:
-                        r.close()
-                        break
-    finally:
-        await runner.cleanup()
+    got = await _feed_updates(tmp_path, last=3)
     assert got == [1, 2, 3]
     export_static([tmp_path], tmp_path / "site")
     assert (tmp_path / "site" / Links(static=True).train("t")).exists()
@@ -149,19 +155,7 @@ async def test_the_live_training_feed_skips_an_overlong_line(tmp_path: Path) -> 
     train.mkdir()
     rows = [{"update": 1, "x": 0.5}, {"update": 2, "big": "y" * (6 << 20)}, {"update": 3}]
     (train / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    runner, url = await start([tmp_path])
-    got: list[int] = []
-    try:
-        async with aiohttp.ClientSession() as s, s.get(url + "train/t/events") as r:
-            async for raw in r.content:
-                line = raw.decode().rstrip("\n")
-                if line.startswith("data: "):
-                    got.append(json.loads(line[6:])["update"])
-                    if got[-1] == 3:
-                        r.close()
-                        break
-    finally:
-        await runner.cleanup()
+    got = await _feed_updates(tmp_path, last=3)
     assert got == [1, 3]
 
 
