@@ -307,7 +307,7 @@ async def test_a_message_of_too_many_frames_is_refused_without_being_kept() -> N
     """Empty frames count nothing towards max_message_bytes: a message of 200,000 of them
     is read to its end, refused ``bad_message`` (its id answered), and the next message of
     the same peer is served."""
-    from parley.protocols.bus.receive import MAX_FRAMES
+    from parley.protocols.bus.refuse import MAX_FRAMES
 
     async with _seated() as (server, raw):
         head = msgpack.packb({"body": {"kind": "ok"}, "id": 5, "expects_reply": True})

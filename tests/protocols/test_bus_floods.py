@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from parley.protocols.bus import Endpoint
-from parley.protocols.bus.receive import MAX_UNWANTED
+from parley.protocols.bus.refuse import MAX_UNWANTED
 from parley.protocols.bus.send import MAX_REPLIES_WAITING
 from parley.protocols.messages import Action, Observation
 from tests.protocols.test_bus_accept import (

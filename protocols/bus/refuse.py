@@ -1,0 +1,161 @@
+"""Refusing what a peer should not have sent, without letting it cost the loop.
+
+The receive loop (:mod:`parley.protocols.bus.receive`) hands these cases here: a message of
+too many parts, a large message nobody asked for (peeked at, dropped unread), a message from
+a connection that has not said Hello, and a message that does not decode (answered
+``Error`` with the request id salvaged where possible, and counted).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+
+import zmq
+
+from parley.protocols.bus.core import _Link, _Sock
+from parley.protocols.bus.links import _Links
+from parley.protocols.codec import SESSION_KINDS, Frame, Head, salvage_head
+from parley.protocols.errors import ProtocolError, RemoteError
+from parley.protocols.messages import Envelope, Error, Ok, kind_of
+
+PEEK_BYTES = 64 * 1024
+"""From this size on, a message's envelope is peeked at before its body is decoded: a reply
+nobody waits for, or a message no handler takes, is dropped unread (or answered
+``no_handler``). A peer's 16 MiB one-way actions, decoded to be thrown away, took 0.2 s of
+the loop each.
+
+A connected peer (``ROUTER`` side) that sends :data:`MAX_UNWANTED` such messages in a row is
+declared dead, and its connection is read no more (its messages dropped unread, a Hello
+too): its agent must connect again. The :data:`MAX_SHUNNED` latest such connections are
+remembered."""
+
+MAX_UNWANTED = 8
+MAX_SHUNNED = 4096
+
+MAX_FRAMES = 4096
+"""Most parts of one message: the envelope and its out-of-band arrays (one per array of at
+least ``zero_copy_bytes``; a model's weights inline have a few hundred). A message of more
+is read to its end without being kept and refused ``bad_message``."""
+
+
+class _Refusals(_Links):
+    """The refusing layer of an endpoint (between links and the receive loop)."""
+
+    @abc.abstractmethod
+    def _dispatch(self, sock: _Sock, rid: bytes | None, link: _Link | None, env: Envelope) -> None:
+        """Handle a decoded message (the receive loop's, :mod:`~parley.protocols.bus.receive`)."""
+
+    def _too_many_frames(self, sock: _Sock, rid: bytes | None, head: bytes,
+                         recv_frame: Callable[[], zmq.Frame], part: zmq.Frame) -> None:  # fmt: skip
+        """Read the rest of a message of over :data:`MAX_FRAMES` parts unkept and refuse it
+        (empty parts count nothing towards ``max_message_bytes``: millions of them held as
+        a list stalled the loop for seconds)."""
+        self.stats.received += 1
+        count = MAX_FRAMES + 1
+        while part.more:
+            part = recv_frame()
+            count += 1
+        link = sock.link if rid is None else sock.links.get(rid)
+        reason = f"a message of {count} frames; at most {MAX_FRAMES} (the envelope, then arrays)"
+        self._bad_message(sock, rid, link, [head], ProtocolError(reason))
+
+    def _unwanted(self, link: _Link, head: bytes) -> bool:
+        """Whether a large message from ``link`` is dropped unread (see :data:`PEEK_BYTES`):
+        a reply to no pending request, a broadcast on no subscribed channel, a body no
+        handler takes (a request for one is answered ``no_handler``)."""
+        peek = self._codec.peek(head)
+        if peek is None:
+            return False  # decoding it names the problem
+        if peek.reply_to:
+            fut = link.pending.get(peek.reply_to)
+            if fut is not None and not fut.done():
+                link.unwanted = 0
+                return False
+            self.stats.late_replies += 1
+        elif peek.channel:
+            if any(peek.channel.startswith(prefix) for prefix, _ in self._subs):
+                return False
+            self.stats.unhandled += 1
+        else:
+            kind = peek.body.kind
+            accept = self._codec.accept
+            if accept is not None and kind not in accept:
+                return False  # refused unread by decode, as unexpected_kind
+            if kind in SESSION_KINDS or any(kind_of(cls) == kind for cls in self._handlers):
+                link.unwanted = 0
+                return False
+            self.stats.unhandled += 1
+            if peek.expects_reply:
+                message = f"{self.name} has no handler for {kind[:100]!r}"
+                request = Envelope(body=Ok(), id=peek.id, expects_reply=True, episode=peek.episode)
+                self._reply(link, request, Error(code="no_handler", message=message))
+        link.unwanted += 1
+        if link.unwanted >= MAX_UNWANTED and link.rid is not None:
+            shunned = link.sock.shunned
+            shunned[link.rid] = None
+            if len(shunned) > MAX_SHUNNED:
+                del shunned[next(iter(shunned))]
+            self._peer_died(link, f"it sent {link.unwanted} large messages nobody asked for")
+        return True
+
+    def _on_stranger(self, sock: _Sock, rid: bytes, frames: list[bytes]) -> None:
+        """A message from a connection that has not said Hello: only a small ``Hello``,
+        ``Heartbeat`` or ``Bye`` is decoded (:meth:`Codec.decode_stranger`); a request of
+        any other kind is answered ``hello_required`` (its id read without decoding its
+        body), a one-way message dropped."""
+        try:
+            env = self._codec.decode_stranger(frames)
+        except ProtocolError as exc:
+            if exc.code != "hello_required":  # (a Hello of another schema version)
+                self._bad_message(sock, rid, None, frames, exc)
+                return
+            self.stats.hello_required += 1
+            head = salvage_head(frames[0]) if frames else Head()
+            if head.expects_reply:
+                message = (
+                    f"say Hello first: {self.name} does not know this connection "
+                    f"({exc.reason[:300]})"
+                )
+                error = Error(code="hello_required", message=message)
+                reply = Envelope(body=error, sender=self.name, reply_to=head.id)
+                self._raw_send(sock, rid, self._codec.encode(reply))
+            return
+        try:
+            self._dispatch(sock, rid, None, env)
+        except Exception:  # a bug in dispatch must not end the receive loop
+            self._log_limited("dispatch", "%s: failed to dispatch a %s from a new connection",
+                              self.name, env.kind, exc_info=True)  # fmt: skip
+
+    def _bad_message(
+        self,
+        sock: _Sock,
+        rid: bytes | None,
+        link: _Link | None,
+        frames: Sequence[Frame],
+        exc: ProtocolError,
+    ) -> None:
+        self.stats.bad_messages += 1
+        who = link.name if link is not None else repr(rid)
+        self._log_limited(
+            "bad_message",
+            "%s: bad message #%d from %s: %s",
+            self.name,
+            self.stats.bad_messages,
+            who,
+            exc.reason[:500],
+        )
+        head = salvage_head(frames[0]) if frames else Head()
+        if link is not None and head.reply_to:
+            fut = link.pending.pop(head.reply_to, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(RemoteError(exc.code, exc.reason, peer=link.name))
+            return
+        if sock.router and rid is None:
+            return
+        error = Envelope(
+            body=Error(code=exc.code, message=exc.reason[:1000]),
+            sender=self.name,
+            reply_to=head.id if head.expects_reply else 0,
+        )
+        self._raw_send(sock, rid, self._codec.encode(error))
