@@ -425,8 +425,10 @@ class TokenVocab:
     def regex_mask(self, pattern: Any, prefix: bytes) -> np.ndarray:
         """Allowed next tokens after ``prefix`` for a compiled ``regex`` pattern (cached).
 
-        At most :data:`MASK_BUDGET_S` per mask: a pattern that backtracks past it allows
-        no token, so its completion ends with ``error`` (``(a|a){40}``, ten characters, had
+        At most :data:`MATCH_BUDGET_S` per match and :data:`MASK_BUDGET_S` per mask (or
+        :data:`MASK_BUDGET_PER_TOKEN_S` per token of the vocabulary, if more): a
+        pattern that backtracks past either allows no token, so its completion ends with
+        ``error`` (``(a|a){40}``, ten characters, had
         taken minutes per token and held every request of the policy behind it)."""
         key = (pattern.pattern, prefix)
         mask = self._cache.get(key)
@@ -434,7 +436,8 @@ class TokenVocab:
             self._cache.move_to_end(key)
             return mask
         mask = np.zeros(self.size, dtype=bool)
-        deadline = time.monotonic() + MASK_BUDGET_S
+        budget = max(MASK_BUDGET_S, MASK_BUDGET_PER_TOKEN_S * self.size)
+        deadline = time.monotonic() + budget
         try:
             done = _split_utf8(prefix)
             if done is not None and not done[1]:
@@ -451,10 +454,11 @@ class TokenVocab:
         except TimeoutError:
             mask[:] = False
             _log.warning(
-                "constraint pattern %.80r took over %g s for one token mask: its completion "
-                "ends with error",
+                "constraint pattern %.80r took over %g s for one match or %g s for one token "
+                "mask: its completion ends with error",
                 pattern.pattern,
-                MASK_BUDGET_S,
+                MATCH_BUDGET_S,
+                budget,
             )
         self._cache[key] = mask
         if len(self._cache) > 4096:
@@ -472,15 +476,20 @@ def _split_utf8(data: bytes) -> tuple[str, bytes] | None:
     return text, decoder.getstate()[0]
 
 
+MATCH_BUDGET_S = 0.05
+"""Most time one partial match may take: a sane pattern takes microseconds, a backtracking
+one seconds and more (see :meth:`TokenVocab.regex_mask`)."""
 MASK_BUDGET_S = 0.5
-"""Most time one token mask may take (see :meth:`TokenVocab.regex_mask`)."""
+"""Most time one token mask may take on a small vocabulary (a longer one gets
+:data:`MASK_BUDGET_PER_TOKEN_S` per token: 1.5 s for 150k, ~5x a sane pattern's cost)."""
+MASK_BUDGET_PER_TOKEN_S = 1e-5
 
 
 def _left(deadline: float) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
         raise TimeoutError
-    return left
+    return min(left, MATCH_BUDGET_S)
 
 
 def _partial(pattern: Any, text: str, deadline: float) -> bool:
