@@ -7,6 +7,12 @@ entry point resolves to a :class:`ScenarioSpec`, a list of them, or a callable t
 them (or calls :func:`register` itself). Entry points are loaded the first time the registry
 is looked up.
 
+An id without its version (``negotiation/deal-or-no-deal``) names the latest registered
+version of that game, as in Gymnasium: :func:`spec` and :func:`make` resolve it and warn once
+per process with a one-line :class:`LatestVersionNote` saying which version was taken. Pin the
+version (``-vN``) for reproducible runs; the latest version is the one with the safest rules
+(each version fixes a way the one before could be gamed).
+
     >>> from parley.scenarios import make
     >>> env = make("negotiation/deal-or-no-deal-v0", max_turns=10)
 """
@@ -18,6 +24,8 @@ import difflib
 import importlib
 import importlib.metadata
 import re
+import sys
+import warnings
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -32,10 +40,21 @@ __all__ = [
     "spec",
     "registry",
     "load_attr",
+    "resolve_id",
+    "versions",
+    "LatestVersionNote",
 ]
 
 ENTRY_POINT_GROUP = "parley.scenarios"
 _ID = re.compile(r"^[a-z0-9_]+/[a-z0-9][a-z0-9_-]*-v\d+$")
+_UNVERSIONED = re.compile(r"^[a-z0-9_]+/[a-z0-9][a-z0-9_-]*$")
+_VERSION = re.compile(r"-v(\d+)$")
+
+
+class LatestVersionNote(UserWarning):
+    """An id without a version was resolved to the game's latest version (one per id)."""
+
+
 _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
@@ -69,6 +88,16 @@ class ScenarioSpec:
     @property
     def family(self) -> str:
         return self.id.split("/", 1)[0]
+
+    @property
+    def game(self) -> str:
+        """The id without its version (``negotiation/deal-or-no-deal``)."""
+        return _VERSION.sub("", self.id)
+
+    @property
+    def version(self) -> int:
+        """The ``N`` of ``-vN``."""
+        return int(self.id.rsplit("-v", 1)[1])
 
     def baseline_for(self, seat: str) -> str:
         """The ``"module:Class"`` of the scripted agent for ``seat``."""
@@ -144,12 +173,54 @@ def _load_entry_points() -> None:
             _add(item)
 
 
+def versions(game: str) -> list[ScenarioSpec]:
+    """The registered versions of ``game`` (an id without ``-vN``), oldest first."""
+    _load_entry_points()
+    found = [s for s in _REGISTRY.values() if s.game == game]
+    return sorted(found, key=lambda s: s.version)
+
+
+_noted: set[str] = set()  # unversioned ids already resolved with a note in this process
+
+
+def resolve_id(id: str) -> str:
+    """``id`` itself if it carries a version; else the id of the game's latest version.
+
+    The first resolution of each unversioned id in a process warns (:class:`LatestVersionNote`,
+    one line naming the version); an unknown game is left as given (:func:`spec` raises).
+    """
+    if not _UNVERSIONED.match(id):
+        return id
+    found = versions(id)
+    if not found:
+        return id
+    latest = found[-1].id
+    if id not in _noted:
+        _noted.add(id)
+        warnings.warn(
+            f"{id} resolved to its latest version {latest}; pin it for reproducible runs",
+            LatestVersionNote,
+            stacklevel=_outside_this_module(),
+        )
+    return latest
+
+
+def _outside_this_module() -> int:
+    """The ``stacklevel`` of the first caller outside this module (the note points at the
+    user's line, whether it came through make, spec or resolve_id)."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def spec(id: str) -> ScenarioSpec:
-    """The spec registered under ``id``; the error suggests close ids."""
+    """The spec registered under ``id``; an id without a version names the latest one
+    (:func:`resolve_id`); the error suggests close ids."""
     found = _REGISTRY.get(id)
     if found is None:
         _load_entry_points()
-        found = _REGISTRY.get(id)
+        found = _REGISTRY.get(resolve_id(id))
     if found is None:
         close = difflib.get_close_matches(id, list(_REGISTRY), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `parley list` shows them"
@@ -158,7 +229,8 @@ def spec(id: str) -> ScenarioSpec:
 
 
 def make(id: str, **kwargs: Any) -> Any:
-    """Create the scenario registered as ``id``; ``kwargs`` override the spec's defaults."""
+    """Create the scenario registered as ``id`` (without a version: the latest one);
+    ``kwargs`` override the spec's defaults."""
     return spec(id).make(**kwargs)
 
 

@@ -17,6 +17,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,12 +113,29 @@ def _command(argv: Sequence[str]) -> str:
     return first if first in COMMANDS else ""
 
 
+def _one_line_notes() -> None:
+    """Show the registry's note on an id without a version as one line, not a warning."""
+    from parley.scenarios.registry import LatestVersionNote
+
+    show = warnings.showwarning
+
+    def shown(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, LatestVersionNote):
+            print(f"note: {message}", file=sys.stderr)
+        else:
+            show(message, category, *args, **kwargs)
+
+    if getattr(show, "__name__", "") != "shown":  # (main may run many times in one process)
+        warnings.showwarning = shown
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``parley`` console script; returns the exit status."""
     # Hugging Face download/shard/weight-loading bars would interleave with ours (set it
     # to 0 to see them).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     args_list = sys.argv[1:] if argv is None else [*argv]  # (`list` is a submodule here)
+    _one_line_notes()
     parser = build_parser(_command(args_list) or "")
     args = parser.parse_args(args_list)
     try:

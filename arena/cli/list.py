@@ -1,4 +1,5 @@
-"""``parley list``: every registered scenario (built-in and entry-point ones) as a table."""
+"""``parley list``: every registered scenario (built-in and entry-point ones), one row per game
+with its versions, the latest marked (the one an id without ``-vN`` plays)."""
 
 from __future__ import annotations
 
@@ -15,33 +16,47 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from parley.scenarios import registry
+    from parley.scenarios import ScenarioSpec, registry
 
     specs = [s for s in registry().values() if not args.family or s.family == args.family]
+    games: dict[str, list[ScenarioSpec]] = {}
+    for found in specs:
+        games.setdefault(found.game, []).append(found)
+    for versions in games.values():
+        versions.sort(key=lambda s: s.version, reverse=True)  # latest first
     if args.json:
-        for found in specs:
-            row = {
-                "id": found.id,
-                "entry_point": found.entry_point,
-                "kwargs": dict(found.kwargs),
-                "baselines": dict(found.baselines),
-                "description": found.description,
-            }
-            print(json.dumps(row, sort_keys=True))
+        for versions in games.values():
+            for found in versions:
+                row = {
+                    "id": found.id,
+                    "game": found.game,
+                    "latest": found is versions[0],
+                    "entry_point": found.entry_point,
+                    "kwargs": dict(found.kwargs),
+                    "baselines": dict(found.baselines),
+                    "description": found.description,
+                }
+                print(json.dumps(row, sort_keys=True))
         return 0
 
     from rich.table import Table
 
     from parley.arena.cli.common import console
 
-    table = Table(title=f"parley scenarios ({len(specs)})")
-    table.add_column("id", style="bold", no_wrap=True)
+    table = Table(
+        title=f"parley scenarios ({len(games)} games, {len(specs)} versions)",
+        caption="an id without -vN plays the latest version (marked *); pin -vN to reproduce",
+    )
+    table.add_column("game", style="bold", no_wrap=True)
+    table.add_column("versions", no_wrap=True)
     table.add_column("seats -> baseline")
-    table.add_column("description")
-    for found in specs:
+    table.add_column("description (latest)")
+    for game, versions in games.items():
+        latest = versions[0]
+        marks = " ".join(f"v{s.version}" + ("*" if s is latest else "") for s in versions)
         seats = "\n".join(
-            f"{seat} -> {ref.rsplit(':', 1)[-1]}" for seat, ref in found.baselines.items()
+            f"{seat} -> {ref.rsplit(':', 1)[-1]}" for seat, ref in latest.baselines.items()
         )
-        table.add_row(found.id, seats, found.description)
+        table.add_row(game, marks, seats, latest.description)
     console().print(table)
     return 0

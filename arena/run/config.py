@@ -101,6 +101,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not self.scenario:
             raise ConfigError("scenario is required: give an id such as family/name-v0")
+        from parley.scenarios.registry import resolve_id
+
+        # An id without -vN plays (and is recorded as) the game's latest version.
+        self.scenario = resolve_id(self.scenario)
         for name in ("episodes", "trials", "concurrency", "max_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")

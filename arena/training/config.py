@@ -183,6 +183,10 @@ class TrainConfig:
     own pool serves them."""
 
     def __post_init__(self) -> None:
+        from parley.scenarios.registry import resolve_id
+
+        # An id without -vN trains on (and records) the game's latest version.
+        self.scenario = resolve_id(self.scenario)
         pg = self.pg
         age = self.sampler.staleness if pg.replay_max_age is None else pg.replay_max_age
         if pg.replay and pg.replay_fraction and age == 0:

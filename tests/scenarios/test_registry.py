@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,54 @@ def test_parley_list_prints_every_scenario(capsys: pytest.CaptureFixture[str]) -
     assert all(scenario_id in out for scenario_id in registry())
     assert main(["list"]) == 0
     assert "parley scenarios" in capsys.readouterr().out
+
+
+def test_an_id_without_version_plays_the_latest_with_a_one_line_note(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reg, "_noted", set())
+    latest = reg.versions("negotiation/deal-or-no-deal")[-1]
+    assert latest.kwargs == {}
+    assert latest.version >= 3
+    with pytest.warns(reg.LatestVersionNote, match=f"latest version {latest.id}") as caught:
+        env = make("negotiation/deal-or-no-deal")
+    assert len(caught) == 1
+    assert "\n" not in str(caught[0].message)
+    assert caught[0].filename == __file__  # the note points at the caller's line
+    assert type(env).__name__ == type(make(latest.id)).__name__
+    assert env.quote_messages  # the safest rules: a message cannot forge a line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per id and process, and never for a pinned id
+        assert spec("negotiation/deal-or-no-deal") is latest
+        assert reg.resolve_id("negotiation/deal-or-no-deal-v1") == "negotiation/deal-or-no-deal-v1"
+    with pytest.raises(ConfigError, match="no scenario registered"):
+        spec("negotiation/no-such-game")
+
+
+def test_run_and_train_configs_record_the_resolved_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from parley.arena.run.config import RunConfig
+
+    monkeypatch.setattr(reg, "_noted", set())
+    with pytest.warns(reg.LatestVersionNote):
+        config = RunConfig(scenario="negotiation/simple-trade")
+    assert config.scenario == reg.versions("negotiation/simple-trade")[-1].id
+
+
+def test_parley_list_groups_versions_under_one_game_latest_marked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from parley.arena.cli import main
+
+    assert main(["list", "--json", "--family", "negotiation"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    dond = [row for row in rows if row["game"] == "negotiation/deal-or-no-deal"]
+    assert [row["latest"] for row in dond] == [True] + [False] * (len(dond) - 1)
+    assert dond[0]["id"] == reg.versions("negotiation/deal-or-no-deal")[-1].id
+    assert main(["list"]) == 0
+    table = capsys.readouterr().out
+    line = next(line for line in table.splitlines() if "negotiation/deal-or-no-deal " in line)
+    assert f"v{len(dond) - 1}* " in line
+    assert " v0 " in line
+    assert sum(row.startswith("│ negotiation/deal-or-no-deal") for row in table.splitlines()) == 1
