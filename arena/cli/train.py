@@ -1,4 +1,10 @@
-"""``parley train --config train.yaml [key.sub=value ...]``: multi-agent RL on a scenario."""
+"""``parley train --config train.yaml [key.sub=value ...]``: multi-agent RL on a scenario.
+
+Exit status: 0 when every stage with a ``target`` reached it; 3
+(:data:`~parley.arena.training.loop.SHORT_OF_TARGET`) when the run finished but a stage's
+last attempt ended at ``max_updates`` below its target (named in the last line and in
+``summary.json``'s ``short_of_target``; the checkpoints are written all the same); 1 on
+an error, 2 on a bad command line."""
 
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ def add_parser(sub: Any) -> None:
         help="train LLM policies on a scenario by RL (staged, async sampling)",
         description="Train LLM policies by policy gradient. The YAML config maps onto "
         "parley.arena.training.loop.TrainConfig; KEY=VALUE overrides (YAML values, dotted "
-        "keys, list indices) apply on top, e.g. pg.lr=3e-3 stages.0.max_updates=20.",
+        "keys, list indices) apply on top, e.g. pg.lr=3e-3 stages.0.max_updates=20. "
+        "Exit status 3: the run finished but a stage ended short of its target.",
     )
     parser.add_argument("--config", required=True, help="training config (YAML)")
     parser.add_argument("--out", help="output directory (overrides the config's out)")
@@ -50,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     from parley.arena.cli import common
     from parley.arena.training.config import TrainConfig
-    from parley.arena.training.loop import load_train_config, train
+    from parley.arena.training.loop import SHORT_OF_TARGET, load_train_config, train
     from parley.protocols.errors import ConfigError
 
     overrides = list(args.overrides)
@@ -107,7 +114,19 @@ def run(args: argparse.Namespace) -> int:
         f"metrics: {result.out / 'metrics.jsonl'}  plot: {result.out / 'learning_curve.png'}"
     )
     console.print(f"seeds (summary.json): {result.seeds}")
-    return 0
+    short = result.short_of_target
+    if not short:
+        console.print("every stage with a target reached it")
+        return 0
+    ended = "; ".join(
+        f"{s['stage']} at {_num(s['last'])} < {s['target']} after {s['updates']} updates"
+        for s in short
+    )
+    # The last line, to stderr as well: a script or CI log sees it beside the status.
+    common.error_line(
+        "train", f"short of target: {ended} (exit status {SHORT_OF_TARGET}; summary.json)"
+    )
+    return SHORT_OF_TARGET
 
 
 def _spec(checkpoint: Any) -> str:

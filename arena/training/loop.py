@@ -25,8 +25,11 @@ llm:OUT/checkpoints/<policy>`` loads them) or, with ``lora``, as PEFT adapter di
 adapter as it started), ``learning_curve.png``, ``config.yaml`` and ``summary.json`` (every
 seed used; ``models``: LoRA or not, the trained parameters per policy, the precision and
 the dtype the pool served in; per stage its curve, failed and dropped episodes and, with
-``ray``, its ``ray`` figures: workers lost and replaced, episodes retried, per node). Which
-models the trainer and the pool hold: :mod:`parley.arena.training.models`.
+``ray``, its ``ray`` figures: workers lost and replaced, episodes retried, per node; its
+``target`` and whether it was ``reached``; ``short_of_target``: the stages whose last
+attempt ended at ``max_updates`` below their target, which ``parley train`` reports in its
+last line and exit status :data:`SHORT_OF_TARGET`). Which models the trainer and the pool
+hold: :mod:`parley.arena.training.models`.
 """
 
 from __future__ import annotations
@@ -74,7 +77,12 @@ __all__ = [
     "load_train_config",
     "train",
     "run_training",
+    "SHORT_OF_TARGET",
 ]
+
+SHORT_OF_TARGET = 3
+"""``parley train``'s exit status when the run finished but a stage ended short of its
+target (1: an error, 2: a bad command line, 130: interrupted)."""
 
 
 @dataclass
@@ -88,6 +96,19 @@ class TrainResult:
     stage_summaries: list[dict[str, Any]]
     seeds: dict[str, Any] = field(default_factory=dict)
     """Every seed the run used (:meth:`RunSeeds.as_dict`, also in ``summary.json``)."""
+
+    @property
+    def short_of_target(self) -> list[dict[str, Any]]:
+        """The summaries of the stages whose last attempt ended short of its target (a
+        restarted stage counts by its last attempt), in stage order; empty when every
+        stage with a target reached it."""
+        return short_of_target(self.stage_summaries)
+
+
+def short_of_target(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:attr:`TrainResult.short_of_target` over ``summaries`` (one per stage attempt)."""
+    last = {s["stage"]: s for s in summaries}  # later attempts replace earlier ones
+    return [s for s in last.values() if s.get("reached") is False]
 
 
 # ------------------------------------------------------------------------------ models
@@ -242,7 +263,10 @@ async def run_training(config: TrainConfig, *, progress: Any = None) -> TrainRes
         "precision": config.precision,  # the trainer's autocast; weights stay float32
         "served_dtype": {name: backend.dtype for name, backend in policies.served.items()},
     }
-    await asyncio.to_thread(write_summary, out, wall, history, summaries, seeds.as_dict(), models)
+    short = [s["stage"] for s in short_of_target(summaries)]
+    await asyncio.to_thread(
+        write_summary, out, wall, history, summaries, seeds.as_dict(), models, short
+    )
     return TrainResult(out, history, checkpoints, wall, summaries, seeds.as_dict())
 
 
@@ -362,6 +386,7 @@ class _Run:
             # Supervised steps change the weights too: a new version for the pool.
             self.trainer.version += 1
             await self.sync.push(name, self.trainer.version, self.trainer.state_tensors(name))
+        reached = None if stage.target is None else min(c[-1] for c in curves) >= stage.target
         longest = max(len(c) for c in curves)  # one that hit the target holds its last value
         reading = [float(np.mean([c[min(i, len(c) - 1)] for c in curves])) for i in range(longest)]
         self.bar_done += stage.max_updates
@@ -375,7 +400,7 @@ class _Run:
                 "wall_s": round(time.perf_counter() - self.started, 3),
             }
             self.logger.log(row)
-        self._finish_stage(stage, reading, stage_start, 0, 0)
+        self._finish_stage(stage, reading, stage_start, 0, 0, reached=reached)
 
     async def rl_stage(
         self, stage: StageConfig, index: int, attempt: int = 0, *, may_restart: bool = False
@@ -386,6 +411,7 @@ class _Run:
         runner, sampler, learners = self._start_stage(stage, seed)
         rule = stage.restart if may_restart else None
         stalled = False
+        reached = None if stage.target is None else False
         curve: list[float] = []  # the watched metric per batch; its length counts updates
         stage_start = time.perf_counter()
         async with runner.open():
@@ -403,6 +429,7 @@ class _Run:
                 # Stop early once a full window of batches reaches the target.
                 full = len(recent) == stage.window
                 if stage.target is not None and full and float(np.mean(recent)) >= stage.target:
+                    reached = True
                     break
                 # Or start over, when the rule says this attempt has stalled.
                 if rule and full and len(curve) >= rule.after and np.mean(recent) < rule.below:
@@ -413,7 +440,7 @@ class _Run:
         self.progress.update(self.bar, completed=self.bar_done)
         episodes = len(curve) * self.config.sampler.batch_size
         failed, dropped = sampler.failed, sampler.dropped_stale
-        self._finish_stage(stage, curve, stage_start, episodes, failed, dropped)
+        self._finish_stage(stage, curve, stage_start, episodes, failed, dropped, reached=reached)
         self.summaries[-1].update(
             attempt=attempt, seed=seed, stalled=stalled, dropped_groups=sampler.dropped_groups
         )
@@ -563,6 +590,8 @@ class _Run:
         episodes: int,
         failed: int,
         dropped: int = 0,
+        *,
+        reached: bool | None = None,
     ) -> None:
         # summary.json and the plot: one per stage attempt.
         summary = {
@@ -575,6 +604,8 @@ class _Run:
             "last": float(np.mean(curve[-stage.window :])) if curve else None,
             "failed_episodes": failed,
             "dropped_stale": dropped,
+            "target": stage.target,
+            "reached": reached,  # None: no target
             "curve": curve,
         }
         self.summaries.append(summary)

@@ -51,10 +51,13 @@ def write_summary(
     summaries: list[dict[str, Any]],
     seeds: Mapping[str, Any],
     models: Mapping[str, Any] | None = None,
+    short_of_target: Sequence[str] = (),
 ) -> None:
     """``summary.json`` (wall time, every seed the run used, ``models``: what was trained
-    and in which dtypes, one entry per stage) and the learning-curve plot."""
+    and in which dtypes, one entry per stage, ``short_of_target``: the stages that ended
+    below their target) and the learning-curve plot."""
     summary: dict[str, Any] = {"wall_s": wall, "seeds": dict(seeds), "stages": summaries}
+    summary["short_of_target"] = list(short_of_target)
     if models is not None:
         summary["models"] = dict(models)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

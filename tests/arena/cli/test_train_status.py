@@ -1,0 +1,64 @@
+"""``parley train``'s exit status: a run whose stages end short of their targets says so in
+its last line and summary.json and exits with SHORT_OF_TARGET (it had exited 0)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("torch")
+
+from parley.arena.cli import main
+from parley.arena.training.loop import SHORT_OF_TARGET
+from tests.arena.training.referential import REFERENTIAL_K2
+
+
+@pytest.mark.timeout(120)
+def test_a_stage_short_of_its_target_is_the_last_line_and_a_distinct_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    listener = {"speaker": "scripted", "listener": "policy:listener"}
+    config = {
+        "scenario": "collaboration/referential-v0",
+        "scenario_kwargs": REFERENTIAL_K2,
+        "model": "tiny",
+        "policies": ["listener"],
+        "agent": {"max_tokens": 4, "system_prompt": False},
+        "sampler": {"batch_size": 4, "staleness": 0, "concurrency": 4},
+        "pg": {"estimator": "grpo", "grouping": "role", "lr": 1e-3},
+        "threads": 1,
+        "progress": False,
+        "stages": [
+            # Success is at most 1: this stage runs to its cap, short of its target.
+            {"name": "short", "agents": listener, "train": ["listener"], "max_updates": 2,
+             "target": 2.0, "window": 1},
+            # Success is at least 0: this one reaches its target at its first update.
+            {"name": "met", "agents": listener, "train": ["listener"], "max_updates": 2,
+             "target": -1.0, "window": 1},
+            {"name": "untargeted", "agents": listener, "train": ["listener"], "max_updates": 1},
+        ],
+        "out": str(tmp_path / "run"),
+    }  # fmt: skip
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert SHORT_OF_TARGET not in (0, 1, 2, 130)  # distinct from success, errors, usage, ^C
+
+    assert main(["train", "--config", str(path)]) == SHORT_OF_TARGET
+
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("parley train: short of target: short at ")
+    assert "< 2.0 after 2 updates" in err[-1]
+    assert "met" not in err[-1]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["short_of_target"] == ["short"]
+    stages = {s["stage"]: s for s in summary["stages"]}
+    assert [stages[name]["reached"] for name in ("short", "met", "untargeted")] == [
+        False,
+        True,
+        None,
+    ]
+    assert stages["met"]["updates"] == 1  # it stopped at its target
+    assert (tmp_path / "run" / "checkpoints" / "listener").is_dir()  # written all the same
