@@ -36,11 +36,12 @@ Contracts
   sent at once and no task is created; if it suspends, it continues as a task, so a slow
   handler never blocks the receive loop. Handlers therefore must not block the thread.
 * **Liveness.** Each side sends ``Heartbeat`` when it has sent nothing else to a peer for
-  ``heartbeat_interval``. A peer not heard from for longer than ``peer_timeout`` (at least
-  2.5 of its announced heartbeat intervals) is dead: its pending requests fail with
-  :class:`PeerDead` and it leaves :attr:`Endpoint.peers`. A ``Bye`` has the same effect at
-  once; so does a bound socket finding the peer's connection gone when it sends to it
-  (ZeroMQ's ``EHOSTUNREACH``). A connecting endpoint whose peer died keeps its socket and
+  ``heartbeat_interval``. A peer whose connection closed (its process died) is dead once it
+  has been silent for 2.5 heartbeat intervals; a peer whose connection is open (busy, paused)
+  only after ``peer_timeout`` (60 s by default, at least 2.5 of its announced heartbeat
+  intervals). A dead peer's pending requests fail with :class:`PeerDead` and it leaves
+  :attr:`Endpoint.peers`. A ``Bye`` has the same effect at once; so does a bound socket
+  finding the peer's connection gone when it sends to it (ZeroMQ's ``EHOSTUNREACH``). A connecting endpoint whose peer died keeps its socket and
   repeats the handshake when the peer comes back (ZeroMQ reconnects by itself). Silence
   counts only while the local event loop runs on time (time it was stalled is credited to
   every peer), and peers over ``inproc://`` (in this process) never die of silence.

@@ -21,8 +21,10 @@ class BusConfig:
 
     heartbeat_interval: float = 1.0
     """Seconds of silence towards a peer after which a ``Heartbeat`` is sent."""
-    peer_timeout: float = 5.0
-    """Seconds without hearing from a peer after which it is declared dead."""
+    peer_timeout: float = 60.0
+    """Seconds a peer whose connection is still open may stay silent (a busy or paused
+    process) before it is declared dead. A peer whose connection closed (its process died)
+    is declared dead after 2.5 heartbeat intervals of silence, whatever this is."""
     request_timeout: float = 30.0
     """Default timeout of ``request`` (and of a send that finds the queue full)."""
     connect_timeout: float = 10.0

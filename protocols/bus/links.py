@@ -4,7 +4,14 @@ that came back.
 The connecting side sends ``Hello`` until the bound side answers with its own; the bound side
 admits a name once (refusing a live duplicate, probing whether the old connection still
 exists). A ticker sends ``Heartbeat`` to peers that have heard nothing for a while and
-declares dead the peers not heard from within their timeout.
+declares a peer dead when its connection is gone (checked once it has been silent for
+:data:`SUSPECT_HEARTBEATS` heartbeat intervals) or when it stays silent past its timeout with
+the connection open.
+
+Busy is not dead: a process whose event loop or model holds it for seconds still has its
+connection (ZeroMQ's I/O thread and the kernel keep it), so only the generous
+``peer_timeout`` (60 s by default) ends it, while a process that died is noticed within a
+few heartbeats, by its closed connection.
 """
 
 from __future__ import annotations
@@ -22,11 +29,15 @@ from parley.protocols.bus.core import (
     valid_name,
 )
 from parley.protocols.bus.send import _Sender
+from parley.protocols.codec import Frame
 from parley.protocols.errors import BusError
 from parley.protocols.messages import SCHEMA_VERSION, Body, Envelope, Error, Heartbeat, Hello
 
 PROBE_EVERY_S = 0.05
 """Least time between two probes of one peer prompted by duplicate Hellos."""
+
+SUSPECT_HEARTBEATS = 2.5
+"""Heartbeat intervals of silence after which a peer's connection is checked each tick."""
 
 MAX_HEARTBEAT_INTERVAL = 60.0
 """Longest heartbeat interval a peer's ``Hello`` may announce; longer counts as this."""
@@ -185,8 +196,23 @@ class _Links(_Sender):
         else:
             log.info("%s: %s is back", self.name, link.name)
 
+    def _connected(self, link: _Link, beat: list[Frame]) -> bool:
+        """Whether ``link``'s connection still exists, told by ZeroMQ's I/O thread, which
+        neither a busy event loop nor a busy model starves: sends ``beat`` to it.
+
+        A bound ROUTER raises ``EHOSTUNREACH`` for a vanished connection (``_send_now``
+        declares the peer dead); a connecting DEALER (``IMMEDIATE``) cannot queue when it
+        has no connection. Its queue being full at the high-water mark looks the same to a
+        DEALER: a peer that let 10,000 messages pile up unread is not counted alive.
+        """
+        try:
+            return self._send_now(link, beat)
+        except BusError:
+            return False
+
     async def _tick(self) -> None:
-        """Send heartbeats, declare silent peers dead, retry handshakes with dead ones.
+        """Send heartbeats, declare dead the peers whose connection is gone or who stayed
+        silent past their timeout, retry handshakes with dead ones.
 
         Silence counts only while this event loop runs on time. When the ticker wakes late
         (the process was stalled: a loaded host, a VM pause, a long synchronous stretch),
@@ -197,6 +223,9 @@ class _Links(_Sender):
         assert self._loop is not None
         interval = self.config.heartbeat_interval
         period = min(interval, self.config.peer_timeout / 4) / 2
+        # Past this much silence a peer's connection is checked on each tick: a process that
+        # died closed it (its kernel did), while a busy or paused one keeps it open.
+        suspect = SUSPECT_HEARTBEATS * interval
         beat = self._codec.encode(Envelope(body=Heartbeat(), sender=self.name))
         last = self._loop.time()
         while True:
@@ -221,8 +250,16 @@ class _Links(_Sender):
                         continue
                     if stall:
                         link.last_heard = min(now, link.last_heard + stall)
-                    if link.alive and not sock.inproc and now - link.last_heard > link.timeout:
-                        self._peer_died(link, f"no message from {link.name} for {link.timeout:g} s")
+                    silent = 0.0 if sock.inproc else now - link.last_heard
+                    if link.alive and silent > link.timeout:
+                        self._peer_died(
+                            link,
+                            f"no message from {link.name} for {link.timeout:g} s although its "
+                            "connection is open (raise BusConfig.peer_timeout, --peer-timeout, "
+                            "if it is only busy)",
+                        )
+                    elif link.alive and silent > suspect and not self._connected(link, beat):
+                        self._peer_died(link, f"lost the connection to {link.name}")
                     elif link.alive and now - link.last_sent >= interval:
                         self._try_send(link, beat)
                     elif not link.alive and not sock.router:

@@ -1,9 +1,12 @@
-"""Only real deaths are deaths: a stalled process does not kill its peers (issue 11 §3)."""
+"""Only real deaths are deaths: a stalled process does not kill its peers (issue 11 §3), a
+paused or busy peer process is not dead while its connection is open, and a killed one is
+noticed by its closed connection well before the generous silence timeout (issue 28 §2)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import zmq.asyncio
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.errors import PeerDead
 from parley.protocols.messages import Action, Envelope, Observation
+from tests.protocols.test_bus_multiprocess import _address, _upper, arena, peers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -81,3 +85,66 @@ async def test_a_silent_peer_still_dies_while_the_loop_runs_on_time(tmp_path: Pa
         await client.close()
         await server.close()
         context.term()
+
+
+PAUSE_S = 7.0  # longer than the 5 s of silence that used to kill a peer
+
+
+async def test_paused_peer_processes_are_not_dead() -> None:
+    """With the default config, a bound and a connecting peer process paused (SIGSTOP) for
+    7 s stay peers: their connections stay open, and requests sent meanwhile are answered
+    after SIGCONT. (Before: both declared dead after 5 s of silence, their requests failed.)"""
+    default: dict[str, float] = {}
+    async with arena("ipc", BusConfig()) as (ep, address):
+        ep.on(Observation, _upper)
+        specs = [("bind", _address("ipc"), "pool", default), ("connect", address, "agent", default)]
+        with peers(*specs) as (pool, agent):
+            kind, pool_address = await pool.report()
+            assert kind == "bound"
+            assert (await agent.report())[0] == "connected"
+            assert await ep.connect(pool_address, timeout=10) == "pool"
+            for peer in (pool, agent):
+                assert peer.process.pid is not None
+                os.kill(peer.process.pid, signal.SIGSTOP)
+            try:
+                pending = [
+                    asyncio.create_task(ep.request(name, Observation(agent=name, text="late")))
+                    for name in ("pool", "agent")
+                ]
+                await asyncio.sleep(PAUSE_S)
+            finally:
+                for peer in (pool, agent):
+                    os.kill(peer.process.pid, signal.SIGCONT)  # type: ignore[arg-type]
+            replies = await asyncio.wait_for(asyncio.gather(*pending), 20)
+            assert [r.text for r in replies if isinstance(r, Action)] == ["LATE", "LATE"]
+            assert sorted(ep.peers) == ["agent", "pool"]
+            assert ep.stats.dead_peers == 0
+
+
+async def test_a_killed_peer_process_is_noticed_by_its_closed_connection() -> None:
+    """The generous silence timeout (60 s by default) does not slow down noticing a real
+    death: SIGKILLed peers, bound and connecting, fail their pending requests within a few
+    heartbeat intervals, because their connections closed."""
+    default: dict[str, float] = {}
+    async with arena("ipc", BusConfig()) as (ep, address):
+        ep.on(Observation, _upper)
+        specs = [("bind", _address("ipc"), "pool", default), ("connect", address, "agent", default)]
+        with peers(*specs) as (pool, agent):
+            _, pool_address = await pool.report()
+            assert (await agent.report())[0] == "connected"
+            assert await ep.connect(pool_address, timeout=10) == "pool"
+            pending = [
+                asyncio.create_task(ep.request(name, Observation(agent=name, text="hang")))
+                for name in ("pool", "agent")
+            ]
+            await asyncio.sleep(0.2)
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            pool.kill()
+            agent.kill()
+            for task in pending:
+                with pytest.raises(PeerDead):
+                    await asyncio.wait_for(task, 30)
+            # 2.5 heartbeat intervals of silence, then one tick: far below peer_timeout.
+            assert loop.time() - start < 15 < BusConfig().peer_timeout
+            assert ep.peers == []
