@@ -430,6 +430,18 @@ for _before, _after, _class in (
     )
 
 register(
+    "tool_use/retail-desk-v3",
+    f"{_TOOL}.retail_desk_v3:RetailDeskV3",
+    baselines={
+        "user": f"{_SCRIPTED_TOOL}:RetailUser",
+        "assistant": f"{_SCRIPTED_TOOL}:RetailAnswerer",
+    },
+    description="retail-desk-v2 where the assistant commits to the facts in a structured "
+    "answer (a message listing every candidate scored 1.0) and acts for the customer it "
+    "serves only (another account is refused and penalised).",
+)
+
+register(
     "code/debug-v2",
     "parley.scenarios.code.debug:CodeDebugV2",
     baselines=_REGISTRY["code/debug-v1"].baselines,

@@ -21,11 +21,13 @@ from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Observation
 from parley.scenarios.base import ORACLE_KEY
 from parley.scenarios.tool_use.calc_chain import build_problem
+from parley.scenarios.tool_use.retail_db import dollars, parse_dollars
 from parley.scenarios.tools.calculator import evaluate, round_to
 
 __all__ = [
     "CalcNaive",
     "CalcOracle",
+    "RetailAnswerer",
     "RetailNaive",
     "RetailOracle",
     "RetailUser",
@@ -110,6 +112,16 @@ class RetailUser(ScriptedAgent):
         return "Thank you, that is all. ###STOP###"
 
 
+def _reference(observation: Observation, agent: str) -> dict[str, Any]:
+    oracle = observation.info.get(ORACLE_KEY)
+    if not isinstance(oracle, dict) or "email" not in oracle:
+        raise ConfigError(
+            f"{agent} needs the scenario's privileged oracle data; the runner gives it "
+            "only to in-process agents (it cannot play a remote seat)"
+        )
+    return oracle
+
+
 class RetailOracle(ScriptedAgent):
     """Performs the task's reference actions through the tools and states the required facts.
 
@@ -123,12 +135,7 @@ class RetailOracle(ScriptedAgent):
         self.done = False
 
     def decide(self, observation: Observation) -> str:
-        oracle = observation.info.get(ORACLE_KEY)
-        if not isinstance(oracle, dict) or "email" not in oracle:
-            raise ConfigError(
-                "RetailOracle needs the scenario's privileged oracle data; the runner gives it "
-                "only to in-process agents (it cannot play a remote seat)"
-            )
+        oracle = _reference(observation, "RetailOracle")
         if self.done:
             return json.dumps({"message": "Is there anything else I can help with today"})
         self.done = True
@@ -136,6 +143,56 @@ class RetailOracle(ScriptedAgent):
         calls += [{"name": name, "arguments": args} for name, args in oracle["actions"]]
         message = "All done. " + " ".join(oracle["facts"]) + "."
         return json.dumps({"tool_calls": calls, "message": message})
+
+
+class RetailAnswerer(ScriptedAgent):
+    """retail-desk-v3's baseline: authenticates the customer, performs the task's reference
+    actions and looks up the order asked about, then answers exactly the fields asked with
+    the values its tool results show (never the reference's facts).
+
+    Privileged: the actions and the fields asked come from ``info["oracle"]``.
+    """
+
+    name = "retail-answerer"
+    privileged = True
+
+    def new_episode(self) -> None:
+        self.turn = 0
+
+    def decide(self, observation: Observation) -> str:
+        oracle = _reference(observation, "RetailAnswerer")
+        self.turn += 1
+        if self.turn == 1:
+            calls = [{"name": "find_customer", "arguments": {"email": oracle["email"]}}]
+            calls += [{"name": name, "arguments": args} for name, args in oracle["actions"]]
+            if oracle.get("about"):
+                calls.append({"name": "get_order", "arguments": {"order_id": oracle["about"]}})
+            return json.dumps({"tool_calls": calls})
+        if self.turn > 2:
+            return json.dumps({"message": "Is there anything else I can help with today"})
+        found = _results(_view(observation).get("tool_results", []))
+        refund = sum(parse_dollars(r["refund"]) or 0 for r in found if "refund" in r)
+        facts = {"refund": dollars(refund)}
+        for result in found:
+            if "new_total" in result:
+                facts["new_total"] = result["new_total"]
+            if result.get("order_id") == oracle.get("about") and "total" in result:
+                facts.update(status=result["status"], total=result["total"])
+        answer = {key: facts[key] for key in oracle["ask"]}
+        return json.dumps({"message": "All done.", "answer": answer})
+
+
+def _results(raw: list[Any]) -> list[dict[str, Any]]:
+    """The JSON objects among tool results (errors and other text left out)."""
+    found = []
+    for result in raw:
+        try:
+            value = json.loads(str(result.get("content", "")))
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+    return found
 
 
 _ORDER_ID = re.compile(r"#W\d+")

@@ -77,11 +77,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from parley.protocols.messages import ToolCall
 from parley.scenarios.base import Scenario, printable
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.tool_use.retail_db import RetailDB, dollars
 from parley.scenarios.tools.tool import (
     ToolBox,
+    Turn,
     action_constraint,
     ascii_text,
     parse_turn,
@@ -272,9 +274,13 @@ class RetailDesk(Scenario):
             self.fixed_task if self.fixed_task is not None else int(rng.integers(self.num_tasks))
         )
         task = build_task(index)
+        self._open_store(index, task)
+        self.s = DeskState(task)
+
+    def _open_store(self, index: int, task: Task) -> None:
+        """The store of task ``index``'s seed, serving ``task``'s customer, and its tools."""
         self.db = RetailDB.generate(_rng(index))
         self.tools = ToolBox(self.db.tools())
-        self.s = DeskState(task)
 
     def brief(self) -> None:
         task = self.s.task
@@ -318,31 +324,52 @@ class RetailDesk(Scenario):
         self.s.last_results = []
         if isinstance(parsed, str):
             return parsed
+        return self._play_turn(parsed)
+
+    def _play_turn(self, parsed: Turn) -> str | None:
+        """Play one parsed assistant action; return the reason when it is invalid."""
         message = parsed.fields.get("message")
         if not parsed.calls and not isinstance(message, str):
             return 'give "tool_calls" and/or a string "message" for the customer'
-        results = [self.tools.call(call) for call in parsed.calls]
+        self._run_calls(parsed.calls)
+        if isinstance(message, str) and message.strip():
+            self._reply(message.strip(), message)
+        extra = set(parsed.fields) - {"message"}
+        return f"unknown keys {sorted(extra)}; use tool_calls and message" if extra else None
+
+    def _run_calls(self, calls: list[ToolCall]) -> None:
+        """Run the assistant's tool calls in order; their results go to its observation."""
+        results = [self.tools.call(call) for call in calls]
         self.db.conn.commit()
         self.s.tool_calls += len(results)
         self.s.tool_errors += sum(bool(r.error) for r in results)
         self.s.last_results = result_dicts(results)
         for result in results:
             self.tell("assistant", ascii_text(render_result(result)))
-        if isinstance(message, str) and message.strip():
-            self.say("assistant", ascii_text(message.strip(), limit=4000))
-            self.s.said.append(message)
-            self.s.last_message["user"] = message.strip()
-            self.s.speaker = "user"
-        extra = set(parsed.fields) - {"message"}
-        return f"unknown keys {sorted(extra)}; use tool_calls and message" if extra else None
+
+    def _reply(self, text: str, said: str) -> None:
+        """Send ``text`` to the customer (``said``: what the fact check reads) and pass the
+        turn to them."""
+        self.say("assistant", ascii_text(text, limit=4000))
+        self.s.said.append(said)
+        self.s.last_message["user"] = text
+        self.s.speaker = "user"
+
+    def _facts_stated(self) -> bool:
+        """Whether the assistant told the customer every fact of the task (v0-v2: each
+        appears somewhere in its messages)."""
+        spoken = _normal(" ".join(self.s.said))
+        return all(_normal(fact) in spoken for fact in self.s.task.facts)
+
+    def _success(self) -> bool:
+        return self.s.db_match and self.s.facts_said
 
     def _end(self) -> None:
         task = self.s.task
         self.s.ended = True
         self.s.db_match = self.db.dump() == reference_db(task)
-        spoken = _normal(" ".join(self.s.said))
-        self.s.facts_said = all(_normal(fact) in spoken for fact in task.facts)
-        success = float(self.s.db_match and self.s.facts_said)
+        self.s.facts_said = self._facts_stated()
+        success = float(self._success())
         for agent in SEATS:
             self.reward(agent, "task", success)
         self.announce(f"Episode over: {'success' if success else 'failure'}.")
@@ -381,8 +408,7 @@ class RetailDesk(Scenario):
         if keep == "assistant":
             self.s.task = build_task(other)
         else:
-            self.db = RetailDB.generate(_rng(other))
-            self.tools = ToolBox(self.db.tools())
+            self._open_store(other, self.s.task)
         return True
 
     def system_prompt(self, agent: str) -> str:
@@ -410,7 +436,7 @@ class RetailDesk(Scenario):
         if not self.s.ended:
             return {}
         return {
-            "success": float(self.s.db_match and self.s.facts_said),
+            "success": float(self._success()),
             "db_match": float(self.s.db_match),
             "facts_said": float(self.s.facts_said),
             "tool_calls": float(self.s.tool_calls),
