@@ -1,17 +1,17 @@
 """A custom parley agent in plain Python: it accepts the partner's first proposal.
 
-Plays either seat of ``negotiation/deal-or-no-deal-v1`` (and v0). In the talk phase it asks
+Plays either seat of ``negotiation/deal-or-no-deal-v3`` (and every earlier version). In the talk phase it asks
 for a proposal, and as soon as the partner has made one it ends the talk with
 ``<selection>``; in the choose phase it claims what the partner's proposal leaves it.
 
 In the arena's process (``examples/`` on the import path)::
 
-    PYTHONPATH=examples parley run negotiation/deal-or-no-deal-v1 \\
+    PYTHONPATH=examples parley run negotiation/deal-or-no-deal-v3 \\
         --agents custom_agent:Accommodating,scripted --episodes 20
 
 From another process (or host), joining a running arena::
 
-    parley run negotiation/deal-or-no-deal-v1 --agents remote,scripted \\
+    parley run negotiation/deal-or-no-deal-v3 --agents remote,scripted \\
         --listen tcp://127.0.0.1:5555 --episodes 20
     PYTHONPATH=examples parley agent --connect tcp://127.0.0.1:5555 \\
         --seat player_0 --agent custom_agent:Accommodating

@@ -59,7 +59,7 @@ def add_parser(sub: Any) -> None:
 class DemoOptions:
     """What the demo arena plays."""
 
-    scenario: str = "negotiation/deal-or-no-deal-v0"
+    scenario: str = "negotiation/deal-or-no-deal-v3"
     """Scenario id; the LLM takes the first seat, scripted baselines the others."""
     episodes: int = 8
     """Episodes, all played concurrently so the pool batches across them."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def test_run_yaml_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     status = main([*argv, "--out", str(tmp_path), "--no-progress", "--json"])
     assert status == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["scenario"] == "negotiation/deal-or-no-deal-v1"
+    assert summary["scenario"] == "negotiation/deal-or-no-deal-v3"
     assert summary["episodes"] == {"total": 3, "ok": 3, "failed": 0}
     assert summary["config"]["scenario_kwargs"] == {"max_turns": 10}
 
@@ -51,7 +52,7 @@ def test_custom_agent_in_process_and_remote(tmp_path: Path) -> None:
         [
             PARLEY,
             "run",
-            "negotiation/deal-or-no-deal-v1",
+            "negotiation/deal-or-no-deal-v3",
             "--episodes",
             "4",
             "--json",
@@ -72,7 +73,7 @@ def test_custom_agent_in_process_and_remote(tmp_path: Path) -> None:
         [
             PARLEY,
             "run",
-            "negotiation/deal-or-no-deal-v1",
+            "negotiation/deal-or-no-deal-v3",
             "--agents",
             "remote,scripted",
             "--listen",
@@ -129,7 +130,7 @@ def test_llm_default_path_is_built_on_first_use(
         [
             PARLEY,
             "run",
-            "negotiation/deal-or-no-deal-v1",
+            "negotiation/deal-or-no-deal-v3",
             "--episodes",
             "2",
             "--json",
@@ -151,3 +152,43 @@ def test_llm_default_path_is_built_on_first_use(
     assert summary["metrics"]["turns"]["mean"] <= 5  # max_turns talk turns + the choice
     assert "invalid_move_rate" in summary
     assert "it/s]" not in done.stderr  # no Hugging Face progress bars
+
+
+_COMMAND_ID = re.compile(
+    r"(?:parley run |scenario: |PYTHONPATH=examples parley run )([a-z_]+/[a-z0-9-]+)"
+)
+
+
+def _pointed_to() -> dict[str, str]:
+    """Every scenario id a user is told to run: the README's and docs' command lines, the
+    examples' configs and docstrings, and ``parley demo``'s arena -> where it was found."""
+    from parley.arena.cli.demo import DemoOptions
+
+    found = {DemoOptions.scenario: "parley demo"}
+    for path in [
+        ROOT / "README.md",
+        ROOT / "docs" / "custom_agent.md",
+        *(ROOT / "examples").iterdir(),
+    ]:
+        if path.suffix in (".md", ".yaml", ".py"):
+            for scenario_id in _COMMAND_ID.findall(path.read_text()):
+                found.setdefault(scenario_id, path.name)
+    return found
+
+
+def test_users_are_pointed_to_versions_where_a_message_cannot_forge_a_line() -> None:
+    # deal-or-no-deal-v1/v2 let a seat forge its partner's "take everything" line (paid 10
+    # against 0); the README, the examples and the demo ran them (issue 29 §4).
+    from parley.scenarios.registry import spec, versions
+
+    pointed = _pointed_to()
+    assert "negotiation/deal-or-no-deal-v3" in pointed
+    unsafe = {}
+    for scenario_id, where in pointed.items():
+        if "-v" not in scenario_id:
+            continue  # an id without a version plays the latest
+        game = versions(spec(scenario_id).game)
+        quoting = [s.id for s in game if getattr(s.make(), "quote_messages", False)]
+        if quoting and not spec(scenario_id).make().quote_messages:
+            unsafe[scenario_id] = f"{where}; use {quoting[-1]}"
+    assert not unsafe, unsafe

@@ -23,7 +23,7 @@ RECIPE = Path(__file__).parents[3] / "examples" / "hidden-profile.yaml"
 
 def test_recipe_config_loads_and_names_its_stages() -> None:
     config = load_train_config(RECIPE)
-    assert config.scenario == "collaboration/hidden-profile-v1"
+    assert config.scenario == "collaboration/hidden-profile-v2"
     assert [s.name for s in config.stages] == ["vote_0", "vote_1", "vote_2", "team"]
     assert config.stages[-1].train == ["agent_0", "agent_1", "agent_2"]
 
