@@ -8,10 +8,11 @@ per-seat trajectories and turns them into an :class:`~parley.arena.run.records.E
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from parley.arena.run.seeds import WORD, derive_rows
 from parley.protocols.messages import Action, Observation, TurnRecord
 from parley.protocols.messages import Trajectory as TrajectoryMsg
 
-__all__ = ["EpisodePlan", "EpisodeLog", "derive_seed", "plan_episodes"]
+__all__ = ["EpisodePlan", "EpisodePlans", "EpisodeLog", "derive_seed", "plan_episodes"]
 
 
 _SCENARIO, _AGENT = 0, 1  # purpose tags of derive_seed keys
@@ -53,32 +54,83 @@ class EpisodePlan:
         return f"t{self.task:05d}-r{self.trial:02d}"
 
 
-def plan_episodes(config: RunConfig, seats: Sequence[str]) -> list[EpisodePlan]:
-    """Every episode of the run, task-major (all trials of task 0, then task 1, ...)."""
-    plans: list[EpisodePlan] = []
-    for task, trial, seed, seat_seeds in _seeds(config, len(seats)):
-        plans.append(
-            EpisodePlan(
-                index=len(plans),
-                task=task,
-                trial=trial,
-                seed=seed,
-                agent_seeds=dict(zip(seats, seat_seeds, strict=True)),
-            )
-        )
-    return plans
+def plan_episodes(config: RunConfig, seats: Sequence[str]) -> EpisodePlans:
+    """Every episode of the run, task-major (all trials of task 0, then task 1, ...), as a
+    lazy :class:`EpisodePlans`: nothing is built before play."""
+    return EpisodePlans(config, seats)
 
 
-_CHUNK = 1 << 14  # tasks whose seeds are derived together (bounds the key tables' memory)
+class EpisodePlans(Sequence[EpisodePlan]):
+    """The episode plan of a run, built as it is read: a sequence of :class:`EpisodePlan`.
+
+    Iterating derives seeds a table of :data:`_CHUNK` tasks at a time and keeps nothing, so
+    memory is flat whatever ``episodes x trials`` (a list of plans took ~460 B an episode:
+    2 GB and 100 s before the arena listened at 4M episodes). Indexing and slicing compute
+    just the plans asked for; every plan equals the one iteration yields at its index.
+    """
+
+    def __init__(self, config: RunConfig, seats: Sequence[str]) -> None:
+        self._config = config
+        self._seats = tuple(seats)
+
+    def __len__(self) -> int:
+        return self._config.episodes * self._config.trials
+
+    def __iter__(self) -> Iterator[EpisodePlan]:
+        return self._plans(0, len(self))
+
+    def slices(self, size: int) -> Iterator[list[EpisodePlan]]:
+        """Consecutive lists of ``size`` plans (the last one shorter), built one at a time."""
+        plans = iter(self)
+        while piece := list(itertools.islice(plans, size)):
+            yield piece
+
+    @overload
+    def __getitem__(self, index: int) -> EpisodePlan: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[EpisodePlan]: ...
+    def __getitem__(self, index: int | slice) -> EpisodePlan | list[EpisodePlan]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return list(self._plans(start, max(start, stop)))
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError(f"plan index {index} out of range for {len(self)} episodes")
+        return next(self._plans(position, position + 1))
+
+    def _plans(self, start: int, stop: int) -> Iterator[EpisodePlan]:
+        """Plans ``start`` to ``stop`` (exclusive), deriving the seeds of their tasks only."""
+        trials, seats = self._config.trials, self._seats
+        first, last = start // trials, -(-stop // trials)
+        index = first * trials
+        for task, trial, seed, seat_seeds in _seeds(self._config, len(seats), first, last):
+            if start <= index < stop:
+                yield EpisodePlan(
+                    index=index,
+                    task=task,
+                    trial=trial,
+                    seed=seed,
+                    agent_seeds=dict(zip(seats, seat_seeds, strict=True)),
+                )
+            index += 1
 
 
-def _seeds(config: RunConfig, n_seats: int) -> Iterator[tuple[int, int, int, list[int]]]:
-    """``(task, trial, scenario seed, seat seeds)`` of every episode, in plan order: what
-    :func:`derive_seed` gives, a table at a time (:func:`derive_rows`) when every key is one
-    32-bit word (always, unless the run seed is 2**32 or more)."""
-    run, tasks, trials = int(config.seed), config.episodes, config.trials
+_CHUNK = 1 << 12  # tasks whose seeds are derived together (bounds the key tables' memory)
+
+
+def _seeds(
+    config: RunConfig, n_seats: int, first_task: int = 0, stop_task: int | None = None
+) -> Iterator[tuple[int, int, int, list[int]]]:
+    """``(task, trial, scenario seed, seat seeds)`` of every episode of tasks ``first_task``
+    to ``stop_task`` (default: the last), in plan order: what :func:`derive_seed` gives, a
+    table at a time (:func:`derive_rows`) when every key is one 32-bit word (always, unless
+    the run seed is 2**32 or more)."""
+    run, trials = int(config.seed), config.trials
+    tasks = config.episodes if stop_task is None else min(stop_task, config.episodes)
     if not 0 <= run < WORD:
-        for task in range(tasks):
+        for task in range(first_task, tasks):
             seed = derive_seed(run, _SCENARIO, task)
             for trial in range(trials):
                 yield (
@@ -88,7 +140,7 @@ def _seeds(config: RunConfig, n_seats: int) -> Iterator[tuple[int, int, int, lis
                     [derive_seed(run, _AGENT, task, trial, i) for i in range(n_seats)],
                 )
         return
-    for first in range(0, tasks, _CHUNK):
+    for first in range(first_task, tasks, _CHUNK):
         block = np.arange(first, min(first + _CHUNK, tasks), dtype=np.uint64)
         head = np.broadcast_to(np.array([run, _SCENARIO], dtype=np.uint64), (len(block), 2))
         scenario = derive_rows(np.column_stack([head, block])).tolist()

@@ -8,6 +8,7 @@ request handler suspended in the agent host and what made the bus refuse request
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -353,3 +354,93 @@ def test_memory_stays_flat_over_thousands_of_episodes_and_the_run_returns_at_onc
     assert returned - (tmp_path / "timings.jsonl").stat().st_mtime < 2
     slope = (marks[6000] - marks[2000]) / 4000
     assert slope < 2_000, f"RSS grew {slope:.0f} bytes per episode after warm-up"
+
+
+# --------------------------------------------------------------------- the episode plan
+
+
+def _plan_peak(episodes: int, read: int) -> int:
+    """Bytes allocated at the peak while planning ``episodes`` and reading ``read`` plans."""
+    import itertools
+    import tracemalloc
+
+    from parley.arena.run.episode import plan_episodes
+
+    config = RunConfig(scenario="negotiation/deal-or-no-deal-v0", episodes=episodes, seed=9)
+    tracemalloc.start()
+    try:
+        plans = plan_episodes(config, ["player_0", "player_1"])
+        for _ in itertools.islice(plans, read):
+            pass
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_plan_is_built_as_it_is_read_in_the_memory_of_a_few_chunks() -> None:
+    """A million-episode plan costs what a 10k one does (it was a list: ~460 B an episode,
+    2 GB before the arena listened at 4M episodes); reading it is the same at any length."""
+    small = _plan_peak(10_000, 10_000)
+    large = _plan_peak(1_000_000, 12_000)
+    assert large < 1.1 * small, f"10k episodes: {small} B at the peak; 1M: {large} B"
+
+
+def test_the_lazy_plan_indexes_and_slices_as_a_list_would() -> None:
+    from parley.arena.run.episode import derive_seed, plan_episodes
+
+    config = RunConfig(scenario="negotiation/deal-or-no-deal-v0", episodes=5000, trials=3, seed=4)
+    plans = plan_episodes(config, ["a", "b"])
+    listed = list(plans)
+    assert len(plans) == len(listed) == 15_000
+    for index in (0, 1, 2, 3, 4095 * 3 + 2, 4096 * 3, 14_999, -1, -15_000):
+        assert plans[index] == listed[index]
+    assert plans[12_287:12_293] == listed[12_287:12_293]  # across a seed-table boundary
+    assert plans[::4999] == listed[::4999]
+    assert [p.index for p in plans[14_998:20_000]] == [14_998, 14_999]
+    assert [len(piece) for piece in plans.slices(4000)] == [4000, 4000, 4000, 3000]
+    last = plans[-1]
+    assert (last.task, last.trial, last.seed) == (4999, 2, derive_seed(4, 0, 4999))
+    with pytest.raises(IndexError):
+        plans[15_000]
+
+
+@pytest.mark.slow
+def test_reading_a_million_episode_plan_keeps_rss_flat() -> None:
+    from parley.arena.run.episode import plan_episodes
+
+    config = RunConfig(scenario="negotiation/deal-or-no-deal-v0", episodes=1_000_000)
+    marks = {}
+    for plan in plan_episodes(config, ["player_0", "player_1"]):
+        if plan.index in (100_000, 999_999):
+            marks[plan.index] = _rss()
+    grown = marks[999_999] - marks[100_000]
+    assert grown < 2 * 1024 * 1024, f"RSS grew {grown} B over 900k planned episodes"
+
+
+def test_a_run_of_millions_of_episodes_listens_before_planning_any() -> None:
+    """The arena listens (``on_listen``) having built no plan: tracemalloc's peak then is
+    what opening the bus costs, not 460 B x 4M episodes."""
+    import tracemalloc
+
+    config = RunConfig(scenario="negotiation/deal-or-no-deal-v0", episodes=4_000_000,
+                       progress=False)  # fmt: skip
+    peaks: list[int] = []
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def listening(_: str) -> None:
+            peaks.append(tracemalloc.get_traced_memory()[1])
+            task.cancel()
+
+        with contextlib.suppress(asyncio.CancelledError):
+            await Runner(config, on_listen=listening).run()
+
+    tracemalloc.start()
+    try:
+        asyncio.run(asyncio.wait_for(main(), timeout=60))
+    finally:
+        tracemalloc.stop()
+    assert peaks, "the arena never listened"
+    assert peaks[0] < 50 * 1024 * 1024, f"{peaks[0]} B allocated before listening"
