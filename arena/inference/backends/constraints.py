@@ -32,24 +32,27 @@ This module imports no torch: masks are numpy arrays over the vocabulary.
 
 from __future__ import annotations
 
-import codecs
+import functools
 import json
 import logging
 import re
-import time
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from parley.arena.inference.backends.errors import BackendError
+from parley.arena.inference.backends.errors import BackendError, RequestError
 from parley.protocols.messages import Constraint
 
 _log = logging.getLogger(__name__)
 
 __all__ = [
+    "ConstraintError",
     "check_constraint",
+    "constraint_grammar",
+    "MATCHER_LIMITS",
     "constraint_regex",
     "SUPPORTED_KEYWORDS",
     "json_schema_to_regex",
@@ -58,6 +61,20 @@ __all__ = [
     "TokenMatcher",
     "make_matchers",
 ]
+
+
+class ConstraintError(RequestError):
+    """A constraint that cannot be used, refused before any token is generated.
+
+    ``reason`` is ``"invalid"`` (malformed or unsupported), ``"unsatisfiable"`` (no text,
+    or no token of the model's vocabulary, can start a match) or ``"too_costly"`` (over the
+    matching engine's work limits, :data:`MATCHER_LIMITS`). The field is ``"constraint"``:
+    the client must change its constraint (an HTTP 400 naming it, never a 5xx)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__("constraint", message)
+        self.reason = reason
+
 
 # One character of a JSON string: a plain character, a short escape, or a \u escape of a
 # non-surrogate (so each regex repetition is one code point, as minLength/maxLength count).
@@ -93,14 +110,6 @@ _SUPPORTED_HINT = (
     "object properties/required/additionalProperties (every property is emitted, in schema "
     "order), array items/minItems/maxItems, and annotations (title, description, ...)"
 )
-
-
-def _regex_module() -> Any:
-    try:
-        import regex
-    except ImportError as exc:  # a core dependency; only a broken install lacks it
-        raise BackendError("the `regex` package is missing: pip install regex") from exc
-    return regex
 
 
 def json_schema_to_regex(schema: dict[str, Any] | str) -> str:
@@ -301,29 +310,35 @@ def constraint_regex(constraint: Constraint) -> str:
 
 
 def check_constraint(constraint: Constraint) -> None:
-    """Raise :class:`BackendError` if ``constraint`` is malformed or unsupported."""
+    """Raise :class:`ConstraintError` if ``constraint`` is malformed, unsupported, over the
+    matching engine's work limits, or cannot be satisfied by any text.
+
+    The verdict depends on the constraint alone (the engine's limits count work, not time),
+    so it is the same on every backend, at any load, every time it is asked."""
     if constraint.type == "choice":
         if not constraint.choices or any(not c for c in constraint.choices):
-            raise BackendError("a choice constraint needs at least one non-empty choice")
+            raise ConstraintError(
+                "invalid", "a choice constraint needs at least one non-empty choice"
+            )
         return
     if constraint.type == "regex" and not constraint.pattern:
-        raise BackendError("a regex constraint needs a pattern")
+        raise ConstraintError("invalid", "a regex constraint needs a pattern")
     if constraint.type == "json" and not constraint.json_schema:
-        raise BackendError("a json constraint needs json_schema (a JSON Schema as a string)")
-    try:
-        pattern = _regex_module().compile(constraint_regex(constraint))
-    except Exception as exc:  # regex.error has no stable public base class across versions
-        if isinstance(exc, BackendError):
-            raise
-        raise BackendError(f"constraint pattern does not compile: {exc}") from exc
-    if pattern.fullmatch("", partial=True) is None:
-        raise BackendError(
-            f"the {constraint.type} constraint cannot be satisfied: no text can match it"
+        raise ConstraintError(
+            "invalid", "a json constraint needs json_schema (a JSON Schema as a string)"
         )
+    try:
+        grammar = constraint_grammar(constraint)
+    except ConstraintError:
+        raise
+    except BackendError as exc:  # the schema compiler's refusals
+        raise ConstraintError("invalid", str(exc)) from exc
+    _first_mask(_compiled(_byte_vocab(), grammar), constraint.type)
 
 
 def matches(constraint: Constraint, text: str) -> bool:
-    """Whether ``text`` satisfies ``constraint`` (what a valid completion looks like).
+    """Whether ``text`` satisfies ``constraint`` (what a valid completion looks like), by the
+    same engine and dialect that constrains generation.
 
     For a JSON schema outside the subset :func:`json_schema_to_regex` compiles, only
     "is valid JSON" is checked (parley does not depend on a JSON Schema validator).
@@ -335,12 +350,14 @@ def matches(constraint: Constraint, text: str) -> bool:
             json.loads(text)
         except json.JSONDecodeError:
             return False
-        try:
-            pattern = constraint_regex(constraint)
-        except BackendError:
+    try:
+        grammar = constraint_grammar(constraint)
+    except BackendError:
+        if constraint.type == "json":
             return True
-        return _regex_module().fullmatch(pattern, text) is not None
-    return _regex_module().fullmatch(constraint_regex(constraint), text) is not None
+        raise
+    matcher = _compiled(_byte_vocab(), grammar)
+    return matcher.consume_tokens(list(text.encode())) and matcher.is_accepting()
 
 
 # --- token level ----------------------------------------------------------------------
@@ -375,17 +392,25 @@ def _byte_decoder() -> dict[str, int]:
 
 
 class TokenVocab:
-    """The bytes of every token id, for matching text constraints token by token.
+    """The bytes of every token id, and the matching engine's view of the vocabulary.
 
     ``size`` is the model's logit width (which may exceed the tokenizer's length); ids
     without text (special tokens, padding rows) have ``None`` and are never allowed by a
-    constraint, except ``eos_id`` which ends a completion once the constraint is met.
+    constraint, except ``eos_id`` which ends a completion once the constraint is met
+    (``eos_id`` < 0: the tokenizer has none, and a constraint can never end a completion).
     """
 
-    def __init__(self, tokenizer: _HFTokenizer, size: int, eos_id: int) -> None:
+    def __init__(self, tokenizer: _HFTokenizer | None, size: int, eos_id: int) -> None:
         self.tokenizer = tokenizer
         self.size = size
         self.eos_id = eos_id
+        self.bytes: list[bytes | None] = [None] * size
+        self._ll: Any = None
+        self._compiled: OrderedDict[str, Any] = OrderedDict()  # grammar -> matcher at start
+        self._lock = threading.Lock()  # validate (event loop) and decoding (worker) share it
+        if tokenizer is None:  # the byte alphabet: checks that need no model
+            self.bytes = [bytes([i]) for i in range(size)]
+            return
         special = set(tokenizer.all_special_ids)
         n = min(len(tokenizer), size)
         tokens = tokenizer.convert_ids_to_tokens(list(range(n)))
@@ -393,7 +418,6 @@ class TokenVocab:
         byte_level = all(
             ch in inverse for i, t in enumerate(tokens) if t and i not in special for ch in t
         )
-        self.bytes: list[bytes | None] = [None] * size
         for i, tok in enumerate(tokens):
             if i in special or not tok:
                 continue
@@ -404,144 +428,149 @@ class TokenVocab:
                 # fixed one, so a leading space is not stripped.
                 base = tokenizer.encode("a", add_special_tokens=False)
                 self.bytes[i] = tokenizer.decode([*base, i])[len(tokenizer.decode(base)) :].encode()
-        self._candidates = [i for i, b in enumerate(self.bytes) if b]
-        # Tokens grouped by their first byte when it is ASCII (a whole character): if the
-        # text plus that character cannot match, no token of the group can (one test
-        # rules out a whole group); tokens starting with a non-ASCII byte are tested alone.
-        self._by_first: dict[str, list[int]] = {}
-        self._other: list[int] = []
-        for i in self._candidates:
-            first = self.bytes[i][0]  # type: ignore[index]
-            if first < 0x80:
-                self._by_first.setdefault(chr(first), []).append(i)
-            else:
-                self._other.append(i)
-        self._cache: OrderedDict[tuple[str, bytes], np.ndarray] = OrderedDict()
 
     def encode(self, text: str) -> list[int]:
         """The canonical token ids of ``text`` (no special tokens)."""
+        if self.tokenizer is None:
+            return list(text.encode())
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def regex_mask(self, pattern: Any, prefix: bytes) -> np.ndarray:
-        """Allowed next tokens after ``prefix`` for a compiled ``regex`` pattern (cached).
-
-        At most :data:`MATCH_BUDGET_S` per match and :data:`MASK_BUDGET_S` per mask (or
-        :data:`MASK_BUDGET_PER_TOKEN_S` per token of the vocabulary, if more): a
-        pattern that backtracks past either allows no token, so its completion ends with
-        ``error`` (``(a|a){40}``, ten characters, had
-        taken minutes per token and held every request of the policy behind it)."""
-        key = (pattern.pattern, prefix)
-        mask = self._cache.get(key)
-        if mask is not None:
-            self._cache.move_to_end(key)
-            return mask
-        mask = np.zeros(self.size, dtype=bool)
-        budget = max(MASK_BUDGET_S, MASK_BUDGET_PER_TOKEN_S * self.size)
-        deadline = time.monotonic() + budget
-        try:
-            done = _split_utf8(prefix)
-            if done is not None and not done[1]:
-                candidates = list(self._other)
-                for char, group in self._by_first.items():
-                    if _partial(pattern, done[0] + char, deadline):
-                        candidates += group
-            else:
-                candidates = self._candidates
-            for i in candidates:
-                mask[i] = _can_continue(pattern, prefix + self.bytes[i], deadline)  # type: ignore[operator]
-            if done is not None and not done[1] and _full(pattern, done[0], deadline):
-                mask[self.eos_id] = True
-        except TimeoutError:
-            mask[:] = False
-            _log.warning(
-                "constraint pattern %.80r took over %g s for one match or %g s for one token "
-                "mask: its completion ends with error",
-                pattern.pattern,
-                MATCH_BUDGET_S,
-                budget,
-            )
-        self._cache[key] = mask
-        if len(self._cache) > 4096:
-            self._cache.popitem(last=False)
-        return mask
+    @property
+    def ll(self) -> Any:
+        """The engine's tokenizer (``llguidance.LLTokenizer``), built on first use (a
+        150k-token vocabulary takes about a second). Without an eos token of its own, the
+        engine gets one more id, past the logits, that no mask ever offers."""
+        if self._ll is None:
+            llg = _llg()
+            self._ll = llg.LLTokenizer(llg.TokenizerWrapper(_EngineTable(self)))
+        return self._ll
 
 
-def _split_utf8(data: bytes) -> tuple[str, bytes] | None:
-    """``data`` as (complete text, pending bytes of an unfinished character); None if invalid."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
+class _EngineTable:
+    """What ``llguidance.TokenizerWrapper`` reads: each id's bytes (empty for special ids),
+    the end token, and canonical tokenisation (for text the grammar forces)."""
+
+    def __init__(self, vocab: TokenVocab) -> None:
+        eos = vocab.eos_id if vocab.eos_id >= 0 else vocab.size
+        self.tokens = [b or b"" for b in vocab.bytes] + ([b""] if eos == vocab.size else [])
+        self.eos_token_id = eos
+        self.bos_token_id = None
+        self.special_token_ids = [i for i, b in enumerate(self.tokens) if not b]
+        self._vocab = vocab
+
+    def __call__(self, text: bytes) -> list[int]:
+        if self._vocab.tokenizer is None:
+            return list(text)
+        return self._vocab.encode(text.decode("utf-8", errors="replace"))
+
+
+def _llg() -> Any:
     try:
-        text = decoder.decode(data, final=False)
-    except UnicodeDecodeError:
-        return None
-    return text, decoder.getstate()[0]
+        import llguidance
+    except ImportError as exc:  # a core dependency; only a broken install lacks it
+        raise BackendError("the `llguidance` package is missing: pip install llguidance") from exc
+    return llguidance
 
 
-MATCH_BUDGET_S = 0.05
-"""Most time one partial match may take: a sane pattern takes microseconds, a backtracking
-one seconds and more (see :meth:`TokenVocab.regex_mask`)."""
-MASK_BUDGET_S = 0.5
-"""Most time one token mask may take on a small vocabulary (a longer one gets
-:data:`MASK_BUDGET_PER_TOKEN_S` per token: 1.5 s for 150k, ~5x a sane pattern's cost)."""
-MASK_BUDGET_PER_TOKEN_S = 1e-5
+@functools.cache
+def _byte_vocab() -> TokenVocab:
+    """One token per byte and an end token: for verdicts that hold for any model."""
+    return TokenVocab(None, 256, -1)
 
 
-def _left(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    return min(left, MATCH_BUDGET_S)
+def constraint_grammar(constraint: Constraint) -> str:
+    """The llguidance grammar of a regex or JSON constraint: :func:`constraint_regex` as a
+    regex, the very grammar vLLM's ``guidance`` structured-output backend builds from it."""
+    return str(_llg().grammar_from("regex", constraint_regex(constraint)))
 
 
-def _partial(pattern: Any, text: str, deadline: float) -> bool:
-    """``text`` can still be extended to a full match (raises TimeoutError past ``deadline``)."""
-    return pattern.fullmatch(text, partial=True, timeout=_left(deadline)) is not None
+MATCHER_LIMITS: dict[str, int] = {
+    "initial_lexer_fuel": 1_000_000,
+    "step_lexer_fuel": 200_000,
+    "step_max_items": 50_000,
+    "max_lexer_states": 250_000,
+    "max_grammar_size": 500_000,
+}
+"""The matching engine's work limits (llguidance's ``LLParserLimits``, its defaults, as
+vLLM uses them): counts of work, never time, so a constraint over them is refused the same
+way on a busy machine as on an idle one. The engine matches without backtracking
+(derivatives of the regex, built lazily), so a mask takes microseconds to milliseconds."""
 
 
-def _full(pattern: Any, text: str, deadline: float) -> bool:
-    return pattern.fullmatch(text, timeout=_left(deadline)) is not None
+def _compiled(vocab: TokenVocab, grammar: str) -> Any:
+    """A fresh ``LLMatcher`` for ``grammar`` at its start, copied from a cached one.
+
+    Only matchers without error are cached; a refused grammar is compiled again each time
+    it is asked (its cost is bounded by :data:`MATCHER_LIMITS`, and no verdict is kept)."""
+    with vocab._lock:
+        matcher = vocab._compiled.get(grammar)
+        if matcher is not None:
+            vocab._compiled.move_to_end(grammar)
+            return matcher.deep_copy()
+    llg = _llg()
+    matcher = llg.LLMatcher(
+        vocab.ll, grammar, log_level=0, limits=llg.LLParserLimits(**MATCHER_LIMITS)
+    )
+    if not matcher.is_error():
+        with vocab._lock:
+            vocab._compiled[grammar] = matcher.deep_copy()
+            if len(vocab._compiled) > 256:
+                vocab._compiled.popitem(last=False)
+    return matcher
 
 
-def _can_continue(pattern: Any, data: bytes, deadline: float) -> bool:
-    """Whether text starting with the bytes ``data`` can still fully match ``pattern``.
+def _first_mask(matcher: Any, kind: str) -> np.ndarray:
+    """The mask of ``matcher`` (at its start), or the reason it cannot be used, raised as
+    :class:`ConstraintError`: the engine refused the grammar (invalid, or over its limits)
+    or the language is empty."""
+    mask = _mask(matcher)
+    if matcher.is_error():
+        error = _first_line(matcher.get_error())
+        if error.startswith("NoExtension"):
+            raise ConstraintError(
+                "unsatisfiable", f"the {kind} constraint cannot be satisfied: no text can match it"
+            )
+        if any(word in error for word in ("too big", "too complex", "limit", "fuel")):
+            raise ConstraintError(
+                "too_costly",
+                f"the {kind} constraint is too costly to enforce ({error}); the engine's work "
+                "limits are in constraints.MATCHER_LIMITS: simplify the pattern or schema",
+            )
+        raise ConstraintError("invalid", f"the {kind} constraint is not valid: {error}")
+    return mask
 
-    When ``data`` ends inside a multi-byte character, some character starting with those
-    bytes must keep a partial match; the (at most 64) candidates are enumerated. A token
-    ending two or more bytes short of a character (a lone 3- or 4-byte lead byte) is
-    refused: enumerating 4096+ characters per token per step is too slow, and byte-level
-    vocabularies usually hold merged tokens for the characters a pattern needs.
-    """
-    split = _split_utf8(data)
-    if split is None:
-        return False
-    text, pending = split
-    if not pending:
-        return _partial(pattern, text, deadline)
-    length = 2 if pending[0] < 0xE0 else 3 if pending[0] < 0xF0 else 4
-    value = pending[0] & (0x7F >> length)
-    for byte in pending[1:]:
-        value = value << 6 | (byte & 0x3F)
-    free = 6 * (length - len(pending))
-    if free > 6:
-        return False
-    lo = value << free
-    shortest = (0, 0, 0x80, 0x800, 0x10000)[length]  # smaller code points are overlong
-    for cp in range(lo, lo + (1 << free)):
-        if cp < shortest or 0xD800 <= cp <= 0xDFFF or cp > 0x10FFFF:
-            continue
-        if _partial(pattern, text + chr(cp), deadline):
-            return True
-    return False
+
+def _first_line(error: str) -> str:
+    """The engine's error in one line: its first line and the line saying what is wrong
+    (a regex parse error spans several, with the reason last)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if not lines:
+        return "unknown error"
+    reason = [line for line in lines[1:] if line.startswith("error:")]
+    return " ".join([lines[0], *reason[:1]])[:300]
+
+
+def _mask(matcher: Any) -> np.ndarray:
+    """The engine's next-token bitmask as booleans over its vocabulary (all False once it
+    is in error: the completion then ends with ``error``)."""
+    bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+    return np.unpackbits(bits, bitorder="little").astype(bool)
 
 
 class TokenMatcher:
-    """Per-completion constraint state: which tokens may come next, advanced per token."""
+    """Per-completion constraint state: which tokens may come next, advanced per token.
+
+    A choice walks a prefix trie of each choice's canonical tokens; a regex or a JSON
+    schema is matched by llguidance (:func:`constraint_grammar`). Raises
+    :class:`ConstraintError` when the constraint cannot be used (see :func:`check_constraint`)
+    or allows no first token of this vocabulary."""
 
     def __init__(self, vocab: TokenVocab, constraint: Constraint) -> None:
         check_constraint(constraint)
         self.vocab = vocab
-        self._prefix = b""
         self._trie: dict[int, Any] | None = None
         self._node: dict[int, Any] = {}
+        self._matcher: Any = None
         if constraint.type == "choice":
             self._trie = {}
             for choice in constraint.choices:
@@ -550,8 +579,15 @@ class TokenMatcher:
                     node = node.setdefault(tok, {})
                 node[-1] = {}  # -1 marks "a choice ends here"
             self._node = self._trie
-        else:
-            self._pattern = _regex_module().compile(constraint_regex(constraint))
+            return
+        self._matcher = _compiled(vocab, constraint_grammar(constraint))
+        self._next: np.ndarray | None = _first_mask(self._matcher, constraint.type)
+        if not self.allowed().any():
+            raise ConstraintError(
+                "unsatisfiable",
+                f"the {constraint.type} constraint allows no first token of this model's "
+                "vocabulary (it cannot be satisfied with it); check the pattern or schema",
+            )
 
     def allowed(self) -> np.ndarray:
         """Boolean mask over the vocabulary of tokens that keep the constraint satisfiable."""
@@ -560,15 +596,27 @@ class TokenMatcher:
             for tok in self._node:
                 mask[self.vocab.eos_id if tok == -1 else tok] = True
             return mask
-        return self.vocab.regex_mask(self._pattern, self._prefix)
+        if self._next is None:
+            self._next = _mask(self._matcher)
+            if self._matcher.is_error():
+                _log.warning(
+                    "constraint matcher stopped: %s; its completion ends with error",
+                    _first_line(self._matcher.get_error()),
+                )
+                self._next[:] = False
+        mask = np.zeros(self.vocab.size, dtype=bool)
+        n = min(self.vocab.size, self._next.size)
+        mask[:n] = self._next[:n]
+        return mask
 
     def advance(self, token: int) -> None:
         """Record that ``token`` was generated (must have been allowed)."""
         if self._trie is not None:
             self._node = self._node.get(-1 if token == self.vocab.eos_id else token, {})
             return
-        piece = self.vocab.bytes[token] if 0 <= token < self.vocab.size else None
-        self._prefix += piece or b""
+        self._next = None
+        if token != self.vocab.eos_id:
+            self._matcher.consume_token(token)
 
 
 def make_matchers(

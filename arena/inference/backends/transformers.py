@@ -7,7 +7,9 @@ Loads a checkpoint by path or hub id with ``AutoModelForCausalLM`` / ``AutoToken
 
 - prompts are LEFT-padded; the attention mask hides the padding and position ids count
   only real tokens, so a prompt decodes the same alone or in a padded batch;
-- each step: constraint masks (:mod:`~parley.arena.inference.backends.constraints`), then
+- each step: constraint masks (:mod:`~parley.arena.inference.backends.constraints`:
+  llguidance, the engine of vLLM's ``guidance`` backend, so both backends take one regex
+  dialect and give one verdict), then
   temperature, then top-p, then one draw per row from the row's own ``torch.Generator``
   (seeded by the request), so a seeded request is reproducible whatever shares its batch;
 - rows that finish leave the batch (their KV-cache rows are dropped), so a long row does
@@ -47,6 +49,7 @@ from parley.arena.inference.backends.tokenizer import (
     load_causal_lm,
     load_tokenizer,
 )
+from parley.arena.inference.backends.weight_checks import WEIGHT_LIMIT
 from parley.protocols.errors import require
 from parley.protocols.messages import (
     Completion,
@@ -116,10 +119,11 @@ class TransformersBackend(Backend):
         seed: int = 0,
         num_threads: int | None = None,
         max_lora_rank: int = 64,
+        weight_limit: float = WEIGHT_LIMIT,
     ) -> None:
         super().__init__()
         self.model = model.eval()
-        self._lora = LoraAdapters(model, max_rank=max_lora_rank)
+        self._lora = LoraAdapters(model, max_rank=max_lora_rank, weight_limit=weight_limit)
         if num_threads is None:
             # Small models gain nothing from intra-op parallelism and lose a lot to it on
             # a busy CPU (threads wait for each other at every op); big ones need it.
@@ -161,6 +165,7 @@ class TransformersBackend(Backend):
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
         max_lora_rank: int = 64,
+        weight_limit: float = WEIGHT_LIMIT,
     ) -> TransformersBackend:
         """Load ``model`` (path or hub id) onto ``device``.
 
@@ -168,7 +173,8 @@ class TransformersBackend(Backend):
         compute in, so recorded logprobs are the trainer's on every device; ``"auto"`` is
         float32 on CPU and the checkpoint's dtype elsewhere (faster on a GPU, but its
         logprobs then differ from a float32 trainer's). ``tokenizer``: a different path/id
-        for the tokenizer.
+        for the tokenizer. ``weight_limit``: the largest magnitude an adapter or weight
+        update may hold (:mod:`~parley.arena.inference.backends.weight_checks`).
         """
         require("transformers", "torch")  # the install hint, before the worker thread
 
@@ -196,6 +202,7 @@ class TransformersBackend(Backend):
                 seed=seed,
                 num_threads=num_threads,
                 max_lora_rank=max_lora_rank,
+                weight_limit=weight_limit,
             )
 
         backend = await asyncio.to_thread(load)
@@ -230,12 +237,10 @@ class TransformersBackend(Backend):
         if request.constraint is not None:
             if self._vocab.eos_id < 0:
                 raise RequestError("constraint", "constraints need a tokenizer with an eos token")
-            if not TokenMatcher(self._vocab, request.constraint).allowed().any():
-                raise RequestError(
-                    "constraint",
-                    "the constraint allows no first token with this model's vocabulary "
-                    "(it cannot be satisfied); check the pattern, choices or schema",
-                )
+            # Refuses (ConstraintError, a RequestError) a constraint that is invalid, over
+            # the engine's work limits, or that allows no first token of this vocabulary:
+            # the same verdict at any load (the engine counts work, not time).
+            TokenMatcher(self._vocab, request.constraint)
 
     async def generate(
         self,

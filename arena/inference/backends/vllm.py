@@ -23,8 +23,10 @@ Mapping of parley's request onto vLLM:
   and sent as a regex, so both backends accept the same schemas, refuse the same
   keywords and emit the same JSON layout (vLLM's own JSON mode ignored ``maxLength`` and
   numeric bounds in 1 of 30 finished outputs here, and compiled 30x slower on the tiny
-  model); a constraint vLLM's grammar engine refuses (look-around in a regex) is answered
-  ``bad_request``;
+  model); the engine runs vLLM's ``guidance`` structured-output backend (llguidance, the
+  engine of the transformers backend too), and every constraint is first checked by
+  :func:`~parley.arena.inference.backends.constraints.check_constraint`, so both backends
+  refuse the same constraints (``bad_request`` naming ``constraint``);
 - ``dtype`` defaults to float32, the trainers' dtype, so recorded logprobs are exact
   (bfloat16 with LoRA adapters on a GPU, whose LoRA kernels take 16 bits only);
 - a dead engine process (``EngineDeadError``) is restarted, at most :attr:`max_restarts`
@@ -168,6 +170,7 @@ class VLLMBackend(Backend):
         ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds only).
         """
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_space_gib))
+        from vllm.config import StructuredOutputsConfig
         from vllm.v1.engine.async_llm import AsyncLLM
 
         dtype = _lora_dtype(
@@ -183,6 +186,10 @@ class VLLMBackend(Backend):
             "logprobs_mode": logprobs_mode,
             **({"max_model_len": max_model_len} if max_model_len else {}),
             **_cpu_engine_defaults(),
+            # llguidance, the engine of the transformers backend's masks: one regex dialect,
+            # one verdict on both backends (vLLM's "auto" picks xgrammar, which errors on
+            # `[^\s\S]`, where the old transformers matcher let any character through).
+            "structured_outputs_config": StructuredOutputsConfig(backend="guidance"),
             **lora_engine_args(max_loras, max_lora_rank, cpu=_on_cpu()),
             # vLLM's CPU LoRA ops copy each token's adapter matrices: use grouped ones.
             **({"worker_extension_cls": WORKER_EXTENSION} if max_loras and _on_cpu() else {}),

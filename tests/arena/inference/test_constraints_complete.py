@@ -129,7 +129,9 @@ async def test_http_never_reports_a_failed_completion_as_stop(
     backend: TransformersBackend,
 ) -> None:
     """A regex whose matches dead-end after one token (``a`` must be followed by ``a``
-    and must not): the completion ends in an error, which is a 500, not finish "stop"."""
+    and must not) had started a completion that ended in an error (a 500); the matching
+    engine (llguidance) refuses its look-around up front, a 400 naming the constraint,
+    and cannot reach a dead end (it knows when no text can follow)."""
     async with InferencePool({"tiny": backend}, PoolConfig(), owns_backends=False) as pool:
         runner, url = await serve_http(pool)
         try:
@@ -142,8 +144,9 @@ async def test_http_never_reports_a_failed_completion_as_stop(
         finally:
             await runner.cleanup()
     status, reply = dead_end
-    assert status == 500, reply
-    assert reply["error"]["code"] == "backend_failed"
-    assert "'error'" in reply["error"]["message"]
+    assert status == 400, reply
+    assert reply["error"]["code"] == "bad_request"
+    assert reply["error"]["param"] == "constraint"
+    assert "look-around" in reply["error"]["message"]
     assert models["data"][0]["dtype"] == "float32"
     assert models["data"][0]["backend"] == "transformers"
