@@ -64,7 +64,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from parley.arena.inference.backends.errors import RequestError
+from parley.arena.inference.backends.errors import BackendError, RequestError
 from parley.arena.inference.gate import Gate
 from parley.arena.inference.service import POOL_ACCEPTS, POOL_ENDPOINT, PoolError, PoolService
 from parley.protocols.errors import ConfigError, ParleyError
@@ -537,6 +537,16 @@ class InferencePool(PoolService):
             try:
                 await backend.update_weights(update)
             except Exception as exc:  # reported to the trainer as an Error
+                if _refused_update(exc):
+                    # The update itself is bad (an adapter that does not fit, missing or
+                    # malformed weights): the caller must change it. A 4xx, not a 500 that
+                    # OpenAI clients would send twice more.
+                    raise PoolError(
+                        "bad_request",
+                        f"the update of {update.policy!r} to version {update.version} was "
+                        f"refused; nothing changed: {exc}",
+                        param=getattr(exc, "field", "path" if update.path else "tensors"),
+                    ) from exc
                 raise PoolError(
                     "backend_failed",
                     f"updating {update.policy!r} to version {update.version} failed: "
@@ -544,3 +554,13 @@ class InferencePool(PoolService):
                 ) from exc
         self.stats.weight_updates += 1
         return backend.version_of(update.policy)
+
+
+def _refused_update(exc: BaseException) -> bool:
+    """Whether a backend's failure to apply a weight update blames the update: a
+    :class:`ConfigError` (an adapter that does not fit), a :class:`RequestError`, or a
+    :class:`BackendError` that retrying cannot fix (weights missing, misnamed, misshapen).
+    Backends check an update before applying any of it, so the served weights are unchanged."""
+    if isinstance(exc, ConfigError | RequestError):
+        return True
+    return isinstance(exc, BackendError) and not exc.retryable
