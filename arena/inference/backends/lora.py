@@ -35,8 +35,9 @@ Adapter format (the contract of issue 17): a directory as ``save_pretrained`` wr
 refused); update tensors named as ``peft.get_peft_model_state_dict(model, adapter_name=...)``
 names them (no adapter name in the keys). Every load and update is checked in full BEFORE
 anything changes (config: plain LoRA, rank within ``max_rank``, target modules present;
-tensors: exactly the adapter's names, their shapes, finite values), so a bad adapter or
-update leaves every served adapter exactly as it was and says what is wrong.
+tensors: exactly the adapter's names, their shapes, finite values of magnitude at most
+``weight_limit``: :mod:`~parley.arena.inference.backends.weight_checks`), so a bad adapter
+or update leaves every served adapter exactly as it was and says what is wrong.
 
 Not supported (refused with a :class:`~parley.protocols.errors.ConfigError`): DoRA (peft's
 mixed batches cannot run it), ``modules_to_save``, ``target_parameters``, aLoRA.
@@ -53,6 +54,7 @@ import numpy as np
 
 from parley.arena.inference.backends.errors import BackendError
 from parley.arena.inference.backends.tokenizer import load_causal_lm
+from parley.arena.inference.backends.weight_checks import WEIGHT_LIMIT, check_weights
 from parley.protocols.errors import ConfigError, require
 from parley.protocols.messages import WeightUpdate
 
@@ -71,11 +73,15 @@ class LoraAdapters:
 
     Methods that touch tensors block (call them on the backend's torch thread, under its
     lock). ``versions`` maps policy -> weights version; the backend sets it.
+    ``weight_limit``: the largest magnitude a loaded tensor may hold (adapters and base).
     """
 
-    def __init__(self, base: Any, *, max_rank: int = 64) -> None:
+    def __init__(
+        self, base: Any, *, max_rank: int = 64, weight_limit: float = WEIGHT_LIMIT
+    ) -> None:
         self.base = base
         self.max_rank = max_rank
+        self.weight_limit = weight_limit
         self.peft: Any = None  # the peft.PeftModel around base, once an adapter exists
         self.versions: dict[str, int] = {}
         self.keys: dict[str, str] = {}  # policy -> peft adapter name
@@ -155,7 +161,8 @@ class LoraAdapters:
         params.update(dict(self.base.named_buffers()))
         # peft moved each wrapped layer's weight to `<layer>.base_layer.weight`.
         params = {n.replace(".base_layer.", "."): p for n, p in params.items() if ".lora_" not in n}
-        _check(state, {n: tuple(p.shape) for n, p in params.items()}, "weight update")
+        shapes = {n: tuple(p.shape) for n, p in params.items()}
+        _check(state, shapes, "weight update", limit=self.weight_limit)
         with torch.no_grad():
             for name, tensor in state.items():
                 params[name].copy_(tensor)
@@ -167,7 +174,8 @@ class LoraAdapters:
         # get_peft_model_state_dict returns views of the adapter's parameters: copying into
         # them sets the parameters.
         own = peft.get_peft_model_state_dict(self.peft, adapter_name=key)
-        _check(tensors, {n: tuple(t.shape) for n, t in own.items()}, what, complete=complete)
+        shapes = {n: tuple(t.shape) for n, t in own.items()}
+        _check(tensors, shapes, what, complete=complete, limit=self.weight_limit)
         # peft also saves the (base) embedding matrix of an adapter on the embeddings; the
         # base is shared by every policy, so such a tensor must be the base's own.
         for name in [n for n in tensors if ".lora_" not in n]:
@@ -332,10 +340,15 @@ def _read_tensors(file: Path) -> dict[str, Any]:
 
 
 def _check(
-    tensors: dict[str, Any], shapes: dict[str, tuple[int, ...]], what: str, complete: bool = False
+    tensors: dict[str, Any],
+    shapes: dict[str, tuple[int, ...]],
+    what: str,
+    complete: bool = False,
+    *,
+    limit: float,
 ) -> None:
-    """Raise (BackendError) unless every tensor is known, of the right shape, and finite;
-    with ``complete``, every known name must be given too."""
+    """Raise (BackendError) unless every tensor is known, of the right shape, finite and
+    within ``limit``; with ``complete``, every known name must be given too."""
     if not tensors:
         raise BackendError(f"{what} carries no tensors: set path or tensors")
     for name, tensor in tensors.items():
@@ -348,7 +361,6 @@ def _check(
                 f"{what}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
                 f"{shapes[name]} (made for another base model or rank?)"
             )
-        if not bool(torch.isfinite(tensor).all()):
-            raise BackendError(f"{what}: tensor {name!r} holds NaN or infinite values")
     if complete and (missing := sorted(set(shapes) - set(tensors))):
         raise BackendError(f"{what} lacks {len(missing)} tensors, e.g. {missing[0]!r}")
+    check_weights(tensors, what, limit=limit)

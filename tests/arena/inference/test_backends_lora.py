@@ -277,7 +277,7 @@ async def test_bad_updates_are_refused_and_the_adapter_is_unchanged(
             update = WeightUpdate(policy="alice", version=1, tensors=tensors)
             with pytest.raises(PoolError) as err:
                 await pool.update_weights(update)
-            assert err.value.code == "backend_failed", case
+            assert err.value.code == "bad_request", case  # the update is at fault
             assert phrase in err.value.message, (case, err.value.message)
         rank = str(_write_adapter(adapter_dirs[0], tmp_path / "r4", config={"r": 4}))
         with pytest.raises(PoolError, match="keeps the adapter's shape"):
@@ -367,3 +367,51 @@ async def test_seeded_sampling_with_n_is_the_same_alone_and_in_a_mixed_batch(
             assert ca.logprobs == pytest.approx(cm.logprobs, abs=1e-4)
     # Same seed, different adapters: different samples (the adapter shapes the distribution).
     assert alone[0].completions[0].token_ids != alone[1].completions[0].token_ids
+
+
+async def test_poisoned_adapters_and_updates_leave_base_and_other_adapters_unchanged(
+    backend: TransformersBackend, adapter_dirs: list[Path], tmp_path: Path
+) -> None:
+    """NaN, +-inf and huge (x1e8) tensors, as a new adapter, as a hot swap (inline and as a
+    directory) and as a full-weight update (inline and as a file), are each refused with
+    the tensor's name; the base and both adapters decode as before, alone and mixed."""
+    from safetensors.numpy import save_file
+
+    from tests.arena.inference.lora_util import adapter_tensors
+    from tests.arena.inference.poison import poisoned, write_adapter
+
+    await backend.add_adapter("alice", str(adapter_dirs[0]))
+    await backend.add_adapter("bob", str(adapter_dirs[1]))
+    policies = ["base", "alice", "bob"]
+    before = {p: await greedy(backend, p) for p in policies}
+    good = adapter_tensors(adapter_dirs[2])
+    name = sorted(good)[-1]  # the last tensor: every tensor is checked, not the first
+    for case, (tensors, phrase) in poisoned(good, name).items():
+        bad_dir = write_adapter(adapter_dirs[2], tmp_path / case, tensors)
+        with pytest.raises(ConfigError, match=phrase) as err:
+            await backend.add_adapter("mallory", str(bad_dir))
+        assert name in str(err.value), case
+        for update in (
+            WeightUpdate(policy="alice", version=1, tensors=tensors),
+            WeightUpdate(policy="alice", version=1, path=str(bad_dir)),
+        ):
+            with pytest.raises(BackendError, match=phrase):
+                await backend.update_weights(update)
+    hidden = backend.model.config.hidden_size
+    norm = {"model.norm.weight": np.ones(hidden, "f4")}
+    for case, (tensors, phrase) in poisoned(norm, "model.norm.weight").items():
+        file = tmp_path / f"{case}.safetensors"
+        save_file(tensors, str(file))
+        for update in (
+            WeightUpdate(policy="base", version=1, tensors=tensors),
+            WeightUpdate(policy="base", version=1, path=str(file)),
+        ):
+            with pytest.raises(BackendError, match=phrase):
+                await backend.update_weights(update)
+    assert backend.adapters == {"alice": 0, "bob": 0}
+    assert backend.policy_version == 0
+    assert {p: await greedy(backend, p) for p in policies} == before
+    jobs = [(i, p) for i in range(len(PROMPTS)) for p in policies]
+    mixed = await backend.generate([request(backend, i, p) for i, p in jobs])
+    for (i, p), result in zip(jobs, mixed, strict=True):
+        assert result.completions[0].token_ids == before[p][i], (i, p)
