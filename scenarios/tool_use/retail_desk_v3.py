@@ -95,13 +95,18 @@ ASKED: dict[str, tuple[str, ...]] = {
 }
 """The fields each kind of task asks for, in the order of :attr:`Task.facts`."""
 _ORDER_ID = re.compile(r"#W\d+")
-ANSWER_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        key: {"enum": list(STATUSES)} if key == "status" else {"type": "string"}
-        for key in ANSWER_FIELDS
-    },
+_FIELD_SCHEMA = {key: {"type": "string"} for key in ANSWER_FIELDS} | {
+    "status": {"enum": list(STATUSES)}
 }
+ANSWER_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "object", "properties": {key: _FIELD_SCHEMA[key] for key in fields}}
+        for fields in dict.fromkeys(ASKED.values())
+    ]
+}
+"""The answer in the action's structured-output constraint: one form per set of fields a
+task asks (the constraint compilers emit every property of an object, so one object of all
+four fields would force the fields not asked, which fail the task)."""
 
 
 def answer_key(task: Task) -> dict[str, str]:
