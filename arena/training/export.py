@@ -16,12 +16,27 @@ and none; the folding among every possible one, and an observation cut to fit th
 budget as the agent cuts it). Without a tokenizer the chat is built
 from the parsed actions, unfolded, and ``chat_exact`` is None.
 
+**Control tokens spelled in text.** A seat may write the text of a special token
+(``<|end|>``, ``<|system|>``) into its message; parley's encoder gives the model such text
+as ordinary tokens, but an outside trainer templates the exported chat as plain text and
+its tokenizer would turn the spelling into the real token (a forged system turn in the
+prompt). So every spelling of one of the tokenizer's added tokens in an exported message is
+broken by a space after its first character (``< |system|>``, as parley's encoder does for
+templates that do not keep contents verbatim): no exported row carries a control token the
+model did not see. ``template_exact`` says whether the exported chat, templated and
+tokenized as plain text by the tokenizer itself (what TRL, OpenRLHF and NeMo RL do), gives
+exactly the recorded prompt ids: it is ``chat_exact`` for a chat without such spellings and
+False for one with them (the model saw the spelling as ordinary tokens, which no plain text
+reproduces); train outside parley on rows with ``template_exact`` where token-exactness
+matters, or on the recorded ids (``parley`` format).
+
 **parley decision schema** (:func:`decisions`, one JSON object per model decision)::
 
     episode, scenario, agent, seed, turn      where the decision was made
     observation, action                       the text the agent saw last and sent
     messages                                  the whole prompt chat (system, earlier turns)
     completion, chat_exact                    the generated text; whether the chat is exact
+    template_exact                            ... and stays exact templated as plain text
     prompt_token_ids, token_ids, logprobs     exactly what the model saw and generated
     policy, policy_version                    which weights generated it
     reward, return                            this turn's reward; reward-to-go from it
@@ -29,8 +44,8 @@ from the parsed actions, unfolded, and ``chat_exact`` is None.
 
 **parley conversation schema** (:func:`conversations`, one object per agent and episode):
 ``messages`` (system, then every observation and completion in order), ``turns`` (per model
-decision: turn, token ids, logprobs, prompt ids, version, reward, return, chat_exact) and
-the episode fields.
+decision: turn, token ids, logprobs, prompt ids, version, reward, return, chat_exact,
+template_exact) and the episode fields.
 
 **Converters**, per turn (:data:`FORMATS`) and per conversation (:data:`CONVERSATION_FORMATS`),
 checked against the formats documented by TRL 1.16 and NeMo RL (``ResponseDataset``):
@@ -161,6 +176,21 @@ def _scenario_system(scenario: str, seat: str) -> tuple[str, ...]:
     return tuple(candidates)
 
 
+def _neutral(messages: Sequence[Message], tokenizer: Any) -> tuple[list[Message], bool]:
+    """``messages`` with every spelling of the tokenizer's added tokens broken by a space
+    after its first character; whether any was."""
+    # (HFChatTokenizer's own pattern of its added tokens: the encoder quotes by it.)
+    markers = getattr(tokenizer, "_markers", None) if tokenizer is not None else None
+    if markers is None:
+        return list(messages), False
+    out, changed = [], False
+    for m in messages:
+        content = markers.sub(lambda x: x[0][0] + " " + x[0][1:], m["content"])
+        changed = changed or content != m["content"]
+        out.append({**m, "content": content})
+    return out, changed
+
+
 # ------------------------------------------------------------------------------ schemas
 
 
@@ -189,6 +219,10 @@ def _walk(
         if tokens is not None and tokenizer is not None:
             completion = tokenizer.decode(tokens.token_ids)
         history.append({"role": "assistant", "content": completion})
+        # What the row shows (history keeps the text as recorded, for the next _match).
+        messages, spelled = _neutral(messages, tokenizer)
+        completion = _neutral([history[-1]], tokenizer)[0][0]["content"]
+        template_exact = False if spelled and exact is not None else exact
         rows.append(
             {
                 "episode": t.episode,
@@ -201,6 +235,7 @@ def _walk(
                 "messages": messages,
                 "completion": completion,
                 "chat_exact": exact,
+                "template_exact": template_exact,
                 "prompt_token_ids": list(tokens.prompt_token_ids) if tokens else [],
                 "token_ids": list(tokens.token_ids) if tokens else [],
                 "logprobs": list(tokens.logprobs) if tokens else [],
@@ -213,7 +248,7 @@ def _walk(
                 "invalid": turn.invalid,
             }
         )
-    return rows, _chat(system, history, 0), system
+    return rows, _neutral(_chat(system, history, 0), tokenizer)[0], system
 
 
 def decisions(
@@ -256,7 +291,7 @@ def conversations(
             continue
         keys = [
             *("turn", "prompt_token_ids", "token_ids", "logprobs", "policy", "policy_version"),
-            *("reward", "return", "chat_exact"),
+            *("reward", "return", "chat_exact", "template_exact"),
         ]
         yield {
             "episode": t.episode,
