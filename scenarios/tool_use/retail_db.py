@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import re
 import sqlite3
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import numpy as np
 
@@ -118,7 +118,7 @@ class RetailDB:
         """The customer identified with ``find_customer`` (tools act for them only)."""
 
     @classmethod
-    def generate(cls, rng: np.random.Generator, customers: int = 6) -> RetailDB:
+    def generate(cls, rng: np.random.Generator, customers: int = 6) -> Self:
         """Customers with a pending and a delivered order each, plus random extra orders."""
         db = cls()
         for pid, name, base in CATALOG:

@@ -68,6 +68,9 @@ up the seat's turn (:mod:`parley.scenarios.refusals`), so every episode ends wit
 scenario's limits; v0 is kept as it was.
 v2 — v1 with ``quote_messages`` on: a message cannot forge a line of the scenario's (a tool
 result, a notice) in the other seat's observation.
+v3 (:mod:`parley.scenarios.tool_use.retail_desk_v3`, its own page) — the facts are a
+structured answer, and the assistant acts for the customer it serves only: a message listing
+every candidate fact, and switching to another customer, scored 1.0 in v0-v2.
 """
 
 from __future__ import annotations

@@ -119,7 +119,8 @@ def asked_order(task: Task) -> str | None:
     the last order the opening names (build_task names it last)."""
     if "status" not in answer_key(task):
         return None
-    return _ORDER_ID.findall(task.opening)[-1]
+    named: list[str] = _ORDER_ID.findall(task.opening)
+    return named[-1]
 
 
 def parse_answer(value: Any) -> dict[str, str] | str:
