@@ -127,6 +127,7 @@ import numpy as np
 from parley.scenarios.base import Scenario, printable
 from parley.scenarios.code.debug_tasks import TASKS, DebugTask
 from parley.scenarios.code.harness import TestRun, run_tests
+from parley.scenarios.code.task_set import DrawnTask, draw_hidden, v3_tasks
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.tools.sandbox import Sandbox, SandboxError, SandboxLimits
 from parley.scenarios.tools.tool import (
@@ -142,7 +143,7 @@ from parley.scenarios.tools.tool import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CodeDebug", "CodeDebugV1", "CodeDebugV2", "TestRun", "run_tests"]
+__all__ = ["CodeDebug", "CodeDebugV1", "CodeDebugV2", "CodeDebugV3", "TestRun", "run_tests"]
 
 T = TypeVar("T")
 
@@ -177,7 +178,16 @@ class CodeDebug(Scenario):
     }
     max_action_length = 6000
     default_invalid_penalty = 0.05
+    max_output_bytes: ClassVar[int] = 20_000
+    """The sandbox's stdout cap (the hidden run's results line shares it with the code's prints)."""
+    strict: ClassVar[bool] = False
+    """Compare results type-exact (:func:`~parley.scenarios.code.harness.same_value`)."""
     s: DebugState
+
+    @classmethod
+    def task_list(cls) -> tuple[DebugTask, ...]:
+        """The tasks this version draws from (``task`` indexes them)."""
+        return TASKS
 
     def __init__(
         self,
@@ -195,8 +205,9 @@ class CodeDebug(Scenario):
         super().__init__(
             seats, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
-        if task is not None and not 0 <= task < len(TASKS):
-            raise ValueError(f"task must be in 0..{len(TASKS) - 1}, got {task}")
+        count = len(self.task_list())
+        if task is not None and not 0 <= task < count:
+            raise ValueError(f"task must be in 0..{count - 1}, got {task}")
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if not 0 < step_budget_s <= 600:
@@ -206,7 +217,7 @@ class CodeDebug(Scenario):
         self._budget_left = self.step_budget_s
         self._weak = allow_weak_sandbox or os.environ.get("PARLEY_SANDBOX_ALLOW_WEAK") == "1"
         limits = SandboxLimits(
-            cpu_seconds=3, wall_seconds=HIDDEN_WALL_SECONDS, max_output_bytes=20_000
+            cpu_seconds=3, wall_seconds=HIDDEN_WALL_SECONDS, max_output_bytes=self.max_output_bytes
         )
         self.sandbox = Sandbox(limits, allow_weak=self._weak)
         self.tools = ToolBox([tool(self.run_tests), tool(self.run_python)])
@@ -256,7 +267,7 @@ class CodeDebug(Scenario):
             code: the full Python module to test
         """
         visible = self.s.task.visible
-        run = self._sandboxed(lambda sandbox: run_tests(sandbox, code, visible))
+        run = self._sandboxed(lambda sandbox: run_tests(sandbox, code, visible, strict=self.strict))
         lines = [f"{run.passed}/{len(run.results)} visible tests passed"]
         if run.problem:
             lines.append(run.problem)
@@ -281,17 +292,24 @@ class CodeDebug(Scenario):
     # --- the scenario ----------------------------------------------------------------------
 
     def new_episode(self, rng: np.random.Generator) -> None:
-        index = self.fixed_task if self.fixed_task is not None else int(rng.integers(len(TASKS)))
-        self.s = DebugState(TASKS[index], index)
+        tasks = self.task_list()
+        index = self.fixed_task if self.fixed_task is not None else int(rng.integers(len(tasks)))
+        self.s = DebugState(self.episode_task(tasks[index], rng), index)
         self._budget_left = self.step_budget_s
-        task = self.s.task
+        for agent in self.possible_agents:
+            self.tell(agent, self.brief_text(self.s.task))
+
+    def episode_task(self, task: DebugTask, rng: np.random.Generator) -> DebugTask:
+        """The task as this episode plays it (v3 draws its hidden tests here)."""
+        return task
+
+    def brief_text(self, task: DebugTask) -> str:
+        """The first observation: the task, the buggy module, the visible tests, the tools."""
         tests = "\n".join(f"  {call} == {expected}" for call, expected in task.visible)
-        brief = (
+        return (
             f"Task: {task.description}\nThe current module (it has a bug):\n{task.buggy}"
             f"Visible tests:\n{tests}\nTools:\n{self.tools.describe()}"
         )
-        for agent in self.possible_agents:
-            self.tell(agent, brief)
 
     def acting(self) -> list[str]:
         return [self.s.speaker]
@@ -320,7 +338,7 @@ class CodeDebug(Scenario):
         self.s.tool_calls += len(results)
         self.s.last_results[agent] = result_dicts(results)
         for result in results:
-            self.tell(agent, ascii_text(render_result(result)))
+            self.tell(agent, self.scenario_text(ascii_text(render_result(result))))
         text = next((parsed.fields[k] for k in keys if k in parsed.fields), None)
         if text is None:
             return None
@@ -340,7 +358,9 @@ class CodeDebug(Scenario):
         if code is not None:
             self.s.submitted = True
             try:
-                run = run_tests(self.sandbox, code, self.s.task.hidden, hidden=True)
+                run = run_tests(
+                    self.sandbox, code, self.s.task.hidden, hidden=True, strict=self.strict
+                )
             except SandboxError as exc:
                 # In the weak mode the submission can end the sandbox without a report (it
                 # can kill its supervisor): no results, score 0. The reason goes to the log,
@@ -360,6 +380,10 @@ class CodeDebug(Scenario):
     def _task_reward(self) -> float:
         """The ``task`` reward of the submission (v0, v1: its hidden pass rate)."""
         return self.s.hidden_passed
+
+    def scenario_text(self, text: str) -> str:
+        """A scenario notice as shown (v3 marks its lines apart from the seats')."""
+        return text
 
     def prompt(self, agent: str) -> str:
         if agent == "reviewer":
@@ -474,7 +498,50 @@ class CodeDebugV2(CodeDebugV1):
         return metrics
 
 
+class CodeDebugV3(CodeDebugV1):
+    """v3: fresh hidden calls per episode, type-exact, paid only when every one passes."""
+
+    metadata: ClassVar[dict[str, Any]] = {**CodeDebug.metadata, "name": "code/debug-v3"}
+    quote_messages = True
+    strict = True
+    max_output_bytes = 64_000  # 32 results of up to 1,500 characters each
+
+    @classmethod
+    def task_list(cls) -> tuple[DebugTask, ...]:
+        return v3_tasks()
+
+    def episode_task(self, task: DebugTask, rng: np.random.Generator) -> DebugTask:
+        assert isinstance(task, DrawnTask)  # (v3_tasks holds only these)
+        return dataclasses.replace(task, hidden=draw_hidden(task, rng))
+
+    def brief_text(self, task: DebugTask) -> str:
+        code = "\n".join(f"| {line}" for line in task.buggy.rstrip("\n").split("\n"))
+        tests = "\n".join(f"- {call} == {expected}" for call, expected in task.visible)
+        return self.scenario_text(
+            f"Task: {task.description}\nThe current module (it has a bug):\n{code}\n"
+            f"Visible tests:\n{tests}\nTools:\n{self.tools.describe()}"
+        )
+
+    def scenario_text(self, text: str) -> str:
+        """``text`` with ``| `` before each line that could pass for a seat's: one that
+        starts with white space (a quoted message's lines do) or with a seat's name."""
+        seats = tuple(f"{a}{end}" for a in self.possible_agents for end in (":", " ("))
+        return "\n".join(
+            f"| {line}" if line[:1].isspace() or line.startswith(seats) else line
+            for line in text.split("\n")
+        )
+
+    def _task_reward(self) -> float:
+        return 1.0 if self.s.hidden_passed == 1.0 else 0.0
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """The hidden calls, drawn again (the fix is that of the task both seats see)."""
+        self.s.task = self.episode_task(self.task_list()[self.s.index], rng)
+        return True
+
+
 # help(env) shows the scenario's documentation page (this module's docstring).
 CodeDebug.__doc__ = __doc__
 CodeDebugV1.__doc__ = __doc__
 CodeDebugV2.__doc__ = __doc__
+CodeDebugV3.__doc__ = __doc__

@@ -28,13 +28,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from parley.scenarios.tools.sandbox import Sandbox
 
-__all__ = ["MARK", "RUNNER", "Outcome", "TestRun", "decode_value", "run_tests"]
+__all__ = ["MARK", "RUNNER", "Outcome", "TestRun", "decode_value", "run_tests", "same_value"]
 
 MARK = "<<parley-results>>"
 """Prefix of the runner's results line (public: forging it gains nothing)."""
@@ -254,23 +255,65 @@ def parse_results(stdout: str, count: int) -> tuple[list[Outcome], str]:
     return outcomes, problem
 
 
-def judge(outcome: Outcome, expected: Any) -> tuple[bool, str]:
-    """``(passed, detail)``: equality of trusted built-in values (never the code's methods)."""
+def _tagged(value: Any) -> Any:
+    """``value`` with the exact type of every part spelt out, for hashing in sets and keys
+    (where ``True``, ``1`` and ``1.0`` would otherwise be one member)."""
+    kind = type(value)
+    if kind in (list, tuple):
+        return (kind.__name__, tuple(_tagged(item) for item in value))
+    if kind in (set, frozenset):
+        return (kind.__name__, frozenset(_tagged(item) for item in value))
+    if kind is dict:
+        return ("dict", frozenset((_tagged(k), _tagged(v)) for k, v in value.items()))
+    return (kind.__name__, value)
+
+
+def same_value(got: Any, expected: Any) -> bool:
+    """Type-exact equality of plain values: ``True`` is not ``1``, ``5.0`` is not ``5``,
+    ``[1]`` is not ``(1,)``; floats agree within a relative 1e-9 (a sum taken in another
+    order differs in its last bits). Members of sets and dict keys compare exactly."""
+    kind = type(got)
+    if kind is not type(expected):
+        return False
+    if kind is float:
+        return math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12) or (
+            math.isnan(got) and math.isnan(expected)
+        )
+    if kind in (list, tuple):
+        return len(got) == len(expected) and all(map(same_value, got, expected))
+    if kind is dict:
+        if {_tagged(k) for k in got} != {_tagged(k) for k in expected}:
+            return False
+        return all(same_value(got[k], expected[k]) for k in got)
+    if kind is set:
+        return _tagged(got) == _tagged(expected)
+    return bool(got == expected)
+
+
+def judge(outcome: Outcome, expected: Any, *, strict: bool = False) -> tuple[bool, str]:
+    """``(passed, detail)``: equality of trusted built-in values (never the code's methods);
+    ``strict``: type-exact (:func:`same_value`), else Python's ``==``."""
     if not outcome.returned:
         return False, outcome.error
     try:
-        passed = outcome.value == expected
+        passed = same_value(outcome.value, expected) if strict else outcome.value == expected
     except RecursionError:  # a self-containing value cannot be rebuilt; kept for safety
         passed = False
     return bool(passed), "returned " + repr(outcome.value)[:MAX_DETAIL]
 
 
 def run_tests(
-    sandbox: Sandbox, code: str, tests: Sequence[tuple[str, str]], *, hidden: bool = False
+    sandbox: Sandbox,
+    code: str,
+    tests: Sequence[tuple[str, str]],
+    *,
+    hidden: bool = False,
+    strict: bool = False,
 ) -> TestRun:
     """Run ``tests`` against ``code`` (saved as ``solution.py``) in ``sandbox``.
 
-    Only the calls enter the sandbox; the expected values are parsed and compared here.
+    Only the calls enter the sandbox; the expected values are parsed and compared here,
+    type-exact when ``strict`` (code/debug-v3), else with ``==``.
     ``hidden``: the problem never quotes the run's output nor anything the code chose (it
     can print the calls it was given, or a number computed from them, or end the run in a
     way chosen from them: exit, output cap or signal, a digit per episode).
@@ -281,7 +324,7 @@ def run_tests(
     run = sandbox.run(RUNNER, files=files)
     outcomes, problem = parse_results(run.stdout, len(calls))
     results = tuple(
-        judge(outcome, ast.literal_eval(expected))
+        judge(outcome, ast.literal_eval(expected), strict=strict)
         for outcome, (_, expected) in zip(outcomes, tests, strict=True)
     )
     if problem == "no results":

@@ -1,0 +1,316 @@
+"""The generator of code/debug-v3's task set: bugs injected into correct functions.
+
+Each base (``debug_bases.json``: a correct function and its description; its input
+generator is in :data:`parley.scenarios.code.inputs.INPUTS`) is parsed, and every site
+where one of four kinds of bug can go is mutated, one mutant per site and variant:
+
+==============  ===================================================================
+off_by_one      an integer constant ±1; a ``range`` argument or a slice bound ±1
+wrong_operator  ``+ - * // %`` swapped; ``== !=``, ``< >``, ``<= >=``, ``in``/``not in``
+                flipped; ``and``/``or`` swapped
+wrong_boundary  ``<`` and ``<=`` (``>`` and ``>=``) swapped
+missing_case    an ``if`` without ``else`` removed; an ``if``/``else`` reduced to its
+                ``else``; one operand of an ``and``/``or`` dropped
+==============  ===================================================================
+
+Every mutant is then run with the code/debug harness (:func:`~parley.scenarios.code.
+harness.run_tests`, type-exact) in the sandbox on draws from the base's input generator,
+the expected values from the correct function, and kept only when:
+
+- no call runs into the harness's 1 s limit (mutants that hang are no task);
+- it fails at least :data:`MIN_FAIL_RATE` of the draws: a bug that shows this often
+  makes the unfixed code pass all 32 calls of an episode with probability below 0.001;
+- the unfixed code with the :data:`TABLE` likeliest inputs of the draws answered right
+  still fails often enough that it passes an episode with probability at most
+  :data:`MAX_TABLE_REWARD` (a bug that lives on a few inputs is fixed by a table of them);
+- it behaves unlike every mutant kept before it from the same base (on every draw).
+
+Visible tests: the first three draws of a separate stream, and, when the mutant passes all
+three, the shortest draw it fails. Everything is seeded (``seed``, the base's index), so the
+same code gives the same file: ``python -m parley.scenarios.code.generate`` rewrites
+``debug_tasks_generated.json`` (a test regenerates it and compares). Many modules are
+checked in one sandbox run: each is renamed (:func:`bundle`) into one module, so the
+harness's one-run-per-submission cost is paid once per base.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from parley.scenarios.code.harness import run_tests
+from parley.scenarios.code.inputs import INPUTS
+from parley.scenarios.code.task_set import (
+    GENERATED_FILE,
+    HIDDEN_CALLS,
+    DrawnTask,
+    call_of,
+    expected_of,
+)
+from parley.scenarios.tools.sandbox import Sandbox, SandboxLimits
+
+__all__ = ["KINDS", "Base", "Mutant", "bases", "bundle", "generate", "mutants"]
+
+KINDS = ("off_by_one", "wrong_operator", "wrong_boundary", "missing_case")
+DRAWS = 120
+"""Draws per base on which each mutant is judged."""
+SCREEN = 4
+"""Draws of the first pass, which drops the mutants that hang before the long run."""
+MIN_FAIL_RATE = 0.25
+TABLE = 32
+MAX_TABLE_REWARD = 0.01
+BUNDLE_LIMITS = SandboxLimits(
+    cpu_seconds=300, wall_seconds=600, memory_mb=512, max_output_bytes=32_000_000
+)
+"""Limits of one bundled run (many modules, thousands of calls; this package's code only)."""
+
+_BOUNDARY: dict[type, type] = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
+_OPERATOR: dict[type, type] = {
+    ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.FloorDiv: ast.Mod,
+    ast.Mod: ast.FloorDiv, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.Gt, ast.Gt: ast.Lt,
+    ast.LtE: ast.GtE, ast.GtE: ast.LtE, ast.In: ast.NotIn, ast.NotIn: ast.In,
+    ast.And: ast.Or, ast.Or: ast.And,
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Base:
+    """A correct function to inject bugs into."""
+
+    name: str
+    description: str
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    """One injected bug: its kind, its site (index in the enumeration), the buggy module."""
+
+    kind: str
+    site: int
+    code: str
+
+
+def bases() -> tuple[Base, ...]:
+    """The bases, from ``debug_bases.json``."""
+    records = json.loads(files(__package__).joinpath("debug_bases.json").read_text("utf-8"))
+    return tuple(Base(r["name"], r["description"], r["source"]) for r in records)
+
+
+Edit = Callable[[ast.AST], None]
+
+
+def _plus(node: ast.expr, delta: int) -> ast.expr:
+    op = ast.Add() if delta > 0 else ast.Sub()
+    return ast.BinOp(left=node, op=op, right=ast.Constant(1))
+
+
+def _set(field: str, make: Callable[[Any], Any]) -> Edit:
+    return lambda node: setattr(node, field, make(getattr(node, field)))
+
+
+def _statement_edits(node: ast.AST) -> Iterator[tuple[str, Edit]]:
+    """Missing cases in ``node``'s statement lists: an ``if`` removed or cut to its else."""
+    for field in ("body", "orelse"):
+        stmts = getattr(node, field, None)
+        for at, stmt in enumerate(stmts if isinstance(stmts, list) else []):
+            if not isinstance(stmt, ast.If):
+                continue
+
+            def edit(parent: ast.AST, field: str = field, at: int = at) -> None:
+                stmts = getattr(parent, field)
+                rest = stmts[at].orelse
+                stmts[at : at + 1] = rest
+                if not stmts:
+                    stmts.append(ast.Pass())
+
+            yield "missing_case", edit
+
+
+def _edits(node: ast.AST) -> Iterator[tuple[str, Edit]]:
+    """Every bug that can go at ``node`` (kind, in-place edit of a copy of the node)."""
+    yield from _statement_edits(node)
+    if isinstance(node, ast.Compare) and len(node.ops) == 1:
+        op = type(node.ops[0])
+        for kind, table in (("wrong_boundary", _BOUNDARY), ("wrong_operator", _OPERATOR)):
+            if op in table:
+                yield kind, _set("ops", lambda _, new=table[op]: [new()])
+    elif isinstance(node, ast.BinOp | ast.AugAssign) and type(node.op) in _OPERATOR:
+        yield "wrong_operator", _set("op", lambda op: _OPERATOR[type(op)]())
+    elif isinstance(node, ast.BoolOp):
+        yield "wrong_operator", _set("op", lambda op: _OPERATOR[type(op)]())
+        for drop in range(len(node.values)):
+            yield "missing_case", _set("values", lambda vs, d=drop: vs[:d] + vs[d + 1 :])
+    elif isinstance(node, ast.Constant) and type(node.value) is int:
+        for delta in (1, -1):
+            yield "off_by_one", _set("value", lambda v, d=delta: v + d)
+    elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "range":
+        for at, arg in enumerate(node.args):
+            if not isinstance(arg, ast.Constant):
+                for delta in (1, -1):
+                    yield (
+                        "off_by_one",
+                        _set(
+                            "args", lambda a, i=at, d=delta: [*a[:i], _plus(a[i], d), *a[i + 1 :]]
+                        ),
+                    )
+    elif isinstance(node, ast.Slice):
+        for field in ("lower", "upper"):
+            bound = getattr(node, field)
+            if bound is not None and not isinstance(bound, ast.Constant):
+                for delta in (1, -1):
+                    yield "off_by_one", _set(field, lambda b, d=delta: _plus(b, d))
+
+
+def mutants(source: str) -> list[Mutant]:
+    """Every single-site bug of ``source`` (deduplicated, in a fixed order), unparsed in the
+    same style as :func:`normalized` ``(source)``."""
+    tree = ast.parse(source)
+    fixed = ast.unparse(tree)
+    out: list[Mutant] = []
+    seen = {fixed}
+    nodes = enumerate(ast.walk(tree))
+    sites = [(i, kind, edit) for i, node in nodes for kind, edit in _edits(node)]
+    for site, (index, kind, edit) in enumerate(sites):
+        mutated = copy.deepcopy(tree)
+        edit(list(ast.walk(mutated))[index])
+        code = ast.unparse(ast.fix_missing_locations(mutated)) + "\n"
+        if code not in seen:
+            seen.add(code)
+            out.append(Mutant(kind, site, code))
+    return out
+
+
+def normalized(source: str) -> str:
+    """``source`` as :func:`mutants` writes its modules (``ast.unparse``)."""
+    return ast.unparse(ast.parse(source)) + "\n"
+
+
+def bundle(modules: Sequence[tuple[str, str]], function: str) -> str:
+    """One module holding each ``(suffix, code)``'s ``function`` as ``function__suffix``
+    (recursive calls renamed too), so that one harness run can call them all."""
+    parts = []
+    for suffix, code in modules:
+        tree = ast.parse(code)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name == function:
+                node.name = f"{function}__{suffix}"
+            elif isinstance(node, ast.Name) and node.id == function:
+                node.id = f"{function}__{suffix}"
+        parts.append(ast.unparse(tree))
+    return "\n\n".join(parts) + "\n"
+
+
+def judge_bundle(
+    sandbox: Sandbox,
+    task: DrawnTask,
+    modules: Sequence[tuple[str, str]],
+    draws: Sequence[tuple[Any, ...]],
+) -> dict[str, list[tuple[bool, str]]]:
+    """Each module's ``(passed, detail)`` on each draw: one harness run, type-exact judge,
+    expected values from ``task``'s reference fix."""
+    expected = [expected_of(task, args) for args in draws]
+    tests = [
+        (call_of(f"{task.function}__{suffix}", args), want)
+        for suffix, _ in modules
+        for args, want in zip(draws, expected, strict=True)
+    ]
+    run = run_tests(sandbox, bundle(modules, task.function), tests, strict=True)
+    if run.problem:
+        raise RuntimeError(f"{task.name}: the bundled run failed: {run.problem}")
+    n = len(draws)
+    return {s: list(run.results[k * n : (k + 1) * n]) for k, (s, _) in enumerate(modules)}
+
+
+def _hangs(results: Sequence[tuple[bool, str]]) -> bool:
+    return any("took longer than" in detail for _, detail in results)
+
+
+def table_reward(passed: Sequence[bool], draws: Sequence[tuple[Any, ...]]) -> float:
+    """Expected reward of the unfixed code with the :data:`TABLE` likeliest inputs of
+    ``draws`` answered right (``passed``: the unfixed code's results on ``draws``)."""
+    likeliest = {k for k, _ in Counter(map(repr, draws)).most_common(TABLE)}
+    rate = sum(ok or repr(a) in likeliest for ok, a in zip(passed, draws, strict=True))
+    return float((rate / len(draws)) ** HIDDEN_CALLS)
+
+
+def _base_tasks(sandbox: Sandbox, base: Base, index: int, seed: int) -> list[dict[str, Any]]:
+    fixed = normalized(base.source)
+    probe = DrawnTask(base.name, base.description, fixed, fixed, (), (), base.name, "")
+    rng = np.random.default_rng([seed, index])
+    visible = [INPUTS[base.name](rng) for _ in range(3)]
+    draws = [INPUTS[base.name](rng) for _ in range(DRAWS)]
+    candidates = mutants(base.source)
+    screen = judge_bundle(
+        sandbox, probe, [(str(i), m.code) for i, m in enumerate(candidates)], draws[:SCREEN]
+    )
+    alive = [(str(i), m) for i, m in enumerate(candidates) if not _hangs(screen[str(i)])]
+    modules = [("fix", fixed)] + [(s, m.code) for s, m in alive]
+    results = judge_bundle(sandbox, probe, modules, visible + draws)
+    if not all(ok for ok, _ in results["fix"]):
+        raise RuntimeError(f"{base.name}: the correct function fails its own draws")
+    out: list[dict[str, Any]] = []
+    behaviours: set[tuple[tuple[bool, str], ...]] = set()
+    for suffix, mutant in alive:
+        seen, drawn = results[suffix][:3], results[suffix][3:]
+        passed = [ok for ok, _ in drawn]
+        behaviour = tuple(drawn)
+        if (
+            _hangs(drawn)
+            or passed.count(False) < MIN_FAIL_RATE * len(drawn)
+            or table_reward(passed, draws) > MAX_TABLE_REWARD
+            or behaviour in behaviours
+        ):
+            continue
+        behaviours.add(behaviour)
+        shown = list(visible)
+        if all(ok for ok, _ in seen):
+            failing = [a for a, ok in zip(draws, passed, strict=True) if not ok]
+            shown.append(min(failing, key=lambda a: (len(repr(a)), repr(a))))
+        out.append(
+            {
+                "name": f"{base.name}.{mutant.kind}.{mutant.site}",
+                "function": base.name,
+                "kind": mutant.kind,
+                "description": base.description,
+                "buggy": mutant.code,
+                "fixed": fixed,
+                "visible": [[call_of(base.name, a), expected_of(probe, a)] for a in shown],
+            }
+        )
+    return out
+
+
+def generate(seed: int = 0, sandbox: Sandbox | None = None) -> list[dict[str, Any]]:
+    """The generated task records (deterministic for a seed); one or two sandbox runs per
+    base."""
+    sandbox = sandbox or Sandbox(BUNDLE_LIMITS)
+    return [r for i, base in enumerate(bases()) for r in _base_tasks(sandbox, base, i, seed)]
+
+
+def dumps(records: list[dict[str, Any]]) -> str:
+    """The file's text for ``records`` (stable: one task a line, sorted keys)."""
+    return "[\n" + ",\n".join(json.dumps(r, sort_keys=True) for r in records) + "\n]\n"
+
+
+def main() -> None:
+    """Rewrite ``debug_tasks_generated.json`` next to this module."""
+    records = generate()
+    path = Path(__file__).with_name(GENERATED_FILE)
+    path.write_text(dumps(records), encoding="utf-8")
+    kinds = Counter(r["kind"] for r in records)
+    print(f"{len(records)} tasks written to {path} ({dict(kinds)})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
