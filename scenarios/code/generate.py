@@ -59,7 +59,17 @@ from parley.scenarios.code.task_set import (
 )
 from parley.scenarios.tools.sandbox import Sandbox, SandboxLimits
 
-__all__ = ["KINDS", "Base", "Mutant", "bases", "bundle", "generate", "mutants"]
+__all__ = [
+    "KINDS",
+    "Base",
+    "Entry",
+    "Mutant",
+    "bases",
+    "bundle",
+    "generate",
+    "mutants",
+    "run_bundle",
+]
 
 KINDS = ("off_by_one", "wrong_operator", "wrong_boundary", "missing_case")
 DRAWS = 120
@@ -196,40 +206,60 @@ def normalized(source: str) -> str:
     return ast.unparse(ast.parse(source)) + "\n"
 
 
-def bundle(modules: Sequence[tuple[str, str]], function: str) -> str:
-    """One module holding each ``(suffix, code)``'s ``function`` as ``function__suffix``
-    (recursive calls renamed too), so that one harness run can call them all."""
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One module of a bundled run: its ``function`` called on each test's arguments."""
+
+    key: str
+    """Unique in the run (letters, digits, ``_``): the function runs as ``function__key``."""
+    function: str
+    code: str
+    tests: Sequence[tuple[tuple[Any, ...], str]]
+    """``(arguments, expected literal)`` pairs."""
+    calls: Sequence[tuple[str, str]] = ()
+    """More tests as ``(call expression, expected literal)`` (a task's visible tests); each
+    call starts with ``function(``. Their results follow those of ``tests``."""
+
+    def all_tests(self) -> list[tuple[str, str]]:
+        """Every test as ``(call, expected)``, the function renamed as in :func:`bundle`."""
+        renamed = f"{self.function}__{self.key}"
+        prefix = f"{self.function}("
+        if not all(call.startswith(prefix) for call, _ in self.calls):
+            raise ValueError(f"every call of entry {self.key} must start with {prefix!r}")
+        return [(call_of(renamed, args), want) for args, want in self.tests] + [
+            (renamed + call[len(self.function) :], want) for call, want in self.calls
+        ]
+
+
+def bundle(entries: Sequence[Entry]) -> str:
+    """One module holding each entry's ``function`` as ``function__key`` (recursive calls
+    renamed too), so that one harness run can call them all."""
     parts = []
-    for suffix, code in modules:
-        tree = ast.parse(code)
+    for entry in entries:
+        tree = ast.parse(entry.code)
+        renamed = f"{entry.function}__{entry.key}"
         for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and node.name == function:
-                node.name = f"{function}__{suffix}"
-            elif isinstance(node, ast.Name) and node.id == function:
-                node.id = f"{function}__{suffix}"
+            if isinstance(node, ast.FunctionDef) and node.name == entry.function:
+                node.name = renamed
+            elif isinstance(node, ast.Name) and node.id == entry.function:
+                node.id = renamed
         parts.append(ast.unparse(tree))
     return "\n\n".join(parts) + "\n"
 
 
-def judge_bundle(
-    sandbox: Sandbox,
-    task: DrawnTask,
-    modules: Sequence[tuple[str, str]],
-    draws: Sequence[tuple[Any, ...]],
-) -> dict[str, list[tuple[bool, str]]]:
-    """Each module's ``(passed, detail)`` on each draw: one harness run, type-exact judge,
-    expected values from ``task``'s reference fix."""
-    expected = [expected_of(task, args) for args in draws]
-    tests = [
-        (call_of(f"{task.function}__{suffix}", args), want)
-        for suffix, _ in modules
-        for args, want in zip(draws, expected, strict=True)
-    ]
-    run = run_tests(sandbox, bundle(modules, task.function), tests, strict=True)
+def run_bundle(sandbox: Sandbox, entries: Sequence[Entry]) -> dict[str, list[tuple[bool, str]]]:
+    """Each entry's ``(passed, detail)`` per test: one harness run (:func:`run_tests`,
+    type-exact) for them all. For this package's code: the modules share one process."""
+    per_entry = [entry.all_tests() for entry in entries]
+    tests = [test for entry_tests in per_entry for test in entry_tests]
+    run = run_tests(sandbox, bundle(entries), tests, strict=True)
     if run.problem:
-        raise RuntimeError(f"{task.name}: the bundled run failed: {run.problem}")
-    n = len(draws)
-    return {s: list(run.results[k * n : (k + 1) * n]) for k, (s, _) in enumerate(modules)}
+        raise RuntimeError(f"a bundled run failed: {run.problem}")
+    out, at = {}, 0
+    for entry, entry_tests in zip(entries, per_entry, strict=True):
+        out[entry.key] = list(run.results[at : at + len(entry_tests)])
+        at += len(entry_tests)
+    return out
 
 
 def _hangs(results: Sequence[tuple[bool, str]]) -> bool:
@@ -250,19 +280,19 @@ def _base_tasks(sandbox: Sandbox, base: Base, index: int, seed: int) -> list[dic
     rng = np.random.default_rng([seed, index])
     visible = [INPUTS[base.name](rng) for _ in range(3)]
     draws = [INPUTS[base.name](rng) for _ in range(DRAWS)]
-    candidates = mutants(base.source)
-    screen = judge_bundle(
-        sandbox, probe, [(str(i), m.code) for i, m in enumerate(candidates)], draws[:SCREEN]
-    )
-    alive = [(str(i), m) for i, m in enumerate(candidates) if not _hangs(screen[str(i)])]
-    modules = [("fix", fixed)] + [(s, m.code) for s, m in alive]
-    results = judge_bundle(sandbox, probe, modules, visible + draws)
+    tests = [(args, expected_of(probe, args)) for args in visible + draws]
+    all_mutants = mutants(base.source)
+    candidates = [Entry(str(i), base.name, m.code, ()) for i, m in enumerate(all_mutants)]
+    screen = run_bundle(sandbox, [dataclasses.replace(e, tests=tests[:SCREEN]) for e in candidates])
+    alive = [dataclasses.replace(e, tests=tests) for e in candidates if not _hangs(screen[e.key])]
+    results = run_bundle(sandbox, [Entry("fix", base.name, fixed, tests), *alive])
     if not all(ok for ok, _ in results["fix"]):
         raise RuntimeError(f"{base.name}: the correct function fails its own draws")
     out: list[dict[str, Any]] = []
     behaviours: set[tuple[tuple[bool, str], ...]] = set()
-    for suffix, mutant in alive:
-        seen, drawn = results[suffix][:3], results[suffix][3:]
+    for entry in alive:
+        mutant = all_mutants[int(entry.key)]
+        seen, drawn = results[entry.key][:3], results[entry.key][3:]
         passed = [ok for ok, _ in drawn]
         behaviour = tuple(drawn)
         if (
