@@ -8,13 +8,16 @@ import contextlib
 import re
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from rich.console import Console
 
 from parley.arena.run.config import RunConfig, load_run_config
 from parley.protocols.errors import ConfigError
+
+if TYPE_CHECKING:
+    from parley.arena.run.ray_runner import RayWorkersLost
 
 __all__ = ["add_parser", "parse_agents", "parse_assignments"]
 
@@ -311,8 +314,10 @@ async def _run(config: RunConfig, console: Console) -> Any:
 
 def main(args: argparse.Namespace) -> int:
     """Run the arena; exit status 1 when more episodes failed than ``max_failed_fraction``
-    allows (any, by default), 2 on a bad configuration."""
+    allows (any, by default), 2 on a bad configuration, 3 when a ``--ray`` run lost every
+    worker and could start none, 128 + N on signal N."""
     from parley.arena.cli.common import console, error_line
+    from parley.arena.run.ray_runner import RayWorkersLost  # (imports no Ray)
     from parley.arena.run.records import encode_json
     from parley.arena.run.summary import summary_table
 
@@ -325,6 +330,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     except RunInterrupted as stop:
         return _interrupted(stop, config.out, summary_table)
+    except RayWorkersLost as lost:
+        return _ray_lost(lost, config.out, summary_table)
     if args.json:
         sys.stdout.write(encode_json(result.summary).decode() + "\n")
     else:
@@ -348,21 +355,35 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+RAY_LOST = 3
+"""Exit status of a ``--ray`` run that lost every worker and could start none."""
+
+
 def _interrupted(stop: RunInterrupted, out: str | None, summary_table: Any) -> int:
     """Show what an interrupted run kept, say where; exit status 128 + the signal."""
+    _partial(stop.summary, f"stopped by {stop}", out, summary_table)
+    return 128 + stop.signum
+
+
+def _ray_lost(lost: RayWorkersLost, out: str | None, summary_table: Any) -> int:
+    """A ``--ray`` run with no worker left: what it kept, why it stopped; :data:`RAY_LOST`."""
+    _partial(lost.summary, f"stopped ({lost})", out, summary_table)
+    return RAY_LOST
+
+
+def _partial(summary: dict[str, Any] | None, why: str, out: str | None, table: Any) -> None:
+    """The partial summary's table on stdout and one ``parley run:`` line on stderr."""
     from parley.arena.cli.common import console, error_line
 
-    summary = stop.summary
     if summary is None:
-        error_line("run", f"stopped by {stop} before any episode finished; nothing written")
-        return 128 + stop.signum
+        error_line("run", f"{why} before any episode finished; nothing written")
+        return
     done, planned = summary["episodes"]["total"], summary["episodes_planned"]
-    console().print(summary_table(summary, title=f"{summary['scenario']} (partial)"))
+    console().print(table(summary, title=f"{summary['scenario']} (partial)"))
     where = (
         f"{out}/transcripts.jsonl, trajectories.jsonl and timings.jsonl hold them, whole; "
         f"{out}/summary.json is marked partial"
         if out
         else "no --out, nothing written"
     )
-    error_line("run", f"stopped by {stop} after {done} of {planned} episodes; {where}")
-    return 128 + stop.signum
+    error_line("run", f"{why} after {done} of {planned} episodes; {where}")

@@ -33,10 +33,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import signal
+import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +58,7 @@ __all__ = [
     "MAX_ATTEMPTS",
     "EpisodeWorker",
     "RayRunner",
+    "RayWorkersLost",
     "import_ray",
     "init_ray",
     "ray_table",
@@ -85,18 +88,43 @@ def init_ray(address: str | None = LOCAL, *, num_cpus: int | None = None) -> boo
     if ray.is_initialized():
         return False
     options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-    if address in (None, "", LOCAL):
-        # A private one: a bare ray.init() joins a cluster `ray start` left on this machine.
-        ray.init(address="local", num_cpus=num_cpus, **options)
-    else:
-        try:
-            ray.init(address=address, **options)
-        except ConnectionError as exc:
-            raise ConfigError(
-                f"cannot connect to Ray at {address}: {exc} (start one with `ray start --head`, "
-                "or pass --ray without an address for a local Ray)"
-            ) from exc
+    with _keeping_sigterm():
+        if address in (None, "", LOCAL):
+            # A private one: a bare ray.init() joins a cluster `ray start` left on this machine.
+            ray.init(address="local", num_cpus=num_cpus, **options)
+        else:
+            try:
+                ray.init(address=address, **options)
+            except ConnectionError as exc:
+                raise ConfigError(
+                    f"cannot connect to Ray at {address}: {exc} (start one with `ray start "
+                    "--head`, or pass --ray without an address for a local Ray)"
+                ) from exc
     return True
+
+
+@contextlib.contextmanager
+def _keeping_sigterm() -> Iterator[None]:
+    """Put back the SIGTERM handler ``ray.init`` replaces (with ``sys.exit(15)``, which
+    unwinds through Ray's threads and aborts with a C++ stack dump, rc 134): ``parley run``
+    and ``parley serve`` install theirs first and end as on a single host (partial summary,
+    rc 143). Only the main thread can set handlers; elsewhere there is nothing to keep."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if before is not None:  # None: set from C, not restorable from Python
+            signal.signal(signal.SIGTERM, before)
+
+
+class RayWorkersLost(RuntimeError):
+    """Every Ray worker of a run was lost and none could be replaced; :attr:`summary` is
+    the partial summary written (``parley run`` exits 3)."""
+
+    summary: dict[str, Any] | None = None
 
 
 @dataclass
@@ -118,6 +146,34 @@ class _Slice:
     reasons: list[str] = field(default_factory=list)
 
 
+class _Queue:
+    """Slices still to play: those given back (their worker died; played first), then
+    fresh ones cut from the lazy plan as they are taken (never the whole plan at once)."""
+
+    def __init__(self, fresh: Iterator[list[EpisodePlan]]) -> None:
+        self._back: deque[_Slice] = deque()
+        self._fresh = fresh
+        self._next: list[EpisodePlan] | None = None
+
+    def __bool__(self) -> bool:
+        if self._back:
+            return True
+        if self._next is None:
+            self._next = next(self._fresh, None)
+        return self._next is not None
+
+    def popleft(self) -> _Slice:
+        if self._back:
+            return self._back.popleft()
+        if not self or self._next is None:
+            raise IndexError("no slice left to play")
+        piece, self._next = self._next, None
+        return _Slice(piece)
+
+    def appendleft(self, piece: _Slice) -> None:
+        self._back.appendleft(piece)
+
+
 class RayRunner(Runner):
     """A :class:`Runner` whose :meth:`run` plays the plan on Ray worker actors.
 
@@ -137,6 +193,11 @@ class RayRunner(Runner):
     slices_in_flight = 3
     """Slices :meth:`run` keeps sent to each worker (it plays ``concurrency`` episodes at
     once; the rest wait there, so it never idles while the driver reads a result)."""
+    replacement_wait_s = 120.0
+    """Seconds :meth:`run` waits for a replacement worker to start when no worker is left
+    (a cluster with no free CPU never starts one); then it stops with
+    :class:`RayWorkersLost` and a partial summary. While some worker plays, replacements
+    are never waited for."""
     slice_concurrency = 8
     """A slice (one actor call) is at most ``slice_concurrency x concurrency`` episodes, fewer
     when the plan is short (every worker gets ``slices_in_flight`` of them): an actor call
@@ -335,8 +396,8 @@ class RayRunner(Runner):
         workers = self._worker_count(ray)
         share = math.ceil(len(plans) / (workers * self.slices_in_flight))
         size = max(1, min(self.slice_concurrency * self.config.concurrency, share))
-        queue = deque(_Slice(plans[i : i + size]) for i in range(0, len(plans), size))
-        wanted = min(workers, len(queue)) or 1
+        queue = _Queue(plans.slices(size))
+        wanted = min(workers, math.ceil(len(plans) / size)) or 1
         for _ in range(wanted):
             self._spawn(ray)
         self._max_spawns = wanted * (MAX_ATTEMPTS + 2)
@@ -348,17 +409,17 @@ class RayRunner(Runner):
         piece: _Slice | None
         self.startup_s = time.perf_counter() - started
         nodes: dict[str, dict[str, Any]] = {}
-        done: set[int] = set()
+        done = bytearray(len(plans))  # 1 byte an episode, not a set's ~60
         duplicates = 0
         pending: dict[asyncio.Future[Any], tuple[_Slot, _Slice | None]] = {}
         with RecordWriter(self.config.out) as writer, self._progress(len(plans)) as advance:
 
             def accept(record: EpisodeRecord, where: dict[str, Any], slot: str) -> None:
                 nonlocal duplicates
-                if record.index in done:  # never counted twice, whatever Ray replays
+                if done[record.index]:  # never counted twice, whatever Ray replays
                     duplicates += 1
                     return
-                done.add(record.index)
+                done[record.index] = 1
                 builder.add(record)
                 writer.add(record)
                 advance(record)
@@ -377,7 +438,10 @@ class RayRunner(Runner):
                     kept.append(record)
 
             try:
-                while queue or pending:
+                # Until every slice is played: replacement workers still starting are not
+                # waited for once nothing is left (a node removed with one worker per CPU
+                # leaves their replacements no CPU to start on: the run hung for ever).
+                while queue or any(piece is not None for _, piece in pending.values()):
                     # Round-robin, one slice per worker per pass: a short plan spreads over
                     # every worker instead of filling the first ones' pipelines.
                     live = [s for s in self.slots if s.alive and s.where]
@@ -393,8 +457,16 @@ class RayRunner(Runner):
                             pending[asyncio.wrap_future(slot.started.future())] = (slot, None)
                             slot.started = None
                     if not pending:
-                        raise RuntimeError("no Ray worker is left to play the run's episodes")
-                    finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                        raise RayWorkersLost("no Ray worker is left to play the run's episodes")
+                    # With no live worker, a replacement gets replacement_wait_s to start.
+                    playing = any(s.alive and s.where for s in self.slots)
+                    finished, _ = await asyncio.wait(
+                        pending,
+                        timeout=None if playing else self.replacement_wait_s,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    if not finished:
+                        raise RayWorkersLost(self._no_replacement(ray))
                     for future in finished:
                         slot, piece = pending.pop(future)
                         if piece is None:  # a replacement worker started (or could not)
@@ -411,12 +483,18 @@ class RayRunner(Runner):
                             continue
                         for record in records:
                             accept(self._record(record), slot.where, slot.name)
-            except asyncio.CancelledError:  # SIGINT/SIGTERM: the files hold whole episodes
+            except (asyncio.CancelledError, RayWorkersLost) as exc:
+                # SIGINT/SIGTERM, or no worker left: the files hold whole episodes.
                 self.partial_summary = self._summary(builder, time.perf_counter() - started)
                 self.partial_summary["ray"] = self._ray_summary(ray, nodes, duplicates)
                 self.partial_summary.update(partial=True, episodes_planned=len(plans))
                 writer.write_summary(self.partial_summary)
+                if isinstance(exc, RayWorkersLost):
+                    exc.summary = self.partial_summary
                 raise
+            finally:
+                for future in pending:  # replacements still starting: nobody reads them
+                    future.cancel()
             wall = time.perf_counter() - started
             summary = self._summary(builder, wall)
             summary["ray"] = self._ray_summary(ray, nodes, duplicates)
@@ -430,6 +508,16 @@ class RayRunner(Runner):
             kept.sort(key=lambda r: r.index)
         address = str(ray.get_runtime_context().gcs_address)
         return RunResult(summary, address, wall, self.config.out, kept_records=kept)
+
+    def _no_replacement(self, ray: Any) -> str:
+        """Why the run stops: every worker is lost and none of their replacements started."""
+        need = self._actor_options.get("num_cpus", 1)
+        free = ray.available_resources().get("CPU", 0.0)
+        return (
+            f"every Ray worker was lost ({len(self.workers_lost)}) and no replacement "
+            f"started within {self.replacement_wait_s:.0f} s (each needs {need} CPU; the "
+            f"cluster has {free:g} free): add nodes, or free CPUs, and run again"
+        )
 
     def _steps(self) -> Steps:
         """What :meth:`run`'s workers ship (:meth:`EpisodeWorker.play`): no steps when

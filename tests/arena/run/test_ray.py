@@ -2,7 +2,7 @@
 twice when a worker actor is killed or a whole (simulated) node is removed mid-run.
 
 One real Ray cluster per module (``ray.cluster_utils.Cluster``: a head and two worker nodes
-of one CPU each on this machine), so start-up is paid once; the node-removal test runs last.
+of one CPU each on this machine), so start-up is paid once; the node-removal tests run last.
 """
 
 from __future__ import annotations
@@ -440,6 +440,72 @@ def test_a_lone_pool_replica_that_dies_is_replaced_and_serve_keeps_serving(
     asyncio.run(scenario())
 
 
+class _Stranded(RayRunner):
+    """Its replacement workers ask for a resource no node has: they can never start."""
+
+    replacement_wait_s = 1.0
+
+    def _spawn(self, ray: Any) -> Any:
+        if self.slots:
+            self._actor_options = {**self._actor_options, "resources": {"nowhere": 1}}
+        return super()._spawn(ray)
+
+
+@pytest.mark.slow
+def test_a_run_whose_lost_workers_cannot_be_replaced_stops_with_a_partial_summary(
+    cluster: Any, tmp_path: Path
+) -> None:
+    from parley.arena.run.ray_runner import RayWorkersLost
+
+    config = RunConfig(scenario=SCENARIO, episodes=30, seed=4, concurrency=2, progress=False,
+                       out=str(tmp_path), ray="auto", ray_workers=1)  # fmt: skip
+    runner = _Stranded(config, agents=_slow_agents())
+    with pytest.raises(RayWorkersLost, match=r"no replacement started within 1 s") as lost:
+        asyncio.run(_run_and_break(runner, lambda r: ray.kill(r.slots[0].actor, no_restart=True)))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["partial"] is True
+    assert summary == json.loads(json.dumps(lost.value.summary))
+    assert summary["episodes"]["total"] < 30
+    assert summary["ray"]["workers_lost"]
+
+
+@pytest.mark.slow
+def test_sigterm_ends_parley_run_ray_as_a_local_run_ends(cluster: Any, tmp_path: Path) -> None:
+    """SIGTERM: rc 143 and a partial summary (ray.init's own handler, sys.exit, aborted
+    with Ray's C++ stack dump, rc 134)."""
+    import os
+    import signal
+    import subprocess
+
+    c, _ = cluster
+    argv = [sys.executable, "-m", "parley.arena.cli", "run", SCENARIO, "--episodes", "1000000",
+            "--concurrency", "2", "--ray", c.address, "--ray-workers", "1", "--no-progress",
+            "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        transcripts = tmp_path / "transcripts.jsonl"
+        while not (transcripts.exists() and transcripts.stat().st_size):
+            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+            assert time.monotonic() < deadline, "no episode was written in 90 s"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    stderr = err.decode()
+    assert proc.returncode == 143, stderr[-2000:]
+    assert "stopped by SIGTERM" in stderr
+    assert "SIGABRT" not in stderr
+    assert "Stack trace" not in stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["partial"] is True
+    assert summary["episodes_planned"] == 1_000_000
+
+
 @pytest.mark.slow
 def test_a_removed_node_loses_no_episode(cluster: Any, tmp_path: Path) -> None:
     """Runs last in the module: it takes a node away from the shared cluster."""
@@ -462,3 +528,23 @@ def test_a_removed_node_loses_no_episode(cluster: Any, tmp_path: Path) -> None:
     _check_recovered(result, local, tmp_path)
     lost_on = result.summary["ray"]["nodes"].get(removed[0], {"episodes": 0})
     assert lost_on["episodes"] < 30  # the rest were played on the nodes that stayed
+
+
+@pytest.mark.slow
+def test_a_removed_node_with_one_worker_per_cpu_ends_the_run(cluster: Any, tmp_path: Path) -> None:
+    """Runs last (after the other removal): one worker per CPU (the default) leaves the
+    dead workers' replacements no CPU to start on; the run ends when its episodes are
+    played instead of waiting for them for ever."""
+    c, nodes = cluster
+    config = RunConfig(scenario=SCENARIO, episodes=30, seed=4, concurrency=2, progress=False)
+    local = run(config.replace(out=str(tmp_path / "local")))
+    runner = RayRunner(config.replace(out=str(tmp_path / "ray"), ray="auto"),
+                       agents=_slow_agents())  # fmt: skip
+
+    def remove_a_node(r: RayRunner) -> None:
+        used = {slot.where["node"] for slot in r.slots}
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        c.remove_node(next(n for n in nodes if n.node_id in used & alive))
+
+    result = asyncio.run(_run_and_break(runner, remove_a_node))
+    _check_recovered(result, local, tmp_path)
