@@ -5,18 +5,56 @@ answered (a chat bubble; a JSON tool call is shown as a tool call), the scenario
 when the move was invalid, the step's reward with its components, and the seat's
 structured ``view`` (its private knowledge) — so the seats' private views sit side by side.
 The episode's outcome (status, failure reason, metrics, returns) heads the page.
+
+What a transcript holds is shown whatever its size: every text from the run goes through
+:func:`text_html`, which folds text past :data:`FOLD` characters (the rest behind a closed
+``details``, which the browser does not lay out until it is opened) and gives a long run of
+characters without a space a break opportunity every :data:`WRAP` characters (``<wbr>``).
+One space-less 120k-character move had taken Chromium 28 s to lay out, a 1 MB one never
+finished: a word that long is measured again at every place it could break.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from parley.arena.view.data import Source
 from parley.arena.view.html import Links, esc, num, page
 
-__all__ = ["episode_page"]
+__all__ = ["FOLD", "WRAP", "episode_page", "text_html"]
+
+FOLD = 4000
+"""Characters of a text shown before the rest is folded."""
+WRAP = 80
+"""Longest run of characters without a break opportunity."""
+
+_RUN = re.compile(rf"\S{{{WRAP + 1},}}")
+
+
+def _wrapped(text: str) -> str:
+    """``text`` as HTML, with ``<wbr>`` every :data:`WRAP` characters of a space-less run."""
+    out, at = [], 0
+    for run in _RUN.finditer(text):
+        out.append(esc(text[at : run.start()]))
+        word = run.group()
+        out.append("<wbr>".join(esc(word[i : i + WRAP]) for i in range(0, len(word), WRAP)))
+        at = run.end()
+    out.append(esc(text[at:]))
+    return "".join(out)
+
+
+def text_html(text: str) -> str:
+    """Text from the run as HTML: escaped, wrapped, and folded past :data:`FOLD` characters."""
+    if len(text) <= FOLD:
+        return _wrapped(text)
+    rest = len(text) - FOLD
+    return (
+        f"{_wrapped(text[:FOLD])}<details class=more><summary>{rest:,} more characters"
+        f"</summary>{_wrapped(text[FOLD:])}</details>"
+    )
 
 
 def _action_html(text: str) -> str:
@@ -32,7 +70,7 @@ def _action_html(text: str) -> str:
             return _tool_move_html(move)
     if not text:
         return "<div class='msg empty'>(empty)</div>"
-    return f"<div class=msg>{esc(text)}</div>"
+    return f"<div class=msg>{text_html(text)}</div>"
 
 
 def _tool_move_html(move: dict[str, Any]) -> str:
@@ -42,18 +80,18 @@ def _tool_move_html(move: dict[str, Any]) -> str:
         for call in calls:
             if isinstance(call, dict):
                 name = esc(call.get("name", "?"))
-                args = esc(json.dumps(call.get("arguments", {}), ensure_ascii=False))
+                args = text_html(json.dumps(call.get("arguments", {}), ensure_ascii=False))
                 out.append(
                     f"<div class='msg tool'><span class=tag>tool call</span> {name}{args}</div>"
                 )
             else:
-                out.append(f"<div class='msg tool'>{esc(call)}</div>")
+                out.append(f"<div class='msg tool'>{text_html(str(call))}</div>")
     rest = {k: v for k, v in move.items() if k not in ("tool_calls", "message")}
     if rest:
-        pretty = esc(json.dumps(rest, indent=1, ensure_ascii=False))
+        pretty = text_html(json.dumps(rest, indent=1, ensure_ascii=False))
         out.append(f"<div class='msg tool'><pre>{pretty}</pre></div>")
     if "message" in move:
-        out.append(f"<div class=msg>{esc(move['message'])}</div>")
+        out.append(f"<div class=msg>{text_html(str(move['message']))}</div>")
     return "".join(out)
 
 
@@ -69,7 +107,7 @@ def _tool_results_html(view: Any) -> str:
         body = result.get("error") or result.get("content", "")
         out.append(
             f"<div class='msg result'><span class=tag>{label}</span> "
-            f"{esc(result.get('name', ''))}: {esc(body)}</div>"
+            f"{esc(result.get('name', ''))}: {text_html(str(body))}</div>"
         )
     return "".join(out)
 
@@ -95,19 +133,21 @@ def _cell(seat: str, step: Mapping[str, Any]) -> str:
     out = []
     if obs is not None:
         out.append(
-            f"<details class=obs><summary>observation</summary><pre>{esc(obs)}</pre></details>"
+            f"<details class=obs><summary>observation</summary><pre>{text_html(str(obs))}</pre>"
+            "</details>"
         )
     if seat in actions:
         out.append(_action_html(str(actions[seat])))
         out.append(_tool_results_html(info.get("view")))
     if info.get("invalid"):
-        out.append(f"<div class=invalid>invalid: {esc(info['invalid'])}</div>")
+        out.append(f"<div class=invalid>invalid: {text_html(str(info['invalid']))}</div>")
     if reward or info.get("components"):
         out.append(f"<div class=reward>reward {esc(num(reward))}{_components(info)}</div>")
     if isinstance(info.get("view"), Mapping) and info.get("view"):
         view = json.dumps(info["view"], indent=1, ensure_ascii=False)
         out.append(
-            f"<details class=view><summary>private view</summary><pre>{esc(view)}</pre></details>"
+            f"<details class=view><summary>private view</summary><pre>{text_html(view)}</pre>"
+            "</details>"
         )
     if _map(step.get("terminations")).get(seat) or _map(step.get("truncations")).get(seat):
         out.append("<div class=ended>done</div>")
@@ -131,7 +171,7 @@ def episode_page(src: Source, ep: Mapping[str, Any], links: Links) -> str:
         f" · task {esc(ep.get('task', ''))} trial {esc(ep.get('trial', ''))}",
     ]
     if ep.get("failed"):
-        outcome.append(f"<div class=failed-reason>failed: {esc(ep['failed'])}</div>")
+        outcome.append(f"<div class=failed-reason>failed: {text_html(str(ep['failed']))}</div>")
     if metrics:
         outcome.append(
             "<div>metrics: "
