@@ -40,8 +40,10 @@ Mapping of parley's request onto vLLM:
   the base share each engine step); ``update_weights`` of an adapter's policy hot-swaps
   that adapter alone (a new ``lora_int_id``; the old one leaves when its last request
   ends) and never pauses the others;
-- ``update_weights`` of the base waits for in-flight requests to finish on the old
-  weights, holds new ones back, then reloads in place with the workers'
+- ``update_weights`` of the base first checks every tensor (finite, magnitude at most
+  ``weight_limit``: :mod:`~parley.arena.inference.backends.weight_checks`; a refused update
+  pauses nothing), then waits for in-flight requests to finish on the old
+  weights, holds new ones back, and reloads in place with the workers'
   ``reload_weights`` (via ``collective_rpc``) from ``path`` (a directory or file of
   safetensors) or from inline ``tensors`` written to a temporary safetensors file;
   tensors not named keep their values.
@@ -74,6 +76,7 @@ from parley.arena.inference.backends.vllm_lora import (
     lora_engine_args,
     spare_slots,
 )
+from parley.arena.inference.backends.weight_checks import WEIGHT_LIMIT, check_weight_files
 from parley.protocols.errors import ConfigError, require
 from parley.protocols.messages import (
     Completion,
@@ -147,6 +150,7 @@ class VLLMBackend(Backend):
         max_loras: int = 0,
         max_lora_rank: int = 0,
         engine_args: dict[str, Any] | None = None,
+        weight_limit: float = WEIGHT_LIMIT,
     ) -> VLLMBackend:
         """Start the engine on ``model`` (path or hub id).
 
@@ -168,6 +172,8 @@ class VLLMBackend(Backend):
         ``engine_args`` are passed to ``vllm.AsyncEngineArgs`` as they are (e.g.
         ``gpu_memory_utilization``, ``enable_lora``); ``kv_cache_space_gib`` sets
         ``VLLM_CPU_KVCACHE_SPACE`` when it is not already set (CPU builds only).
+        ``weight_limit``: the largest magnitude an adapter or weight update may hold
+        (:mod:`~parley.arena.inference.backends.weight_checks`).
         """
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_space_gib))
         from vllm.config import StructuredOutputsConfig
@@ -209,6 +215,7 @@ class VLLMBackend(Backend):
         backend.dtype = str(engine.model_config.dtype).removeprefix("torch.")
         backend._engine_args = parsed
         backend.max_restarts = max_restarts
+        backend._lora.weight_limit = weight_limit
         backend._lora.base = await asyncio.to_thread(base_shapes, model)
         await backend._group_lora_ops()
         return backend
@@ -280,14 +287,19 @@ class VLLMBackend(Backend):
             async with self._update_lock:
                 await self._lora.update(update)
             return
+        limit = self._lora.weight_limit
         async with self._update_lock:
-            self._open.clear()
-            try:
-                await self._idle.wait()
-                await self._reload(update)
-                self.policy_version = update.version
-            finally:
-                self._open.set()
+            with tempfile.TemporaryDirectory(prefix="parley-weights-") as tmp:
+                # Staged and checked before anything pauses: a refused update costs the
+                # running requests nothing and leaves the engine's weights as they were.
+                directory = await asyncio.to_thread(_stage_weights, update, Path(tmp), limit)
+                self._open.clear()
+                try:
+                    await self._idle.wait()
+                    await self._reload_dir(directory)
+                    self.policy_version = update.version
+                finally:
+                    self._open.set()
 
     async def close(self) -> None:
         if self._closed:
@@ -447,11 +459,6 @@ class VLLMBackend(Backend):
             completions=completions,
         )
 
-    async def _reload(self, update: WeightUpdate) -> None:
-        with tempfile.TemporaryDirectory(prefix="parley-weights-") as tmp:
-            directory = await asyncio.to_thread(_stage_weights, update, Path(tmp))
-            await self._reload_dir(directory)
-
     async def _reload_dir(self, directory: str) -> None:
         try:
             await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": directory})
@@ -482,23 +489,28 @@ def _completion(out: Any, top: int, start: int = 0) -> Completion:
     return c
 
 
-def _stage_weights(update: WeightUpdate, tmp: Path) -> str:
+def _stage_weights(update: WeightUpdate, tmp: Path, limit: float) -> str:
     """The directory of safetensors to reload from: ``update.path`` itself when it is a
-    directory, else ``tmp`` holding a link to the file or the inline tensors."""
+    directory, else ``tmp`` holding a link to the file or the inline tensors; every tensor
+    in it checked (finite, magnitude at most ``limit``). A directory is checked in place,
+    not copied (a checkpoint may be many GB): one rewritten between the check and the
+    reload is read as it is then."""
     if update.path:
         path = Path(update.path)
         if not path.exists():
             raise BackendError(f"no weights at {update.path}")
-        if path.is_dir():
-            return str(path)
-        (tmp / path.name).symlink_to(path.resolve())
-        return str(tmp)
-    if not update.tensors:
+        if not path.is_dir():
+            (tmp / path.name).symlink_to(path.resolve())
+            path = tmp
+    elif update.tensors:
+        safetensors: Any = require("safetensors.numpy", "torch")
+        arrays = {k: v.copy() for k, v in update.tensors.items()}
+        safetensors.save_file(arrays, str(tmp / "model.safetensors"))
+        path = tmp
+    else:
         raise BackendError("weight update carries no tensors: set path or tensors")
-    safetensors: Any = require("safetensors.numpy", "torch")
-    arrays = {k: v.copy() for k, v in update.tensors.items()}
-    safetensors.save_file(arrays, str(tmp / "model.safetensors"))
-    return str(tmp)
+    check_weight_files(sorted(path.glob("*.safetensors")), "weight update", limit=limit)
+    return str(path)
 
 
 def _cpu_engine_defaults() -> dict[str, Any]:

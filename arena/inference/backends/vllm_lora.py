@@ -15,8 +15,11 @@ Rules (the owner's choices where the contract in issue 17 is silent):
   tensor must sit on a weight of the base with matching shapes (the base's safetensors
   headers are read; an adapter trained on another base fails here, where vLLM would load
   it and fail in the middle of a batch); its rank must not exceed the engine's
-  ``max_lora_rank``. vLLM then checks the target modules and features itself. Any failure
-  is a :class:`~parley.protocols.errors.ConfigError` (``add_adapter``) or a
+  ``max_lora_rank``; the staged copy's values must be finite and of magnitude at most
+  ``weight_limit`` (:mod:`~parley.arena.inference.backends.weight_checks`: vLLM accepted
+  an adapter of NaN, whose requests then decoded token 0 with NaN logprobs, and the issue
+  saw the base so corrupted). vLLM then checks the target modules and features itself.
+  Any failure is a :class:`~parley.protocols.errors.ConfigError` (``add_adapter``) or a
   :class:`~parley.arena.inference.backends.base.BackendError` (``update_weights``), and
   nothing served changes.
 - Every adapter version is copied into a staging directory the backend owns (vLLM may
@@ -55,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from parley.arena.inference.backends.errors import BackendError
+from parley.arena.inference.backends.weight_checks import WEIGHT_LIMIT, check_weight_files
 from parley.protocols.errors import ConfigError, require
 from parley.protocols.messages import WeightUpdate
 
@@ -227,6 +231,8 @@ class LoRAAdapters:
     base: dict[str, tuple[int, ...]] | None
     limit: int = 0
     """Most adapters served (the engine's slots less :func:`spare_slots`)."""
+    weight_limit: float = WEIGHT_LIMIT
+    """The largest magnitude an adapter's tensor may hold."""
     _drained: asyncio.Event = field(default_factory=asyncio.Event)
     _current: dict[str, _Slot] = field(default_factory=dict)
     _slots: dict[int, _Slot] = field(default_factory=dict)
@@ -266,15 +272,16 @@ class LoRAAdapters:
             raise ConfigError(f"adapter {name!r} is served already; send a weight update")
         info = read_adapter(path)
         check_fits(info, self.base, self.max_rank)
-        if len(self._current) >= self.limit:
-            raise ConfigError(
-                f"this vLLM engine serves at most {self.limit} adapters: create the backend "
-                f"with max_loras={len(self._current) + 1} or more"
-            )
         directory = self._stage_dir(name)
         try:
             shutil.copy2(info.path / CONFIG_FILE, directory / CONFIG_FILE)
             shutil.copy2(info.path / WEIGHTS_FILE, directory / WEIGHTS_FILE)
+            await self._check_values(name, directory)
+            if len(self._current) >= self.limit:
+                raise ConfigError(
+                    f"this vLLM engine serves at most {self.limit} adapters: create the "
+                    f"backend with max_loras={len(self._current) + 1} or more"
+                )
             await self._register(name, directory, info, version=0)
         except BackendError as exc:
             shutil.rmtree(directory, ignore_errors=True)
@@ -293,6 +300,7 @@ class LoRAAdapters:
         directory = self._stage_dir(update.policy)
         try:
             info = _stage_update(update, old, directory, self.base, self.max_rank)
+            await self._check_values(update.policy, directory)
             await self._register(update.policy, directory, info, version=update.version)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
@@ -311,6 +319,12 @@ class LoRAAdapters:
         if self._root is None:
             self._root = tempfile.TemporaryDirectory(prefix="parley-lora-")
         return Path(tempfile.mkdtemp(prefix=f"{len(self._slots)}-", dir=self._root.name))
+
+    async def _check_values(self, name: str, directory: Path) -> None:
+        """BackendError unless the staged weights are finite and within the limit: the
+        staged copy is what vLLM reads, now and whenever it reloads an evicted adapter."""
+        await asyncio.to_thread(check_weight_files, [directory / WEIGHTS_FILE],
+                                f"adapter {name!r}", limit=self.weight_limit)  # fmt: skip
 
     async def _register(self, name: str, directory: Path, info: AdapterInfo, version: int) -> None:
         from vllm.lora.request import LoRARequest
