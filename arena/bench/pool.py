@@ -21,6 +21,11 @@ With ``--adapters N`` (default 4; 0 skips it): ``multi_adapter_ratio_vs_single``
 adapters batched together ÷ the plain model, same requests (target >= 0.7; see
 :mod:`~parley.arena.bench.pool_lora`). ``--model-size small`` builds and uses a larger
 local model (hidden 512, 4 layers) where ``--model`` is not given.
+
+Transformers backend: ``mask_cpu_us_per_token``, the CPU time (not wall clock: load on the
+machine does not change it) of one constraint token mask and its advance, over random
+walks through the allowed tokens of a regex (deal-or-no-deal's claim), a JSON schema and
+a choice (:mod:`~parley.arena.inference.backends.constraints`); no target.
 """
 
 from __future__ import annotations
@@ -82,6 +87,46 @@ def _requests(tokenizer: Any, agents: int, max_tokens: int, round_: int = 0) -> 
         params = SamplingParams(max_tokens=max_tokens, seed=1000 * round_ + i, temperature=1.0)
         out.append(GenerateRequest(prompt_token_ids=tokenizer.encode_chat(chat), params=params))
     return out
+
+
+_MASK_SCHEMA = (
+    '{"type": "object", "properties": {"action": {"enum": ["offer", "accept"]}, '
+    '"book": {"type": "integer"}, "note": {"type": "string", "maxLength": 12}}}'
+)
+
+
+def mask_cost(vocab: Any, walks: int = 8, steps: int = 48) -> float:
+    """CPU microseconds per constrained token (mask + advance), over ``walks`` seeded
+    random walks per constraint through the allowed tokens of ``vocab`` (a
+    :class:`~parley.arena.inference.backends.constraints.TokenVocab`)."""
+    import numpy as np
+
+    from parley.arena.inference.backends.constraints import TokenMatcher
+    from parley.protocols.messages import Constraint
+
+    take = "book=[0-2] hat=[0-2] ball=[0-2]"
+    constraints = [
+        Constraint(type="regex", pattern=f"({take} / {take})|no agreement"),
+        Constraint(type="json", json_schema=_MASK_SCHEMA),
+        Constraint(type="choice", choices=["offer", "accept", "deny", "no agreement"]),
+    ]
+    rng = np.random.default_rng(0)
+    tokens, spent = 0, 0.0
+    for c in constraints:
+        for _ in range(walks):
+            started = time.process_time()
+            matcher = TokenMatcher(vocab, c)
+            for _ in range(steps):
+                allowed = np.flatnonzero(matcher.allowed())
+                tokens += 1
+                if not allowed.size:
+                    break
+                token = int(rng.choice(allowed))
+                if token == vocab.eos_id:
+                    break
+                matcher.advance(token)
+            spent += time.process_time() - started
+    return 1e6 * spent / max(tokens, 1)
 
 
 def _tokens(results: list[Any]) -> int:
@@ -166,6 +211,8 @@ async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             if rate > best["pool"]:
                 best["pool"], mean_batch = rate, batch_size
             progress.advance(task)
+        vocab = getattr(backend, "_vocab", None)  # the transformers backend computes masks
+        mask = {"mask_cpu_us_per_token": round(mask_cost(vocab), 1)} if vocab else {}
         if args.adapters > 0:
             # transformers: the adapters go into a second backend; this one stays plain.
             second = args.backend == "transformers"
@@ -190,6 +237,7 @@ async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         "pool_mean_batch_size": round(mean_batch, 2),
         "batched_ratio_vs_sequential": round(best["pool"] / best["sequential"], 3),
         "pool_ratio_vs_direct_batch": round(best["pool"] / best["direct_batch"], 3),
+        **mask,
         **lora,
     }
     result["targets"] = {k: f"{op} {v}" for k, (op, v) in TARGETS.items() if k in result}
@@ -240,4 +288,6 @@ def run(args: argparse.Namespace) -> int:
     out = Console()
     out.print(table)
     out.print(ratios)
+    if "mask_cpu_us_per_token" in result:
+        out.print(f"constraint mask: {result['mask_cpu_us_per_token']:,.1f} CPU µs per token")
     return 0
