@@ -330,6 +330,43 @@ async def test_constraints_are_complete_or_refused(backend: VLLMBackend) -> None
     assert err.value.field == "constraint"
 
 
+async def test_both_backends_give_one_verdict_per_regex(
+    backend: VLLMBackend, model_dir: Path
+) -> None:
+    """One dialect, one engine (llguidance; vLLM's ``guidance`` backend): ``[^\\s\\S]``
+    had let any character through on transformers and errored inside vLLM; now each
+    pattern is refused (the same reason) or served, and served outputs match it, alike."""
+    from parley.arena.inference.backends.transformers import TransformersBackend
+
+    assert backend.engine.vllm_config.structured_outputs_config.backend == "guidance"
+    other = await TransformersBackend.create(str(model_dir))
+    patterns = [r"[^\s\S]", r"x[^\s\S]|y[^\s\S]", r"(?=a)a", "null", r"(yes|no)[^\s\S]?"]
+    verdicts: dict[str, list[str]] = {}
+    try:
+        for pattern in patterns:
+            c = Constraint(type="regex", pattern=pattern)
+            req = GenerateRequest(
+                prompt="x", params=SamplingParams(max_tokens=8, seed=0), constraint=c
+            )
+            for b in (backend, other):
+                try:
+                    b.validate(req)
+                    (res,) = await b.generate([req])
+                    text = res.completions[0].text
+                    verdicts.setdefault(pattern, []).append(f"ok: {matches(c, text)}")
+                except RequestError as exc:
+                    verdicts.setdefault(pattern, []).append(f"refused {exc.field}: {exc}")
+    finally:
+        await other.close()
+    for pattern, (on_vllm, on_transformers) in verdicts.items():
+        assert on_vllm == on_transformers, pattern
+    assert verdicts[r"[^\s\S]"][0].startswith(
+        "refused constraint: the regex constraint cannot be satisfied"
+    )
+    assert verdicts["null"][0] == "ok: True"
+    assert verdicts[r"(yes|no)[^\s\S]?"][0] == "ok: True"
+
+
 async def test_the_largest_allowed_seed_is_served(backend: VLLMBackend) -> None:
     """The door admits seeds up to 2**63 - n (issue 12 §2); vLLM must serve the edge."""
     edge = request([5, 6, 7], max_tokens=4, seed=2**63 - 2, n=2)
