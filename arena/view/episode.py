@@ -7,54 +7,23 @@ structured ``view`` (its private knowledge) — so the seats' private views sit 
 The episode's outcome (status, failure reason, metrics, returns) heads the page.
 
 What a transcript holds is shown whatever its size: every text from the run goes through
-:func:`text_html`, which folds text past :data:`FOLD` characters (the rest behind a closed
-``details``, which the browser does not lay out until it is opened) and gives a long run of
-characters without a space a break opportunity every :data:`WRAP` characters (``<wbr>``).
-One space-less 120k-character move had taken Chromium 28 s to lay out, a 1 MB one never
-finished: a word that long is measured again at every place it could break.
+:func:`~parley.arena.view.html.text_html`, which folds long text (the rest behind a closed
+``details``, which the browser does not lay out until it is opened) and gives long runs of
+characters without a space break opportunities (``<wbr>``). One space-less 120k-character
+move had taken Chromium 28 s to lay out, a 1 MB one never finished: a word that long is
+measured again at every place it could break.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from parley.arena.view.data import Source
-from parley.arena.view.html import Links, esc, num, page
+from parley.arena.view.html import Links, esc, num, page, text_html
 
-__all__ = ["FOLD", "WRAP", "episode_page", "text_html"]
-
-FOLD = 4000
-"""Characters of a text shown before the rest is folded."""
-WRAP = 80
-"""Longest run of characters without a break opportunity."""
-
-_RUN = re.compile(rf"\S{{{WRAP + 1},}}")
-
-
-def _wrapped(text: str) -> str:
-    """``text`` as HTML, with ``<wbr>`` every :data:`WRAP` characters of a space-less run."""
-    out, at = [], 0
-    for run in _RUN.finditer(text):
-        out.append(esc(text[at : run.start()]))
-        word = run.group()
-        out.append("<wbr>".join(esc(word[i : i + WRAP]) for i in range(0, len(word), WRAP)))
-        at = run.end()
-    out.append(esc(text[at:]))
-    return "".join(out)
-
-
-def text_html(text: str) -> str:
-    """Text from the run as HTML: escaped, wrapped, and folded past :data:`FOLD` characters."""
-    if len(text) <= FOLD:
-        return _wrapped(text)
-    rest = len(text) - FOLD
-    return (
-        f"{_wrapped(text[:FOLD])}<details class=more><summary>{rest:,} more characters"
-        f"</summary>{_wrapped(text[FOLD:])}</details>"
-    )
+__all__ = ["episode_page"]
 
 
 def _action_html(text: str) -> str:

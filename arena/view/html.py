@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import html
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
-__all__ = ["CSP", "Links", "esc", "num", "page", "pm"]
+__all__ = ["CSP", "FOLD", "WRAP", "Links", "esc", "num", "page", "pm", "text_html"]
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -33,6 +34,37 @@ def esc(value: object) -> str:
     if not text.isascii():
         text = text.encode("utf-8", "replace").decode("utf-8")
     return html.escape(text, quote=True)
+
+
+FOLD = 4000
+"""Characters of a text shown before the rest is folded."""
+WRAP = 80
+"""Longest run of characters without a break opportunity."""
+
+_RUN = re.compile(rf"\S{{{WRAP + 1},}}")
+
+
+def _wrapped(text: str) -> str:
+    """``text`` as HTML, with ``<wbr>`` every :data:`WRAP` characters of a space-less run."""
+    out, at = [], 0
+    for run in _RUN.finditer(text):
+        out.append(esc(text[at : run.start()]))
+        word = run.group()
+        out.append("<wbr>".join(esc(word[i : i + WRAP]) for i in range(0, len(word), WRAP)))
+        at = run.end()
+    out.append(esc(text[at:]))
+    return "".join(out)
+
+
+def text_html(text: str) -> str:
+    """Text from the run as HTML: escaped, wrapped, and folded past :data:`FOLD` characters."""
+    if len(text) <= FOLD:
+        return _wrapped(text)
+    rest = len(text) - FOLD
+    return (
+        f"{_wrapped(text[:FOLD])}<details class=more><summary>{rest:,} more characters"
+        f"</summary>{_wrapped(text[FOLD:])}</details>"
+    )
 
 
 def num(value: object, digits: int = 3) -> str:

@@ -25,7 +25,7 @@ from parley.arena.view.data import (
     pass_k,
     read_json,
 )
-from parley.arena.view.html import Links, esc, num, page, pm
+from parley.arena.view.html import Links, esc, num, page, pm, text_html
 from parley.arena.view.index import episode_rows
 
 __all__ = ["compare_page", "episodes_page", "index_page", "run_info", "run_page", "train_page"]
@@ -193,7 +193,8 @@ def run_page(src: Source, links: Links) -> str:
         parts.append("<p>No failed episode.</p>")
     for kind, items in groups.items():
         shown = "".join(
-            f'<li><a href="{esc(links.episode(src.id, ep))}">{esc(ep)}</a>: {esc(reason)}</li>'
+            f'<li><a href="{esc(links.episode(src.id, ep))}">{esc(ep)}</a>: '
+            f"{text_html(str(reason))}</li>"
             for ep, reason in items[:20]
         )
         more = f"<li>… {len(items) - 20} more</li>" if len(items) > 20 else ""
@@ -229,7 +230,7 @@ def episodes_page(
         rows.append(
             f"<tr class={cls}><td><a class=episode-link "
             f'href="{esc(links.episode(src.id, eid))}">{esc(eid)}</a></td>'
-            f"<td>{esc(ep.get('status', ''))}</td><td>{esc(ep.get('failed', ''))}</td>"
+            f"<td>{esc(ep.get('status', ''))}</td><td>{text_html(str(ep.get('failed', '')))}</td>"
             + "".join(f"<td class=num>{num(m.get(k))}</td>" for k in metrics)
             + "".join(f"<td class=num>{num(r.get(s))}</td>" for s in seats)
             + f"<td class=num>{ep['_steps']}</td></tr>"

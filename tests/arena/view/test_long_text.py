@@ -24,7 +24,7 @@ CHROMIUM = find_chromium()
 if CHROMIUM is not None:
     from playwright.sync_api import Page, sync_playwright
 
-from parley.arena.view.episode import FOLD, WRAP  # noqa: E402
+from parley.arena.view.html import FOLD, WRAP  # noqa: E402
 from parley.arena.view.server import start  # noqa: E402
 
 MOVE = 1_000_000
