@@ -192,3 +192,23 @@ def test_users_are_pointed_to_versions_where_a_message_cannot_forge_a_line() -> 
         if quoting and not spec(scenario_id).make().quote_messages:
             unsafe[scenario_id] = f"{where}; use {quoting[-1]}"
     assert not unsafe, unsafe
+
+
+@pytest.mark.timeout(120)
+def test_an_id_without_version_runs_the_latest_with_a_one_line_note(tmp_path: Path) -> None:
+    from parley.scenarios.registry import versions
+
+    latest = versions("negotiation/deal-or-no-deal")[-1].id
+    argv = [PARLEY, "run", "negotiation/deal-or-no-deal", "--episodes", "1", "--no-progress"]
+    done = subprocess.run(
+        [*argv, "--json", "--out", str(tmp_path)], capture_output=True, text=True, timeout=100
+    )
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stderr.splitlines() if latest in line]
+    assert notes == [
+        f"note: negotiation/deal-or-no-deal resolved to its latest version {latest}; "
+        "pin it for reproducible runs"
+    ]
+    assert json.loads(done.stdout)["scenario"] == latest  # the files say which version
+    transcript = json.loads((tmp_path / "transcripts.jsonl").read_text().splitlines()[0])
+    assert transcript["scenario"] == latest
