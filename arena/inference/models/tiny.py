@@ -23,10 +23,14 @@ Chat format (the ``chat_template`` saved with the tokenizer)::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -206,13 +210,78 @@ def default_model_dir() -> Path:
 
 def ensure_tiny_model(directory: Path | None = None, console: Console | None = None) -> Path:
     """``directory`` (default :func:`default_model_dir`), with the tiny model built in it
-    unless a ``config.json`` is already there."""
+    unless a model is already there (a ``config.json`` and its weights).
+
+    Safe to call from several processes at once and to interrupt: the model is built in a
+    temporary directory beside ``directory`` and renamed into place when whole, under a
+    lock file (``.NAME.lock`` beside it), so a second first run waits for the first one's
+    build and uses it. A directory an interrupted build left by an older parley (a
+    ``config.json`` and no weights, only files a build writes) is replaced; anything else
+    incomplete there is refused with :class:`ConfigError`.
+    """
     directory = directory or default_model_dir()
-    if (directory / "config.json").is_file():
+    if _is_model(directory):
         return directory
-    console = console or Console(stderr=True)
-    started = time.perf_counter()
-    with console.status(f"building the tiny model into {directory}"):
-        build_tiny_model(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with _build_lock(directory):
+        if _is_model(directory):  # built by the run we waited for
+            return directory
+        _clear_leftovers(directory)
+        console = console or Console(stderr=True)
+        started = time.perf_counter()
+        building = Path(
+            tempfile.mkdtemp(prefix=f".{directory.name}.building-", dir=directory.parent)
+        )
+        try:
+            with console.status(f"building the tiny model into {directory}"):
+                build_tiny_model(building)
+            os.rename(building, directory)  # atomic: the directory is whole or absent
+        finally:
+            shutil.rmtree(building, ignore_errors=True)  # gone unless the rename failed
     console.print(f"tiny model built in {directory} ({time.perf_counter() - started:.1f} s)")
     return directory
+
+
+_BUILT_FILES = frozenset(
+    {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json",
+     "generation_config.json", "model.safetensors", "parley_tiny.json", "chat_template.jinja"}
+)  # fmt: skip
+"""Files :func:`build_tiny_model` writes (transformers' tokenizer writes a subset of the
+tokenizer ones, by version): a directory holding only these is a build's."""
+
+
+def _is_model(directory: Path) -> bool:
+    """A checkpoint is there: its ``config.json`` and weights (safetensors or torch)."""
+    if not (directory / "config.json").is_file():
+        return False
+    return any(directory.glob("*.safetensors")) or any(directory.glob("pytorch_model*.bin"))
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """Hold ``.NAME.lock`` beside ``directory`` (released by the kernel if this dies)."""
+    import fcntl
+
+    lock = directory.parent / f".{directory.name}.lock"
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # waits for another process's build
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _clear_leftovers(directory: Path) -> None:
+    """Remove (under the build lock) what interrupted builds left: temporary directories
+    beside ``directory``, and ``directory`` itself when it holds only a build's files."""
+    for stale in directory.parent.glob(f".{directory.name}.building-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if not directory.exists():
+        return
+    names = {p.name for p in directory.iterdir()}
+    if names - _BUILT_FILES or not directory.is_dir():
+        raise ConfigError(
+            f"{directory} holds no complete model (no config.json with weights) and files "
+            "the tiny model build does not write: move it away, or pass another directory"
+        )
+    shutil.rmtree(directory)
