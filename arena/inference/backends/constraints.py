@@ -1,15 +1,19 @@
-"""Action constraints (structured output) for backends that decode token by token.
+r"""Action constraints (structured output) for backends that decode token by token.
 
 A :class:`~parley.protocols.messages.Constraint` says what text a completion may be:
 
 - ``choice``: exactly one of ``choices``. Decoded through a prefix trie over each choice's
   canonical token sequence (the tokenizer's own encoding of the choice), so every
   completion is one of the choices, followed by the end-of-sequence token.
-- ``regex``: the whole completion fully matches ``pattern`` (``regex`` module syntax).
-  At each step a token is allowed iff the text with that token appended can still be
-  extended to a full match (``regex`` partial matching); end-of-sequence is allowed iff
-  the text is already a full match. Cost: one partial match per vocabulary entry per new
-  prefix (cached), fine for small vocabularies, slow for 100k+ ones - use vLLM there.
+- ``regex``: the whole completion fully matches ``pattern``. The dialect is llguidance's,
+  Rust's ``regex`` syntax (classes, ``\d``/``\w``/``\s``, counted repetition, Unicode;
+  no look-around, no backreferences; ``[^\s\S]`` matches nothing), the same on every
+  backend: the transformers backend masks tokens with llguidance (:class:`TokenMatcher`),
+  and vLLM runs its ``guidance`` structured-output backend, the same engine. Matching
+  works on derivatives of the regex, without backtracking (no ReDoS class): a mask takes
+  microseconds to milliseconds. At each step a token is allowed iff the text with it can
+  still be extended to a full match; end-of-sequence iff the text is a full match. Where
+  the constraint forces the text, the engine offers the tokenizer's canonical tokens.
 - ``json``: a JSON Schema compiled to a regex by :func:`json_schema_to_regex`, the same
   regex on every backend (vLLM gets it as a regex constraint), so outputs look alike
   everywhere: every property emitted, in schema order, ``json.dumps`` spacing
@@ -21,11 +25,15 @@ A :class:`~parley.protocols.messages.Constraint` says what text a completion may
   (``pattern``, ``format``, numeric bounds, ``$ref``, ...) with a :class:`BackendError`
   listing what is supported, rather than ignoring it.
 
-Unsatisfiable constraints are errors, not empty outputs: no choices, an empty ``enum`` or
-``anyOf``, ``minItems`` > ``maxItems``, a regex that no text can start to match. The
-transformers backend also refuses a constraint that allows no first token of its
-vocabulary. A constrained completion cut by ``max_tokens`` finishes ``"length"`` (its text
-does not satisfy the constraint); only one that satisfies it finishes ``"stop"``.
+Verdicts depend on the constraint alone, never on time or load. A constraint is refused
+up front (:func:`check_constraint`, :class:`ConstraintError`, a 400 naming ``constraint``
+over HTTP) when it is invalid, over the engine's work limits (:data:`MATCHER_LIMITS`:
+counts of work), or unsatisfiable: no choices, an empty ``enum`` or ``anyOf``,
+``minItems`` > ``maxItems``, a regex no text can match (``[^\s\S]``, decided by the
+engine), or, on the transformers backend, one that allows no first token of the
+vocabulary. Nothing refused is cached; compiled grammars that work are (per vocabulary,
+256 of them). A constrained completion cut by ``max_tokens`` finishes ``"length"`` (its
+text does not satisfy the constraint); only one that satisfies it finishes ``"stop"``.
 
 This module imports no torch: masks are numpy arrays over the vocabulary.
 """
@@ -168,9 +176,10 @@ array nested 17 deep, 494 characters of schema, had grown a regex 4x per level (
 def _schema(s: Any, where: str) -> str:
     out = _schema_body(s, where)
     if len(out) > MAX_SCHEMA_REGEX_CHARS:
-        raise BackendError(
+        raise ConstraintError(
+            "too_costly",
             f"{where}: the schema compiles to a pattern of {len(out):,} characters; at most "
-            f"{MAX_SCHEMA_REGEX_CHARS:,} (nest fewer arrays or objects)"
+            f"{MAX_SCHEMA_REGEX_CHARS:,} (nest fewer arrays or objects)",
         )
     return out
 
