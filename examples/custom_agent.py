@@ -1,8 +1,9 @@
 """A custom parley agent in plain Python: it accepts the partner's first proposal.
 
-Plays either seat of ``negotiation/deal-or-no-deal-v3`` (and every earlier version). In the talk phase it asks
-for a proposal, and as soon as the partner has made one it ends the talk with
-``<selection>``; in the choose phase it claims what the partner's proposal leaves it.
+Plays either seat of ``negotiation/deal-or-no-deal-v3`` (and every earlier version). In
+the talk phase it asks for a proposal, and as soon as the partner has made one it ends the
+talk with ``<selection>``; in the choose phase it claims what the partner's proposal leaves
+it.
 
 In the arena's process (``examples/`` on the import path)::
 
