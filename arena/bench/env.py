@@ -56,8 +56,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
-import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,7 +66,7 @@ import numpy as np
 from pettingzoo import ParallelEnv
 
 from parley.agents.base import Agent
-from parley.arena.bench.floors import raw_pyzmq_steps_per_s
+from parley.arena.bench.floors import ipc_address, raw_pyzmq_steps_per_s
 from parley.arena.bench.textarena import best_rates
 from parley.protocols.messages import Action, Observation
 from parley.scenarios import Scenario, register
@@ -354,12 +352,13 @@ def _runner_rates(
         procs.append(process)
 
     if ipc:
-        path = os.path.join(tempfile.gettempdir(), f"parley-bench-env-{os.urandom(3).hex()}")
-        config = config.replace(listen=f"ipc://{path}", join_timeout=120.0)
         agents = {seat: RemoteSeat(REMOTE_NAME) for seat in work.agents}
     try:
-        runner = Runner(config, agents=agents, on_listen=spawn if ipc else None)
-        result = asyncio.run(runner.run())
+        with ipc_address("arena") as address:
+            if ipc:
+                config = config.replace(listen=address, join_timeout=120.0)
+            runner = Runner(config, agents=agents, on_listen=spawn if ipc else None)
+            result = asyncio.run(runner.run())
     finally:
         for process in procs:
             process.join(timeout=10)

@@ -22,10 +22,12 @@ plain loop of :mod:`~parley.arena.bench.env` with ``copy=True``; the raw loop is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -98,13 +100,25 @@ class _Slot:
         self.waiting = 0
 
 
+@contextlib.contextmanager
+def ipc_address(name: str) -> Iterator[str]:
+    """An ``ipc://`` address in a private temporary directory, removed with what the
+    socket left there on exit (the socket files stayed in /tmp after every bench)."""
+    with tempfile.TemporaryDirectory(prefix="parley-bench-") as directory:
+        yield f"ipc://{os.path.join(directory, name)}"
+
+
 def raw_pyzmq_steps_per_s(work: Workload, concurrency: int) -> tuple[float, float]:
     """Agent steps per CPU second (this process) and per wall-clock second of ``work``'s
     episodes, ``concurrency`` at once, every ``act`` a raw pyzmq round trip to a child
     process (its start and imports are not timed)."""
+    with ipc_address("floor") as address:
+        return _raw_pyzmq_steps_per_s(work, concurrency, address)
+
+
+def _raw_pyzmq_steps_per_s(work: Workload, concurrency: int, address: str) -> tuple[float, float]:
     from parley.scenarios import make
 
-    address = f"ipc://{tempfile.gettempdir()}/parley-bench-floor-{os.urandom(3).hex()}"
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.linger = 0

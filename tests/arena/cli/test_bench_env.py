@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 
 @pytest.mark.timeout(120)
-def test_bench_env_json_reports_the_runner_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_env_json_reports_the_runner_ratios(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
     from parley.arena.cli import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where its ipc sockets go
 
     argv = ["bench", "env", "--json", "--agents", "2", "--steps", "3", "--episodes", "1",
             "--env-episodes", "2", "--repeats", "1", "--trade-episodes", "2",
@@ -29,6 +36,7 @@ def test_bench_env_json_reports_the_runner_ratios(capsys: pytest.CaptureFixture[
         assert "pip install --no-deps textarena==0.7.4" in results["textarena_skipped"]
     else:
         assert results["simple_trade_v1_ratio_vs_textarena"] > 0
+    assert list(tmp_path.iterdir()) == []  # its ipc socket files stayed behind
 
 
 def test_the_textarena_comparison_is_skipped_with_the_install_line_when_missing(
