@@ -321,7 +321,11 @@ class TransformersBackend(Backend):
 
     def _warm_up(self) -> None:
         """Decode two short padded rows once: torch's first forward pays seconds of lazy
-        kernel set-up, which would otherwise land on the first real request."""
+        kernel set-up, which would otherwise land on the first real request. The constraint
+        engine's view of the vocabulary is built here too (about a second for 150k tokens),
+        rather than on the event loop at the first constrained request."""
+        if self._vocab.eos_id >= 0:
+            _ = self._vocab.ll
         request = GenerateRequest(
             prompt_token_ids=[self._tokenizer.pad_token_id] * 2,
             params=SamplingParams(temperature=0, max_tokens=2, n=2, seed=0),
