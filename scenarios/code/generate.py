@@ -20,9 +20,12 @@ the expected values from the correct function, and kept only when:
 - no call runs into the harness's 1 s limit (mutants that hang are no task);
 - it fails at least :data:`MIN_FAIL_RATE` of the draws: a bug that shows this often
   makes the unfixed code pass all 32 calls of an episode with probability below 0.001;
-- the unfixed code with the :data:`TABLE` likeliest inputs of the draws answered right
-  still fails often enough that it passes an episode with probability at most
-  :data:`MAX_TABLE_REWARD` (a bug that lives on a few inputs is fixed by a table of them);
+- the unfixed code with the :data:`TABLE` likeliest inputs of the draws answered right,
+  and each of its outputs remapped to the best of :data:`TRIVIAL` (or kept), passes an
+  episode with probability at most :data:`MAX_OVERRIDE_REWARD`: a bug that lives on a few
+  inputs is fixed by a table of them, and one whose output a fixed remap undoes (a count
+  started at -1, ``-2`` returned for ``-1``, an ``IndexError`` where the answer is
+  ``True``) by a patch over the output; either would be paid as a fix;
 - it behaves unlike every mutant kept before it from the same base (on every draw).
 
 Visible tests: the first three draws of a separate stream, and, when the mutant passes all
@@ -48,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from parley.scenarios.code.harness import run_tests
+from parley.scenarios.code.harness import run_tests, same_value
 from parley.scenarios.code.inputs import INPUTS
 from parley.scenarios.code.task_set import (
     GENERATED_FILE,
@@ -78,7 +81,11 @@ SCREEN = 4
 """Draws of the first pass, which drops the mutants that hang before the long run."""
 MIN_FAIL_RATE = 0.25
 TABLE = 32
-MAX_TABLE_REWARD = 0.01
+MAX_OVERRIDE_REWARD = 0.01
+TRIVIAL: tuple[Any, ...] = (
+    0, 1, -1, 2, True, False, None, "", "a", " ", "0", 0.0, 1.0, 0.5, [], (), {}, set(), [0], [[]],
+)  # fmt: skip
+"""Trivial values a policy tries first (the override and constant attacks use them)."""
 BUNDLE_LIMITS = SandboxLimits(
     cpu_seconds=300, wall_seconds=600, memory_mb=512, max_output_bytes=32_000_000
 )
@@ -266,12 +273,36 @@ def _hangs(results: Sequence[tuple[bool, str]]) -> bool:
     return any("took longer than" in detail for _, detail in results)
 
 
-def table_reward(passed: Sequence[bool], draws: Sequence[tuple[Any, ...]]) -> float:
-    """Expected reward of the unfixed code with the :data:`TABLE` likeliest inputs of
-    ``draws`` answered right (``passed``: the unfixed code's results on ``draws``)."""
-    likeliest = {k for k, _ in Counter(map(repr, draws)).most_common(TABLE)}
-    rate = sum(ok or repr(a) in likeliest for ok, a in zip(passed, draws, strict=True))
-    return float((rate / len(draws)) ** HIDDEN_CALLS)
+def remapped(results: Sequence[tuple[bool, str]], expected: Sequence[Any]) -> list[bool]:
+    """Which calls pass when the unfixed code's outputs are remapped: for each output it
+    gives (``results``' details), the one of :data:`TRIVIAL` (or the output itself) that is
+    right on the most calls giving it, chosen on these very calls."""
+    groups: dict[str, list[int]] = {}
+    for k, (_, detail) in enumerate(results):
+        groups.setdefault(detail, []).append(k)
+    passed = [False] * len(results)
+    for members in groups.values():
+        options = [[results[k][0] for k in members]]
+        options += [[same_value(c, expected[k]) for k in members] for c in TRIVIAL]
+        for k, ok in zip(members, max(options, key=sum), strict=True):
+            passed[k] = ok
+    return passed
+
+
+def override_reward(
+    results: Sequence[tuple[bool, str]],
+    expected: Sequence[Any],
+    likeliest: set[str],
+    calls: Sequence[str],
+) -> float:
+    """Expected reward of the unfixed code with the right answers for the ``likeliest``
+    calls and its other outputs :func:`remapped`: ``q ** HIDDEN_CALLS``, ``q`` its pass rate
+    on ``calls``."""
+    passed = [
+        t or r
+        for t, r in zip((c in likeliest for c in calls), remapped(results, expected), strict=True)
+    ]
+    return float((sum(passed) / len(passed)) ** HIDDEN_CALLS)
 
 
 def _base_tasks(sandbox: Sandbox, base: Base, index: int, seed: int) -> list[dict[str, Any]]:
@@ -288,6 +319,9 @@ def _base_tasks(sandbox: Sandbox, base: Base, index: int, seed: int) -> list[dic
     results = run_bundle(sandbox, [Entry("fix", base.name, fixed, tests), *alive])
     if not all(ok for ok, _ in results["fix"]):
         raise RuntimeError(f"{base.name}: the correct function fails its own draws")
+    values = [ast.literal_eval(want) for _, want in tests[3:]]
+    calls = [call_of(base.name, a) for a in draws]
+    likeliest = {c for c, _ in Counter(calls).most_common(TABLE)}
     out: list[dict[str, Any]] = []
     behaviours: set[tuple[tuple[bool, str], ...]] = set()
     for entry in alive:
@@ -298,7 +332,7 @@ def _base_tasks(sandbox: Sandbox, base: Base, index: int, seed: int) -> list[dic
         if (
             _hangs(drawn)
             or passed.count(False) < MIN_FAIL_RATE * len(drawn)
-            or table_reward(passed, draws) > MAX_TABLE_REWARD
+            or override_reward(drawn, values, likeliest, calls) > MAX_OVERRIDE_REWARD
             or behaviour in behaviours
         ):
             continue

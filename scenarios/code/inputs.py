@@ -276,6 +276,12 @@ INPUTS.update(
         "prefix_within": lambda rng: (_ints(rng, 0, 4, 0, 8), _int(rng, 0, 12)),
         "keep_at_least": lambda rng: (_ints(rng, 0, 5, 0, 9), _int(rng, 0, 5)),
         "count_equal_neighbours": lambda rng: (_ints(rng, 0, 2, 0, 10),),
+        "count_negatives": lambda rng: (_ints(rng, -3, 3, 0, 9),),
+        "abs_sum": lambda rng: (_ints(rng, -9, 9, 0, 8),),
+        "replace_all": lambda rng: (_ints(rng, 0, 4, 0, 8), _int(rng, 0, 4), _int(rng, 5, 9)),
+        "interleave": lambda rng: (_ints(rng, 0, 9, 0, 5), _ints(rng, 10, 19, 0, 5)),
+        "majority": lambda rng: (_ints(rng, 0, _int(rng, 1, 3), 0, 7),),
+        "count_between": lambda rng: (_ints(rng, 0, 6, 0, 9), _int(rng, 0, 4), _int(rng, 2, 6)),
     }
 )
 
