@@ -366,7 +366,7 @@ def matches(constraint: Constraint, text: str) -> bool:
             return True
         raise
     matcher = _compiled(_byte_vocab(), grammar)
-    return matcher.consume_tokens(list(text.encode())) and matcher.is_accepting()
+    return bool(matcher.consume_tokens(list(text.encode())) and matcher.is_accepting())
 
 
 # --- token level ----------------------------------------------------------------------
