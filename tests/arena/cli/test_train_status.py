@@ -13,35 +13,24 @@ pytest.importorskip("torch")
 
 from parley.arena.cli import main
 from parley.arena.training.loop import SHORT_OF_TARGET
-from tests.arena.training.referential import REFERENTIAL_K2
+from tests.arena.training.test_stage_restarts import LISTENER, _config
 
 
 @pytest.mark.timeout(120)
 def test_a_stage_short_of_its_target_is_the_last_line_and_a_distinct_status(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    listener = {"speaker": "scripted", "listener": "policy:listener"}
-    config = {
-        "scenario": "collaboration/referential-v0",
-        "scenario_kwargs": REFERENTIAL_K2,
-        "model": "tiny",
-        "policies": ["listener"],
-        "agent": {"max_tokens": 4, "system_prompt": False},
-        "sampler": {"batch_size": 4, "staleness": 0, "concurrency": 4},
-        "pg": {"estimator": "grpo", "grouping": "role", "lr": 1e-3},
-        "threads": 1,
-        "progress": False,
-        "stages": [
-            # Success is at most 1: this stage runs to its cap, short of its target.
-            {"name": "short", "agents": listener, "train": ["listener"], "max_updates": 2,
-             "target": 2.0, "window": 1},
-            # Success is at least 0: this one reaches its target at its first update.
-            {"name": "met", "agents": listener, "train": ["listener"], "max_updates": 2,
-             "target": -1.0, "window": 1},
-            {"name": "untargeted", "agents": listener, "train": ["listener"], "max_updates": 1},
-        ],
-        "out": str(tmp_path / "run"),
-    }  # fmt: skip
+    stages = [
+        # Success is at most 1: this stage runs to its cap, short of its target.
+        {"name": "short", "agents": LISTENER, "train": ["listener"], "max_updates": 2,
+         "target": 2.0, "window": 1},
+        # Success is at least 0: this one reaches its target at its first update.
+        {"name": "met", "agents": LISTENER, "train": ["listener"], "max_updates": 2,
+         "target": -1.0, "window": 1},
+        {"name": "untargeted", "agents": LISTENER, "train": ["listener"], "max_updates": 1},
+    ]  # fmt: skip
+    small = {"batch_size": 4, "staleness": 0, "concurrency": 4}
+    config = _config(tmp_path, stages, policies=["listener"], sampler=small)
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     assert SHORT_OF_TARGET not in (0, 1, 2, 130)  # distinct from success, errors, usage, ^C
