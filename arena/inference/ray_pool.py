@@ -463,10 +463,23 @@ class RayPool(PoolService):
     async def fingerprints(self, policy: str, names: list[str]) -> list[str | None]:
         """Per replica, :meth:`PoolReplica.fingerprint` of ``policy``'s weights ``names``
         (None for a dead replica)."""
-        answers: list[str | None] = []
+        return await self._ask_each(lambda actor: actor.fingerprint.remote(policy, names))
+
+    async def _ask_each(self, call: Callable[[Any], Any]) -> list[Any]:
+        """``await call(actor)`` for each replica in turn; None for a dead one. A replica
+        found dead here is dropped (and replaced) as a request would drop it: no
+        ``RayActorError`` reaches the caller."""
+        from ray.exceptions import RayActorError
+
+        answers: list[Any] = []
         for i, actor in enumerate(self.actors):
-            alive = i not in self.dead
-            answers.append(await actor.fingerprint.remote(policy, names) if alive else None)
+            answer = None
+            if i not in self.dead:
+                try:
+                    answer = await call(actor)
+                except RayActorError as exc:
+                    self._drop(i, f"its actor died ({type(exc).__name__})")
+            answers.append(answer)
         return answers
 
     def figures(self) -> dict[str, Any]:
@@ -487,10 +500,8 @@ class RayPool(PoolService):
     async def requests_per_replica(self) -> list[int]:
         """Requests each live replica's actor has received (dead ones: -1); a replacement
         counts from its own start (:meth:`figures` has the front's count per slot)."""
-        counts = []
-        for i, actor in enumerate(self.actors):
-            counts.append(-1 if i in self.dead else await actor.requests.remote())
-        return counts
+        counts = await self._ask_each(lambda actor: actor.requests.remote())
+        return [-1 if count is None else count for count in counts]
 
     async def close(self) -> None:
         """Close every replica's pool, then the actors and their placement group."""

@@ -432,6 +432,12 @@ def test_a_lone_pool_replica_that_dies_is_replaced_and_serve_keeps_serving(
             assert pool.replaced == 1
             assert pool.dead == set()
             ray.kill(pool.actors[0], no_restart=True)  # beyond the budget (1 per replica)
+            for _ in range(200):  # asking a dead replica drops it, raises no RayActorError
+                if await pool.requests_per_replica() == [-1]:
+                    break
+                await asyncio.sleep(0.05)
+            assert pool.dead == {0}
+            assert await pool.fingerprints("p", ["x"]) == [None]
             with pytest.raises(PoolError) as closed:
                 await pool.generate(request)
             assert closed.value.code == "closed"

@@ -48,14 +48,21 @@ def _watch_pushes(monkeypatch: Any, kill_after: int | None = None) -> list[dict[
 
     async def checked(self: RayPool, update: Any) -> int:
         version: int = await update_weights(self, update)
-        if killed:  # (the test waits for the dead replica's replacement; a run would not)
-            await self.settled()
-        live = [i for i in range(len(self.actors)) if i not in self.dead]
         names = sorted(update.tensors)
-        served = await asyncio.gather(*(self.actors[i].policies.remote() for i in live))
-        prints = await asyncio.gather(
-            *(self.actors[i].fingerprint.remote(update.policy, names) for i in live)
-        )
+        while True:
+            if killed:  # (the test waits for the dead replica's replacement; a run would not)
+                await self.settled()
+            # No request runs in here, so none can kill a replica while it is asked (at
+            # load one did, between settled() and these calls: ActorDiedError escaped).
+            async with self._exclusive():
+                if self._replacing:  # killed meanwhile: wait for its replacement first
+                    continue
+                live = [i for i in range(len(self.actors)) if i not in self.dead]
+                served = await asyncio.gather(*(self.actors[i].policies.remote() for i in live))
+                prints = await asyncio.gather(
+                    *(self.actors[i].fingerprint.remote(update.policy, names) for i in live)
+                )
+                break
         pushes.append({"policy": update.policy, "version": update.version, "returned": version,
                        "live": live, "served": [s[update.policy] for s in served],
                        "prints": prints, "pushed": weights_digest(update.tensors)})  # fmt: skip
