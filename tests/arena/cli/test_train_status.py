@@ -18,7 +18,7 @@ from tests.arena.training.test_stage_restarts import LISTENER, _config
 
 @pytest.mark.timeout(120)
 def test_a_stage_short_of_its_target_is_the_last_line_and_a_distinct_status(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     stages = [
         # Success is at most 1: this stage runs to its cap, short of its target.
@@ -30,7 +30,9 @@ def test_a_stage_short_of_its_target_is_the_last_line_and_a_distinct_status(
         {"name": "untargeted", "agents": LISTENER, "train": ["listener"], "max_updates": 1},
     ]  # fmt: skip
     small = {"batch_size": 4, "staleness": 0, "concurrency": 4}
-    config = _config(tmp_path, stages, policies=["listener"], sampler=small)
+    config = _config(
+        tmp_path, stages, policies=["listener"], sampler=small, model=str(tiny_model_dir)
+    )
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     assert SHORT_OF_TARGET not in (0, 1, 2, 130)  # distinct from success, errors, usage, ^C
