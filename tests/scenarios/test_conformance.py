@@ -20,7 +20,7 @@ SCENARIOS = sorted(
 
 # code/debug's hostile check sends never-ending programs through every tool and submits one:
 # ~26 s per version (sandbox time budgets and the hidden run's limit), so it runs as slow.
-_SLOW = {(f"code/debug-v{v}", "hostile") for v in range(3)}
+_SLOW = {(f"code/debug-v{v}", "hostile") for v in range(4)}
 _CASES = [
     pytest.param(s, c, marks=[pytest.mark.slow] if (s, c) in _SLOW else [], id=f"{s}-{c}")
     for s in SCENARIOS
