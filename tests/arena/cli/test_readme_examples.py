@@ -165,11 +165,7 @@ def _pointed_to() -> dict[str, str]:
     from parley.arena.cli.demo import DemoOptions
 
     found = {DemoOptions.scenario: "parley demo"}
-    for path in [
-        ROOT / "README.md",
-        ROOT / "docs" / "custom_agent.md",
-        *(ROOT / "examples").iterdir(),
-    ]:
+    for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").iterdir()]:
         if path.suffix in (".md", ".yaml", ".py"):
             for scenario_id in _COMMAND_ID.findall(path.read_text()):
                 found.setdefault(scenario_id, path.name)
