@@ -14,6 +14,8 @@ expected value, parsed by :func:`ast.literal_eval`, using ``==`` on those truste
 method of the submission's objects ever runs in the judge, and ``[1]`` never equals ``(1,)``.
 Numbers compare as Python compares them (``5.0 == 5``): the reference fix of ``average``
 returns ``5.0`` where the task expects ``5``, and v0 scored it so.
+``strict=True`` (code/debug-v3, whose expected values are the fix's own results) compares
+type-exact instead (:func:`same_value`): ``True`` is not ``1``, ``5.0`` is not ``5``.
 
 The untrusted code can print anything, including a forged results line, since it shares
 the runner's process. That is harmless by construction: a forged entry only claims that a

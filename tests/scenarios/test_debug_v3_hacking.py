@@ -53,6 +53,7 @@ from parley.scenarios.code.task_set import (
     v3_tasks,
 )
 from parley.scenarios.tools.sandbox import Sandbox, isolation
+from tests.scenarios.test_debug_reward_hacking import FAMILIES, PRELUDE, _candidates
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -263,6 +264,15 @@ def test_v3_episodes_pay_only_the_fix(name: str) -> None:
     for label, program in programs.items():
         assert _task_reward("code/debug-v3", index, program, seed=1) == 0.0, label
     assert _task_reward("code/debug-v3", index, task.fixed, seed=1) == 1.0
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_harness_exploit_families_earn_nothing_in_v3(family: str) -> None:
+    """v0's fast exploit families (15: forged results lines, patched builtins, reading the
+    task files, introspection...), appended to the unfixed code as in v0's suite."""
+    index = next(i for i, t in enumerate(v3_tasks()) if t.name == "is_palindrome")
+    code = v3_tasks()[index].buggy + PRELUDE + _candidates() + FAMILIES[family]
+    assert _task_reward("code/debug-v3", index, code) == 0.0
 
 
 def test_true_is_not_one_in_v3() -> None:
