@@ -154,6 +154,30 @@ def _statement_edits(node: ast.AST) -> Iterator[tuple[str, Edit]]:
             yield "missing_case", edit
 
 
+def _ops(new: type) -> Callable[[Any], Any]:
+    return lambda _: [new()]
+
+
+def _swapped(op: Any) -> Any:
+    return _OPERATOR[type(op)]()
+
+
+def _without(drop: int) -> Callable[[list[Any]], list[Any]]:
+    return lambda values: values[:drop] + values[drop + 1 :]
+
+
+def _shifted(delta: int) -> Callable[[int], int]:
+    return lambda value: value + delta
+
+
+def _bound_shifted(delta: int) -> Callable[[ast.expr], ast.expr]:
+    return lambda bound: _plus(bound, delta)
+
+
+def _arg_shifted(at: int, delta: int) -> Callable[[list[ast.expr]], list[ast.expr]]:
+    return lambda args: [*args[:at], _plus(args[at], delta), *args[at + 1 :]]
+
+
 def _edits(node: ast.AST) -> Iterator[tuple[str, Edit]]:
     """Every bug that can go at ``node`` (kind, in-place edit of a copy of the node)."""
     yield from _statement_edits(node)
@@ -161,32 +185,27 @@ def _edits(node: ast.AST) -> Iterator[tuple[str, Edit]]:
         op = type(node.ops[0])
         for kind, table in (("wrong_boundary", _BOUNDARY), ("wrong_operator", _OPERATOR)):
             if op in table:
-                yield kind, _set("ops", lambda _, new=table[op]: [new()])
+                yield kind, _set("ops", _ops(table[op]))
     elif isinstance(node, ast.BinOp | ast.AugAssign) and type(node.op) in _OPERATOR:
-        yield "wrong_operator", _set("op", lambda op: _OPERATOR[type(op)]())
+        yield "wrong_operator", _set("op", _swapped)
     elif isinstance(node, ast.BoolOp):
-        yield "wrong_operator", _set("op", lambda op: _OPERATOR[type(op)]())
+        yield "wrong_operator", _set("op", _swapped)
         for drop in range(len(node.values)):
-            yield "missing_case", _set("values", lambda vs, d=drop: vs[:d] + vs[d + 1 :])
+            yield "missing_case", _set("values", _without(drop))
     elif isinstance(node, ast.Constant) and type(node.value) is int:
         for delta in (1, -1):
-            yield "off_by_one", _set("value", lambda v, d=delta: v + d)
+            yield "off_by_one", _set("value", _shifted(delta))
     elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "range":
         for at, arg in enumerate(node.args):
             if not isinstance(arg, ast.Constant):
                 for delta in (1, -1):
-                    yield (
-                        "off_by_one",
-                        _set(
-                            "args", lambda a, i=at, d=delta: [*a[:i], _plus(a[i], d), *a[i + 1 :]]
-                        ),
-                    )
+                    yield "off_by_one", _set("args", _arg_shifted(at, delta))
     elif isinstance(node, ast.Slice):
         for field in ("lower", "upper"):
             bound = getattr(node, field)
             if bound is not None and not isinstance(bound, ast.Constant):
                 for delta in (1, -1):
-                    yield "off_by_one", _set(field, lambda b, d=delta: _plus(b, d))
+                    yield "off_by_one", _set(field, _bound_shifted(delta))
 
 
 def mutants(source: str) -> list[Mutant]:

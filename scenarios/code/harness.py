@@ -288,7 +288,7 @@ def same_value(got: Any, expected: Any) -> bool:
             return False
         return all(same_value(got[k], expected[k]) for k in got)
     if kind is set:
-        return _tagged(got) == _tagged(expected)
+        return bool(_tagged(got) == _tagged(expected))
     return bool(got == expected)
 
 
