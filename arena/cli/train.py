@@ -77,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{exc}{common.valid_keys_hint(str(exc), TrainConfig)}") from None
     result = train(config)
     table = Table(title=f"{config.scenario}: training ({result.wall_s:.0f} s)")
-    columns = ("stage", "updates", "episodes", "first", "last", "failed", "stale dropped", "wall s")
+    columns = (
+        *("stage", "updates", "episodes", "first", "last", "target"),
+        *("failed", "stale dropped", "wall s"),
+    )
     for column in columns:
         table.add_column(column, justify="right" if column != "stage" else "left")
     for s in result.stage_summaries:
@@ -89,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
             str(s["episodes"]),
             _num(s["first"]),
             _num(s["last"]),
+            _target(s),
             str(s["failed_episodes"]),
             str(s.get("dropped_stale", 0)),
             f"{s['wall_s']:.0f}",
@@ -139,6 +143,13 @@ def _spec(checkpoint: Any) -> str:
         return f"llm:{checkpoint}"
     base = json.loads(config.read_text()).get("base_model_name_or_path") or "BASE"
     return f"llm:{base}?adapter={checkpoint}"
+
+
+def _target(stage: dict[str, Any]) -> str:
+    """A stage's target and whether it was reached ("-" without one)."""
+    if stage.get("target") is None:
+        return "-"
+    return f"{stage['target']:.3f} {'reached' if stage.get('reached') else 'short'}"
 
 
 def _num(value: Any) -> str:

@@ -39,7 +39,11 @@ def test_a_stage_short_of_its_target_is_the_last_line_and_a_distinct_status(
 
     assert main(["train", "--config", str(path)]) == SHORT_OF_TARGET
 
-    err = capsys.readouterr().err.strip().splitlines()
+    captured = capsys.readouterr()
+    table = [line for line in captured.out.splitlines() if line.startswith("│ ")]
+    assert "2.000 short" in next(line for line in table if line.startswith("│ short "))
+    assert "-1.000 reached" in next(line for line in table if line.startswith("│ met "))
+    err = captured.err.strip().splitlines()
     assert err[-1].startswith("parley train: short of target: short at ")
     assert "< 2.0 after 2 updates" in err[-1]
     assert "met" not in err[-1]
