@@ -18,8 +18,12 @@ from tests.arena.training.test_stage_restarts import LISTENER, _config
 
 @pytest.mark.timeout(120)
 def test_a_stage_short_of_its_target_is_the_last_line_and_a_distinct_status(
-    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)  # the log width: table rows stay one line
     stages = [
         # Success is at most 1: this stage runs to its cap, short of its target.
         {"name": "short", "agents": LISTENER, "train": ["listener"], "max_updates": 2,
