@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from parley.scenarios.code.debug_tasks import TASKS, DebugTask, TaskDataError, Test
+from parley.scenarios.code.debug_tasks import TASKS, DebugTask, TaskDataError, Test, _tests
 from parley.scenarios.code.inputs import INPUTS
 
 __all__ = ["EXCLUDED", "GENERATED_FILE", "HIDDEN_CALLS", "DrawnTask", "draw_hidden", "v3_tasks"]
@@ -126,16 +126,7 @@ def _generated(index: int, record: Any) -> DrawnTask:
         raise TaskDataError(f"{label}: must be an object with the fields {_GENERATED_FIELDS}")
     if not all(isinstance(record[f], str) and record[f] for f in _GENERATED_FIELDS[:-1]):
         raise TaskDataError(f"{label}: every field but 'visible' must be a non-empty string")
-    visible = record["visible"]
-    if not (
-        isinstance(visible, list)
-        and visible
-        and all(
-            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
-            for p in visible
-        )
-    ):
-        raise TaskDataError(f"{label}: 'visible' must be a non-empty list of [call, expected]")
+    visible = _tests(label, "visible", record["visible"])
     if record["function"] not in INPUTS:
         raise TaskDataError(f"{label}: no input generator for {record['function']!r}")
     return DrawnTask(
@@ -143,7 +134,7 @@ def _generated(index: int, record: Any) -> DrawnTask:
         description=record["description"],
         buggy=record["buggy"],
         fixed=record["fixed"],
-        visible=tuple((call, expected) for call, expected in visible),
+        visible=visible,
         hidden=(),
         function=record["function"],
         kind=record["kind"],
