@@ -1,0 +1,413 @@
+"""openspiel:GAME - any OpenSpiel game the adapter can represent, as a parley scenario.
+
+``GAME`` is what ``pyspiel.load_game`` takes, parameters included:
+``openspiel:kuhn_poker``, ``openspiel:leduc_poker(players=3)``, ``openspiel:hanabi``.
+
+Seats: ``player_0`` ... ``player_{n-1}`` (OpenSpiel's player ``i``).
+
+Turn order: the library's. At a sequential node the current player is asked; at a
+simultaneous node every player who has not chosen yet is asked, and the joint move is
+applied once all have chosen. Chance nodes are resolved by the scenario, drawing from the
+generator of ``reset(seed=...)`` (OpenSpiel's explicit outcome probabilities), so an episode
+is a function of its seed and the moves.
+
+Observations: on each of its turns a seat sees OpenSpiel's ``observation_string(player)``
+(``information_state_string(player)`` where the game has no observation string), which holds
+only what that player may know, then the prompt with its legal moves. At the end every seat
+sees its final observation and the returns.
+
+Actions: one legal move written as ``action_to_string(player, action)`` names it (spaces
+around it and letter case do not matter). ``infos[seat]["constraint"]`` is a ``choice`` over
+exactly those strings, so a constrained LLM never plays an illegal move; ``infos[seat]
+["view"]`` holds ``player`` and ``legal`` (the same strings). Anything else is an invalid move
+and the seat is asked again; after ``invalid_tries`` invalid moves in a row (default 3) a
+legal move drawn from the episode's generator is played for it, so every episode ends
+within the game's own length.
+
+Rewards: component ``task`` is the change of OpenSpiel's ``returns()`` after each step, so a
+seat's ``task`` total is the library's return for the same moves; ``invalid`` is
+``-invalid_penalty`` per invalid move (default 0).
+
+Arguments: ``invalid_tries`` (3), ``invalid_penalty``, ``max_cycles`` (default: the game's
+``max_game_length() * invalid_tries`` plus slack), ``render_mode``.
+
+    >>> env = make("openspiel:kuhn_poker")
+
+Not represented (:func:`catalog` lists each with its reason): mean-field games, games whose
+chance draws come from the library's own generator (``SAMPLED_STOCHASTIC``), games that need
+parameters to load, games with no observation or information-state string.
+
+Version history: the adapter's first version (the id carries no ``-vN``: the game is
+OpenSpiel's, pinned by the ``games`` extra's ``open-spiel`` version).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parley.protocols.errors import ConfigError
+from parley.scenarios.base import Scenario
+from parley.scenarios.charset import printable
+from parley.scenarios.imported import Entry
+from parley.scenarios.registry import ScenarioSpec
+
+__all__ = ["OpenSpielGame", "catalog", "load_game", "spec_for"]
+
+_INSTALL = 'OpenSpiel is not installed: pip install -e ".[games]" (open-spiel 2.0.2)'
+_BASELINE = "parley.agents.scripted.imported:RandomLegal"
+_MAX_CHOICES_SHOWN = 200  # legal moves listed in the prompt (the constraint has them all)
+
+
+def _pyspiel() -> Any:
+    try:
+        import pyspiel
+    except ImportError as exc:
+        raise ConfigError(_INSTALL) from exc
+    return pyspiel
+
+
+def _refusal(game_type: Any) -> str:
+    """Why the adapter cannot play games of this type ("" when it can)."""
+    pyspiel = _pyspiel()
+    kind = pyspiel.GameType
+    if game_type.dynamics not in (kind.Dynamics.SEQUENTIAL, kind.Dynamics.SIMULTANEOUS):
+        return f"{game_type.dynamics.name.lower()} dynamics (not a game between seats)"
+    if game_type.chance_mode == kind.ChanceMode.SAMPLED_STOCHASTIC:
+        return "sampled chance (drawn by the library's own generator, not reset(seed))"
+    if not game_type.default_loadable:
+        return "needs parameters to load (give them: openspiel:GAME(param=value))"
+    if not (game_type.provides_observation_string or game_type.provides_information_state_string):
+        return "no observation or information-state string to show a seat"
+    return ""
+
+
+_GAMES: dict[str, Any] = {}
+"""Games loaded so far, by name: a game object is immutable (states are made from it), and
+some take seconds to load (colored_trails reads its boards), so each is loaded once."""
+
+
+def load_game(name: str) -> Any:
+    """``pyspiel.load_game(name)``, refused with the reason when the adapter cannot play it."""
+    if name in _GAMES:
+        return _GAMES[name]
+    pyspiel = _pyspiel()
+    try:
+        game = pyspiel.load_game(name)
+    except pyspiel.SpielError as exc:
+        raise ConfigError(
+            f"OpenSpiel cannot load {name!r}: {exc}; `parley list --all` lists the games"
+        ) from exc
+    why = _refusal(game.get_type())
+    # A game that loads with parameters is fine; only the other reasons refuse it.
+    if why and not why.startswith("needs parameters"):
+        raise ConfigError(f"openspiel:{name} cannot be played as a parley scenario: {why}")
+    why = _probe(game)
+    if why:
+        raise ConfigError(f"openspiel:{name} cannot be played as a parley scenario: {why}")
+    _GAMES[name] = game
+    return game
+
+
+def _probe(game: Any) -> str:
+    """Why the first decision of ``game`` cannot be shown to a seat ("" when it can): some
+    games expose their moves only as structs, with no legal action ids or strings."""
+    pyspiel = _pyspiel()
+    state = game.new_initial_state()
+    try:
+        OpenSpielGame._resolve_chance(state, np.random.default_rng(0))
+        if state.is_terminal():
+            return "ends before its first move"
+        players = (
+            range(game.num_players()) if state.is_simultaneous_node() else [state.current_player()]
+        )
+        for player in players:
+            for action in state.legal_actions(player)[:1]:
+                state.action_to_string(player, action)
+            if game.get_type().provides_observation_string:
+                state.observation_string(player)
+            else:
+                state.information_state_string(player)
+    except pyspiel.SpielError as exc:
+        return f"its first move cannot be shown ({str(exc).splitlines()[0][:120]})"
+    return ""
+
+
+def _describe(game: Any) -> str:
+    kind = game.get_type()
+    return (
+        f"OpenSpiel {kind.long_name}: {game.num_players()} players, "
+        f"{kind.dynamics.name.lower()}, {kind.information.name.lower().replace('_', ' ')}, "
+        f"{kind.utility.name.lower().replace('_', '-')}."
+    )
+
+
+def spec_for(name: str) -> ScenarioSpec:
+    """The spec of ``openspiel:NAME`` (loads the game once to check it)."""
+    game = load_game(name)
+    return ScenarioSpec(
+        f"openspiel:{name}",
+        "parley.scenarios.imported.openspiel:OpenSpielGame",
+        kwargs={"game": name},
+        baselines={"*": _BASELINE},
+        description=_describe(game),
+    )
+
+
+def catalog() -> list[Entry]:
+    """Every registered OpenSpiel game: accepted ones with seats and a description, the
+    others with the reason."""
+    pyspiel = _pyspiel()
+    out = []
+    for game_type in pyspiel.registered_games():
+        name = f"openspiel:{game_type.short_name}"
+        why = _refusal(game_type)
+        if why:
+            out.append(Entry(name, (), game_type.long_name, why))
+            continue
+        try:
+            game = load_game(game_type.short_name)
+        except ConfigError as exc:
+            out.append(Entry(name, (), game_type.long_name, str(exc).split(": ", 1)[-1]))
+            continue
+        seats = tuple(f"player_{i}" for i in range(game.num_players()))
+        out.append(Entry(name, seats, _describe(game)))
+    return out
+
+
+@dataclasses.dataclass
+class _Moves:
+    """One seat's legal moves now: the shown string of each, and string -> action id."""
+
+    shown: list[str]
+    by_text: dict[str, int]
+
+
+class OpenSpielGame(Scenario):
+    """An OpenSpiel game (module docstring)."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "openspiel:*",
+        "render_modes": ["ansi"],
+        "is_parallelizable": True,
+    }
+    max_action_length: ClassVar[int] = 200
+
+    def __init__(
+        self,
+        game: str,
+        *,
+        invalid_tries: int = 3,
+        render_mode: str | None = "ansi",
+        max_cycles: int | None = None,
+        invalid_penalty: float | None = None,
+    ) -> None:
+        if invalid_tries < 1:
+            raise ConfigError(f"invalid_tries must be >= 1, got {invalid_tries}")
+        self.game = load_game(game)
+        self.invalid_tries = invalid_tries
+        self.metadata = {**type(self).metadata, "name": f"openspiel:{game}"}
+        kind = self.game.get_type()
+        self._use_observation = bool(kind.provides_observation_string)
+        self._simultaneous_game = kind.dynamics.name == "SIMULTANEOUS"
+        if max_cycles is None:  # every move may take invalid_tries steps, chance takes none
+            max_cycles = max(1, self.game.max_game_length()) * invalid_tries + 10
+        seats = [f"player_{i}" for i in range(self.game.num_players())]
+        super().__init__(
+            seats, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
+        )
+        self.index = {seat: i for i, seat in enumerate(seats)}
+        self.state_: Any = None
+        self._moves: dict[str, _Moves] = {}
+        self._chosen: dict[str, int] = {}  # simultaneous node: seat -> chosen action
+        self._misses: dict[str, int] = {}
+        self._changed = False  # a move was applied since the acting seats were told
+        self._paid = np.zeros(len(seats))
+
+    # ------------------------------------------------------------------ hooks
+
+    def new_episode(self, rng: np.random.Generator) -> None:
+        self.state_ = self.game.new_initial_state()
+        self._paid = np.zeros(self.num_seats)
+        self._misses = dict.fromkeys(self.possible_agents, 0)
+        self._chosen = {}
+        self._advance(rng)
+
+    @property
+    def num_seats(self) -> int:
+        return len(self.possible_agents)
+
+    def brief(self) -> None:
+        self._refresh()
+        self._tell_acting()
+
+    def acting(self) -> list[str]:
+        return [seat for seat in self._moves if seat not in self._chosen]
+
+    def play(self, agent: str, action: str) -> str | None:
+        moves = self._moves[agent]
+        chosen = moves.by_text.get(action.strip().lower())
+        if chosen is None:
+            self._misses[agent] += 1
+            shown = action.strip()[:60]
+            reason = f"{shown!r} is not a legal move; legal: {self._listed(moves.shown)}"
+            if self._misses[agent] < self.invalid_tries:
+                return reason
+            picked = moves.shown[int(self.rng.integers(len(moves.shown)))]
+            chosen = moves.by_text[picked.lower()]
+            reason += f"; {self.invalid_tries} invalid moves in a row: played {picked!r}"
+        else:
+            reason = None
+        self._misses[agent] = 0
+        if self.state_.is_simultaneous_node():
+            self._chosen[agent] = chosen
+        else:
+            self.state_.apply_action(chosen)
+            self._after_move()
+        return reason
+
+    def resolve(self) -> None:
+        if self._chosen and len(self._chosen) == len(self._moves):  # the joint move is in
+            joint = [self._chosen.get(seat, 0) for seat in self.possible_agents]
+            self._chosen = {}
+            self.state_.apply_actions(joint)
+            self._after_move()
+        if self._changed and not self._done:
+            self._changed = False
+            self._tell_acting()
+
+    def prompt(self, agent: str) -> str:
+        shown = self._listed(self._moves[agent].shown)
+        return f"Your move as {agent}. Answer with one legal move: {shown}"
+
+    def constraint(self, agent: str) -> dict[str, Any] | None:
+        return {"type": "choice", "choices": list(self._moves[agent].shown)}
+
+    def view(self, agent: str) -> dict[str, Any]:
+        moves = self._moves.get(agent)
+        legal = list(moves.shown) if moves is not None and agent not in self._chosen else []
+        return {"player": self.index[agent], "legal": legal}
+
+    def system_prompt(self, agent: str) -> str:
+        kind = self.game.get_type()
+        return printable(
+            f"You play {kind.long_name} (OpenSpiel '{self.metadata['name'][10:]}') as "
+            f"{agent}, one of {self.num_seats} players. On your turn you see what you know "
+            "of the game and the list of legal moves; answer with exactly one legal move, "
+            "written as listed. Your score is the game's return for you."
+        )
+
+    def metrics(self) -> dict[str, float]:
+        if self.state_ is None or not self.state_.is_terminal():
+            return {}
+        returns = self.state_.returns()
+        return {f"return_{seat}": float(returns[i]) for i, seat in enumerate(self.possible_agents)}
+
+    def snapshot(self) -> Any:
+        history = [] if self.state_ is None else [int(a) for a in self.state_.history()]
+        return {"game": self.metadata["name"], "history": history}
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """Redraw the chance outcomes dealt before the first move (cards, hidden values),
+        one at a time, into others that leave ``keep``'s observation as it was after each;
+        ``False`` when none differ (or the game shows no observation during the deal)."""
+        if self.game.get_type().information.name == "PERFECT_INFORMATION":
+            return False  # (a chance outcome the observation omits is still public)
+        player = self.index[keep]
+        dealt, other = self.game.new_initial_state(), self.game.new_initial_state()
+        history = list(self.state_.history())
+        try:
+            for action in history:
+                dealt.apply_action(action)
+                seen = self._observation(player, dealt)
+                for outcome in rng.permutation([o for o, _ in other.chance_outcomes()]):
+                    child = other.child(int(outcome))
+                    if self._observation(player, child) == seen:
+                        other = child
+                        break
+                else:
+                    return False
+        except _pyspiel().SpielError:
+            return False
+        if list(other.history()) == history:
+            return False
+        self.state_ = other
+        return True
+
+    # ------------------------------------------------------------------ internals
+
+    def _after_move(self) -> None:
+        self._changed = True
+        self._advance(self.rng)
+        if self._done:
+            return
+        self._refresh()
+
+    def _advance(self, rng: np.random.Generator) -> None:
+        """Resolve chance nodes, pay the change of the returns, finish at the end."""
+        state = self.state_
+        self._resolve_chance(state, rng)
+        returns = np.asarray(state.returns(), dtype=float)
+        for i, seat in enumerate(self.possible_agents):
+            if returns[i] != self._paid[i]:
+                self.reward(seat, "task", returns[i] - self._paid[i])
+        self._paid = returns
+        if state.is_terminal():
+            self._moves = {}
+            self.finish()
+            self._tell_end()
+
+    @staticmethod
+    def _resolve_chance(state: Any, rng: np.random.Generator) -> None:
+        while state.is_chance_node():
+            outcomes = state.chance_outcomes()
+            weights = np.cumsum([p for _, p in outcomes])
+            pick = int(np.searchsorted(weights, rng.random() * weights[-1], side="right"))
+            state.apply_action(outcomes[min(pick, len(outcomes) - 1)][0])
+
+    def _refresh(self) -> None:
+        """The legal moves of every seat asked now."""
+        state = self.state_
+        if state.is_simultaneous_node():
+            players = [p for p in range(self.num_seats) if state.legal_actions(p)]
+        else:
+            players = [state.current_player()]
+        self._moves = {self.possible_agents[p]: self._legal(p) for p in players}
+
+    def _legal(self, player: int) -> _Moves:
+        state = self.state_
+        actions = state.legal_actions(player)
+        texts = [printable(state.action_to_string(player, a)).strip() for a in actions]
+        counts: dict[str, int] = {}
+        for text in texts:
+            counts[text.lower()] = counts.get(text.lower(), 0) + 1
+        shown = [
+            text if text and counts[text.lower()] == 1 and "\n" not in text else f"{text} #{a}"
+            for text, a in zip(texts, actions, strict=True)
+        ]
+        return _Moves(shown, {text.lower(): a for text, a in zip(shown, actions, strict=True)})
+
+    def _observation(self, player: int, state: Any = None) -> str:
+        state = self.state_ if state is None else state
+        if self._use_observation:
+            return str(state.observation_string(player))
+        return str(state.information_state_string(player))
+
+    def _tell_acting(self) -> None:
+        for seat in self.acting():
+            self.tell(seat, self._observation(self.index[seat]))
+
+    def _tell_end(self) -> None:
+        returns = self.state_.returns()
+        final = ", ".join(f"{s} {returns[i]:g}" for i, s in enumerate(self.possible_agents))
+        for seat in self.possible_agents:
+            self.tell(seat, self._observation(self.index[seat]))
+        self.announce(f"The game is over. Returns: {final}.")
+
+    @staticmethod
+    def _listed(shown: list[str]) -> str:
+        listed = ", ".join(shown[:_MAX_CHOICES_SHOWN])
+        more = len(shown) - _MAX_CHOICES_SHOWN
+        return listed + (f" (and {more} more)" if more > 0 else "")

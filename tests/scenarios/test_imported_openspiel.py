@@ -1,0 +1,216 @@
+"""OpenSpiel games as parley scenarios (parley.scenarios.imported.openspiel)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+pyspiel = pytest.importorskip("pyspiel")
+
+from parley.scenarios import make, spec  # noqa: E402
+from parley.scenarios.conformance import (  # noqa: E402
+    NotApplicable,
+    check_contract,
+    check_determinism,
+    check_fuzz,
+    check_hostile,
+    check_noninterference,
+)
+from parley.scenarios.imported import catalog  # noqa: E402
+from parley.scenarios.imported.checks import library_noninterference, quick_check  # noqa: E402
+
+ACCEPTED = [entry for entry in catalog(("openspiel",)) if entry.accepted]
+REFUSED = [entry for entry in catalog(("openspiel",)) if not entry.accepted]
+
+# The full suite on a selection: bargaining, two pokers, a cooperative game, a simultaneous
+# one, a board game (the cheap checks below run over every accepted game).
+SELECTED = [
+    "openspiel:bargaining",
+    "openspiel:kuhn_poker",
+    "openspiel:leduc_poker",
+    "openspiel:hanabi",
+    "openspiel:tiny_hanabi",
+    "openspiel:goofspiel",
+    "openspiel:matrix_pd",
+    "openspiel:tic_tac_toe",
+]
+# Games whose later draws depend on a hidden deal: the plain noninterference check would
+# compare past the point where the library itself shows the seat the difference.
+DECK_GAMES = {"openspiel:hanabi", "openspiel:blackjack"}
+
+
+def test_catalog_accepts_the_games_the_issue_names() -> None:
+    ids = {entry.id for entry in ACCEPTED}
+    assert len(ids) >= 20
+    assert {"openspiel:bargaining", "openspiel:kuhn_poker", "openspiel:hanabi"} <= ids
+    assert all(entry.seats and entry.description for entry in ACCEPTED)
+    assert REFUSED
+    assert all(entry.reason for entry in REFUSED)
+    assert any("mean_field" in entry.reason for entry in REFUSED)
+
+
+# Accepted games whose every reset costs a large part of a second (bridge solves each deal
+# double-dummy, ~0.6 s of CPU): checked in the slow test only.
+COSTLY = {"openspiel:bridge"}
+
+
+def _failures(check: Callable[[str], object], ids: list[str]) -> list[str]:
+    failures = []
+    for scenario_id in ids:
+        try:
+            check(scenario_id)
+        except NotApplicable:
+            continue
+        except AssertionError as exc:
+            failures.append(str(exc))
+    return failures
+
+
+@pytest.mark.timeout(90)
+def test_every_accepted_game_holds_the_contract_for_a_few_steps() -> None:
+    ids = [entry.id for entry in ACCEPTED if entry.id not in COSTLY]
+    assert not _failures(lambda i: quick_check(i, steps=6), ids)
+
+
+@pytest.mark.timeout(90)
+def test_no_accepted_game_shows_a_seat_what_the_library_hides_from_it() -> None:
+    hidden = [
+        entry.id
+        for entry in ACCEPTED
+        if entry.id not in COSTLY and "imperfect" in entry.description
+    ]
+    assert not _failures(library_noninterference, hidden)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scenario_id", sorted(COSTLY))
+def test_costly_games_hold_the_contract(scenario_id: str) -> None:
+    quick_check(scenario_id, steps=4)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scenario_id", SELECTED)
+def test_selected_games_pass_the_conformance_suite(scenario_id: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_contract(scenario_id)
+        check_determinism(scenario_id, seeds=(0, 1))
+        check_fuzz(scenario_id, episodes=2)
+        check_hostile(scenario_id)
+        if scenario_id in DECK_GAMES:
+            assert library_noninterference(scenario_id) > 0
+        elif scenario_id in {"openspiel:bargaining", "openspiel:kuhn_poker"}:
+            check_noninterference(scenario_id)  # parley's own check, unchanged
+
+
+@pytest.mark.parametrize(
+    "scenario_id",
+    ["openspiel:kuhn_poker", "openspiel:leduc_poker", "openspiel:goofspiel", "openspiel:hanabi",
+     "openspiel:bargaining", "openspiel:2048", "openspiel:blotto"],
+)  # fmt: skip
+def test_scores_equal_the_librarys_for_the_same_moves(scenario_id: str) -> None:
+    """Random legal move sequences, played as text through parley, and the history replayed
+    in the library: the same actions and the same returns as each seat's task total."""
+    game = pyspiel.load_game(scenario_id.split(":", 1)[1])
+    for seed in range(4):
+        env = make(scenario_id)
+        _, infos = env.reset(seed=seed)
+        rng = np.random.default_rng(seed)
+        played: list[list[str]] = []
+        while env.agents:
+            actions = {}
+            for seat in env.agents:
+                legal = infos[seat]["view"]["legal"]
+                actions[seat] = legal[int(rng.integers(len(legal)))] if legal else ""
+            played.append([actions[s] for s in env.agents if infos[s]["to_act"]])
+            _, _, _, _, infos = env.step(actions)
+        assert env.invalid_moves() == 0
+        state, texts = _replay(game, env.state_.full_history())
+        assert state.is_terminal()
+        for i, seat in enumerate(env.possible_agents):
+            assert env.totals(seat).get("task", 0.0) == pytest.approx(state.returns()[i])
+        # The texts played name the actions the library applied, in order.
+        assert [t.lower() for step in played for t in step] == [t.lower() for t in texts]
+
+
+def _replay(game: Any, history: list[Any]) -> tuple[Any, list[str]]:
+    """``history`` applied to a fresh state of ``game``; also the text of every player
+    action (a simultaneous node's actions are recorded one per player, in player order)."""
+    state, texts, at = game.new_initial_state(), [], 0
+    while at < len(history):
+        if state.is_simultaneous_node():
+            joint = [item.action for item in history[at : at + game.num_players()]]
+            texts += [state.action_to_string(p, a) for p, a in enumerate(joint)]
+            state.apply_actions(joint)
+            at += len(joint)
+            continue
+        item = history[at]
+        if item.player >= 0:
+            texts.append(state.action_to_string(item.player, item.action))
+        state.apply_action(item.action)
+        at += 1
+    return state, texts
+
+
+def test_an_illegal_move_is_invalid_then_a_random_legal_move_is_played() -> None:
+    env = make("openspiel:tic_tac_toe", invalid_tries=3)
+    _observations, infos = env.reset(seed=0)
+    assert infos["player_0"]["to_act"]
+    assert not infos["player_1"]["to_act"]
+    assert infos["player_0"]["constraint"]["type"] == "choice"
+    assert len(infos["player_0"]["constraint"]["choices"]) == 9
+    for attempt in range(3):
+        _, _, _, _, infos = env.step({"player_0": "x(9,9)", "player_1": "x(0,0)"})
+        assert "not a legal move" in infos["player_0"]["invalid"]
+        assert infos["player_0"]["to_act"] is (attempt < 2)
+    assert "played" in infos["player_0"]["invalid"]
+    assert infos["player_1"]["to_act"]
+    assert len(infos["player_1"]["view"]["legal"]) == 8
+    # A legal move in any letter case and spacing is accepted.
+    move = infos["player_1"]["view"]["legal"][0]
+    _, _, _, _, infos = env.step({"player_0": "", "player_1": f"  {move.upper()}  "})
+    assert "invalid" not in infos["player_1"]
+
+
+def test_the_same_seed_deals_the_same_cards_and_another_seed_differs() -> None:
+    deals = set()
+    for seed in range(8):
+        first, second = make("openspiel:leduc_poker"), make("openspiel:leduc_poker")
+        first.reset(seed=seed)
+        second.reset(seed=seed)
+        assert first.state_.history() == second.state_.history()
+        deals.add(tuple(first.state_.history()))
+    assert len(deals) > 1
+
+
+def test_spec_resolves_lazily_with_parameters_and_refuses_with_a_reason() -> None:
+    found = spec("openspiel:leduc_poker(players=3)")
+    assert found.baseline_for("player_2").endswith(":RandomLegal")
+    env = found.make()
+    assert env.possible_agents == ["player_0", "player_1", "player_2"]
+    assert env.metadata["name"] == "openspiel:leduc_poker(players=3)"
+    with pytest.raises(Exception, match="mean_field"):
+        spec("openspiel:mfg_garnet")
+    with pytest.raises(Exception, match="cannot load"):
+        spec("openspiel:no_such_game")
+
+
+@pytest.mark.timeout(60)
+def test_building_a_builtin_scenario_imports_no_game_library() -> None:
+    code = (
+        "import sys\n"
+        "from parley.scenarios import make, registry\n"
+        "make('negotiation/deal-or-no-deal-v3').reset(seed=0); registry()\n"
+        "print(sorted(m for m in ('pyspiel', 'textarena', 'openskill') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True
+    )
+    assert out.stdout.strip() == "[]"
