@@ -3,7 +3,9 @@
 The arena (``parley run ... --agents ...,remote --listen tcp://127.0.0.1:5555``) prints
 the address to connect to and waits for an endpoint named ``agent-SEAT``. This command
 connects one, answers the seat's observations in every episode of the run with a fresh
-agent per episode, and exits when the arena closes.
+agent per episode, and exits 0 when the arena says goodbye. An arena lost without one (a
+stall past ``--peer-timeout``, a crash, a restart) is waited for ``--rejoin-window``
+seconds: the agent joins it again when it is back, and exits 1 when it is not.
 
 Several processes may serve one seat: the arena names the seat ``replicas:N:ADDRESS`` and
 each process connects to ``ADDRESS`` with ``--name agent-SEAT-K``
@@ -21,10 +23,15 @@ from typing import Any
 
 from parley.protocols.errors import BusError, ConfigError
 
+REJOIN_WINDOW = 60.0
+"""Default of ``--rejoin-window`` (:data:`parley.arena.run.agent_host.REJOIN_WINDOW`)."""
+
 __all__ = ["add_parser"]
 
 
 def add_parser(sub: Any) -> None:
+    from parley.arena.cli.common import add_peer_timeout
+
     p = sub.add_parser(
         "agent",
         help="join a running arena and play a seat",
@@ -48,6 +55,15 @@ def add_parser(sub: Any) -> None:
         "--wait", type=float, default=60.0, help="seconds to wait for the arena to answer"
     )
     p.add_argument(
+        "--rejoin-window",
+        type=float,
+        default=REJOIN_WINDOW,
+        metavar="SECONDS",
+        help="seconds to wait for an arena lost without a goodbye (it died, restarted or "
+        f"stayed silent past --peer-timeout) to come back (default {REJOIN_WINDOW:g})",
+    )
+    add_peer_timeout(p)
+    p.add_argument(
         "--curve-key", metavar="FILE", help="this agent's CURVE secret key file (tcp with keys)"
     )
     p.add_argument(
@@ -65,8 +81,9 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Play the seat; exit status 2 for a bad spec, 1 when no arena answered, 128 + N when
-    signal N (SIGINT, SIGTERM) stopped it."""
+    """Play the seat until the arena says goodbye (exit status 0); 2 for a bad spec or
+    flag, 1 when no arena answered or the arena was lost (no goodbye) and did not come back
+    within ``--rejoin-window``, 128 + N when signal N (SIGINT, SIGTERM) stopped it."""
     from parley.arena.cli.common import console, error_line
     from parley.arena.cli.run import parse_assignments
     from parley.arena.run.agent_host import join_arena
@@ -92,19 +109,23 @@ def main(args: argparse.Namespace) -> int:
         source = resolve_agent_spec(check_agent_spec(args.agent), seat)
         if isinstance(source, RemoteSeat):
             raise ConfigError("an agent cannot be `remote` itself: give module:Class")
+        from parley.protocols.bus import BusConfig
         from parley.protocols.keys import client_bus_config
 
+        base = BusConfig(peer_timeout=args.peer_timeout)
         try:
-            bus = client_bus_config(args.curve_key, args.server_key)
+            bus = client_bus_config(args.curve_key, args.server_key, base=base)
         except ConfigError as exc:
             raise ConfigError(f"{exc} (--curve-key, --server-key)") from exc
+        if not args.rejoin_window >= 0:  # (NaN fails every comparison)
+            raise ConfigError(f"--rejoin-window must be 0 or more, got {args.rejoin_window}")
     except ConfigError as exc:
         error_line("agent", str(exc))
         return 2
     names = {args.seat: args.name} if args.name else None
     err.print(f"joining {args.connect} as seat {args.seat} ({args.agent})")
     play = join_arena(args.connect, {args.seat: source}, names=names, bus=bus,
-                      connect_timeout=args.wait)  # fmt: skip
+                      connect_timeout=args.wait, rejoin_window=args.rejoin_window)  # fmt: skip
     try:
         stopped_by = asyncio.run(_until_signal(play))
     except BusError as exc:
@@ -114,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
         name = signal.Signals(stopped_by).name
         error_line("agent", f"stopped by {name}; left the arena at {args.connect}")
         return 128 + stopped_by
-    err.print("the arena closed; done")
+    err.print("the arena said goodbye; done")
     return 0
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "check_config_keys",
     "check_key_path",
     "valid_keys_hint",
+    "add_peer_timeout",
 ]
 
 LOG_WIDTH = 160
@@ -56,6 +57,20 @@ def console(*, stderr: bool = False) -> Console:
     if tty or os.environ.get("COLUMNS"):
         return Console(stderr=stderr)
     return Console(stderr=stderr, width=LOG_WIDTH, soft_wrap=True)
+
+
+def add_peer_timeout(parser: Any) -> None:
+    """The ``--peer-timeout`` flag: how long a bus peer whose connection is open may stay
+    silent (busy, paused) before it is given up (``BusConfig.peer_timeout``)."""
+    parser.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="seconds a peer whose connection is still open may stay silent (a busy or paused "
+        "process) before it counts as gone (default 60); a peer whose connection closed is "
+        "gone within a few seconds whatever this is",
+    )
 
 
 def error_line(command: str, message: str) -> None:

@@ -41,6 +41,8 @@ __all__ = ["add_parser", "ServeOptions", "serving"]
 
 
 def add_parser(sub: Any) -> None:
+    from parley.arena.cli.common import add_peer_timeout
+
     p = sub.add_parser(
         "serve",
         help="start an inference pool that arenas connect to over the bus (and HTTP)",
@@ -115,6 +117,7 @@ def add_parser(sub: Any) -> None:
         "pip install 'parley[ray]')",
     )
     p.add_argument("--replicas", type=int, default=1, help="pool replicas on Ray (with --ray)")
+    add_peer_timeout(p)
     p.set_defaults(func=main)
 
 
@@ -156,6 +159,9 @@ class ServeOptions:
     """Pool replicas on Ray (with ``ray``), one GPU each where the cluster has GPUs."""
     adapters: tuple[tuple[str, str], ...] = ()
     """(policy name, PEFT adapter directory) pairs served on the model next to ``policy``."""
+    peer_timeout: float = 60.0
+    """Seconds a client whose connection is open may stay silent before the pool gives it up
+    (``BusConfig.peer_timeout``; a client whose connection closed is gone within seconds)."""
 
     def check_adapters(self) -> dict[str, Any]:
         """Check the adapter options and directories (before any model loads); return the
@@ -261,6 +267,7 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
     # is overloaded, with its own retryable error.
     bus = BusConfig(
         max_handlers=config.max_queue + config.max_in_flight + config.max_batch_size,
+        peer_timeout=options.peer_timeout,
         **options.bus_security(),
     )
     endpoint = Endpoint(POOL_ENDPOINT, config=bus)
@@ -342,6 +349,7 @@ def _adapter_option(text: str) -> tuple[str, str]:
 def main(args: argparse.Namespace) -> int:
     """Serve until interrupted; exit status 2 on a bad configuration."""
     from parley.arena.cli.run import parse_assignments
+    from parley.protocols.bus import BusConfig
 
     try:
         options = ServeOptions(
@@ -363,7 +371,9 @@ def main(args: argparse.Namespace) -> int:
             ray=args.ray,
             replicas=args.replicas,
             adapters=tuple(_adapter_option(a) for a in args.adapter),
+            peer_timeout=args.peer_timeout,
         )
+        BusConfig(peer_timeout=options.peer_timeout)  # a bad --peer-timeout exits 2 here
         options.bus_security()  # bad keys are a configuration error, before any loading
         options.check_adapters()  # so are missing or malformed adapter directories
         if options.http:  # an HTTP front off loopback needs --insecure, before any loading

@@ -31,10 +31,10 @@ import zmq
 from parley.agents.base import Agent
 from parley.arena.run.agent_specs import AgentFactory, remote_peer_name
 from parley.protocols.bus import BusConfig, Endpoint
-from parley.protocols.errors import ConfigError
+from parley.protocols.errors import BusError, ConfigError
 from parley.protocols.messages import Action, Body, Envelope, Observation
 
-__all__ = ["AgentHost", "AGENT_ACCEPTS", "AGENT_SEED_KEY", "FAILED_KEY", "join_arena"]
+__all__ = ["AgentHost", "AGENT_ACCEPTS", "AGENT_SEED_KEY", "ArenaLost", "FAILED_KEY", "join_arena"]
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,10 @@ AGENT_ACCEPTS = frozenset({"observation"})
 """What an agent host's endpoint decodes from the arena besides the session kinds."""
 
 
+REJOIN_WINDOW = 60.0
+"""Default seconds a joined agent waits for an arena it lost (not one that said goodbye)."""
+
+
 async def join_arena(
     address: str,
     seats: Mapping[str, AgentFactory],
@@ -148,17 +152,23 @@ async def join_arena(
     bus: BusConfig | None = None,
     context: zmq.Context[Any] | None = None,
     connect_timeout: float | None = None,
+    rejoin_window: float = REJOIN_WINDOW,
     poll_interval: float = 0.2,
 ) -> None:
-    """Play ``seats`` in the arena bound at ``address`` until the arena goes away.
+    """Play ``seats`` in the arena bound at ``address`` until the arena says goodbye.
 
     Seats are served by endpoints named ``names[seat]``, or ``agent-SEAT`` (the name the
     runner waits for with a plain ``remote`` spec); seats given the same name share one
     endpoint (match them with ``remote:NAME`` specs). Each endpoint serves every episode of
-    its seats. Returns when the arena has closed (it says ``Bye``) or stopped answering
-    heartbeats; raises :class:`~parley.protocols.errors.RequestTimeout` when no arena
-    answers within ``connect_timeout`` seconds.
+    its seats. Returns when the arena has closed (it said ``Bye``). An arena lost otherwise
+    (its connection closed: it died or restarted; or silent past the bus's ``peer_timeout``)
+    is waited for up to ``rejoin_window`` seconds: the bus says ``Hello`` again by itself
+    when it is back, and play goes on. Raises :class:`ArenaLost` when it is not back in
+    time, :class:`~parley.protocols.errors.RequestTimeout` when no arena answers within
+    ``connect_timeout`` seconds at first.
     """
+    if not rejoin_window >= 0:  # (NaN fails every comparison)
+        raise ConfigError(f"rejoin_window must be 0 or more seconds, got {rejoin_window}")
     # An arena sends observations only: nothing else it sends is decoded (section 4 of
     # PROTOCOL.md). (An observation's info is any MessagePack value: an agent trusts the
     # arena it joins that far.)
@@ -175,10 +185,39 @@ async def join_arena(
             joined.append((endpoint, host, ""))
             arena = await endpoint.connect(address, timeout=connect_timeout)
             joined[-1] = (endpoint, host, arena)
-        # The bus has no "peer left" event to await; polling its peer list is cheap enough.
-        while all(arena in endpoint.peers for endpoint, _, arena in joined):  # noqa: ASYNC110
-            await asyncio.sleep(poll_interval)
+        await _play_until_goodbye(address, joined, rejoin_window, poll_interval)
     finally:
+        # The endpoint first: it says Bye and cancels the acts in flight, so that no agent
+        # closed under a running act answers the arena with an error (a replica stopped by
+        # SIGTERM must cost no episode: its sessions move to another replica).
         for endpoint, host, _ in joined:
-            await host.close()
             await endpoint.close()
+            await host.close()
+
+
+class ArenaLost(BusError):
+    """The arena went away without saying goodbye and did not come back in time."""
+
+
+async def _play_until_goodbye(
+    address: str, joined: list[tuple[Endpoint, AgentHost, str]], window: float, poll: float
+) -> None:
+    loop = asyncio.get_running_loop()
+    lost_at: float | None = None
+    # The bus has no "peer left" event to await; polling its peer list is cheap enough.
+    while True:
+        if any(endpoint.farewell(arena) is not None for endpoint, _, arena in joined):
+            return
+        if all(arena in endpoint.peers for endpoint, _, arena in joined):
+            if lost_at is not None:
+                log.warning("the arena at %s is back after %.1f s", address, loop.time() - lost_at)
+            lost_at = None
+        elif lost_at is None:
+            lost_at = loop.time()
+            log.warning("lost the arena at %s; waiting up to %g s for it", address, window)
+        elif loop.time() - lost_at > window:
+            raise ArenaLost(
+                f"lost the arena at {address} (no goodbye) and it did not come back within "
+                f"{window:g} s; raise --rejoin-window to wait longer"
+            )
+        await asyncio.sleep(poll)

@@ -72,6 +72,9 @@ class SeatContext:
     """The seat's scripted baseline as ``"module:Class"`` ("" when the scenario has none)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """``RunConfig.agent_options``: free-form settings for resolvers (pool address, ...)."""
+    join_timeout: float | None = None
+    """``RunConfig.join_timeout`` (``--join-timeout``): seconds players in other processes
+    may take to join; None outside a run."""
 
 
 Resolver = Callable[[str, SeatContext], AgentSource]

@@ -11,14 +11,15 @@ first episode (a listener of the seat's own, beside the arena's ``--listen``)::
 
 Each replica joins under a name of its own that starts with ``agent-SEAT`` (the bus refuses a
 second live peer with a name it knows); other names are refused with that hint. The first
-episode waits up to ``join_timeout`` (agent option ``replicas_join_timeout``, default 60 s)
-for ``N`` replicas; later ones use whoever is connected, and replicas may join at any time.
+episode waits up to ``join_timeout`` (agent option ``replicas_join_timeout``, else the run's
+``--join-timeout``) for ``N`` replicas; later ones use whoever is connected, and replicas
+may join at any time.
 
 Each episode's agent is a :class:`ReplicaSession`: it sends the episode's observations to one
 replica (the live one with the fewest episodes in flight) under a session id of its own, so
 episodes spread over the replicas and one replica serves many at once. A replica that dies
-(killed: the bus declares it dead when its heartbeats stop; or it said goodbye) fails the
-requests it had pending with ``PeerDead``; each of its sessions moves to another live
+(killed: the bus notices its closed connection within about a second; or it said goodbye)
+fails the requests it had pending with ``PeerDead``; each of its sessions moves to another live
 replica, which gets a fresh session with the same agent seed and the episode's earlier
 observations (their actions are discarded) before the pending one is sent again. Every
 observation thus gets exactly one action, from one replica; a deterministic agent gives the
@@ -43,13 +44,19 @@ from parley.agents.base import Agent
 from parley.arena.run.agent_specs import SeatContext, remote_peer_name
 from parley.arena.run.security import arena_endpoint_config
 from parley.protocols.bus import BusConfig, Endpoint
-from parley.protocols.errors import ConfigError, PeerDead, RemoteError, RequestTimeout
+from parley.protocols.errors import BusError, ConfigError, PeerDead, RemoteError, RequestTimeout
 from parley.protocols.messages import Action, Observation
 
 __all__ = ["BusReplicas", "ReplicaSession", "resolve_bus_replicas"]
 
 JOIN_TIMEOUT = 60.0
-"""Default seconds to wait for replicas (the first episode: all N; later: any one)."""
+"""Seconds to wait for replicas (the first episode: all N; later: any one) when neither the
+run's ``join_timeout`` (``--join-timeout``) nor ``replicas_join_timeout`` says."""
+
+REPLICA_HEARTBEAT_S = 0.5
+"""Heartbeat interval towards the replicas: a killed replica's closed connection is noticed
+after 2.5 of them (1.25 s); a busy one, whose connection stays open, is waited for up to
+the bus's ``peer_timeout``."""
 
 
 class BusReplicas:
@@ -71,8 +78,7 @@ class BusReplicas:
         self.address = address
         self.replicas = replicas
         self.prefix = remote_peer_name(seat)
-        # Replicas that die are noticed within peer_timeout: 3 s, not the bus's default 5.
-        self.bus = bus or BusConfig(heartbeat_interval=0.5, peer_timeout=3.0)
+        self.bus = bus or BusConfig(heartbeat_interval=REPLICA_HEARTBEAT_S)
         self.join_timeout = join_timeout
         self.act_timeout = act_timeout
         self.endpoint: Endpoint | None = None
@@ -127,10 +133,13 @@ class BusReplicas:
         deadline = loop.time() + self.join_timeout
         while len(self.live()) < count:
             if loop.time() >= deadline:
+                needed = "all" if count == self.replicas else f"at least {count}"
                 raise RequestTimeout(
-                    f"{len(self.live())} of {count} replicas of seat {self.seat!r} joined "
-                    f"{self.bound} within {self.join_timeout:g} s; start them with `parley "
-                    f"agent --connect {self.bound} --seat {self.seat} --name {self.prefix}-K`"
+                    f"{len(self.live())} of the {self.replicas} replicas of seat {self.seat!r} "
+                    f"are connected to {self.bound} after {self.join_timeout:g} s (waited for "
+                    f"{needed}; --join-timeout); start them with `parley agent --connect "
+                    f"{self.bound} --seat {self.seat} --name {self.prefix}-K` for K in "
+                    f"1..{self.replicas}"
                 )
             await asyncio.sleep(0.05)  # the bus has no join event to await
 
@@ -144,6 +153,15 @@ class BusReplicas:
         turn = next(self._turn)
         order = {name: (i - turn) % len(live) for i, name in enumerate(live)}
         return min(live, key=lambda name: (self.sessions.get(name, 0), order[name]))
+
+    def lost_replica(self, endpoint: Endpoint, name: str, exc: BusError) -> bool:
+        """Whether ``exc``, raised by a request to replica ``name``, means the replica is
+        gone (its session moves on) rather than that it answered (an agent's ``Error``
+        fails the episode). A replica declared dead between two observations of a session
+        is no longer a peer at all: the bus says it "has no peer named" it."""
+        if isinstance(exc, PeerDead):
+            return True
+        return not isinstance(exc, RemoteError) and name not in endpoint.peers
 
     def died(self, name: str) -> None:
         if name not in self.lost:
@@ -184,7 +202,9 @@ class ReplicaSession(Agent):
                 for earlier in catch_up:
                     await self._ask(endpoint, name, earlier)
                 action = await self._ask(endpoint, name, observation)
-            except PeerDead:
+            except BusError as exc:
+                if not self.set.lost_replica(endpoint, name, exc):
+                    raise
                 self._leave()
                 self.set.died(name)
                 self.set.failovers += 1
@@ -232,7 +252,7 @@ def resolve_bus_replicas(count: int, address: str, seat: SeatContext) -> BusRepl
     from parley.protocols.keys import load_public_key, load_secret_key
 
     options = seat.options
-    bus = BusConfig(heartbeat_interval=0.5, peer_timeout=3.0)
+    bus = BusConfig(heartbeat_interval=REPLICA_HEARTBEAT_S)
     secret_file = options.get("replicas_curve_key")
     clients = _client_keys(options.get("replicas_client_keys"))
     if secret_file:
@@ -242,13 +262,12 @@ def resolve_bus_replicas(count: int, address: str, seat: SeatContext) -> BusRepl
             )
         public, secret = load_secret_key(secret_file)
         bus = BusConfig(
-            heartbeat_interval=0.5,
-            peer_timeout=3.0,
+            heartbeat_interval=REPLICA_HEARTBEAT_S,
             curve_public_key=public,
             curve_secret_key=secret,
             curve_allowed_clients=tuple(load_public_key(c) for c in clients),
         )
-    timeout = options.get("replicas_join_timeout", JOIN_TIMEOUT)
+    timeout = options.get("replicas_join_timeout", seat.join_timeout or JOIN_TIMEOUT)
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ConfigError(f"replicas_join_timeout must be a positive number, got {timeout!r}")
     return BusReplicas(seat.seat, address, count, bus=bus, join_timeout=float(timeout))

@@ -193,6 +193,7 @@ class Runner:
                 seat=seat,
                 baseline=_baseline(config.scenario, seat),
                 options=config.agent_options,
+                join_timeout=config.join_timeout,
             )
             self.sources[seat] = resolve_agent_spec(self.specs[seat], context)
         # Seats whose in-process agent class reads the scenario's privileged oracle data

@@ -41,8 +41,10 @@ Contracts
   only after ``peer_timeout`` (60 s by default, at least 2.5 of its announced heartbeat
   intervals). A dead peer's pending requests fail with :class:`PeerDead` and it leaves
   :attr:`Endpoint.peers`. A ``Bye`` has the same effect at once; so does a bound socket
-  finding the peer's connection gone when it sends to it (ZeroMQ's ``EHOSTUNREACH``). A connecting endpoint whose peer died keeps its socket and
-  repeats the handshake when the peer comes back (ZeroMQ reconnects by itself). Silence
+  finding the peer's connection gone when it sends to it (ZeroMQ's ``EHOSTUNREACH``). A
+  connecting endpoint whose peer died keeps its socket and repeats the handshake when the
+  peer comes back (ZeroMQ reconnects by itself); :meth:`Endpoint.farewell` tells a peer that
+  said ``Bye`` from one that was lost. Silence
   counts only while the local event loop runs on time (time it was stalled is credited to
   every peer), and peers over ``inproc://`` (in this process) never die of silence.
 * **Broadcast.** ``subscribe(prefix, handler)`` tells every peer (and every later peer, in

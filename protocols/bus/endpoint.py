@@ -26,6 +26,11 @@ from parley.protocols.bus.receive import _in_task, _Receiver
 from parley.protocols.errors import BusError, ConfigError, PeerDead, RequestTimeout
 from parley.protocols.messages import Body, Bye, Envelope, Heartbeat, Hello, Subscribe, kind_of
 
+GOODBYE_LINGER_MS = 200
+"""How long closing sockets may still deliver the ``Bye`` just sent (ZeroMQ ``LINGER``): with
+none, a loaded host could drop it, and a peer told nothing takes the arena for lost rather
+than closed (``parley agent`` then waits for it to come back and exits non-zero)."""
+
 
 class Endpoint(_Receiver):
     """A named participant on the bus; see the package docstring for the contracts.
@@ -293,7 +298,7 @@ class Endpoint(_Receiver):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for sock in list(self._socks):
-            self._close_sock(sock)
+            self._close_sock(sock, linger_ms=GOODBYE_LINGER_MS)
         if self._auth is not None:
             self._auth.close()
             self._auth = None
@@ -332,7 +337,7 @@ class Endpoint(_Receiver):
         sock.reading = True
         self._wake(sock)  # messages may have queued before the reader was registered
 
-    def _close_sock(self, sock: _Sock) -> None:
+    def _close_sock(self, sock: _Sock, linger_ms: int = 0) -> None:
         for link in [*sock.links.values(), *([sock.link] if sock.link else [])]:
             self._fail_link(link, BusError(f"socket {sock.address} closed"))
             if self._links.get(link.name) is link:
@@ -342,7 +347,7 @@ class Endpoint(_Receiver):
         if sock.reading and self._loop is not None:
             self._loop.remove_reader(sock.fd)
             sock.reading = False
-        sock.z.close(0)
+        sock.z.close(linger_ms)
 
     # --- subscriptions ---------------------------------------------------------------
 

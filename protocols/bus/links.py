@@ -50,6 +50,8 @@ class _Links(_Sender):
         hello = env.body
         assert isinstance(hello, Hello)
         assert rid is not None
+        if self._closed:  # it said Bye to everyone: a Hello now would undo that for one
+            return
         name = hello.name
         user = sock.user if sock.curve else None
         refusal: Error | None = None
@@ -97,6 +99,22 @@ class _Links(_Sender):
         link.user = user
         self._admit(link, hello)
         self._answer(sock, rid, env, self._hello())
+
+    def farewell(self, peer: str) -> str | None:
+        """The reason ``peer`` gave in the last ``Bye`` it sent this endpoint (``""`` for
+        none given), or ``None`` when it never said goodbye (it is connected, was lost to a
+        closed connection or silence, or was never known). It stays said when the peer comes
+        back. Only for peers this endpoint connected to: a bound side forgets its dead
+        peers."""
+        for sock in self._socks:
+            link = sock.link
+            if link is not None and link.name == peer and link.farewell is not None:
+                return link.farewell
+        return None
+
+    def _said_goodbye(self, link: _Link, reason: str) -> None:
+        link.farewell = reason
+        self._peer_died(link, f"{link.name} said goodbye ({reason or 'no reason'})")
 
     def _admit(self, link: _Link, hello: Hello) -> None:
         assert self._loop is not None

@@ -238,7 +238,7 @@ class _Receiver(_Refusals):
         elif isinstance(body, Bye):
             if env.expects_reply:
                 self._reply(link, env, Ok())
-            self._peer_died(link, f"{link.name} said goodbye ({body.reason or 'no reason'})")
+            self._said_goodbye(link, body.reason)
         elif isinstance(body, Error):
             if env.expects_reply:
                 refusal = "an error is a reply or a one-way notice, never a request"

@@ -20,12 +20,16 @@ from typing import Any
 
 import pytest
 
+from parley.agents.base import Agent
+from parley.arena.run.agent_host import AgentHost
 from parley.arena.run.agent_specs import SeatContext
 from parley.arena.run.bus_replicas import BusReplicas
 from parley.arena.run.config import RunConfig
 from parley.arena.run.ray_agents import resolve_replicas
 from parley.arena.run.runner import Runner
+from parley.protocols.bus import Endpoint
 from parley.protocols.errors import ConfigError
+from parley.protocols.messages import Action, Observation
 
 SCENARIO = "negotiation/deal-or-no-deal-v0"
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,7 +83,12 @@ async def test_replica_processes_share_a_seat_and_a_killed_one_loses_nothing(
                 proc.kill()
                 proc.wait()
         await replicas.close()
-    assert result.summary["episodes"] == {"total": 24, "ok": 24, "failed": 0}
+    failures = [
+        row.get("failed") or row.get("error") or row
+        for row in map(json.loads, (tmp_path / "replicas/transcripts.jsonl").open())
+        if row["status"] != "ok"
+    ]
+    assert result.summary["episodes"] == {"total": 24, "ok": 24, "failed": 0}, failures[:3]
     assert replicas.lost == [victim]
     assert replicas.failovers >= 1
     assert all(replicas.served.get(name, 0) > 0 for name in procs)  # spread over all three
@@ -176,3 +185,55 @@ async def test_an_agent_that_raises_fails_its_episode_not_the_replica(tmp_path: 
     assert result.summary["episodes"]["failed"] == len(failed)
     assert replicas.failovers == 0  # an agent's error is no dead replica
     assert replicas.lost == []
+
+
+class _Tagged(Agent):
+    """Answers each observation with its replica's tag and the observation's text."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def reset(self, seed: int | None = None) -> None:
+        pass
+
+    async def act(self, observation: Observation) -> Action:
+        return Action(agent=observation.agent, text=f"{self.tag}:{observation.text}")
+
+
+@pytest.mark.timeout(60)
+async def test_a_replica_gone_between_two_turns_of_a_session_costs_it_nothing() -> None:
+    """A replica that leaves while a session it served waits for its next observation is no
+    longer a bus peer at all; the session moves on, catching the other replica up. (Before:
+    the next request raised an uncaught BusError "has no peer named ...": a failed episode.)"""
+    folder = Path(tempfile.mkdtemp(prefix="parley-replicas-"))
+    replicas = BusReplicas("player_1", f"ipc://{folder}/seat.sock", 2, join_timeout=30)
+    hosts: dict[str, Endpoint] = {}
+    try:
+        starting = asyncio.create_task(replicas.start())
+        while not replicas.bound:  # noqa: ASYNC110 -- the listener has no "bound" event
+            await asyncio.sleep(0.01)
+        for k in ("1", "2"):
+            endpoint = Endpoint(f"agent-player_1-{k}")
+            AgentHost(endpoint, {"player_1": lambda k=k: _Tagged(k)})
+            await endpoint.connect(replicas.bound, timeout=10)
+            hosts[endpoint.name] = endpoint
+        await asyncio.wait_for(starting, 30)
+        session = replicas()
+        session.reset(1)
+        first = await session.act(Observation(agent="player_1", text="one"))
+        gone = session.replica
+        assert gone is not None
+        assert first.text == f"{gone[-1]}:one"
+        await hosts.pop(gone).close()  # says Bye: the listener forgets the name
+        while gone in replicas.live():  # noqa: ASYNC110 -- the bus has no "peer left" event
+            await asyncio.sleep(0.01)
+        second = await asyncio.wait_for(session.act(Observation(agent="player_1", text="two")), 10)
+        (other,) = hosts
+        assert second.text == f"{other[-1]}:two"
+        assert (replicas.lost, replicas.failovers) == ([gone], 1)
+        assert replicas.served == {gone: 1, other: 1}  # (the catch-up "one" is not counted)
+        await session.close()
+    finally:
+        for endpoint in hosts.values():
+            await endpoint.close()
+        await replicas.close()
