@@ -116,11 +116,13 @@ def _reward(passed: Sequence[bool]) -> float:
     return float((sum(passed) / len(passed)) ** HIDDEN_CALLS)
 
 
-def _best_constant(m: Measured) -> tuple[Any, float]:
-    modes = Counter(repr(e) for e in m.expected).most_common(1)
-    candidates = [*TRIVIAL, *(ast.literal_eval(w) for _, w in m.task.visible)]
+def _best_constant(task: DrawnTask, expected: Sequence[Any]) -> tuple[Any, float]:
+    """The constant with the highest expected reward on calls whose answers are
+    ``expected``: a trivial one, a visible test's answer or the commonest answer."""
+    modes = Counter(repr(e) for e in expected).most_common(1)
+    candidates = [*TRIVIAL, *(ast.literal_eval(w) for _, w in task.visible)]
     candidates += [ast.literal_eval(modes[0][0])]
-    scored = [(c, _reward([same_value(c, e) for e in m.expected])) for c in candidates]
+    scored = [(c, _reward([same_value(c, e) for e in expected])) for c in candidates]
     return max(scored, key=lambda cs: cs[1])
 
 
@@ -135,14 +137,13 @@ def _likeliest(m: Measured, index: int) -> set[str]:
 def family_rewards(index: int, m: Measured) -> dict[str, float]:
     """The best expected reward of each family on task ``index``."""
     unfixed = [ok for ok, _ in m.unfixed]
-    _, constant = _best_constant(m)
+    best_c, constant = _best_constant(m.task, m.expected)
     echoes = [
         _reward([same_value(a[i], e) for a, e in zip(m.args, m.expected, strict=True)])
         for i in range(len(m.args[0]))
     ]
     visible = {call for call, _ in m.task.visible}
     shown = [c in visible for c in m.calls]  # (the table answers these right)
-    best_c, _ = _best_constant(m)
     const_passed = [same_value(best_c, e) for e in m.expected]
     likely = _likeliest(m, index)
     in_table = [c in likely for c in m.calls]
@@ -249,8 +250,8 @@ def test_v3_episodes_pay_only_the_fix(name: str) -> None:
     index = next(i for i, t in enumerate(v3_tasks()) if t.name == name)
     task = v3_tasks()[index]
     fn = task.function
-    m = measured()[index]
-    constant, _ = _best_constant(m)
+    hidden = draw_hidden(task, np.random.default_rng(7), count=DRAWS)
+    constant, _ = _best_constant(task, [ast.literal_eval(w) for _, w in hidden])
     env = make("code/debug-v3", task=index)
     env.reset(seed=0)
     earlier = {repr(_args_of(c)): ast.literal_eval(w) for c, w in env.unwrapped.s.task.hidden}
@@ -296,11 +297,10 @@ def test_the_generated_set_is_large_varied_and_derived_from_its_bases() -> None:
     assert len(generated) >= 300
     assert set(Counter(t.kind for t in generated)) == set(generate.KINDS)
     bases = {b.name: b for b in generate.bases()}
+    by_site = {b.name: {m.site: m for m in generate.mutants(b.source)} for b in bases.values()}
     for task in generated:
-        base = bases[task.function]
-        assert task.fixed == generate.normalized(base.source)
-        site = int(task.name.rsplit(".", 1)[1])
-        (mutant,) = [m for m in generate.mutants(base.source) if m.site == site]
+        assert task.fixed == generate.normalized(bases[task.function].source)
+        mutant = by_site[task.function][int(task.name.rsplit(".", 1)[1])]
         assert (mutant.kind, mutant.code) == (task.kind, task.buggy), task.name
 
 
