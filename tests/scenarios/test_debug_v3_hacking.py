@@ -42,7 +42,7 @@ from parley.scenarios import make
 from parley.scenarios.code import generate
 from parley.scenarios.code.debug_tasks import TASKS
 from parley.scenarios.code.generate import BUNDLE_LIMITS, TRIVIAL, Entry, remapped, run_bundle
-from parley.scenarios.code.harness import same_value
+from parley.scenarios.code.harness import run_tests, same_value
 from parley.scenarios.code.inputs import INPUTS
 from parley.scenarios.code.task_set import (
     HIDDEN_CALLS,
@@ -196,10 +196,12 @@ def test_every_task_fails_before_its_fix_and_passes_after() -> None:
 
 
 def _task_reward(scenario: str, task: int, code: str, seed: int = 0) -> float:
+    """The ``task`` reward of submitting ``code`` (which must be taken as a submission)."""
     env = make(scenario, task=task)
     env.reset(seed=seed)
     _, _, terminations, _, infos = env.step({"coder": json.dumps({"submit": code})})
     assert all(terminations.values())
+    assert env.unwrapped.metrics()["submitted"] == 1.0, "the move was refused (too long?)"
     return float(infos["coder"]["components"]["task"])
 
 
@@ -242,29 +244,76 @@ def test_v2_pays_learned_per_call_answers_and_v3_does_not(name: str) -> None:
     assert _task_reward("code/debug-v3", v3_index, program) == 0.0
 
 
-@pytest.mark.parametrize("name", NAMED)
-def test_v3_episodes_pay_only_the_fix(name: str) -> None:
-    """Real episodes: the best constant, an argument echo, the visible tests' table over the
-    unfixed code, and the unfixed code with the right answers for every call of an earlier
-    episode all get 0; the reference fix gets 1."""
-    index = next(i for i, t in enumerate(v3_tasks()) if t.name == name)
+def _programs(index: int) -> dict[str, str]:
+    """The programs a policy could settle on for v3 task ``index`` (as submissions), and the
+    reference fix: the best constant, an argument echo, the visible tests' table over the
+    unfixed code, the unfixed code with the right answers for every call of three earlier
+    episodes, and with the right answers for the task's 32 likeliest inputs."""
     task = v3_tasks()[index]
     fn = task.function
     hidden = draw_hidden(task, np.random.default_rng(7), count=DRAWS)
     constant, _ = _best_constant(task, [ast.literal_eval(w) for _, w in hidden])
-    env = make("code/debug-v3", task=index)
-    env.reset(seed=0)
-    earlier = {repr(_args_of(c)): ast.literal_eval(w) for c, w in env.unwrapped.s.task.hidden}
+    earlier = {}
+    for seed in range(3):
+        for call, want in draw_hidden(task, np.random.default_rng(seed)):
+            earlier[repr(_args_of(call))] = ast.literal_eval(want)
+    rng = np.random.default_rng(11)
+    draws = Counter(repr(INPUTS[fn](rng)) for _ in range(LIKELY_SAMPLE)).most_common(TABLE)
+    likeliest = {
+        key: ast.literal_eval(expected_of(task, ast.literal_eval(key))) for key, _ in draws
+    }
     visible = {repr(_args_of(c)): ast.literal_eval(w) for c, w in task.visible}
-    programs: dict[str, str] = {
+    return {
         "constant": f"def {fn}(*args):\n    return {constant!r}\n",
         "echo": f"def {fn}(*args):\n    return args[0]\n",
         "visible_table": _table_program(task, fn, visible),
-        "earlier_episode_table": _table_program(task, fn, earlier),
+        "earlier_episodes_table": _table_program(task, fn, earlier),
+        "likeliest_inputs_table": _table_program(task, fn, likeliest),
+        "reference_fix": task.fixed,
     }
-    for label, program in programs.items():
-        assert _task_reward("code/debug-v3", index, program, seed=1) == 0.0, label
-    assert _task_reward("code/debug-v3", index, task.fixed, seed=1) == 1.0
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_v3_episodes_pay_only_the_fix(name: str) -> None:
+    """Real episodes (seed 5): each of :func:`_programs` gets 0, the reference fix 1."""
+    index = next(i for i, t in enumerate(v3_tasks()) if t.name == name)
+    for label, program in _programs(index).items():
+        paid = _task_reward("code/debug-v3", index, program, seed=5)
+        assert paid == (1.0 if label == "reference_fix" else 0.0), label
+
+
+LEARNER_EPISODES = 64
+
+
+@pytest.mark.slow
+def test_a_learner_sees_no_reward_from_any_of_the_programs() -> None:
+    """Playing as a learning policy would, with the reward only: each program of
+    :func:`_programs` submitted in 64 episodes (seeds 1000-1063) of the three named tasks
+    and three generated ones; the episodes are the scenario's own (``reset(seed)`` draws
+    these calls), run in one harness call per program, each paid 1 only if all its calls
+    pass. A bandit over these arms would see 0 on every pull but the fix's."""
+    sandbox = Sandbox(BUNDLE_LIMITS)
+    seeds = range(1000, 1000 + LEARNER_EPISODES)
+    picks = [next(i for i, t in enumerate(v3_tasks()) if t.name == n) for n in NAMED]
+    picks += [60, 200, 340]
+    totals: Counter[str] = Counter()
+    for index in picks:
+        task = v3_tasks()[index]
+        episodes = [draw_hidden(task, np.random.default_rng(seed)) for seed in seeds]
+        env = make("code/debug-v3", task=index)
+        env.reset(seed=seeds[-1])
+        assert env.unwrapped.s.task.hidden == episodes[-1]
+        calls = [test for episode in episodes for test in episode]
+        for label, program in _programs(index).items():
+            results = run_tests(sandbox, program, calls, strict=True).results
+            paid = [
+                all(ok for ok, _ in results[e * HIDDEN_CALLS : (e + 1) * HIDDEN_CALLS])
+                for e in range(LEARNER_EPISODES)
+            ]
+            totals[label] += sum(paid)
+            expected = LEARNER_EPISODES if label == "reference_fix" else 0
+            assert sum(paid) == expected, (task.name, label, sum(paid))
+    print(f"\nepisodes paid, of {LEARNER_EPISODES * len(picks)} per program: {dict(totals)}")
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
