@@ -22,7 +22,9 @@ from parley.arena.training.loop import TrainResult, load_train_config, run_train
 
 __all__ = ["DemoResult", "demo_config", "evaluate_team", "print_demo", "train_demo"]
 
-SCENARIO = "collaboration/referential-v0"
+# v1 plays exactly as v0 here: both seats choose among offered choices, so no move is
+# refused (examples/referential.yaml).
+SCENARIO = "collaboration/referential-v1"
 
 
 def demo_config(out: str | Path, *, model: str = "tiny", k: int = 4, scale: float = 1.0) -> Any:
