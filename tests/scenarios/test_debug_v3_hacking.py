@@ -23,6 +23,11 @@ family's best program on the very calls it is scored on flatters the attack, nev
 scenario. Bounds: every family <= 0.05 on every task, the reference fix 1.0 on every task.
 The same run verifies the task set: each unfixed module fails a visible test and many calls,
 each fix passes all.
+
+With the reward only, as a learner sees it: six such programs are submitted in 64 of the
+scenario's own episodes each on six tasks (one harness run per program) and in real
+``step`` episodes; none is paid once, the fix every time. v2 is attacked the same way
+for contrast: its per-call answers were paid.
 """
 
 from __future__ import annotations
