@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import re
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -51,8 +50,6 @@ import numpy as np
 
 from parley.arena.inference.backends.errors import BackendError, RequestError
 from parley.protocols.messages import Constraint
-
-_log = logging.getLogger(__name__)
 
 __all__ = [
     "ConstraintError",
@@ -340,7 +337,7 @@ def check_constraint(constraint: Constraint) -> None:
         raise
     except BackendError as exc:  # the schema compiler's refusals
         raise ConstraintError("invalid", str(exc)) from exc
-    _first_mask(_compiled(_byte_vocab(), grammar), constraint.type)
+    _checked_mask(_compiled(_byte_vocab(), grammar), constraint.type)
 
 
 def matches(constraint: Constraint, text: str) -> bool:
@@ -521,10 +518,11 @@ def _compiled(vocab: TokenVocab, grammar: str) -> Any:
     )
 
 
-def _first_mask(matcher: Any, kind: str) -> np.ndarray:
-    """The mask of ``matcher`` (at its start), or the reason it cannot be used, raised as
-    :class:`ConstraintError`: the engine refused the grammar (invalid, or over its limits)
-    or the language is empty."""
+def _checked_mask(matcher: Any, kind: str) -> np.ndarray:
+    """The next mask of ``matcher``, or the reason it cannot go on, raised as
+    :class:`ConstraintError`: the engine refused the grammar (invalid), ran into its work
+    limits (too costly: at the start, or at a later token, the same token at any load), or
+    the language is empty (at the start: unsatisfiable)."""
     mask = _mask(matcher)
     if matcher.is_error():
         error = _first_line(matcher.get_error())
@@ -565,7 +563,9 @@ class TokenMatcher:
     A choice walks a prefix trie of each choice's canonical tokens; a regex or a JSON
     schema is matched by llguidance (:func:`constraint_grammar`). Raises
     :class:`ConstraintError` when the constraint cannot be used (see :func:`check_constraint`)
-    or allows no first token of this vocabulary."""
+    or allows no first token of this vocabulary, and :meth:`allowed` raises it when the
+    engine stops at a later token on its work limits (the client's constraint is at fault:
+    a 400 naming it, not a failed completion)."""
 
     def __init__(self, vocab: TokenVocab, constraint: Constraint) -> None:
         check_constraint(constraint)
@@ -583,7 +583,8 @@ class TokenMatcher:
             self._node = self._trie
             return
         self._matcher = _compiled(vocab, constraint_grammar(constraint))
-        self._next: np.ndarray | None = _first_mask(self._matcher, constraint.type)
+        self._kind = constraint.type
+        self._next: np.ndarray | None = _checked_mask(self._matcher, constraint.type)
         if not self.allowed().any():
             raise ConstraintError(
                 "unsatisfiable",
@@ -599,13 +600,7 @@ class TokenMatcher:
                 mask[self.vocab.eos_id if tok == -1 else tok] = True
             return mask
         if self._next is None:
-            self._next = _mask(self._matcher)
-            if self._matcher.is_error():
-                _log.warning(
-                    "constraint matcher stopped: %s; its completion ends with error",
-                    _first_line(self._matcher.get_error()),
-                )
-                self._next[:] = False
+            self._next = _checked_mask(self._matcher, self._kind)
         mask = np.zeros(self.vocab.size, dtype=bool)
         n = min(self.vocab.size, self._next.size)
         mask[:n] = self._next[:n]

@@ -24,12 +24,12 @@ import aiohttp
 import pytest
 
 from parley.arena.inference.backends.constraints import ConstraintError, check_constraint
-from parley.protocols.messages import Constraint, GenerateRequest, SamplingParams
+from parley.protocols.messages import Constraint, GenerateRequest, GenerateResult, SamplingParams
 
 pytest.importorskip("torch")
 from parley.arena.inference.backends.transformers import TransformersBackend
 from parley.arena.inference.http import serve_http
-from parley.arena.inference.pool import InferencePool, PoolConfig
+from parley.arena.inference.pool import InferencePool, PoolConfig, PoolError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -124,7 +124,7 @@ async def test_a_stall_during_the_first_mask_does_not_change_the_verdict(
 async def test_constraints_clients_cannot_use_are_a_400_naming_the_constraint(
     backend: TransformersBackend, tmp_path: Path
 ) -> None:
-    """Invalid, unsatisfiable and too large constraints are 400 with ``param`` (OpenAI
+    """Invalid, unsatisfiable and too costly constraints are 400 with ``param`` (OpenAI
     clients retry a 5xx twice, tripling an attacker's cost), and so is a hot swap with a
     bad path (it was a 500)."""
     deep: dict[str, object] = {"type": "string"}
@@ -134,6 +134,7 @@ async def test_constraints_clients_cannot_use_are_a_400_naming_the_constraint(
         "empty class": {"guided_regex": r"[^\s\S]"},
         "look-around": {"guided_regex": r"(?=a)a"},
         "bad syntax": {"guided_regex": "(a"},
+        "too costly": {"guided_regex": "(a{1000}){1000}"},  # over the limits at token 2
         "huge schema": {"guided_json": deep},
     }
     answers = {}
@@ -155,6 +156,7 @@ async def test_constraints_clients_cannot_use_are_a_400_naming_the_constraint(
         assert error["param"] == ("path" if name == "hot swap" else "constraint"), (name, error)
     assert "cannot be satisfied" in answers["empty class"][1]["message"]
     assert "look-around" in answers["look-around"][1]["message"]
+    assert "too costly" in answers["too costly"][1]["message"]
     assert pool.policies == {"tiny": 0}  # the refused swap changed nothing
 
 
@@ -190,3 +192,29 @@ def test_the_same_seeded_run_gives_the_same_transcripts_on_busy_cores(tmp_path: 
     assert any(  # the choose phase ran under its regex constraint
         "constraint" in json.dumps(e["steps"]) for e in episodes
     )
+
+
+async def test_a_constraint_stopped_by_the_limits_fails_alone_as_the_clients_fault(
+    backend: TransformersBackend,
+) -> None:
+    """``(a{1000}){1000}`` passes its first mask and stops the engine at its second token
+    (work limits): batched with another request, it is refused ``bad_request`` naming the
+    constraint, and the other request is answered as if alone."""
+    costly = GenerateRequest(
+        prompt="a",
+        params=SamplingParams(max_tokens=8, seed=0),
+        constraint=Constraint(type="regex", pattern="(a{1000}){1000}"),
+    )
+    async with InferencePool(
+        {"default": backend}, PoolConfig(max_wait=0.3), owns_backends=False
+    ) as pool:
+        alone = await pool.generate(claim_request(2))
+        answers = await asyncio.gather(
+            pool.generate(costly), pool.generate(claim_request(2)), return_exceptions=True
+        )
+    refused, answered = answers
+    assert isinstance(refused, PoolError), refused
+    assert (refused.code, refused.param) == ("bad_request", "constraint")
+    assert "too costly" in refused.message
+    assert isinstance(answered, GenerateResult), answered
+    assert answered.completions[0].text == alone.completions[0].text
