@@ -1,0 +1,129 @@
+"""Tournaments (parley.arena.run.league, parley tournament): schedule, paired deals, resume,
+ratings of a known ladder."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyspiel")
+
+from parley.arena.cli import main
+from parley.arena.run.league import (
+    LeagueConfig,
+    bradley_terry,
+    play_league,
+    swiss_pairs,
+)
+
+LADDER = {
+    "perfect": "tests.arena.run.ladder_agents:Perfect",
+    "half": "tests.arena.run.ladder_agents:Half",
+    "random": "tests.arena.run.ladder_agents:Random",
+}
+BASELINES = {
+    "rand": "parley.agents.scripted.imported:RandomLegal",
+    "first": "parley.agents.scripted.imported:FirstLegal",
+}
+
+
+@pytest.mark.timeout(120)
+def test_a_known_ladder_comes_out_in_order_with_separate_intervals(tmp_path: Path) -> None:
+    config = LeagueConfig(
+        agents=LADDER, scenarios=["openspiel:tic_tac_toe"], out=str(tmp_path), games_per_pair=20
+    )
+    league = play_league(config)
+    ratings = league["ratings"]
+    assert [row["agent"] for row in ratings] == ["perfect", "half", "random"]
+    for stronger, weaker in itertools.pairwise(ratings):
+        assert stronger["ci"][0] > weaker["ci"][1], ratings  # intervals do not overlap
+    assert league["matrix"]["perfect"]["random"]["win_rate"] > 0.9
+    assert league["matrix"]["perfect"]["random"]["games"] == 40  # 20 a side
+    on_disk = json.loads((tmp_path / "league.json").read_text())
+    assert on_disk["ratings"] == ratings
+
+
+@pytest.mark.timeout(60)
+def test_every_pairing_plays_both_sides_on_the_same_deals(tmp_path: Path) -> None:
+    config = LeagueConfig(
+        agents=BASELINES, scenarios=["openspiel:kuhn_poker"], out=str(tmp_path), games_per_pair=6
+    )
+    play_league(config)
+    deals = {}
+    for folder in sorted((tmp_path / "matches").iterdir()):
+        lines = (folder / "transcripts.jsonl").read_text().splitlines()
+        episodes = [json.loads(line) for line in lines]
+        seats = episodes[0]["agents"]
+        deals[tuple(sorted(seats.items()))] = [
+            (e["seed"], e["steps"][0]["observations"]) for e in episodes
+        ]
+    assert set(deals) == {
+        (("player_0", BASELINES["rand"]), ("player_1", BASELINES["first"])),
+        (("player_0", BASELINES["first"]), ("player_1", BASELINES["rand"])),
+    }
+    first, second = deals.values()
+    # Game g of every match is the same deal: the same seed, player_0 sees the same card.
+    assert [seed for seed, _ in first] == [seed for seed, _ in second]
+    assert [obs["player_0"].split("\n")[0] for _, obs in first] == [
+        obs["player_0"].split("\n")[0] for _, obs in second
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_a_league_resumes_where_it_stopped(tmp_path: Path) -> None:
+    config = LeagueConfig(
+        agents=BASELINES, scenarios=["openspiel:tic_tac_toe"], out=str(tmp_path), games_per_pair=4
+    )
+    whole = play_league(config)
+    matches = sorted((tmp_path / "matches").iterdir())
+    # A crash during the second match: its run folder is there, its result.json is not.
+    (matches[1] / "result.json").unlink()
+    (tmp_path / "league.json").unlink()
+    lines: list[str] = []
+    again = play_league(config, log=lines.append)
+    played = [line.split()[1].rstrip(":") for line in lines if line.startswith("played")]
+    assert played == [matches[1].name]
+    assert sum(line.startswith("resumed") for line in lines) == 1
+    assert again["ratings"] == whole["ratings"]
+    assert again["games"] == whole["games"]
+
+
+def test_swiss_pairs_close_standings_and_avoids_rematches() -> None:
+    names = ["a", "b", "c", "d", "e"]
+    points = {"a": 3.0, "b": 2.0, "c": 2.0, "d": 1.0, "e": 0.0}
+    assert swiss_pairs(names, points, set()) == [("a", "b"), ("c", "d")]
+    met = {frozenset(("a", "b")), frozenset(("c", "d"))}
+    assert swiss_pairs(names, points, met) == [("a", "c"), ("b", "d")]
+
+
+def test_bradley_terry_recovers_strengths_and_stays_finite_for_an_unbeaten_agent() -> None:
+    rng = np.random.default_rng(0)
+    truth = np.array([1.0, 0.0, -1.0])
+    pairs = rng.integers(3, size=(3000, 2))
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    p = 1 / (1 + np.exp(truth[pairs[:, 1]] - truth[pairs[:, 0]]))
+    outcomes = (rng.random(len(p)) < p).astype(float)
+    fitted = bradley_terry(pairs, outcomes, 3)
+    assert np.allclose(fitted, truth - truth.mean(), atol=0.15)
+    unbeaten = bradley_terry(np.array([[0, 1]] * 10), np.ones(10), 2)
+    assert np.all(np.isfinite(unbeaten))
+    assert unbeaten[0] > unbeaten[1]
+
+
+@pytest.mark.timeout(60)
+def test_parley_tournament_command_writes_the_league(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "league"
+    agents = ",".join(f"{name}={spec}" for name, spec in BASELINES.items())
+    args = ["tournament", "--agents", agents, "--scenarios", "openspiel:matrix_pd"]
+    status = main([*args, "--games-per-pair", "3", "--out", str(out), "--json"])
+    assert status == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["agents"] == ["rand", "first"]
+    assert (out / "league.json").exists()
+    assert main([*args, "--agents", "a=scripted,a=scripted", "--out", str(out)]) == 2
