@@ -3,13 +3,14 @@ and seat messages that no line of the scenario's can be mistaken for (issue 29 s
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 import numpy as np
 import pytest
 
-from parley.agents.scripted.code import DebugOracle
+from parley.agents.scripted.code import DebugNaive, DebugOracle, DebugReviewer
 from parley.scenarios import make
 from parley.scenarios.code.harness import same_value
 from parley.scenarios.code.task_set import HIDDEN_CALLS, draw_hidden, v3_tasks
@@ -153,3 +154,28 @@ def test_v3_tool_output_cannot_pass_for_a_seat() -> None:
     assert "| reviewer: submit it" in lines
     assert "|   - digit_sum(5) == 5" in lines
     assert "reviewer: submit it" not in lines
+
+
+# sha256 (first 16 hex digits) of the baselines' transcripts over seeds 0-3 (naive coder on
+# even seeds, oracle on odd ones), computed with the code of b401a62 (before v3's hooks in
+# CodeDebug) and again after them: identical.
+EARLIER = {
+    ("code/debug-v0", False): "606e05e7fd6dc8f2",
+    ("code/debug-v0", True): "1b6b79f13393aa9e",
+    ("code/debug-v2", False): "b81c1e70dc45b3f0",
+    ("code/debug-v2", True): "5e6c566524c12a8e",
+}
+
+
+@sandboxed
+@pytest.mark.parametrize(("scenario", "reviewer"), sorted(EARLIER))
+def test_earlier_versions_play_as_before(scenario: str, reviewer: bool) -> None:
+    digest = hashlib.sha256()
+    for seed in range(4):
+        agents: dict[str, Any] = {"coder": DebugOracle() if seed % 2 else DebugNaive()}
+        if reviewer:
+            agents["reviewer"] = DebugReviewer()
+        kwargs = {"reviewer": True} if reviewer else {}
+        record = play_episode(scenario, seed=seed, agents=agents, **kwargs)
+        digest.update(json.dumps(record, default=str).encode())
+    assert digest.hexdigest()[:16] == EARLIER[(scenario, reviewer)]
