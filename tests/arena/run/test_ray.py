@@ -513,6 +513,36 @@ def test_sigterm_ends_parley_run_ray_as_a_local_run_ends(cluster: Any, tmp_path:
 
 
 @pytest.mark.slow
+def test_sigterm_ends_parley_serve_ray_as_a_local_serve_ends(
+    cluster: Any, tiny_model_dir: Path
+) -> None:
+    import os
+    import signal
+    import subprocess
+
+    c, _ = cluster
+    argv = [sys.executable, "-m", "parley.arena.cli", "serve", "--model", str(tiny_model_dir),
+            "--ray", c.address, "--replicas", "1", "--listen", "tcp://127.0.0.1:0"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline().decode() for _ in range(2)]  # listening, policy
+        assert "replicas on Ray" in lines[1], lines
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    stderr = err.decode()
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "pool closed" in out.decode()
+    assert "SIGABRT" not in stderr
+    assert "Stack trace" not in stderr
+
+
+@pytest.mark.slow
 def test_a_removed_node_loses_no_episode(cluster: Any, tmp_path: Path) -> None:
     """Runs last in the module: it takes a node away from the shared cluster."""
     c, nodes = cluster
