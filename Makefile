@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 VLLM   := $(VENV)/.vllm-installed
 
-.PHONY: demo test test-fast test-long lint install install-vllm browser clean
+.PHONY: demo test test-fast test-long test-load lint install install-vllm browser clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,14 +50,19 @@ browser:
 	  else echo "no chromium (apt-get install chromium): browser tests will skip"; fi; }
 
 test: $(VLLM) lint browser
-	$(BIN)/pytest -q -m "not long"
+	$(BIN)/pytest -q -m "not long and not load"
 
 test-fast: lint
-	$(BIN)/pytest -q -m "not slow and not long"
+	$(BIN)/pytest -q -m "not slow and not long and not load"
 
 # Whole training recipes on several seeds (minutes each): CI runs them after `make test`.
 test-long: $(VLLM)
 	$(BIN)/pytest -q -m long
+
+# The load suite: the README's llm: command, a --pool run and a remote-agent run with every
+# core busy and the arena paused in turn (SIGSTOP/SIGCONT), against quiet runs (minutes).
+test-load: $(VLLM)
+	$(BIN)/pytest -q -m load tests/load
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
