@@ -33,7 +33,10 @@ Mapping of parley's request onto vLLM:
   times and only while the backend serves the checkpoint's own weights (a restart would
   lose updated ones); requests wait for the restart and run again. Otherwise
   :attr:`failure` is set: the pool answers every later request at once with the reason
-  and ``parley serve`` exits non-zero, instead of answering ``backend_failed`` forever;
+  and ``parley serve`` exits non-zero, instead of answering ``backend_failed`` forever.
+  A death while no request runs is noticed too (a health check every
+  :attr:`health_interval` s) and handled the same way. The engine's processes end with
+  this one, ``kill -9`` included (:mod:`~parley.arena.inference.backends.vllm_worker`);
 - LoRA adapters (:mod:`~parley.arena.inference.backends.vllm_lora`): started with
   ``max_loras`` > 0, the engine serves PEFT adapters next to the base with vLLM's
   multi-LoRA (one ``LoRARequest`` per adapter policy; requests of every adapter and of
@@ -59,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import math
 import os
 import tempfile
@@ -69,13 +73,13 @@ from typing import Any
 from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
 from parley.arena.inference.backends.constraints import constraint_regex
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
-from parley.arena.inference.backends.vllm_cpu_lora import WORKER_EXTENSION
 from parley.arena.inference.backends.vllm_lora import (
     LoRAAdapters,
     base_shapes,
     lora_engine_args,
     spare_slots,
 )
+from parley.arena.inference.backends.vllm_worker import WORKER_EXTENSION
 from parley.arena.inference.backends.weight_checks import WEIGHT_LIMIT, check_weight_files
 from parley.protocols.errors import ConfigError, require
 from parley.protocols.messages import (
@@ -94,6 +98,7 @@ __all__ = ["VLLMBackend"]
 
 _FINISH: dict[str | None, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 _ids = itertools.count()
+_log = logging.getLogger(__name__)
 
 
 class VLLMBackend(Backend):
@@ -125,6 +130,9 @@ class VLLMBackend(Backend):
         self._engine_args: Any = None  # the AsyncEngineArgs create() used, to restart
         self._restart_lock = asyncio.Lock()
         self._generation = 0  # bumped at each restart
+        self.health_interval = 1.0
+        """Seconds between checks of the engine's liveness (:meth:`_watch_health`)."""
+        self._health: asyncio.Task[None] | None = None
         lora = getattr(getattr(engine, "vllm_config", None), "lora_config", None)
         slots = int(getattr(lora, "max_loras", 0))
         self._lora = LoRAAdapters(
@@ -197,8 +205,10 @@ class VLLMBackend(Backend):
             # `[^\s\S]`, where the old transformers matcher let any character through).
             "structured_outputs_config": StructuredOutputsConfig(backend="guidance"),
             **lora_engine_args(max_loras, max_lora_rank, cpu=_on_cpu()),
-            # vLLM's CPU LoRA ops copy each token's adapter matrices: use grouped ones.
-            **({"worker_extension_cls": WORKER_EXTENSION} if max_loras and _on_cpu() else {}),
+            # parley's worker methods: the engine dies with this process (its parent
+            # watch) and, on CPU with LoRA, grouped LoRA ops (vLLM's copy each token's
+            # adapter matrices). See _prepare_workers.
+            "worker_extension_cls": WORKER_EXTENSION,
             **(engine_args or {}),
         }
         parsed: Any = vllm.AsyncEngineArgs(**args)
@@ -217,7 +227,8 @@ class VLLMBackend(Backend):
         backend.max_restarts = max_restarts
         backend._lora.weight_limit = weight_limit
         backend._lora.base = await asyncio.to_thread(base_shapes, model)
-        await backend._group_lora_ops()
+        await backend._prepare_workers()
+        backend._health = asyncio.create_task(backend._watch_health())
         return backend
 
     # --- Backend surface ---------------------------------------------------------------
@@ -305,16 +316,42 @@ class VLLMBackend(Backend):
         if self._closed:
             return
         self._closed = True
+        if self._health is not None:
+            self._health.cancel()
         self.engine.shutdown()
         self._lora.close()
 
     # --- machinery ---------------------------------------------------------------------
 
-    async def _group_lora_ops(self) -> None:
-        """Install :mod:`~parley.arena.inference.backends.vllm_cpu_lora`'s grouped ops in
-        the workers when the engine was started with its extension (CPU + LoRA)."""
-        if getattr(self._engine_args, "worker_extension_cls", "") == WORKER_EXTENSION:
+    async def _prepare_workers(self) -> None:
+        """Once per engine, in its workers (:mod:`~parley.arena.inference.backends.vllm_worker`):
+        the parent watch, so the engine processes end when this process ends (``kill -9``
+        included), and on CPU with LoRA the grouped LoRA ops. Skipped when ``engine_args``
+        named another ``worker_extension_cls``."""
+        args = self._engine_args
+        if getattr(args, "worker_extension_cls", "") != WORKER_EXTENSION:
+            _log.warning("vLLM runs another worker extension: its engine processes will not "
+                         "end with this process if it is killed")  # fmt: skip
+            return
+        await self.engine.collective_rpc("parley_watch_parent", args=(os.getpid(),))
+        if getattr(args, "enable_lora", False) and _on_cpu():
             await self.engine.collective_rpc("parley_group_lora_ops")
+
+    async def _watch_health(self) -> None:
+        """Notice an engine process that died while no request runs: vLLM marks the engine
+        dead at once (its monitor thread) but tells only the next request, so an idle
+        server stayed up on a dead engine. Every :attr:`health_interval` seconds: a dead
+        engine is restarted by the rules of a death under a request (:meth:`_revive`), or
+        :attr:`failure` is set, and then ``parley serve`` exits 1 with the reason."""
+        while not self._closed and not self.failure:
+            await asyncio.sleep(self.health_interval)
+            generation = self._generation
+            if self._closed or not self.engine.errored:
+                continue
+            try:
+                await self._revive(generation, EngineDeadError("noticed while idle"))
+            except BackendError:
+                return  # failure is set: the pool and parley serve take it from here
 
     def _sampling_params(self, request: GenerateRequest, prompt_len: int, stream: bool) -> Any:
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -397,6 +434,8 @@ class VLLMBackend(Backend):
                 )
                 raise BackendError(self.failure) from exc
             self.restarts += 1
+            _log.warning("the vLLM engine process died (%s); restarting it (%d of at most %d)",
+                         exc, self.restarts, self.max_restarts)  # fmt: skip
             self._open.clear()  # new requests wait for the new engine
             try:
                 from vllm.v1.engine.async_llm import AsyncLLM
@@ -405,7 +444,8 @@ class VLLMBackend(Backend):
                     self.engine.shutdown()
                 self.engine = await asyncio.to_thread(AsyncLLM.from_engine_args, self._engine_args)
                 self._generation += 1
-                await self._group_lora_ops()
+                await self._prepare_workers()
+                _log.warning("the vLLM engine serves again (restart %d)", self.restarts)
             except Exception as err:  # a failed restart is final
                 self.failure = f"the vLLM engine died ({exc}) and could not restart: {err}"
                 raise BackendError(self.failure) from err
