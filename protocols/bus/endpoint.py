@@ -213,6 +213,11 @@ class Endpoint(_Receiver):
         finally:
             link.pending.pop(rid, None)
             self._n_pending -= 1
+            if fut.done() and not fut.cancelled():
+                # The peer died while the send waited for room: its death failed this
+                # future too, and nobody awaits it. Seen, or asyncio prints "Future
+                # exception was never retrieved" when it is collected.
+                fut.exception()
 
     async def send(self, peer: str, body: Body, *, episode: str = "", turn: int = 0) -> None:
         """Send ``body`` to ``peer`` without waiting for an answer (order kept per peer)."""

@@ -5,6 +5,7 @@ noticed by its closed connection well before the generous silence timeout (issue
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import time
@@ -148,3 +149,37 @@ async def test_a_killed_peer_process_is_noticed_by_its_closed_connection() -> No
             # 2.5 heartbeat intervals of silence, then one tick: far below peer_timeout.
             assert loop.time() - start < 15 < BusConfig().peer_timeout
             assert ep.peers == []
+
+
+async def test_requests_waiting_for_room_when_their_peer_dies_leave_no_noise() -> None:
+    """Requests queued behind a full send queue to a paused peer all fail with PeerDead when
+    it is killed, and asyncio reports no "Future exception was never retrieved" (before:
+    the death failed each waiting request's future a second time, unseen)."""
+    loop = asyncio.get_running_loop()
+    unseen: list[str] = []
+    loop.set_exception_handler(lambda _, context: unseen.append(str(context.get("message"))))
+    config = BusConfig(hwm=2, heartbeat_interval=0.2, peer_timeout=30.0, request_timeout=60.0)
+    try:
+        async with arena("ipc", config) as (ep, address):
+            ep.on(Observation, _upper)
+            with peers(("connect", address, "victim", {})) as (victim,):
+                assert (await victim.report())[0] == "connected"
+                assert victim.process.pid is not None
+                os.kill(victim.process.pid, signal.SIGSTOP)
+                big = "x" * 1_000_000  # 32 MB in all: far more than the socket buffers
+                pending = [
+                    asyncio.create_task(ep.request("victim", Observation(agent="v", text=big)))
+                    for _ in range(32)
+                ]
+                await asyncio.sleep(0.5)
+                victim.kill()
+                results = await asyncio.wait_for(
+                    asyncio.gather(*pending, return_exceptions=True), 30
+                )
+                assert all(isinstance(r, PeerDead) for r in results), results
+                del pending, results
+                gc.collect()
+                await asyncio.sleep(0)
+        assert not [m for m in unseen if "never retrieved" in m], unseen
+    finally:
+        loop.set_exception_handler(None)
