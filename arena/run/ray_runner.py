@@ -33,8 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import signal
-import threading
 import time
 import zlib
 from collections import deque
@@ -48,13 +46,15 @@ from rich.table import Table
 
 from parley.arena.run.config import RunConfig
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, plan_episodes
+from parley.arena.run.ray_cluster import LOCAL, import_ray, init_ray
 from parley.arena.run.ray_worker import EpisodeWorker, Steps
 from parley.arena.run.records import EpisodeRecord, RecordWriter
 from parley.arena.run.runner import Runner, RunResult
 from parley.arena.run.summary import SummaryBuilder
-from parley.protocols.errors import ConfigError, require
+from parley.protocols.errors import ConfigError
 
 __all__ = [
+    "LOCAL",
     "MAX_ATTEMPTS",
     "EpisodeWorker",
     "RayRunner",
@@ -69,55 +69,6 @@ MAX_ATTEMPTS = 3
 """Workers a slice may lose before its episodes are recorded as failed (``worker_lost``)."""
 MAX_LISTED_RETRIES = 1_000
 """Retried episode ids listed in the summary; the rest are counted."""
-LOCAL = "local"
-"""``RunConfig.ray`` value (also ``""``) that starts a private local Ray when none is up."""
-
-
-def import_ray() -> Any:
-    """The ``ray`` module, or :class:`~parley.protocols.errors.MissingDependency` naming the
-    extra to install (``pip install 'parley[ray]'``)."""
-    return require("ray", "ray")
-
-
-def init_ray(address: str | None = LOCAL, *, num_cpus: int | None = None) -> bool:
-    """Connect to Ray at ``address`` (``auto``, ``HOST:PORT``, ``ray://HOST:10001``) or start
-    a local one (``local``/``""``/``None``); nothing when this process is connected already.
-    Returns whether this call started (or connected) Ray, so the caller knows to shut it down.
-    """
-    ray = import_ray()
-    if ray.is_initialized():
-        return False
-    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-    with _keeping_sigterm():
-        if address in (None, "", LOCAL):
-            # A private one: a bare ray.init() joins a cluster `ray start` left on this machine.
-            ray.init(address="local", num_cpus=num_cpus, **options)
-        else:
-            try:
-                ray.init(address=address, **options)
-            except ConnectionError as exc:
-                raise ConfigError(
-                    f"cannot connect to Ray at {address}: {exc} (start one with `ray start "
-                    "--head`, or pass --ray without an address for a local Ray)"
-                ) from exc
-    return True
-
-
-@contextlib.contextmanager
-def _keeping_sigterm() -> Iterator[None]:
-    """Put back the SIGTERM handler ``ray.init`` replaces (with ``sys.exit(15)``, which
-    unwinds through Ray's threads and aborts with a C++ stack dump, rc 134): ``parley run``
-    and ``parley serve`` install theirs first and end as on a single host (partial summary,
-    rc 143). Only the main thread can set handlers; elsewhere there is nothing to keep."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        if before is not None:  # None: set from C, not restorable from Python
-            signal.signal(signal.SIGTERM, before)
 
 
 class RayWorkersLost(RuntimeError):
