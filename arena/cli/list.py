@@ -12,6 +12,12 @@ def add_parser(sub: Any) -> None:
     parser = sub.add_parser("list", help="list the registered scenarios")
     parser.add_argument("--json", action="store_true", help="print one JSON object per line")
     parser.add_argument("--family", default="", help="only this family (e.g. negotiation)")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="also the games of installed outside libraries (openspiel:GAME, textarena:ID), "
+        "with seats, and those their adapters cannot play, with the reason",
+    )
     parser.set_defaults(func=run)
 
 
@@ -59,4 +65,31 @@ def run(args: argparse.Namespace) -> int:
         )
         table.add_row(game, marks, seats, latest.description)
     console().print(table)
+    if args.all:
+        _print_imported(args.family)
     return 0
+
+
+def _print_imported(family: str) -> None:
+    """The games of outside libraries (``--all``): accepted ones, then refused ones."""
+    from rich.table import Table
+
+    from parley.arena.cli.common import console
+    from parley.scenarios.imported import PREFIXES, catalog
+
+    prefixes = tuple(p for p in PREFIXES if not family or p == family)
+    entries = catalog(prefixes)
+    accepted = [e for e in entries if e.accepted]
+    table = Table(title=f"games of outside libraries ({len(accepted)} playable)")
+    for column in ("id", "seats", "description"):
+        table.add_column(column, no_wrap=column == "id")
+    for entry in accepted:
+        table.add_row(entry.id, ", ".join(entry.seats), entry.description)
+    console().print(table)
+    refused = Table(title=f"not playable as parley scenarios ({len(entries) - len(accepted)})")
+    refused.add_column("id", no_wrap=True)
+    refused.add_column("reason")
+    for entry in entries:
+        if not entry.accepted:
+            refused.add_row(entry.id, entry.reason)
+    console().print(refused)

@@ -299,12 +299,6 @@ class OpenSpielGame(Scenario):
             "written as listed. Your score is the game's return for you."
         )
 
-    def metrics(self) -> dict[str, float]:
-        if self.state_ is None or not self.state_.is_terminal():
-            return {}
-        returns = self.state_.returns()
-        return {f"return_{seat}": float(returns[i]) for i, seat in enumerate(self.possible_agents)}
-
     def snapshot(self) -> Any:
         history = [] if self.state_ is None else [int(a) for a in self.state_.history()]
         return {"game": self.metadata["name"], "history": history}

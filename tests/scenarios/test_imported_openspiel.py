@@ -214,3 +214,16 @@ def test_building_a_builtin_scenario_imports_no_game_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_parley_list_all_shows_the_games_with_seats_and_the_refused_with_reasons(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from parley.arena.cli import main
+
+    assert main(["list", "--all", "--family", "openspiel"]) == 0
+    printed = capsys.readouterr().out
+    assert "openspiel:kuhn_poker" in printed
+    assert "player_0, player_1" in printed
+    assert "mean_field dynamics" in printed
+    assert "negotiation/deal-or-no-deal" not in printed  # (--family applies to both tables)

@@ -1,0 +1,309 @@
+"""textarena:ENV_ID - a TextArena game (``textarena`` 0.7.4) as a parley scenario.
+
+``ENV_ID`` is a TextArena id (``textarena:KuhnPoker-v0``, ``textarena:SimpleNegotiation-v0``);
+the adapter plays its unwrapped ``-raw`` variant and writes the observations itself.
+
+Seats: ``player_0`` ... ``player_{n-1}`` (TextArena's player ``i``); ``n`` is the game's
+smallest player count that resets (give ``num_players=N`` to pick another).
+
+Turn order: the library's (``get_observation()`` names the player to act, one at a time).
+Observations: the messages TextArena addressed to that player since its last turn (its own
+prompt, the game's notices, the other players' public moves), one line each as
+``[GAME] ...`` or ``[Player i] ...``; what TextArena sends to another player only never
+reaches this seat. Actions: free text, as TextArena parses it (no choice constraint: TextArena
+lists no legal moves). A move TextArena refuses is an invalid move with its reason and
+TextArena's own rule applies (its error allowance, then the offender loses).
+
+Rewards: component ``task`` is TextArena's reward of each player at the end (``close()``),
+so a seat's ``task`` total is the library's for the same moves; ``invalid`` is
+``-invalid_penalty`` per refused move (default 0).
+
+Randomness: TextArena draws from Python's global ``random`` module, seeded by its
+``reset(seed=...)``. The adapter gives each episode its own ``random`` state (swapped in
+around every call into TextArena and out again afterwards), with the library seed drawn
+from ``reset(seed=...)``'s generator: episodes in one process do not draw from each other's
+stream, and the caller's ``random`` state is left as it was.
+
+Arguments: ``num_players``, ``invalid_penalty``, ``max_cycles``, ``render_mode``.
+
+    >>> env = make("textarena:KuhnPoker-v0")
+
+Not represented (:func:`catalog` lists each with its reason): games that need data files or
+services that cannot be reached here (NLTK corpora, an LLM jury), games that fail to reset.
+
+Version history: the adapter's first version (pinned by the ``textarena==0.7.4`` install).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+import socket
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parley.protocols.errors import ConfigError
+from parley.scenarios.base import Scenario
+from parley.scenarios.imported import Entry
+from parley.scenarios.registry import ScenarioSpec
+
+__all__ = ["TextArenaGame", "catalog", "spec_for"]
+
+_INSTALL = (
+    'TextArena is not installed: pip install -e ".[games]" && '
+    "pip install --no-deps textarena==0.7.4"
+)
+_BASELINE = "parley.agents.scripted.imported:RandomLegal"
+_PLAYER_COUNTS = (2, 1, 3, 4, 5, 6)
+
+
+def _ta() -> Any:
+    try:
+        import textarena
+    except ImportError as exc:
+        raise ConfigError(_INSTALL) from exc
+    return textarena
+
+
+def _registry() -> dict[str, Any]:
+    from textarena.envs.registration import ENV_REGISTRY
+
+    return dict(ENV_REGISTRY)
+
+
+@contextlib.contextmanager
+def _own_random(state: list[Any]) -> Iterator[None]:
+    """Run with ``state[0]`` as Python's global ``random`` state, kept in ``state[0]``
+    afterwards; the caller's state is put back. What the library prints (some games print
+    their puzzles) is dropped: stdout belongs to the command (``parley run --json``)."""
+    outer = random.getstate()
+    if state[0] is not None:
+        random.setstate(state[0])
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        state[0] = random.getstate()
+        random.setstate(outer)
+
+
+def _raw(env_id: str) -> str:
+    registry = _registry()
+    if env_id not in registry:
+        raise ConfigError(f"TextArena has no game {env_id!r}; `parley list --all` lists them")
+    return f"{env_id}-raw" if f"{env_id}-raw" in registry else env_id
+
+
+def _first_count(env_id: str) -> int:
+    """The smallest player count (2 first) with which ``env_id`` resets and shows an
+    observation; :class:`ConfigError` with TextArena's reason when none does."""
+    ta, why = _ta(), ""
+    for count in _PLAYER_COUNTS:
+        state: list[Any] = [None]
+        try:
+            with _own_random(state), _no_network():
+                env = ta.make(_raw(env_id))
+                env.reset(num_players=count, seed=0)
+                env.get_observation()
+            return count
+        except ConfigError:
+            raise
+        except Exception as exc:  # the library's own refusal or failure: it is the reason
+            why = why or _reason(exc)
+            if "player" not in str(exc).lower():
+                break  # not about the player count: another count fails the same way
+    raise ConfigError(f"textarena:{env_id} cannot be played: {why}")
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a TextArena game failed to reset, in words a user can act on."""
+    text = str(exc).splitlines()[0][:160] if str(exc) else ""
+    if isinstance(exc, LookupError):
+        return "needs NLTK data (a corpus such as 'words') that cannot be downloaded here"
+    if isinstance(exc, SyntaxError):
+        return f"its module does not compile on this Python ({text}; needs 3.12 f-strings)"
+    if isinstance(exc, FileNotFoundError):
+        return f"a data file is missing from the textarena 0.7.4 wheel ({text})"
+    if "API key" in text:
+        return f"needs an LLM service ({text})"
+    return f"{type(exc).__name__}: {text}"
+
+
+@contextlib.contextmanager
+def _no_network() -> Iterator[None]:
+    """A game that reaches for the network (an NLTK download, an LLM jury) fails fast."""
+    before = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(2.0)
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(before)
+
+
+def spec_for(name: str) -> ScenarioSpec:
+    """The spec of ``textarena:NAME`` (resets the game once to find its player count)."""
+    count = _first_count(name)
+    return ScenarioSpec(
+        f"textarena:{name}",
+        "parley.scenarios.imported.textarena:TextArenaGame",
+        kwargs={"env_id": name, "num_players": count},
+        baselines={"*": _BASELINE},
+        description=f"TextArena {name}: {count} player(s), free-text moves.",
+    )
+
+
+def catalog() -> list[Entry]:
+    """Every TextArena game id (its ``-raw``/``-train`` wrappings aside), accepted or with
+    the reason it is not."""
+    _ta()
+    out = []
+    for env_id in sorted(_registry()):
+        if env_id.endswith(("-raw", "-train")):
+            continue
+        try:
+            found = spec_for(env_id)
+        except ConfigError as exc:
+            out.append(Entry(f"textarena:{env_id}", (), "", str(exc).split(": ", 1)[-1]))
+            continue
+        seats = tuple(f"player_{i}" for i in range(found.kwargs["num_players"]))
+        out.append(Entry(found.id, seats, found.description))
+    return out
+
+
+class TextArenaGame(Scenario):
+    """A TextArena game (module docstring)."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "textarena:*",
+        "render_modes": ["ansi"],
+        "is_parallelizable": True,
+    }
+
+    def __init__(
+        self,
+        env_id: str,
+        *,
+        num_players: int | None = None,
+        render_mode: str | None = "ansi",
+        max_cycles: int | None = None,
+        invalid_penalty: float | None = None,
+    ) -> None:
+        self.ta = _ta()
+        self.env_id = env_id
+        self.num_players = num_players or _first_count(env_id)
+        self.metadata = {**type(self).metadata, "name": f"textarena:{env_id}"}
+        seats = [f"player_{i}" for i in range(self.num_players)]
+        super().__init__(
+            seats, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
+        )
+        self._random: list[Any] = [None]
+        self.env: Any = None
+        self.library_seed = 0
+        """The seed this episode's TextArena ``reset`` got (drawn from ``reset(seed=...)``)."""
+        self._current = ""
+        self.library_error = False
+
+    # ------------------------------------------------------------------ hooks
+
+    def new_episode(self, rng: np.random.Generator) -> None:
+        self.library_seed = int(rng.integers(2**31 - 1))
+        self._random = [None]
+        self.library_error = False
+        with _own_random(self._random):
+            self.env = self.ta.make(_raw(self.env_id))
+            self.env.reset(num_players=self.num_players, seed=self.library_seed)
+        self._pull()
+
+    def acting(self) -> list[str]:
+        return [self._current] if self._current else []
+
+    def play(self, agent: str, action: str) -> str | None:
+        state = self.env.state
+        pid = int(agent.rsplit("_", 1)[1])
+        errors = getattr(state, "error_count", 0)
+        try:
+            with _own_random(self._random):
+                done, _ = self.env.step(action=action)
+            refused = getattr(state, "error_count", 0) > errors or bool(
+                state.game_info.get(pid, {}).get("invalid_move")
+            )
+            if done:
+                self._end()
+            else:
+                self._pull()
+        except Exception as exc:  # the library failed on this text: end, score nothing
+            self.library_error = True
+            self._current = ""
+            self.announce(f"The game stopped: TextArena raised {type(exc).__name__}.")
+            self.finish()
+            return f"TextArena raised {type(exc).__name__}: {str(exc)[:200]}"
+        if refused:
+            reason = str(state.game_info.get(pid, {}).get("reason") or "")
+            return f"TextArena refused the move{': ' + reason if reason else ''}"
+        return None
+
+    def system_prompt(self, agent: str) -> str:
+        return (
+            f"You play the TextArena game {self.env_id} as {agent}, one of "
+            f"{self.num_players} player(s). Each turn you see the game's messages to you; "
+            "answer with your move in the format the game asks for."
+        )
+
+    def metrics(self) -> dict[str, float]:
+        return {"library_error": float(self.library_error)}
+
+    def snapshot(self) -> Any:
+        return {"game": self.metadata["name"], "seed": self.library_seed, "turn": self.turn}
+
+    # ------------------------------------------------------------------ internals
+
+    def _pull(self) -> None:
+        """Tell the player TextArena asks next what it has been sent since its last turn."""
+        with _own_random(self._random):
+            pid, messages = self.env.get_observation()
+        self._current = self.possible_agents[int(pid)]
+        self.tell(self._current, _format(messages))
+
+    def _end(self) -> None:
+        self._current = ""
+        with _own_random(self._random):
+            rewards, game_info = self.env.close()
+        paid = {seat: _number(rewards.get(pid)) for pid, seat in enumerate(self.possible_agents)}
+        if None in paid.values():  # (ThreeCardMonte returns its message as the reward)
+            raise TypeError(f"TextArena's rewards are not numbers: {rewards!r}"[:200])
+        for pid, seat in enumerate(self.possible_agents):
+            self.reward(seat, "task", paid[seat] or 0.0)
+            pending = self.env.state.observations.get(pid) or []
+            if pending:
+                self.tell(seat, _format(pending))
+        reasons = {str(info.get("reason", "")) for info in game_info.values()} - {""}
+        self.announce("The game is over. " + " ".join(sorted(reasons)))
+        self.finish()
+
+
+def _number(value: Any) -> float | None:
+    """A reward as a float (a missing one is 0), or None when it is not a number."""
+    if value is None:
+        return 0.0
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _format(messages: Any) -> str:
+    """TextArena's raw observation (a list of (sender, text, kind), or of (text, kind) in some
+    single-player games) as lines: ``[GAME] ...``, ``[Player i] ...``."""
+    if isinstance(messages, str):
+        return messages
+    lines = []
+    for item in messages or []:
+        parts = list(item) if isinstance(item, (tuple, list)) else [item]
+        sender = parts[0] if parts and isinstance(parts[0], int) else -1
+        text = parts[1] if isinstance(parts[0], int) and len(parts) > 1 else parts[0]
+        who = "GAME" if sender < 0 else f"Player {sender}"
+        lines.append(f"[{who}] {text}")
+    return "\n".join(lines)
