@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["main", "build_parser", "COMMANDS", "SUMMARIES"]
+__all__ = ["main", "build_parser", "command_module", "COMMANDS", "SUMMARIES"]
 
 COMMANDS: tuple[str, ...] = (
     "list",
@@ -33,10 +33,12 @@ COMMANDS: tuple[str, ...] = (
     "keys",
     "train",
     "serve",
+    "env-server",
     "view",
     "demo",
 )
-"""Modules of ``parley.arena.cli``, in the order ``parley --help`` lists them."""
+"""Commands, in the order ``parley --help`` lists them; each is the module of
+``parley.arena.cli`` of the same name (``-`` spelled ``_``: :func:`command_module`)."""
 
 SUMMARIES: dict[str, str] = {
     "list": "list the registered scenarios",
@@ -48,6 +50,7 @@ SUMMARIES: dict[str, str] = {
     "keys": "make CURVE key pairs for authenticated tcp (arena, pool, seats)",
     "train": "train LLM policies on a scenario by RL (staged, async sampling)",
     "serve": "start an inference pool that arenas connect to over the bus (and HTTP)",
+    "env-server": "serve a scenario to an outside trainer playing its learner seat (OpenEnv)",
     "view": "browse runs, episodes and live training curves in a web page",
     "demo": "train a speaker-listener team by RL, then play LLM and scripted agents",
 }
@@ -88,6 +91,11 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+def command_module(command: str) -> str:
+    """The module of ``command`` (``env-server`` -> ``parley.arena.cli.env_server``)."""
+    return f"parley.arena.cli.{command.replace('-', '_')}"
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered; given ``command``, only that
     command's module is imported (the others are listed by their :data:`SUMMARIES`)."""
@@ -102,7 +110,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     for name in COMMANDS:
         if command is None or name == command:
-            module = importlib.import_module(f"parley.arena.cli.{name}")
+            module = importlib.import_module(command_module(name))
             module.add_parser(sub)
         else:
             sub.add_parser(name, help=SUMMARIES[name], add_help=False)

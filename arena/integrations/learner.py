@@ -83,7 +83,7 @@ class LearnerError(ParleyError, ValueError):
     """The trainer asked for something the session cannot do; ``code`` names what."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
+        super().__init__(f"{code}: {message}")  # the code travels in protocols' messages
         self.code = code
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from parley.arena.cli import COMMANDS, SUMMARIES, main
+from parley.arena.cli import COMMANDS, SUMMARIES, command_module, main
 
 PARLEY = str(Path(sys.executable).with_name("parley"))
 HEAVY = ("numpy", "pettingzoo", "gymnasium", "zmq", "torch", "transformers", "aiohttp", "msgspec")
@@ -35,7 +35,7 @@ def test_summaries_match_the_commands_own_help() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
     for name in COMMANDS:
-        importlib.import_module(f"parley.arena.cli.{name}").add_parser(sub)
+        importlib.import_module(command_module(name)).add_parser(sub)
     helps = {action.dest: action.help for action in sub._choices_actions}
     assert helps == SUMMARIES
 
