@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 CASES: dict[str, tuple[float | None, str]] = {
     "NaN": (float("nan"), "NaN"),
@@ -40,3 +42,43 @@ def write_adapter(src: Path, dst: Path, tensors: dict[str, np.ndarray]) -> Path:
     (dst / "adapter_config.json").write_text(json.dumps(config))
     save_file(dict(tensors), str(dst / "adapter_model.safetensors"))
     return dst
+
+
+async def push_poison(
+    backend: Any, adapter: Path, swap: str, base: str, hidden: int, tmp: Path
+) -> None:
+    """Push every case at ``backend`` and require each refused naming the tensor: the
+    adapter ``adapter`` poisoned, as a new adapter (ConfigError) and as a hot swap of
+    adapter policy ``swap`` (inline and as a directory; BackendError), and the base's
+    final norm poisoned as a full-weight update of policy ``base`` (inline and as a file;
+    ``hidden`` is its size)."""
+    from safetensors.numpy import save_file
+
+    from parley.arena.inference.backends.errors import BackendError
+    from parley.protocols.errors import ConfigError
+    from parley.protocols.messages import WeightUpdate
+    from tests.arena.inference.lora_util import adapter_tensors
+
+    good = adapter_tensors(adapter)
+    name = sorted(good)[-1]  # the last tensor: every tensor is checked, not the first
+    for case, (tensors, phrase) in poisoned(good, name).items():
+        bad_dir = write_adapter(adapter, tmp / case, tensors)
+        with pytest.raises(ConfigError, match=phrase) as err:
+            await backend.add_adapter("mallory", str(bad_dir))
+        assert name in str(err.value), case
+        for update in (
+            WeightUpdate(policy=swap, version=7, tensors=tensors),
+            WeightUpdate(policy=swap, version=7, path=str(bad_dir)),
+        ):
+            with pytest.raises(BackendError, match=phrase):
+                await backend.update_weights(update)
+    norm = {"model.norm.weight": np.ones(hidden, "f4")}
+    for case, (tensors, phrase) in poisoned(norm, "model.norm.weight").items():
+        file = tmp / f"{case}.safetensors"
+        save_file(tensors, str(file))
+        for update in (
+            WeightUpdate(policy=base, version=1, tensors=tensors),
+            WeightUpdate(policy=base, version=1, path=str(file)),
+        ):
+            with pytest.raises(BackendError, match=phrase):
+                await backend.update_weights(update)

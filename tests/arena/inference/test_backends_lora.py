@@ -375,39 +375,14 @@ async def test_poisoned_adapters_and_updates_leave_base_and_other_adapters_uncha
     """NaN, +-inf and huge (x1e8) tensors, as a new adapter, as a hot swap (inline and as a
     directory) and as a full-weight update (inline and as a file), are each refused with
     the tensor's name; the base and both adapters decode as before, alone and mixed."""
-    from safetensors.numpy import save_file
-
-    from tests.arena.inference.lora_util import adapter_tensors
-    from tests.arena.inference.poison import poisoned, write_adapter
+    from tests.arena.inference.poison import push_poison
 
     await backend.add_adapter("alice", str(adapter_dirs[0]))
     await backend.add_adapter("bob", str(adapter_dirs[1]))
     policies = ["base", "alice", "bob"]
     before = {p: await greedy(backend, p) for p in policies}
-    good = adapter_tensors(adapter_dirs[2])
-    name = sorted(good)[-1]  # the last tensor: every tensor is checked, not the first
-    for case, (tensors, phrase) in poisoned(good, name).items():
-        bad_dir = write_adapter(adapter_dirs[2], tmp_path / case, tensors)
-        with pytest.raises(ConfigError, match=phrase) as err:
-            await backend.add_adapter("mallory", str(bad_dir))
-        assert name in str(err.value), case
-        for update in (
-            WeightUpdate(policy="alice", version=1, tensors=tensors),
-            WeightUpdate(policy="alice", version=1, path=str(bad_dir)),
-        ):
-            with pytest.raises(BackendError, match=phrase):
-                await backend.update_weights(update)
     hidden = backend.model.config.hidden_size
-    norm = {"model.norm.weight": np.ones(hidden, "f4")}
-    for case, (tensors, phrase) in poisoned(norm, "model.norm.weight").items():
-        file = tmp_path / f"{case}.safetensors"
-        save_file(tensors, str(file))
-        for update in (
-            WeightUpdate(policy="base", version=1, tensors=tensors),
-            WeightUpdate(policy="base", version=1, path=str(file)),
-        ):
-            with pytest.raises(BackendError, match=phrase):
-                await backend.update_weights(update)
+    await push_poison(backend, adapter_dirs[2], "alice", "base", hidden, tmp_path)
     assert backend.adapters == {"alice": 0, "bob": 0}
     assert backend.policy_version == 0
     assert {p: await greedy(backend, p) for p in policies} == before

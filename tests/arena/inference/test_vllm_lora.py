@@ -287,40 +287,16 @@ async def test_poisoned_adapters_and_updates_leave_base_and_other_adapters_uncha
     (inline and as a file), are each refused naming the tensor; the base and both adapters
     decode as before, alone and mixed. Before: vLLM accepted them (an adapter of NaN then
     decoded token 0 with NaN logprobs). Last in the module: a poisoned base would stay."""
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    from tests.arena.inference.poison import poisoned, write_adapter
+    from tests.arena.inference.poison import push_poison
 
     ids = prompt(backend, "I offer 2 books")
     policies = ["default", "a", "b"]
     mixed = await outputs(backend, ids, policies)
     alone = {p: (await outputs(backend, ids, [p]))[p] for p in policies}
     versions, loras = backend.adapters, await backend.engine.list_loras()
-    good = adapter_tensors(dirs["c"])
-    name = sorted(good)[-1]  # the last tensor: every tensor is checked, not the first
-    for case, (tensors, phrase) in poisoned(good, name).items():
-        bad_dir = write_adapter(dirs["c"], tmp_path / case, tensors)
-        with pytest.raises(ConfigError, match=phrase) as err:
-            await backend.add_adapter("mallory", str(bad_dir))
-        assert name in str(err.value), case
-        for update in (
-            WeightUpdate(policy="b", version=7, tensors=tensors),
-            WeightUpdate(policy="b", version=7, path=str(bad_dir)),
-        ):
-            with pytest.raises(BackendError, match=phrase):
-                await backend.update_weights(update)
     hidden = backend.engine.model_config.get_hidden_size()
-    norm = {"model.norm.weight": np.ones(hidden, "f4")}
-    for case, (tensors, phrase) in poisoned(norm, "model.norm.weight").items():
-        file = tmp_path / f"{case}.safetensors"
-        save_file(tensors, str(file))
-        for update in (
-            WeightUpdate(policy="default", version=1, tensors=tensors),
-            WeightUpdate(policy="default", version=1, path=str(file)),
-        ):
-            with pytest.raises(BackendError, match=phrase):
-                await backend.update_weights(update)
+    # b: rank 8 as c (a hot swap keeps an adapter's shapes; a is rank 4)
+    await push_poison(backend, dirs["c"], "b", "default", hidden, tmp_path)
     assert backend.adapters == versions
     assert backend.policy_version == 0
     assert await backend.engine.list_loras() == loras
