@@ -342,11 +342,13 @@ class LearnerSession:
                     f"seat {self._current!r} acts now, not {seat!r}: answer the observation "
                     "the last turn showed",
                 )
-            _, answer = self._pending.pop(self._current)
+            pending = self._pending.pop(self._current, None)
             self._chats[self._current].append({"role": "assistant", "content": text})
             self.steps += 1
-            if not answer.done():  # (cancelled when the episode failed meanwhile)
-                answer.set_result(text)
+            # No pending answer: the episode failed meanwhile (this seat's turn timed out,
+            # another seat failed), and the next turn is its end, with the reason.
+            if pending is not None and not pending[1].done():
+                pending[1].set_result(text)
             return await self._next_turn()
 
     def state(self) -> dict[str, Any]:
