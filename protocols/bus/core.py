@@ -95,6 +95,7 @@ class _Link:
     replies_waiting: int = 0  # replies waiting for room in its full queue (send.py)
     probed_at: float = -1.0  # when a duplicate Hello last made us probe it (links.py)
     unwanted: int = 0  # large messages in a row nobody asked for (receive.py)
+    bad: int = 0  # messages in a row that did not decode (refuse.py)
     farewell: str | None = None  # the reason of its last Bye, if it said one (links.py)
 
 

@@ -27,7 +27,7 @@ from parley.protocols.bus.core import (
     log,
     subscriptions_problem,
 )
-from parley.protocols.bus.refuse import MAX_FRAMES, PEEK_BYTES, _Refusals
+from parley.protocols.bus.refuse import MAX_FRAMES, PEEK_BYTES, STRANGER_ROUND, _Refusals
 from parley.protocols.errors import ProtocolError, RemoteError
 from parley.protocols.messages import (
     Body,
@@ -74,8 +74,9 @@ class _Receiver(_Refusals):
         The event loop calls this when the socket's descriptor turns readable (and
         :meth:`_wake` when a send may have swallowed that signal). Running as a reader
         callback rather than a task that awaits a poll saves one event-loop round per wake,
-        which is most of a round trip's Python overhead. At most ``_BATCH`` messages are
-        read per call so a flood cannot starve other tasks; the rest are read next round.
+        which is most of a round trip's Python overhead. At most ``_BATCH`` messages (of
+        them at most ``STRANGER_ROUND`` from strangers) are read per call so a flood cannot
+        starve other tasks; the rest are read next round.
         """
         sock.scheduled = False
         if sock.draining or not sock.reading:
@@ -93,6 +94,7 @@ class _Receiver(_Refusals):
         curve = sock.curve
         on_frames = self._on_frames
         budget = _BATCH_BYTES
+        self._strangers = 0
         try:
             for _ in range(_BATCH):
                 try:
@@ -116,7 +118,7 @@ class _Receiver(_Refusals):
                 else:
                     on_frames(sock, rid, frames)
                 budget -= len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
-                if budget <= 0:
+                if budget <= 0 or self._strangers >= STRANGER_ROUND:
                     break
             self._wake(sock)  # more may be waiting: continue after other callbacks ran
         except zmq.ZMQError as exc:
@@ -136,6 +138,7 @@ class _Receiver(_Refusals):
         if link is None and rid is not None:  # a connection that has not said Hello
             if rid in sock.shunned:  # (declared dead for flooding: its messages go unread)
                 self.stats.unhandled += 1
+                self._strangers += 1
                 return
             self._on_stranger(sock, rid, frames)
             return
@@ -150,6 +153,8 @@ class _Receiver(_Refusals):
                 self._log_limited("bad_message_reply", "%s: could not answer a bad message",
                                   self.name, exc_info=True)  # fmt: skip
             return
+        if link is not None and link.bad:
+            link.bad = 0  # ("in a row": a good message in between starts the count again)
         try:
             self._dispatch(sock, rid, link, env)
         except Exception:  # a bug in dispatch must not end the receive loop
