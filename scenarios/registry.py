@@ -452,6 +452,17 @@ register(
 )
 
 register(
+    "tool_use/research-team-v0",
+    f"{_TOOL}.research_team:ResearchTeam",
+    baselines={
+        "biographer": "parley.agents.scripted.research:Researcher",
+        "geographer": "parley.agents.scripted.research:Researcher",
+    },
+    description="Two seats search different halves of a generated encyclopedia (SQLite "
+    "FTS5 BM25) and answer a two-hop question together; F1 reward per seat and team.",
+)
+
+register(
     "code/debug-v2",
     "parley.scenarios.code.debug:CodeDebugV2",
     baselines=_REGISTRY["code/debug-v1"].baselines,
