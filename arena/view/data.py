@@ -45,6 +45,8 @@ RUN_FILES = ("transcripts.jsonl", "summary.json")
 """A folder holding either is a ``parley run`` output."""
 TRAIN_FILES = ("metrics.jsonl",)
 """A folder holding this is a ``parley train`` output."""
+LEAGUE_FILES = ("league.json",)
+"""A folder holding this is a ``parley tournament`` output (its matches are runs below it)."""
 MAX_DEPTH = 4
 """How deep below each given folder runs are looked for."""
 _ID_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -97,6 +99,7 @@ def discover(roots: Sequence[Path]) -> dict[str, Source]:
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             names = set(filenames)
             kind = "train" if names & set(TRAIN_FILES) else "run" if names & set(RUN_FILES) else ""
+            kind = kind or ("league" if names & set(LEAGUE_FILES) else "")
             if not kind:
                 continue
             rel = here.relative_to(root).as_posix()

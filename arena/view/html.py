@@ -138,6 +138,9 @@ class Links:
     def train(self, tid: str) -> str:
         return self._file("train", tid) if self.static else f"/train/{self._q(tid)}"
 
+    def league(self, lid: str) -> str:
+        return self._file("league", lid) if self.static else f"/league/{self._q(lid)}"
+
 
 def page(title: str, body: str, links: Links, *, scripts: tuple[str, ...] = ()) -> str:
     """A whole HTML document: ``title`` is escaped here, ``body`` must already be HTML."""

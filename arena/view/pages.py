@@ -139,6 +139,13 @@ def index_page(sources: Mapping[str, Source], links: Links) -> str:
             "<table id=trains><tr><th>run</th><th>scenario</th><th>updated</th>"
             f"<th>episodes</th><th>progress</th></tr>{''.join(rows)}</table>"
         )
+    leagues = [s for s in sources.values() if s.kind == "league"]
+    if leagues:
+        items = "".join(
+            f'<li><a class=league-link href="{esc(links.league(s.id))}">{esc(s.id)}</a></li>'
+            for s in leagues
+        )
+        parts.append(f"<h2>Tournaments ({len(leagues)})</h2><ul id=leagues>{items}</ul>")
     return page("runs", "".join(parts), links)
 
 

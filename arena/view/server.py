@@ -43,6 +43,7 @@ from parley.arena.view.data import (
 from parley.arena.view.episode import episode_page
 from parley.arena.view.html import CSP, Links
 from parley.arena.view.index import episode_rows, iter_episodes, read_episode
+from parley.arena.view.league import league_page
 from parley.arena.view.pages import (
     compare_page,
     episodes_page,
@@ -179,6 +180,10 @@ def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Applica
     async def train(request: web.Request) -> web.Response:
         return _html(train_page(state.get(request.match_info["tid"], "train"), links))
 
+    async def league(request: web.Request) -> web.Response:
+        src = state.get(request.match_info["lid"], "league")
+        return _html(await asyncio.to_thread(league_page, src, state.sources, links))
+
     async def events(request: web.Request) -> web.StreamResponse:
         return await _train_events(request, state.get(request.match_info["tid"], "train"))
 
@@ -195,6 +200,7 @@ def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Applica
     app.router.add_get("/compare", compare)
     app.router.add_get("/train/{tid}", train)
     app.router.add_get("/train/{tid}/events", events)
+    app.router.add_get("/league/{lid}", league)
     app.router.add_get("/static/{name}", static)
     return app
 
@@ -300,6 +306,8 @@ def export_static(roots: Sequence[Path], out: Path) -> list[Path]:
         if src.kind == "train":
             rows = load_jsonl(src.file("metrics.jsonl"))
             write(links.train(src.id), train_page, src, links, rows=rows)
+        elif src.kind == "league":
+            write(links.league(src.id), league_page, src, sources, links)
     return written
 
 

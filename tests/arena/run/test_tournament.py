@@ -127,3 +127,30 @@ def test_parley_tournament_command_writes_the_league(
     assert printed["agents"] == ["rand", "first"]
     assert (out / "league.json").exists()
     assert main([*args, "--agents", "a=scripted,a=scripted", "--out", str(out)]) == 2
+
+
+@pytest.mark.timeout(60)
+def test_the_viewer_shows_the_league_and_drills_down_to_episodes(tmp_path: Path) -> None:
+    from parley.arena.view.server import export_static
+
+    hostile = "<img src=x onerror=alert(1)>"
+    league_dir = tmp_path / "league"
+    config = LeagueConfig(
+        agents={hostile: BASELINES["rand"], "first": BASELINES["first"]},
+        scenarios=["openspiel:tic_tac_toe"],
+        out=str(league_dir),
+        games_per_pair=3,
+    )
+    play_league(config)
+    site = tmp_path / "site"
+    export_static([tmp_path], site)
+    index = (site / "index.html").read_text()
+    assert "league-link" in index
+    page_name = next(p.name for p in site.iterdir() if p.name.startswith("league-"))
+    page = (site / page_name).read_text()
+    assert "<svg id=league-matrix" in page
+    assert "id=league-ladder" in page
+    assert hostile not in page  # every name escaped
+    episodes = [part.split('"', 1)[0] for part in page.split('class=league-episode href="')[1:]]
+    assert len(episodes) == 6  # 3 games x 2 sides, each linked to its episode page
+    assert all((site / name).exists() for name in episodes)
