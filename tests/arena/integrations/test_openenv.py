@@ -1,0 +1,162 @@
+"""``parley env-server --protocol openenv``: a real server process played by OpenEnv's own
+client (``EnvClient`` over the WebSocket), many sessions at once; a trainer's bad input gets
+OpenEnv's error and no other session notices; the loopback rules of parley's servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("openenv")
+
+from openenv.core.generic_client import GenericEnvClient
+
+from parley.arena.integrations.learner import LearnerArena
+from parley.arena.integrations.openenv import ParleyAction, ParleyEnvClient
+
+pytestmark = pytest.mark.timeout(90)
+
+PARLEY = str(Path(sys.executable).with_name("parley"))
+SCENARIO = "collaboration/referential-v1"
+SESSIONS = 64
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """The URL of a ``parley env-server`` process (listener learned, speaker scripted)."""
+    cmd = [PARLEY, "env-server", SCENARIO, "--learner", "listener", "--port", "0"]
+    cmd += ["--max-sessions", str(SESSIONS + 2)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the URL, printed once bound (or the error)
+        assert line.startswith("openenv: serving"), line + proc.stdout.read()
+        yield line.split(" at ")[1].split()[0]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _pick(observation: dict[str, object] | object) -> str:
+    """A fixed policy: the candidate whose number is the message's first letter's parity."""
+    text = observation["text"] if isinstance(observation, dict) else observation.text  # type: ignore[attr-defined]
+    return "1" if str(text).split()[1][0] in "aceg" else "2"
+
+
+async def _episodes(url: str, seeds: list[int]) -> list[tuple[str, float | None, str]]:
+    """Plays ``seeds`` in one OpenEnv session; (observation text, return, failed) each."""
+    out = []
+    async with ParleyEnvClient(base_url=url, message_timeout_s=60) as env:
+        for seed in seeds:
+            result = await env.reset(seed=seed)
+            first = result.observation.text
+            while not result.done:
+                result = await env.step(ParleyAction(text=_pick(result.observation)))
+            out.append(
+                (first, result.observation.returns.get("listener"), result.observation.failed)
+            )
+    return out
+
+
+async def _in_process(seeds: list[int]) -> list[tuple[str, float | None, str]]:
+    out = []
+    async with LearnerArena(SCENARIO, learners=["listener"]) as arena:
+        session = arena.session()
+        for seed in seeds:
+            turn = await session.reset(seed)
+            first = turn.text
+            while not turn.done:
+                turn = await session.step(_pick(turn))
+            out.append((first, turn.returns.get("listener"), turn.failed))
+    return out
+
+
+async def test_openenv_clients_play_64_sessions_at_once_as_the_arena_does(server: str) -> None:
+    """64 concurrent EnvClient sessions, 2 episodes each: every episode is the one the
+    in-process adapter plays on that seed (same observation, same return), none failed."""
+    seeds = [[2 * i, 2 * i + 1] for i in range(SESSIONS)]
+    served = await asyncio.gather(*(_episodes(server, pair) for pair in seeds))
+    expected = await _in_process([seed for pair in seeds for seed in pair])
+    assert [episode for pair in served for episode in pair] == expected
+    assert all(not failed for _, _, failed in expected)
+    assert {reward for _, reward, _ in expected} == {0.0, 1.0}  # both outcomes occur
+
+
+async def test_bad_input_gets_openenv_errors_and_other_sessions_play_on(server: str) -> None:
+    async with (
+        GenericEnvClient(base_url=server, message_timeout_s=30) as bad,
+        GenericEnvClient(base_url=server, message_timeout_s=30) as good,
+    ):
+        first = await good.reset(seed=11)
+        with pytest.raises(RuntimeError, match="no_episode"):
+            await bad.step({"text": "1"})
+        await bad.reset(seed=11)
+        for action, expected in (
+            ({"txt": "1"}, "VALIDATION_ERROR"),  # malformed: no text, unknown field
+            ({"text": ["1"]}, "VALIDATION_ERROR"),
+            ({"text": "1", "seat": "speaker"}, "unknown_seat"),
+        ):
+            with pytest.raises(RuntimeError, match=expected):
+                await bad.step(action)
+        done = await bad.step({"text": "1", "seat": "listener"})
+        assert done.done
+        with pytest.raises(RuntimeError, match="episode_over"):
+            await bad.step({"text": "1"})
+        # A frame that is not JSON at all, straight on the socket: an error frame, no close.
+        await bad._send({"type": "step", "data": "not an action"})
+        reply = await bad._receive()
+        assert reply["type"] == "error"
+        assert (await bad.reset(seed=3)).observation["seat"] == "listener"
+        end = await good.step({"text": "1"})
+        assert end.done
+        assert end.observation["failed"] == ""
+        assert first.observation["seat"] == "listener"
+
+
+def test_http_is_stateless_and_answers_loopback_hosts_only(server: str) -> None:
+    def post(path: str, body: dict[str, object], host: str = "") -> tuple[int, dict[str, object]]:
+        request = urllib.request.Request(
+            server + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **({"Host": host} if host else {})},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    status, body = post("/reset", {"seed": 4})
+    assert status == 200
+    assert body["observation"]["seat"] == "listener"  # type: ignore[index]
+    status, body = post("/step", {"action": {"text": "1"}})
+    assert (status, body["code"]) == (409, "no_episode")
+    status, body = post("/reset", {"seed": 4}, host="attacker.example:80")
+    assert (status, body["code"]) == (421, "bad_host")
+
+
+def test_a_non_loopback_bind_needs_insecure() -> None:
+    done = subprocess.run(
+        [PARLEY, "env-server", SCENARIO, "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "--insecure" in done.stderr
