@@ -99,13 +99,20 @@ def tables(league: dict[str, Any]) -> list[Any]:
     from rich.table import Table
 
     ladder = Table(title="ratings (Bradley-Terry, Elo scale, 95% bootstrap interval)")
-    for column in ("rank", "agent", "rating", "interval", "games"):
+    skill = {row["agent"]: row for row in league.get("openskill") or []}
+    columns = ["rank", "agent", "rating", "interval", "games"]
+    columns += ["openskill mu +- 2 sigma"] if skill else []
+    for column in columns:
         ladder.add_column(column, justify="right" if column != "agent" else "left")
     for rank, row in enumerate(league["ratings"], 1):
         ci = row["ci"]
         shown = f"{ci[0]:.0f} .. {ci[1]:.0f}" if ci else "-"
         rating = f"{row['rating']:.0f}" if row["rating"] is not None else "-"
-        ladder.add_row(str(rank), row["agent"], rating, shown, str(row["games"]))
+        cells = [str(rank), row["agent"], rating, shown, str(row["games"])]
+        if skill:
+            found = skill[row["agent"]]
+            cells.append(f"{found['mu']:.1f} +- {2 * found['sigma']:.1f}")
+        ladder.add_row(*cells)
     names = league["agents"]
     matrix = Table(title="cross-play: row's win rate against column (draws half), 95% interval")
     matrix.add_column("")

@@ -22,6 +22,9 @@ Outputs (``OUT/league.json``, :func:`standings`):
 * ``ratings`` — Bradley-Terry strengths fitted by maximum likelihood (draws as half a win
   each way, a weak ridge prior so unbeaten agents stay finite), on the Elo scale
   (400 log10, mean 1000), with 95% intervals from a seeded bootstrap over games;
+* ``openskill`` — Weng-Lin (openskill's Plackett-Luce) ratings updated game by game in play
+  order, ``mu`` with ``mu +- 2 sigma`` (present when openskill is installed: the ``games``
+  extra);
 * ``scenarios`` — per scenario and agent: games, mean score with a 95% interval, win rate.
 """
 
@@ -45,6 +48,7 @@ __all__ = [
     "LeagueConfig",
     "Match",
     "bradley_terry",
+    "openskill_ratings",
     "play_league",
     "schedule_round_robin",
     "standings",
@@ -216,8 +220,8 @@ def play_match(config: LeagueConfig, match: Match, *, log: Callable[[str], None]
 
 def _game(row: dict[str, Any]) -> Game:
     return Game(
-        row["scenario"], row["episode"], int(row["seed"]), tuple(row["agents"]),  # type: ignore[arg-type]
-        tuple(row["scores"]), row["run"],  # type: ignore[arg-type]
+        row["scenario"], row["episode"], int(row["seed"]), tuple(row["agents"]),
+        tuple(row["scores"]), row["run"],
     )  # fmt: skip
 
 
@@ -318,7 +322,8 @@ def bradley_terry(
         beta += step
         if np.max(np.abs(step)) < 1e-9:
             break
-    return beta - beta.mean()
+    centred: np.ndarray = beta - beta.mean()
+    return centred
 
 
 def standings(
@@ -359,13 +364,38 @@ def standings(
                     "ci": half,
                     "win_rate": float(np.mean(wins)),
                 }
-    return {
+    table = {
         "agents": list(names),
         "games": [dataclasses.asdict(g) for g in games],
         "matrix": matrix,
         "ratings": ratings,
         "scenarios": per_scenario,
     }
+    skill = openskill_ratings(games, names)
+    if skill is not None:
+        table["openskill"] = skill
+    return table
+
+
+def openskill_ratings(games: Sequence[Game], names: Sequence[str]) -> list[dict[str, Any]] | None:
+    """Weng-Lin ratings (openskill's Plackett-Luce model, its defaults) updated one game at
+    a time in play order, best ``mu`` first; ``None`` when openskill is not installed."""
+    try:
+        from openskill.models import PlackettLuce
+    except ImportError:
+        return None
+    model = PlackettLuce()
+    current = {name: model.rating(name=name) for name in names}
+    for game in games:
+        a, b = game.agents
+        ranks = {1.0: [0.0, 1.0], 0.0: [1.0, 0.0]}.get(game.outcome, [0.0, 0.0])
+        [[current[a]], [current[b]]] = model.rate([[current[a]], [current[b]]], ranks=ranks)
+    rows = [
+        {"agent": name, "mu": float(r.mu), "sigma": float(r.sigma),
+         "ci": [float(r.mu - 2 * r.sigma), float(r.mu + 2 * r.sigma)]}
+        for name, r in current.items()
+    ]  # fmt: skip
+    return sorted(rows, key=lambda row: -row["mu"])
 
 
 def _ratings(

@@ -41,6 +41,8 @@ def test_a_known_ladder_comes_out_in_order_with_separate_intervals(tmp_path: Pat
     assert [row["agent"] for row in ratings] == ["perfect", "half", "random"]
     for stronger, weaker in itertools.pairwise(ratings):
         assert stronger["ci"][0] > weaker["ci"][1], ratings  # intervals do not overlap
+    skill = league["openskill"]  # (openskill's Weng-Lin ratings agree on the order)
+    assert [row["agent"] for row in skill] == ["perfect", "half", "random"]
     assert league["matrix"]["perfect"]["random"]["win_rate"] > 0.9
     assert league["matrix"]["perfect"]["random"]["games"] == 40  # 20 a side
     on_disk = json.loads((tmp_path / "league.json").read_text())
