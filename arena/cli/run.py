@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import signal
 import sys
@@ -315,7 +316,7 @@ async def _run(config: RunConfig, console: Console) -> Any:
 def main(args: argparse.Namespace) -> int:
     """Run the arena; exit status 1 when more episodes failed than ``max_failed_fraction``
     allows (any, by default), 2 on a bad configuration, 3 when a ``--ray`` run lost every
-    worker and could start none, 128 + N on signal N."""
+    worker and could start none, 4 when it lost the Ray head, 128 + N on signal N."""
     from parley.arena.cli.common import console, error_line
     from parley.arena.run.ray_runner import RayWorkersLost  # (imports no Ray)
     from parley.arena.run.records import encode_json
@@ -356,7 +357,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 RAY_LOST = 3
-"""Exit status of a ``--ray`` run that lost every worker and could start none."""
+"""Exit status of a ``--ray`` run that lost every worker and could start none (4: its
+head)."""
 
 
 def _interrupted(stop: RunInterrupted, out: str | None, summary_table: Any) -> int:
@@ -366,8 +368,16 @@ def _interrupted(stop: RunInterrupted, out: str | None, summary_table: Any) -> i
 
 
 def _ray_lost(lost: RayWorkersLost, out: str | None, summary_table: Any) -> int:
-    """A ``--ray`` run with no worker left: what it kept, why it stopped; :data:`RAY_LOST`."""
+    """A ``--ray`` run with no worker left (exit status 3) or no head (4): what it kept,
+    why it stopped."""
     _partial(lost.summary, f"stopped ({lost})", out, summary_table)
+    if lost.exit_status != RAY_LOST:  # the head is gone: leave before Ray's client does
+        # Ray's exit handlers wait on the dead head, and its C++ client ends the process
+        # itself (rc 1, its own error lines) 60 s after the head went: exit now, files
+        # closed and streams flushed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(lost.exit_status)
     return RAY_LOST
 
 

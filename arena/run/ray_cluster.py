@@ -6,15 +6,27 @@ by everything else that puts work on Ray (seat replicas, pool replicas, ``parley
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import signal
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from parley.protocols.errors import ConfigError, require
 
-__all__ = ["LOCAL", "import_ray", "init_ray"]
+__all__ = [
+    "LOCAL",
+    "RayHeadGone",
+    "RayWorkersLost",
+    "head_refuses",
+    "import_ray",
+    "init_ray",
+    "watch_head",
+]
 
 LOCAL = "local"
 """``RunConfig.ray`` value (also ``""``) that starts a private local Ray when none is up."""
@@ -65,3 +77,74 @@ def _keeping_sigterm() -> Iterator[None]:
     finally:
         if before is not None:  # None: set from C, not restorable from Python
             signal.signal(signal.SIGTERM, before)
+
+
+class RayWorkersLost(RuntimeError):
+    """Every Ray worker of a run was lost and none could be replaced, or (``exit_status``
+    4) the head was; :attr:`summary` is the partial summary written."""
+
+    summary: dict[str, Any] | None = None
+    exit_status = 3
+    """``parley run``'s exit status."""
+
+
+class RayHeadGone(RayWorkersLost):
+    """The Ray head refused connections for ``RayRunner.head_lost_after_s``."""
+
+    exit_status = 4
+
+
+_GONE = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH}
+"""Answers that say nobody listens there any more; a connection that only times out is a
+busy head, not a dead one."""
+
+
+def _gcs_address(ray: Any) -> str | None:
+    """``HOST:PORT`` of the GCS this process is connected to (None for ``ray://``)."""
+    try:
+        return str(ray.get_runtime_context().gcs_address)
+    except Exception:  # (ray:// clients have no GCS address of their own)
+        return None
+
+
+def head_refuses(ray: Any) -> bool:
+    """Whether the head's GCS port refuses a connection now (the head is gone): calls
+    that need the head (creating or killing an actor) would block until Ray ends the
+    process. One connection attempt, at most a second; a busy head does not refuse."""
+    address = _gcs_address(ray)
+    if address is None:
+        return False
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+    except OSError as exc:
+        return exc.errno in _GONE
+    return False
+
+
+async def watch_head(ray: Any, *, lost_after_s: float, every_s: float = 1.0) -> RayHeadGone:
+    """Return :class:`RayHeadGone` (never raise it) once the GCS of the cluster ``ray`` is
+    connected to has refused every connection for ``lost_after_s``; until then, run (for
+    ever with a ``ray://`` client, which does not reach the head itself). A refusal is the
+    kernel's answer that the port is closed, so load cannot fake one; a connection attempt
+    that times out (a busy head) changes nothing."""
+    address = _gcs_address(ray)
+    if address is None:
+        await asyncio.Event().wait()
+    host, _, port = address.rpartition(":")
+    refused_since: float | None = None
+    while True:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5)
+        except OSError as exc:  # (a timeout too: a busy head, neither alive nor dead)
+            if exc.errno in _GONE:
+                refused_since = refused_since or time.monotonic()
+                if time.monotonic() - refused_since >= lost_after_s:
+                    return RayHeadGone(
+                        f"the Ray head at {address} refused connections for "
+                        f"{lost_after_s:.0f} s: the cluster is gone; restart it and run again"
+                    )
+        else:
+            writer.close()
+            refused_since = None
+        await asyncio.sleep(every_s)

@@ -46,7 +46,15 @@ from rich.table import Table
 
 from parley.arena.run.config import RunConfig
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, plan_episodes
-from parley.arena.run.ray_cluster import LOCAL, import_ray, init_ray
+from parley.arena.run.ray_cluster import (
+    LOCAL,
+    RayHeadGone,
+    RayWorkersLost,
+    head_refuses,
+    import_ray,
+    init_ray,
+    watch_head,
+)
 from parley.arena.run.ray_worker import EpisodeWorker, Steps
 from parley.arena.run.records import EpisodeRecord, RecordWriter
 from parley.arena.run.runner import Runner, RunResult
@@ -57,6 +65,7 @@ __all__ = [
     "LOCAL",
     "MAX_ATTEMPTS",
     "EpisodeWorker",
+    "RayHeadGone",
     "RayRunner",
     "RayWorkersLost",
     "import_ray",
@@ -69,13 +78,6 @@ MAX_ATTEMPTS = 3
 """Workers a slice may lose before its episodes are recorded as failed (``worker_lost``)."""
 MAX_LISTED_RETRIES = 1_000
 """Retried episode ids listed in the summary; the rest are counted."""
-
-
-class RayWorkersLost(RuntimeError):
-    """Every Ray worker of a run was lost and none could be replaced; :attr:`summary` is
-    the partial summary written (``parley run`` exits 3)."""
-
-    summary: dict[str, Any] | None = None
 
 
 @dataclass
@@ -149,6 +151,9 @@ class RayRunner(Runner):
     (a cluster with no free CPU never starts one); then it stops with
     :class:`RayWorkersLost` and a partial summary. While some worker plays, replacements
     are never waited for."""
+    head_lost_after_s = 15.0
+    """Seconds the Ray head's GCS port must refuse every connection before :meth:`run`
+    stops with :class:`RayHeadGone` (Ray's client ends the process itself after 60 s)."""
     slice_concurrency = 8
     """A slice (one actor call) is at most ``slice_concurrency x concurrency`` episodes, fewer
     when the plan is short (every worker gets ``slices_in_flight`` of them): an actor call
@@ -188,6 +193,7 @@ class RayRunner(Runner):
         self.workers_lost: list[str] = []
         self.startup_s = 0.0
         self._max_spawns = 0
+        self._head_lost = False
         self._ray: Any = None
         self._decoder = msgspec.msgpack.Decoder(list[self.item_type])  # type: ignore[name-defined]
         self._json_decoder = msgspec.msgpack.Decoder(list[tuple[EpisodeRecord, bytes]])
@@ -227,6 +233,8 @@ class RayRunner(Runner):
                 ray.shutdown()
 
     async def _stop_workers(self, ray: Any) -> None:
+        if self._head_lost:  # nothing reaches them; they end with their cluster
+            return
         live = [slot for slot in self.slots if slot.alive and slot.where]
         stops = [_await_ref(slot.actor.stop.remote()) for slot in live]
         with contextlib.suppress(Exception):  # a worker that died on the way out
@@ -363,6 +371,7 @@ class RayRunner(Runner):
         done = bytearray(len(plans))  # 1 byte an episode, not a set's ~60
         duplicates = 0
         pending: dict[asyncio.Future[Any], tuple[_Slot, _Slice | None]] = {}
+        head = asyncio.ensure_future(watch_head(ray, lost_after_s=self.head_lost_after_s))
         with RecordWriter(self.config.out) as writer, self._progress(len(plans)) as advance:
 
             def accept(record: EpisodeRecord, where: dict[str, Any], slot: str) -> None:
@@ -412,10 +421,13 @@ class RayRunner(Runner):
                     # With no live worker, a replacement gets replacement_wait_s to start.
                     playing = any(s.alive and s.where for s in self.slots)
                     finished, _ = await asyncio.wait(
-                        pending,
+                        [*pending, head],
                         timeout=None if playing else self.replacement_wait_s,
                         return_when=asyncio.FIRST_COMPLETED,
                     )
+                    if head in finished:
+                        self._head_lost = True
+                        raise head.result()
                     if not finished:
                         raise RayWorkersLost(self._no_replacement(ray))
                     for future in finished:
@@ -444,6 +456,7 @@ class RayRunner(Runner):
                     exc.summary = self.partial_summary
                 raise
             finally:
+                head.cancel()
                 for future in pending:  # replacements still starting: nobody reads them
                     future.cancel()
             wall = time.perf_counter() - started
@@ -513,10 +526,12 @@ class RayRunner(Runner):
         if slot.alive:
             slot.alive = False
             self.workers_lost.append(reason)
-            with contextlib.suppress(Exception):
-                ray.kill(slot.actor)
-            if len(self.slots) < self._max_spawns:
-                self._spawn(ray)
+            # Both block on the head: with it gone, the loop froze until Ray ended the process.
+            if not head_refuses(ray):
+                with contextlib.suppress(Exception):
+                    ray.kill(slot.actor)
+                if len(self.slots) < self._max_spawns:
+                    self._spawn(ray)
         if piece is None:
             return
         piece.attempts += 1

@@ -476,8 +476,8 @@ def test_a_run_whose_lost_workers_cannot_be_replaced_stops_with_a_partial_summar
 
 
 def _sigterm_when_ready(args: list[str], ready: Any) -> tuple[int, str, str]:
-    """Start ``parley ARGS``; when ``ready(proc)`` returns, send SIGTERM; its (rc, stdout,
-    stderr). Ray's C++ signal dump must not be in stderr."""
+    """Start ``parley ARGS``; when ``ready(proc)`` returns, SIGTERM it (if still running);
+    its (rc, stdout, stderr). Ray's C++ signal dump must not be in stderr."""
     import os
     import signal
     import subprocess
@@ -584,3 +584,43 @@ def test_a_removed_node_with_one_worker_per_cpu_ends_the_run(cluster: Any, tmp_p
 
     result = asyncio.run(_run_and_break(runner, remove_a_node))
     _check_recovered(result, local, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_dead_head_ends_parley_run_with_one_line_a_partial_summary_and_status_4(
+    tmp_path: Path,
+) -> None:
+    """A cluster of its own (the module's stays up): its head killed mid-run. Ray's client
+    used to end the process 60 s later, rc 1, its own error lines, no summary."""
+    other = Cluster(initialize_head=True,
+                    head_node_args={"num_cpus": 1, "include_dashboard": False})  # fmt: skip
+    try:
+        other.add_node(num_cpus=1)
+        other.wait_for_nodes()
+        transcripts = tmp_path / "transcripts.jsonl"
+
+        def kill_the_head(proc: Any) -> str:
+            deadline = time.monotonic() + 90
+            while not (transcripts.exists() and transcripts.stat().st_size):
+                assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+                assert time.monotonic() < deadline, "no episode was written in 90 s"
+                time.sleep(0.1)
+            other.head_node.kill_all_processes(check_alive=False, allow_graceful=False)
+            proc.wait(timeout=120)  # it ends on its own
+            return ""
+
+        args = ["run", SCENARIO, "--episodes", "1000000", "--concurrency", "2", "--ray",
+                other.address, "--ray-workers", "2", "--no-progress",
+                "--out", str(tmp_path)]  # fmt: skip
+        rc, _, stderr = _sigterm_when_ready(args, kill_the_head)
+    finally:
+        other.shutdown()
+    assert rc == 4, stderr[-2000:]
+    ours = [line for line in stderr.splitlines() if line.startswith("parley run:")]
+    assert len(ours) == 1
+    assert "refused connections" in ours[0]
+    assert "Failed to connect to GCS" not in stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["partial"] is True
+    assert summary["episodes"]["total"] == len(transcripts.read_text().splitlines()) > 0
