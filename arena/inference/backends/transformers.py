@@ -14,6 +14,9 @@ Loads a checkpoint by path or hub id with ``AutoModelForCausalLM`` / ``AutoToken
   (seeded by the request), so a seeded request is reproducible whatever shares its batch;
 - rows that finish leave the batch (their KV-cache rows are dropped), so a long row does
   not make short ones pay for forward passes;
+- prefix reuse (:mod:`~parley.arena.inference.backends.prefix_cache`): each request
+  prefills only the tokens past the longest prefix it shares with a recent sequence (its
+  own previous turn, usually), whose keys and values are kept under a byte budget;
 - ``top_logprobs = k`` lists the ``k`` largest entries of the distribution the token was
   drawn from (after the constraint mask, temperature and top-p): under a constraint the
   alternatives are the tokens the constraint allows at that step, renormalised as the
@@ -44,6 +47,12 @@ import numpy as np
 from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
 from parley.arena.inference.backends.constraints import TokenMatcher, TokenVocab
 from parley.arena.inference.backends.lora import LoraAdapters
+from parley.arena.inference.backends.prefix_cache import (
+    PrefixCache,
+    batch_prefill,
+    row_kv,
+    supported,
+)
 from parley.arena.inference.backends.tokenizer import (
     HFChatTokenizer,
     load_causal_lm,
@@ -88,6 +97,7 @@ class _Row:
     index: int = 0  # which of the request's n completions
     policy: str = ""  # the request's policy: an adapter's name, or the base
     sink: Callable[[int, Completion], None] | None = None  # thread-safe (HTTP streaming)
+    hit: Any = None  # the prefix-cache entry the row reused (a CacheEntry), if any
 
 
 class TransformersBackend(Backend):
@@ -104,6 +114,10 @@ class TransformersBackend(Backend):
     LoRA adapters (:meth:`add_adapter`, :mod:`~parley.arena.inference.backends.lora`):
     requests of every adapter and of the base decode together; ``max_lora_rank`` is the
     largest rank accepted. Adding one modifies ``model`` in place (peft wraps its layers).
+
+    ``prefix_cache_bytes``: the KV bytes kept for prefix reuse (0 turns it off; models
+    with sliding-window or recurrent layers never use it); ``prefix_cache.stats`` counts
+    prompt and prefilled tokens.
     """
 
     kind = "transformers"
@@ -120,6 +134,7 @@ class TransformersBackend(Backend):
         num_threads: int | None = None,
         max_lora_rank: int = 64,
         weight_limit: float = WEIGHT_LIMIT,
+        prefix_cache_bytes: int = 256 << 20,
     ) -> None:
         super().__init__()
         self.model = model.eval()
@@ -150,6 +165,7 @@ class TransformersBackend(Backend):
         # transformers >= 5.20 renamed the forward argument `past_key_values` to `cache`.
         forward_args = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        self.prefix_cache = PrefixCache(prefix_cache_bytes if supported(model) else 0)
 
     @classmethod
     async def create(
@@ -166,6 +182,7 @@ class TransformersBackend(Backend):
         trust_remote_code: bool = False,
         max_lora_rank: int = 64,
         weight_limit: float = WEIGHT_LIMIT,
+        prefix_cache_bytes: int = 256 << 20,
     ) -> TransformersBackend:
         """Load ``model`` (path or hub id) onto ``device``.
 
@@ -203,6 +220,7 @@ class TransformersBackend(Backend):
                 num_threads=num_threads,
                 max_lora_rank=max_lora_rank,
                 weight_limit=weight_limit,
+                prefix_cache_bytes=prefix_cache_bytes,
             )
 
         backend = await asyncio.to_thread(load)
@@ -287,6 +305,10 @@ class TransformersBackend(Backend):
     async def update_weights(self, update: WeightUpdate) -> None:
         async with self._lock:
             run = asyncio.get_running_loop().run_in_executor
+            # Cached keys and values were computed by the old weights: the base's are under
+            # every adapter too. Cleared on the decoding thread, the cache's only user.
+            stale = update.policy if update.policy in self._lora.versions else None
+            await run(self._executor, self.prefix_cache.clear, stale)
             if update.policy in self._lora.versions:
                 await run(self._executor, self._lora.update, update.policy, update)
                 self._lora.versions[update.policy] = update.version
@@ -331,6 +353,8 @@ class TransformersBackend(Backend):
             params=SamplingParams(temperature=0, max_tokens=2, n=2, seed=0),
         )
         self._generate_sync([request], threading.Event())
+        self.prefix_cache.clear()
+        self.prefix_cache.reset_stats()
 
     def _prompt_ids(self, request: GenerateRequest) -> list[int]:
         if request.prompt_token_ids:
@@ -377,17 +401,12 @@ class TransformersBackend(Backend):
 
     def _decode(self, rows: list[_Row], cancel: threading.Event) -> None:
         """Decode ``rows`` together until each one finishes; fills their fields."""
-        width = max(len(r.prompt) for r in rows)
-        pad = self._tokenizer.pad_token_id
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for k, row in enumerate(rows):
-            ids[k, width - len(row.prompt) :] = torch.tensor(row.prompt)
-            mask[k, width - len(row.prompt) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T): real tokens count from 0
+        hits = [self.prefix_cache.lookup(r.policy, r.prompt) for r in rows]
+        for row, (entry, _) in zip(rows, hits, strict=True):
+            row.hit = entry
+        prompts = [r.prompt for r in rows]
+        ids, mask, positions, cache = batch_prefill(prompts, hits, self._tokenizer.pad_token_id)
         next_pos = positions[:, -1:] + 1  # (B, 1)
-        transformers: Any = require("transformers", "torch")
-        cache = transformers.DynamicCache()
         live = list(rows)
         self._lora.set_rows([r.policy for r in live])
         logits = self._forward(ids, mask, positions, cache)
@@ -400,6 +419,10 @@ class TransformersBackend(Backend):
                 self._append(row, int(tokens[k]), float(logprobs[k]), tops[k])
                 if row.finish is None:
                     keep.append(k)
+                elif row.index == 0 and self.prefix_cache.budget:  # one entry per request
+                    fed = (row.prompt + row.tokens)[: int(mask[k].sum())]
+                    kv = row_kv(cache, k, mask[k])
+                    self.prefix_cache.store(row.policy, fed, kv, row.hit)
             if not keep:
                 return
             if len(keep) < len(live):
