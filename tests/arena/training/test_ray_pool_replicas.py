@@ -50,8 +50,8 @@ def _watch_pushes(monkeypatch: Any, kill_after: int | None = None) -> list[dict[
         version: int = await update_weights(self, update)
         names = sorted(update.tensors)
         while True:
-            if killed:  # (the test waits for the dead replica's replacement; a run would not)
-                await self.settled()
+            # (the test waits for a dead replica's replacement; a run would not)
+            await self.settled()
             # No request runs in here, so none can kill a replica while it is asked (at
             # load one did, between settled() and these calls: ActorDiedError escaped).
             async with self._exclusive():
