@@ -21,8 +21,12 @@ Faults: a slice whose worker dies (``ray.kill``, a crash, its node removed) is n
 counted; its episodes go back to the front of the queue, are played again with the same
 seeds by another worker (a replacement actor is started in the dead one's place), and are
 listed in ``summary["ray"]["retried"]``. A slice that has lost ``MAX_ATTEMPTS`` workers is
-recorded as failed (``worker_lost``) rather than retried forever. ``summary["ray"]["nodes"]``
-gives per-node figures (workers, episodes, agent steps, busy seconds).
+recorded as failed (``worker_lost``) rather than retried forever. Replacements that cannot
+start (no free CPU) are not waited for while other workers play; with none left, the run
+stops after ``replacement_wait_s`` (:class:`RayWorkersLost`), and when the head's GCS port
+refuses connections, after ``head_lost_after_s`` (:class:`RayHeadGone`), each with a
+partial summary. ``summary["ray"]["nodes"]`` gives per-node figures (workers, episodes,
+agent steps, busy seconds).
 
 Ray is an optional extra (``pip install 'parley[ray]'``), imported only here and only when
 used. Remote seats (``parley agent``) are not supported on Ray: workers host their agents.
