@@ -70,7 +70,7 @@ def test_light_packages_import_no_heavy_dependency(package: str) -> None:
 
 
 # Inside arena/, one folder per concern; a folder may import only itself and those before it.
-ARENA_FOLDERS = ("run", "inference", "training", "view", "bench", "cli")
+ARENA_FOLDERS = ("run", "inference", "training", "view", "bench", "integrations", "cli")
 MAX_LINES = 600
 # The bus is split by role (endpoint, send, receive, links, auth); each part stays small.
 MAX_BUS_LINES = 400
