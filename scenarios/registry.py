@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import Any
 
 from parley.protocols.errors import ConfigError
+from parley.scenarios.from_file import is_file_ref, load_file_attr
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -76,13 +77,13 @@ class ScenarioSpec:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if not _ID.match(self.id) and not _IMPORTED.match(self.id):
+        if not _ID.match(self.id) and not _IMPORTED.match(self.id) and not is_file_ref(self.id):
             raise ConfigError(
                 f"scenario id {self.id!r} must look like 'family/name-vN' "
                 "(lower case, a version suffix)"
             )
         for ref in (self.entry_point, *self.baselines.values()):
-            if not _REF.match(ref):
+            if not _REF.match(ref) and not is_file_ref(ref):
                 raise ConfigError(f"{ref!r} in spec {self.id} must be 'package.module:Attribute'")
         object.__setattr__(self, "kwargs", MappingProxyType(dict(self.kwargs)))
         object.__setattr__(self, "baselines", MappingProxyType(dict(self.baselines)))
@@ -222,6 +223,8 @@ def spec(id: str) -> ScenarioSpec:
     """The spec registered under ``id``; an id without a version names the latest one
     (:func:`resolve_id`); the error suggests close ids."""
     found = _REGISTRY.get(id)
+    if found is None and is_file_ref(id):
+        return _file_spec(id)
     if found is None and _IMPORTED.match(id):
         # LIBRARY:GAME: the adapter's spec, imported only now (no cost when unused).
         from parley.scenarios.imported import is_imported, resolve
@@ -238,6 +241,23 @@ def spec(id: str) -> ScenarioSpec:
     return found
 
 
+_FILE_SPECS: dict[str, ScenarioSpec] = {}  # kept apart: registry() lists installed ones
+
+
+def _file_spec(ref: str) -> ScenarioSpec:
+    """The spec of the scenario class of a file (:mod:`parley.scenarios.from_file`), made on
+    first use; baselines from the class's ``baselines`` mapping, if it has one."""
+    found = _FILE_SPECS.get(ref)
+    if found is None:
+        cls = load_file_attr(ref)
+        baselines = getattr(cls, "baselines", None)
+        found = _FILE_SPECS[ref] = ScenarioSpec(
+            ref, ref, baselines=dict(baselines) if isinstance(baselines, Mapping) else {},
+            description=(cls.__doc__ or "").strip().split("\n", 1)[0],
+        )  # fmt: skip
+    return found
+
+
 def make(id: str, **kwargs: Any) -> Any:
     """Create the scenario registered as ``id`` (without a version: the latest one);
     ``kwargs`` override the spec's defaults."""
@@ -251,7 +271,10 @@ def registry() -> dict[str, ScenarioSpec]:
 
 
 def load_attr(ref: str) -> Any:
-    """Resolve ``"package.module:Attribute"`` (the attribute may be dotted)."""
+    """Resolve ``"package.module:Attribute"`` (the attribute may be dotted), or a file
+    reference ``"path/to/file.py:Attribute"`` (:mod:`parley.scenarios.from_file`)."""
+    if is_file_ref(ref):
+        return load_file_attr(ref)
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"{ref!r} must be 'package.module:Attribute'")

@@ -204,12 +204,16 @@ def check_agent_spec(spec: str) -> str:
     import importlib.util
 
     from parley.arena.run.agent_specs import AGENT_KINDS
+    from parley.scenarios.from_file import is_file_ref, load_file_attr
 
     spec = spec.strip()
     kind, sep, _ = spec.partition(":")
     if kind == "llm":
         return expand_agent_spec(spec)
     if not sep or kind in AGENT_KINDS:
+        return spec
+    if is_file_ref(spec):  # path/to/file.py:Class: loaded from the file, not installed
+        load_file_attr(spec)  # (a missing file or a failing import says so now)
         return spec
     try:
         found = importlib.util.find_spec(kind)

@@ -10,6 +10,7 @@ spec               who plays
 =================  ===================================================================
 ``scripted``       the seat's baseline from the scenario registry (``spec.baselines``)
 ``module:Class``   ``Class()`` imported from ``module`` (any :class:`Agent` subclass)
+``file.py:Class``  ``Class()`` from a Python file, not installed (``path/to/file.py:Class``)
 ``remote``         a remote agent named ``agent-SEAT`` (``parley agent --seat SEAT``)
 ``remote:NAME``    a remote agent whose endpoint is named ``NAME``
 ``human[:tty]``    a person, in the browser page the run prints (``:tty``: the terminal)
@@ -31,6 +32,7 @@ from typing import Any
 
 from parley.agents.base import Agent
 from parley.protocols.errors import ConfigError
+from parley.scenarios.from_file import is_file_ref, load_file_attr
 
 __all__ = [
     "AGENT_KINDS",
@@ -86,7 +88,10 @@ def remote_peer_name(seat: str) -> str:
 
 
 def load_object(ref: str) -> Any:
-    """Import ``"package.module:attr"`` and return the attribute."""
+    """Import ``"package.module:attr"`` and return the attribute; a file reference
+    ``"path/to/file.py:attr"`` loads that file (:mod:`parley.scenarios.from_file`)."""
+    if is_file_ref(ref):
+        return load_file_attr(ref)
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"{ref!r} is not of the form 'package.module:Name'")
