@@ -12,6 +12,7 @@ BENCHES: dict[str, str] = {
     "sandbox": "parley.arena.bench.sandbox",
     "sampler": "parley.arena.bench.sampler",
     "ray": "parley.arena.bench.ray_scale",
+    "llm-episodes": "parley.arena.bench.llm_episodes",
     "env-server": "parley.arena.integrations.bench",
 }
 """Benchmark name -> module exposing ``add_arguments(parser)`` and ``run(args) -> int``."""

@@ -1,0 +1,265 @@
+"""LLM-agent episodes through the arena and the pool: prefix reuse on vs off, and vs offline.
+
+LLM self-play (every seat an :class:`~parley.agents.llm.LLMAgent` of one shared policy,
+the tiny model unless ``--model``; ``--model-size small`` builds a larger one) of each
+``--scenarios`` entry, ``--episodes`` episodes at ``--concurrency`` at once, with the
+transformers backend, in one run:
+
+* **before**: the backend without prefix reuse (``prefix_cache_bytes=0``) and the agent's
+  default folding (``fold_to`` 1.0): every turn prefills its whole prompt;
+* **after**: prefix reuse on (:mod:`~parley.arena.inference.backends.prefix_cache`) and
+  cache-friendly folding (``--fold-to``, default 0.5: once over its token budget, a chat
+  folds whole old turns down to half the budget, so its beginning changes rarely);
+* **after, fold 1.0**: prefix reuse with the default folding (what folding on every turn
+  costs the cache);
+* **offline**: every generation of the *after* run issued to the backend as one batch (no
+  turn dependencies: the ideal the arena and pool can approach).
+
+Keys per scenario: ``prefill_ratio`` = prefilled prompt tokens ÷ Σ over seat-episodes of its
+longest prompt (1.0: each seat-episode prefilled its context once; target <= 1.3 after),
+``hit_rate`` (share of prompt tokens taken from the cache), ``episodes_per_s``,
+``speedup_vs_before`` (episodes/s after ÷ before, target >= 2 on 10-turn episodes),
+``vs_offline`` (episodes/s after ÷ the offline batch's), ``mean_batch_size`` (pool),
+``turns_per_seat_episode`` and ``same_actions`` (share of seat-episodes whose generated
+tokens equal the *before* run's: prefix reuse changes logprobs only by float rounding; it
+is compared only between runs with the same folding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+TARGETS = {"prefill_ratio": ("<=", 1.3), "speedup_vs_before": (">=", 2.0)}
+SCENARIOS = (
+    "negotiation/deal-or-no-deal-v3:max_turns=10",
+    "tool_use/retail-desk-v3:max_steps=10",
+    "negotiation/simple-trade-v2:max_turns=10",
+)
+ARMS: dict[str, dict[str, Any]] = {
+    "before": {"cache": False, "fold": False},
+    "after": {"cache": True, "fold": True},
+    "after_fold_1": {"cache": True, "fold": False},
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), help="ID[:k=v,...]")
+    parser.add_argument("--episodes", type=int, default=8, help="episodes per scenario and arm")
+    parser.add_argument("--concurrency", type=int, default=8, help="episodes at once")
+    parser.add_argument("--max-tokens", type=int, default=16, help="tokens per action")
+    parser.add_argument("--max-prompt-tokens", type=int, default=1024, help="agent's budget")
+    parser.add_argument("--fold-to", type=float, default=0.5, help="after-arm folding")
+    parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
+    parser.add_argument("--model-size", choices=("tiny", "small"), default="tiny")
+
+
+def _parse(spec: str) -> tuple[str, dict[str, Any]]:
+    """``ID:k=v,k=v`` -> (id, kwargs); values are ints where they parse."""
+    name, _, rest = spec.partition(":")
+    kwargs: dict[str, Any] = {}
+    for pair in filter(None, rest.split(",")):
+        key, _, value = pair.partition("=")
+        kwargs[key] = int(value) if value.lstrip("-").isdigit() else value
+    return name, kwargs
+
+
+class _Seat:
+    """The pool client of one seat-episode: records its requests (prompt lengths and the
+    requests themselves, for the offline batch) and its generated tokens."""
+
+    def __init__(self, pool: Any, log: list[_Seat]) -> None:
+        self.pool = pool
+        self.requests: list[Any] = []
+        self.tokens: list[list[int]] = []
+        log.append(self)
+
+    async def generate(self, request: Any) -> Any:
+        self.requests.append(request)
+        result = await self.pool.generate(request)
+        self.tokens.append(list(result.completions[0].token_ids))
+        return result
+
+
+async def _play(
+    pool: Any, backend: Any, scenario: str, kwargs: dict[str, Any], fold: float, args: Any
+) -> tuple[dict[str, Any], list[_Seat]]:
+    """One arm of one scenario: its figures and its seats' logs."""
+    from parley.agents.llm import LLMAgent, LLMAgentConfig
+    from parley.arena.run.config import RunConfig
+    from parley.arena.run.runner import Runner
+    from parley.scenarios import make
+
+    env = make(scenario, **kwargs)
+    env.reset(seed=0)
+    get = getattr(env, "system_prompt", None)
+    prompts = {s: (str(get(s)) if callable(get) else "") for s in env.possible_agents}
+    env.close()
+    config = LLMAgentConfig(
+        policy="bench",
+        temperature=1.0,
+        max_tokens=args.max_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
+        fold_to=fold,
+        request_timeout=0.0,
+    )
+    seats: list[_Seat] = []
+
+    def factory(seat: str) -> Any:
+        def make_agent() -> Any:
+            client = _Seat(pool, seats)
+            return LLMAgent(client, backend.tokenizer, system_prompt=prompts[seat], config=config)
+
+        return make_agent
+
+    run_config = RunConfig(
+        scenario=scenario,
+        scenario_kwargs=kwargs,
+        agents={s: "llm:bench" for s in prompts},
+        episodes=args.episodes,
+        concurrency=args.concurrency,
+        progress=False,
+        act_timeout=600.0,
+    )
+    runner = Runner(run_config, agents={s: factory(s) for s in prompts})
+    stats = backend.prefix_cache.stats
+    backend.prefix_cache.clear()
+    before = (stats.prompt_tokens, stats.prefilled_tokens)
+    requests_before = (pool.stats.batched_requests, pool.stats.batches)
+    started = time.perf_counter()
+    summary = (await runner.run()).summary
+    wall = time.perf_counter() - started
+    if summary["episodes"]["failed"]:
+        raise RuntimeError(f"{scenario}: {summary['episodes']['failed']} episodes failed")
+    prompt = stats.prompt_tokens - before[0]
+    prefilled = stats.prefilled_tokens - before[1]
+    longest = sum(max(len(r.prompt_token_ids) for r in s.requests) for s in seats if s.requests)
+    batches = pool.stats.batches - requests_before[1]
+    figures = {
+        "episodes_per_s": round(args.episodes / wall, 3),
+        "prefill_ratio": round(prefilled / max(longest, 1), 3),
+        "hit_rate": round(1 - prefilled / prompt, 3) if prompt else 0.0,
+        "turns_per_seat_episode": round(sum(len(s.requests) for s in seats) / len(seats), 2),
+        "mean_batch_size": round(
+            (pool.stats.batched_requests - requests_before[0]) / max(batches, 1), 2
+        ),
+    }
+    return figures, seats
+
+
+def _same_actions(a: list[_Seat], b: list[_Seat]) -> float:
+    """Share of ``a``'s seat-episodes with a seat-episode of ``b`` of the same first prompt
+    (the episode's deal and seat) that generated the same tokens throughout."""
+
+    def key(seat: _Seat) -> tuple[Any, ...]:
+        first = tuple(seat.requests[0].prompt_token_ids) if seat.requests else ()
+        return first, tuple(tuple(t) for t in seat.tokens)
+
+    matched = Counter(map(key, a)) & Counter(map(key, b))
+    return round(sum(matched.values()) / max(len(a), 1), 3)
+
+
+async def _offline(backend: Any, seats: list[Any], episodes: int) -> float:
+    """Episodes/s of the same generations issued to the backend as one batch."""
+    requests = [r for s in seats for r in s.requests]
+    started = time.perf_counter()
+    await backend.generate(requests)
+    return episodes / (time.perf_counter() - started)
+
+
+async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    from parley.arena.bench.pool_lora import model_for_size
+    from parley.arena.inference.backends import load_backend
+    from parley.arena.inference.pool import InferencePool, PoolConfig
+
+    model = args.model or await asyncio.to_thread(model_for_size, args.model_size)
+    backend = await load_backend("transformers", str(model))
+    budget = backend.prefix_cache.budget
+    results: dict[str, Any] = {}
+    task = progress.add_task("llm-episodes bench", total=len(args.scenarios) * len(ARMS))
+    try:
+        async with InferencePool({"bench": backend}, PoolConfig(), owns_backends=False) as pool:
+            for spec in args.scenarios:
+                scenario, kwargs = _parse(spec)
+                arms: dict[str, dict[str, Any]] = {}
+                logs: dict[str, list[_Seat]] = {}
+                for arm, how in ARMS.items():
+                    backend.prefix_cache.budget = budget if how["cache"] else 0
+                    fold = args.fold_to if how["fold"] else 1.0
+                    arms[arm], logs[arm] = await _play(pool, backend, scenario, kwargs, fold, args)
+                    progress.advance(task)
+                backend.prefix_cache.budget = 0
+                offline = await _offline(backend, logs["after"], args.episodes)
+                backend.prefix_cache.budget = budget
+                after, plain = arms["after"], arms["before"]
+                same = _same_actions(logs["after_fold_1"], logs["before"])
+                results[spec] = {
+                    **{f"{arm}_{k}": v for arm, figs in arms.items() for k, v in figs.items()},
+                    "prefill_ratio": after["prefill_ratio"],
+                    "hit_rate": after["hit_rate"],
+                    "speedup_vs_before": round(
+                        after["episodes_per_s"] / plain["episodes_per_s"], 3
+                    ),
+                    "offline_episodes_per_s": round(offline, 3),
+                    "vs_offline": round(after["episodes_per_s"] / offline, 3),
+                    "same_actions": same,
+                }
+    finally:
+        await backend.close()
+    return {
+        "backend": "transformers",
+        "model": str(model),
+        "episodes": args.episodes,
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "max_prompt_tokens": args.max_prompt_tokens,
+        "fold_to": args.fold_to,
+        "scenarios": results,
+        "targets": {k: f"{op} {v}" for k, (op, v) in TARGETS.items()},
+    }
+
+
+def _meets(value: float, op: str, target: float) -> bool:
+    return value >= target if op == ">=" else value <= target
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; print a table (or JSON with ``--json``). Exit status 0 either way,
+    as for the other benches; missed targets show red (and ``targets_met`` in the JSON)."""
+    import os
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        result = asyncio.run(_bench(args, progress))
+    result["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+    result["targets_met"] = all(
+        _meets(figs[k], op, v)
+        for figs in result["scenarios"].values()
+        for k, (op, v) in TARGETS.items()
+    )
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    table = Table(title=f"LLM self-play, transformers, {args.episodes} episodes each")
+    keys = ("before_prefill_ratio", "prefill_ratio", "after_fold_1_hit_rate", "hit_rate")
+    keys += ("speedup_vs_before", "vs_offline", "same_actions")
+    table.add_column("scenario")
+    for key in keys:
+        table.add_column(key, justify="right")
+    for spec, figs in result["scenarios"].items():
+        cells = []
+        for key in keys:
+            op_target = TARGETS.get(key)
+            ok = op_target is None or _meets(figs[key], *op_target)
+            cells.append(f"{figs[key]:.2f}" if ok else f"[red]{figs[key]:.2f}[/red]")
+        table.add_row(spec, *cells)
+    Console().print(table)
+    return 0
