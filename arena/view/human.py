@@ -149,9 +149,10 @@ class HumanHub:
         finished = [g for g in games if g.done][-5:]
         return {"version": self.version, "games": [g.as_json() for g in live + finished]}
 
-    def _seat(self, request: web.Request, given: str | None = None) -> str:
-        """The seat whose token the request presents; 403 without a valid one."""
-        token = str(given if given is not None else request.query.get("token", "")).encode()
+    def _seat(self, request: web.Request) -> str:
+        """The seat whose token the request's URL presents (``?token=``); 403 without a
+        valid one."""
+        token = request.query.get("token", "").encode()
         found = None
         for known, seat in self.tokens.items():  # (every one compared: constant time)
             if secrets.compare_digest(token, known.encode()):
@@ -163,7 +164,12 @@ class HumanHub:
     def _app(self) -> web.Application:
         app = web.Application(
             client_max_size=4 * MAX_ACTION_CHARS + 4096,
-            middlewares=[guard(loopback_only=self.loopback_only), _one_request_per_connection],
+            # The token is checked before a byte of a body is read: a stranger's trickled
+            # body held a connection of the seat's server for as long as it liked.
+            middlewares=[
+                guard(loopback_only=self.loopback_only, authorize=self._seat),
+                _one_request_per_connection,
+            ],
         )
 
         async def page(request: web.Request) -> web.Response:
@@ -195,10 +201,10 @@ class HumanHub:
             try:
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-                raise web.HTTPBadRequest(text="send JSON: {token, game, text}") from None
+                raise web.HTTPBadRequest(text="send JSON: {game, text}") from None
             if not isinstance(body, dict):
-                raise web.HTTPBadRequest(text="send JSON: {token, game, text}")
-            seat = self._seat(request, str(body.get("token", "")))
+                raise web.HTTPBadRequest(text="send JSON: {game, text}")
+            seat = self._seat(request)  # (guard checked it before reading the body)
             game = self.games.get(str(body.get("game", "")))
             if game is not None and game.seat != seat:
                 game = None  # another seat's game: as if it did not exist

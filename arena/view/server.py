@@ -31,7 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
-from parley.arena.inference.http_guard import ConnectionLimits, serve_guarded
+from parley.arena.inference.http_guard import ConnectionLimits, guard, serve_guarded
 from parley.arena.view.data import (
     EPISODE_ID,
     Source,
@@ -140,10 +140,12 @@ def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Applica
     ``hosts`` are the host names it answers to besides the loopback ones (``"*"``: any)."""
     state = ViewerState(roots)
     links = Links()
-    middlewares = [_headers]
+    # guard: each request's headers and body timed, idle connections evicted first (it
+    # tells serve_guarded's connections when a request starts and ends).
+    middlewares = [guard(loopback_only=False), _headers]
     if "*" not in hosts:
         allowed = LOOPBACK_NAMES | {h.lower() for h in hosts}
-        middlewares.insert(0, _host_check(frozenset(allowed)))
+        middlewares.insert(1, _host_check(frozenset(allowed)))
     app = web.Application(middlewares=middlewares)
 
     async def index(request: web.Request) -> web.Response:

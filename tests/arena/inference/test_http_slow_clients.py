@@ -8,6 +8,7 @@ Everything here is a real socket against a real server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -130,25 +131,95 @@ async def test_a_flood_of_idle_connections_evicts_itself_not_a_real_client(
     assert all(closed)  # the oldest went first
 
 
+def _post_head(length: int, path: str = "/", query: str = "") -> bytes:
+    """A POST's headers announcing a JSON body of ``length`` bytes (not sent)."""
+    return (
+        f"POST {path}{query} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
 async def test_at_the_cap_with_every_connection_in_use_a_new_one_is_refused_until_one_ends(
+    tmp_path: Path,
+) -> None:
+    """Connections inside a request (headers in, body on its way) are never evicted."""
+    limits = ConnectionLimits(max_connections=8, header_timeout=0.5, body_timeout=30)
+    runner, port = await _viewer(tmp_path, limits)
+    try:
+        clients = [await _open(port, _post_head(100) + b"{") for _ in range(8)]
+        await asyncio.sleep(0.2)
+        assert _held(runner) == 8
+        late = await _open(port)
+        assert await _closed_by_server(late, 3)
+        for conn in clients:  # the 8 are untouched
+            assert not await _closed_by_server(conn, 0.01)
+        clients[0][1].close()
+        await clients[0][1].wait_closed()
+        for _ in range(100):  # the server sees the close, and counts it out
+            if _held(runner) < 8:
+                break
+            await asyncio.sleep(0.01)
+        assert (await _get_on(await _open(port))).startswith(b"HTTP/1.1 200")
+    finally:
+        await runner.cleanup()
+
+
+async def test_idle_keep_alive_connections_make_room_for_a_new_visitor(
     viewer: tuple[aiohttp.web.AppRunner, int],
 ) -> None:
+    """At the cap, connections that sent a request and idle (keep-alive) are evicted, the
+    longest idle first (before: every new visitor was refused until they timed out)."""
     runner, port = viewer  # max_connections=8
-    clients = [await _open(port) for _ in range(8)]
-    for conn in clients:  # each has sent a request: none may be evicted
+    idle = [await _open(port) for _ in range(8)]
+    for conn in idle:
         assert (await _get_on(conn)).startswith(b"HTTP/1.1 200")
     assert _held(runner) == 8
-    late = await _open(port)
-    assert await _closed_by_server(late, 3)
-    for conn in clients:  # the 8 are untouched: keep-alive requests still answered
-        assert (await _get_on(conn)).startswith(b"HTTP/1.1 200")
-    clients[0][1].close()
-    await clients[0][1].wait_closed()
-    for _ in range(100):  # the server sees the close, and counts it out
-        if _held(runner) < 8:
-            break
-        await asyncio.sleep(0.01)
-    assert (await _get_on(await _open(port))).startswith(b"HTTP/1.1 200")
+    for _ in range(3):
+        assert (await _get_on(await _open(port))).startswith(b"HTTP/1.1 200")
+    assert _held(runner) <= 8
+    assert all([await _closed_by_server(conn, 1) for conn in idle[:2]])  # the oldest went
+
+
+async def test_every_requests_headers_are_timed_not_only_the_first(
+    viewer: tuple[aiohttp.web.AppRunner, int],
+) -> None:
+    """A keep-alive connection's second request trickled, or a leading blank line and then a
+    trickle: each is closed after ``header_timeout`` (before: held for ever)."""
+    runner, port = viewer  # header_timeout=0.5
+    second = await _open(port)
+    assert (await _get_on(second)).startswith(b"HTTP/1.1 200")
+    second[1].write(b"GET / HTTP/1.1\r\n")
+    blank = await _open(port, b"\r\n\r\n")
+    for _ in range(5):  # a byte every 0.2 s: still no headers after the timeout
+        await asyncio.sleep(0.2)
+        for _, writer in (second, blank):
+            with contextlib.suppress(OSError):
+                writer.write(b"X")
+    assert await _closed_by_server(second, 3)
+    assert await _closed_by_server(blank, 3)
+    # A pipelined request's headers are timed as well.
+    pipelined = await _open(port, _request() + b"GET / HTTP/1.1\r\n")
+    assert await _closed_by_server(pipelined, 3)
+    assert _held(runner) == 0
+
+
+async def test_a_trickled_body_is_cut(tmp_path: Path) -> None:
+    limits = ConnectionLimits(max_connections=8, header_timeout=5, body_timeout=0.5)
+    runner, port = await _viewer(tmp_path, limits)
+    try:
+        reader, writer = await _open(port, _post_head(100) + b"{")
+        answer = asyncio.ensure_future(reader.readline())
+        for _ in range(15):  # a byte every 0.2 s: 3 s for a body allowed 0.5 s
+            await asyncio.sleep(0.2)
+            if answer.done():
+                break
+            writer.write(b" ")
+        status = await asyncio.wait_for(answer, 3)
+        assert status.startswith(b"HTTP/1.1 408"), status
+        assert await _closed_by_server((reader, writer), 3)
+        assert (await _get_on(await _open(port))).startswith(b"HTTP/1.1 200")
+    finally:
+        await runner.cleanup()
 
 
 async def test_the_default_cap_follows_the_descriptor_limit() -> None:
@@ -174,6 +245,29 @@ async def test_the_human_seat_page_closes_a_silent_connection() -> None:
         assert all(isinstance(site, GuardedSite) for site in hub._runner.sites)
         port = hub.sock.getsockname()[1]
         assert await _closed_by_server(await _open(port, b"GET / HTTP/1.1\r\n"), 3)
+    finally:
+        await hub.close()
+        hub.sock.close()
+
+
+async def test_the_human_seat_refuses_a_strangers_body_before_reading_it() -> None:
+    """A POST without the seat's token is answered 403 at once, its body unread, and the
+    connection closed (before: the token was read from the body, so a stranger trickling
+    one held the connection as long as it liked, and enough of them kept the person off
+    their own seat)."""
+    from parley.arena.view.human import HumanHub
+
+    limits = ConnectionLimits(max_connections=8, header_timeout=5, body_timeout=30)
+    hub = HumanHub(limits=limits)
+    hub.url_for("player_0")
+    await hub.ensure_started()
+    try:
+        port = hub.sock.getsockname()[1]
+        for query in ("", "?token=guess"):
+            reader, writer = await _open(port, _post_head(1_000, "/api/act", query) + b"{")
+            status = await asyncio.wait_for(reader.readline(), 3)
+            assert status.startswith(b"HTTP/1.1 403"), status
+            assert await _closed_by_server((reader, writer), 3)
     finally:
         await hub.close()
         hub.sock.close()

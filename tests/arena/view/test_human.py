@@ -86,6 +86,7 @@ async def test_browser_seat_api_plays_and_records_an_episode(tmp_path: Path) -> 
     server = human.hub()  # the process's page server
     seat = resolve_agent_spec("human", SeatContext(SCENARIO, "player_1"))
     base, token = server.url_for("player_1").split("/?token=")  # (the URL the run printed)
+    mine = {"token": token}
     config = RunConfig(SCENARIO, episodes=1, out=str(tmp_path), progress=False, act_timeout=30)
     run = asyncio.create_task(Runner(config, agents={"player_1": seat}).run())  # type: ignore[dict-item]
     moves: list[str] = []
@@ -114,25 +115,30 @@ async def test_browser_seat_api_plays_and_records_an_episode(tmp_path: Path) -> 
             else:
                 move = "" if not moves else "<selection>"
             if not moves:  # the attacks first: no token, a wrong game, a bad body
-                bad = {"token": "guess", "game": game["id"], "text": "x"}
-                async with s.post(f"{base}/api/act", json=bad) as r:
+                bad = {"game": game["id"], "text": "x"}
+                async with s.post(f"{base}/api/act", params={"token": "guess"}, json=bad) as r:
                     assert r.status == 403
+                async with s.post(f"{base}/api/act", json={"token": token, **bad}) as r:
+                    assert r.status == 403  # (the token goes in the URL: checked unread)
                 async with s.get(f"{base}/api/state") as r:
                     assert r.status == 403
                 async with s.post(
-                    f"{base}/api/act", json={"token": token, "game": "nope", "text": "x"}
+                    f"{base}/api/act", params=mine, json={"game": "nope", "text": "x"}
                 ) as r:
                     assert r.status == 409
                 async with s.post(
-                    f"{base}/api/act", json={"token": token, "game": game["id"], "text": 5}
+                    f"{base}/api/act", params=mine, json={"game": game["id"], "text": 5}
                 ) as r:
                     assert r.status == 400
                 async with s.post(
-                    f"{base}/api/act", data=b"\xff{", headers={"Content-Type": "application/json"}
+                    f"{base}/api/act",
+                    params=mine,
+                    data=b"\xff{",
+                    headers={"Content-Type": "application/json"},
                 ) as r:
                     assert r.status == 400
             async with s.post(
-                f"{base}/api/act", json={"token": token, "game": game["id"], "text": move}
+                f"{base}/api/act", params=mine, json={"game": game["id"], "text": move}
             ) as r:
                 assert r.status == 200, await r.text()
             moves.append(move)
@@ -191,8 +197,8 @@ async def test_each_human_seat_has_its_own_page_and_no_other(tmp_path: Path) -> 
                 game = games[0]
                 other = tokens["player_1" if seat == "player_0" else "player_0"]
                 if not checked:  # the other seat's token cannot move here
-                    steal = {"token": other, "game": game["id"], "text": "<selection>"}
-                    async with s.post(f"{base}/api/act", json=steal) as r:
+                    steal = {"game": game["id"], "text": "<selection>"}
+                    async with s.post(f"{base}/api/act", params={"token": other}, json=steal) as r:
                         assert r.status == 409
                     async with s.get(server.url_for(seat), headers={"Host": "evil.example"}) as r:
                         assert r.status == 421
@@ -201,15 +207,17 @@ async def test_each_human_seat_has_its_own_page_and_no_other(tmp_path: Path) -> 
                         assert r.status == 415
                     deep = "[" * 5_000
                     headers = {"Content-Type": "application/json"}
-                    async with s.post(f"{base}/api/act", data=deep, headers=headers) as r:
+                    async with s.post(
+                        f"{base}/api/act", params={"token": token}, data=deep, headers=headers
+                    ) as r:
                         assert r.status == 400
                     checked = True
                 if game["constraint"]:
                     move = give_all(counts(game["history"][0]["text"]))
                 else:
                     move = "<selection>"
-                act = {"token": token, "game": game["id"], "text": move}
-                async with s.post(f"{base}/api/act", json=act) as r:
+                act = {"game": game["id"], "text": move}
+                async with s.post(f"{base}/api/act", params={"token": token}, json=act) as r:
                     assert r.status == 200, await r.text()
                 played[seat].append(move)
         await run
