@@ -10,6 +10,8 @@ id                     library                                     adapter
 ``openspiel:GAME``     OpenSpiel (``pyspiel``), ``GAME`` may carry  :mod:`.openspiel`
                        parameters: ``openspiel:leduc_poker(players=3)``
 ``textarena:ENV_ID``   TextArena (``textarena``)                   :mod:`.textarena`
+``pettingzoo:classic/  PettingZoo's classic games (AEC envs)       :mod:`.pettingzoo`
+NAME``
 =====================  ==========================================  =======================
 
 Install the libraries with ``pip install -e ".[games]"``. Every adapter follows the same
@@ -36,6 +38,7 @@ __all__ = ["PREFIXES", "Entry", "catalog", "is_imported", "resolve"]
 PREFIXES: dict[str, str] = {
     "openspiel": "parley.scenarios.imported.openspiel",
     "textarena": "parley.scenarios.imported.textarena",
+    "pettingzoo": "parley.scenarios.imported.pettingzoo",
 }
 """Id prefix -> adapter module (each defines ``spec_for(name)`` and ``catalog()``)."""
 

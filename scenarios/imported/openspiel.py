@@ -43,7 +43,6 @@ OpenSpiel's, pinned by the ``games`` extra's ``open-spiel`` version).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 import numpy as np
@@ -52,13 +51,13 @@ from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
 from parley.scenarios.charset import printable
 from parley.scenarios.imported import Entry
+from parley.scenarios.imported.moves import LegalMoves, choose
 from parley.scenarios.registry import ScenarioSpec
 
 __all__ = ["OpenSpielGame", "catalog", "load_game", "spec_for"]
 
 _INSTALL = 'OpenSpiel is not installed: pip install -e ".[games]" (open-spiel 2.0.2)'
 _BASELINE = "parley.agents.scripted.imported:RandomLegal"
-_MAX_CHOICES_SHOWN = 200  # legal moves listed in the prompt (the constraint has them all)
 
 
 def _pyspiel() -> Any:
@@ -177,14 +176,6 @@ def catalog() -> list[Entry]:
     return out
 
 
-@dataclasses.dataclass
-class _Moves:
-    """One seat's legal moves now: the shown string of each, and string -> action id."""
-
-    shown: list[str]
-    by_text: dict[str, int]
-
-
 class OpenSpielGame(Scenario):
     """An OpenSpiel game (module docstring)."""
 
@@ -208,7 +199,8 @@ class OpenSpielGame(Scenario):
             raise ConfigError(f"invalid_tries must be >= 1, got {invalid_tries}")
         self.game = load_game(game)
         self.invalid_tries = invalid_tries
-        self.metadata = {**type(self).metadata, "name": f"openspiel:{game}"}
+        # The id names the game, so the name is the instance\'s (PettingZoo reads env.metadata).
+        self.metadata = {**type(self).metadata, "name": f"openspiel:{game}"}  # type: ignore[misc]
         kind = self.game.get_type()
         self._use_observation = bool(kind.provides_observation_string)
         self._simultaneous_game = kind.dynamics.name == "SIMULTANEOUS"
@@ -220,7 +212,7 @@ class OpenSpielGame(Scenario):
         )
         self.index = {seat: i for i, seat in enumerate(seats)}
         self.state_: Any = None
-        self._moves: dict[str, _Moves] = {}
+        self._moves: dict[str, LegalMoves] = {}
         self._chosen: dict[str, int] = {}  # simultaneous node: seat -> chosen action
         self._misses: dict[str, int] = {}
         self._changed = False  # a move was applied since the acting seats were told
@@ -247,20 +239,11 @@ class OpenSpielGame(Scenario):
         return [seat for seat in self._moves if seat not in self._chosen]
 
     def play(self, agent: str, action: str) -> str | None:
-        moves = self._moves[agent]
-        chosen = moves.by_text.get(action.strip().lower())
+        chosen, reason, self._misses[agent] = choose(
+            self._moves[agent], action, self._misses[agent], self.invalid_tries, self.rng
+        )
         if chosen is None:
-            self._misses[agent] += 1
-            shown = action.strip()[:60]
-            reason = f"{shown!r} is not a legal move; legal: {self._listed(moves.shown)}"
-            if self._misses[agent] < self.invalid_tries:
-                return reason
-            picked = moves.shown[int(self.rng.integers(len(moves.shown)))]
-            chosen = moves.by_text[picked.lower()]
-            reason += f"; {self.invalid_tries} invalid moves in a row: played {picked!r}"
-        else:
-            reason = None
-        self._misses[agent] = 0
+            return reason
         if self.state_.is_simultaneous_node():
             self._chosen[agent] = chosen
         else:
@@ -279,8 +262,7 @@ class OpenSpielGame(Scenario):
             self._tell_acting()
 
     def prompt(self, agent: str) -> str:
-        shown = self._listed(self._moves[agent].shown)
-        return f"Your move as {agent}. Answer with one legal move: {shown}"
+        return f"Your move as {agent}. Answer with one legal move: {self._moves[agent].listed()}"
 
     def constraint(self, agent: str) -> dict[str, Any] | None:
         return {"type": "choice", "choices": list(self._moves[agent].shown)}
@@ -370,18 +352,9 @@ class OpenSpielGame(Scenario):
             players = [state.current_player()]
         self._moves = {self.possible_agents[p]: self._legal(p) for p in players}
 
-    def _legal(self, player: int) -> _Moves:
-        state = self.state_
-        actions = state.legal_actions(player)
-        texts = [printable(state.action_to_string(player, a)).strip() for a in actions]
-        counts: dict[str, int] = {}
-        for text in texts:
-            counts[text.lower()] = counts.get(text.lower(), 0) + 1
-        shown = [
-            text if text and counts[text.lower()] == 1 and "\n" not in text else f"{text} #{a}"
-            for text, a in zip(texts, actions, strict=True)
-        ]
-        return _Moves(shown, {text.lower(): a for text, a in zip(shown, actions, strict=True)})
+    def _legal(self, player: int) -> LegalMoves:
+        actions = self.state_.legal_actions(player)
+        return LegalMoves.of([self.state_.action_to_string(player, a) for a in actions], actions)
 
     def _observation(self, player: int, state: Any = None) -> str:
         state = self.state_ if state is None else state
@@ -399,9 +372,3 @@ class OpenSpielGame(Scenario):
         for seat in self.possible_agents:
             self.tell(seat, self._observation(self.index[seat]))
         self.announce(f"The game is over. Returns: {final}.")
-
-    @staticmethod
-    def _listed(shown: list[str]) -> str:
-        listed = ", ".join(shown[:_MAX_CHOICES_SHOWN])
-        more = len(shown) - _MAX_CHOICES_SHOWN
-        return listed + (f" (and {more} more)" if more > 0 else "")
