@@ -129,7 +129,7 @@ async def watch_head(ray: Any, *, lost_after_s: float, every_s: float = 1.0) -> 
     kernel's answer that the port is closed, so load cannot fake one; a connection attempt
     that times out (a busy head) changes nothing."""
     address = _gcs_address(ray)
-    if address is None:
+    while address is None:  # (for ever: cancelled with the run)
         await asyncio.Event().wait()
     host, _, port = address.rpartition(":")
     refused_since: float | None = None
