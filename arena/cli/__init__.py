@@ -35,6 +35,7 @@ COMMANDS: tuple[str, ...] = (
     "serve",
     "env-server",
     "view",
+    "new",
     "demo",
 )
 """Commands, in the order ``parley --help`` lists them; each is the module of
@@ -52,6 +53,7 @@ SUMMARIES: dict[str, str] = {
     "serve": "start an inference pool that arenas connect to over the bus (and HTTP)",
     "env-server": "serve a scenario to an outside trainer playing its learner seat (OpenEnv)",
     "view": "browse runs, episodes and live training curves in a web page",
+    "new": "write a ready package for a new scenario or agent",
     "demo": "train a speaker-listener team by RL, then play LLM and scripted agents",
 }
 """Each command's one-line help, for ``parley --help`` without importing the commands
