@@ -322,6 +322,7 @@ def test_replicas_agent_spec(cluster: Any) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # replicas load the model: 40 s idle, 100+ s at load 10
 def test_pool_replicas_balance_update_together_and_survive_a_death(
     cluster: Any, tiny_model_dir: Path
 ) -> None:
@@ -405,6 +406,7 @@ def test_pool_replicas_balance_update_together_and_survive_a_death(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # replicas load the model: 40 s idle, 100+ s at load 10
 def test_a_lone_pool_replica_that_dies_is_replaced_and_serve_keeps_serving(
     cluster: Any, tiny_model_dir: Path
 ) -> None:
