@@ -141,11 +141,11 @@ def run(args: argparse.Namespace) -> int:
     steps: dict[str, int] = {}
     try:
         for _ in range(args.repeats):
-            for name, measure in (
-                ("openenv", lambda: asyncio.run(_openenv(url, args, seeds, proc.pid))),
-                ("arena", lambda: _arena(args)),
-            ):
-                wall, cpu, steps[name] = measure()
+            for name in ("openenv", "arena"):
+                if name == "openenv":
+                    wall, cpu, steps[name] = asyncio.run(_openenv(url, args, seeds, proc.pid))
+                else:
+                    wall, cpu, steps[name] = _arena(args)
                 walls[name] = min(walls.get(name, wall), wall)
                 cpus[name] = max(min(cpus.get(name, cpu), cpu), 1e-9)
     finally:

@@ -52,14 +52,14 @@ __all__ = [
 ]
 
 
-class ParleyAction(Action):
+class ParleyAction(Action):  # type: ignore[misc]  # openenv is untyped
     """The trainer's action for the learner seat that acts now."""
 
     text: str = Field(description="The action text, as an agent in the seat would answer")
     seat: str = Field(default="", description="The acting seat (optional; checked if given)")
 
 
-class ParleyObservation(Observation):
+class ParleyObservation(Observation):  # type: ignore[misc]  # (openenv is untyped)
     """A learner turn (``LearnerTurn``); ``reward`` is None when the episode failed."""
 
     episode: str = ""
@@ -76,7 +76,7 @@ class ParleyObservation(Observation):
     failed: str = Field(default="", description="Why the episode failed ('' if it did not)")
 
 
-class ParleyState(State):
+class ParleyState(State):  # type: ignore[misc]  # (openenv is untyped)
     """The session's state: the scenario, its learner seats, who acts, how it ended."""
 
     scenario: str = ""
@@ -103,7 +103,7 @@ def _observation(turn: LearnerTurn) -> ParleyObservation:
     )
 
 
-class ParleyEnvironment(Environment[ParleyAction, ParleyObservation, ParleyState]):
+class ParleyEnvironment(Environment[ParleyAction, ParleyObservation, ParleyState]):  # type: ignore[misc]
     """One OpenEnv session of a :class:`LearnerArena`; async only (the arena's loop)."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -205,11 +205,12 @@ def create_openenv_app(arena: LearnerArena, *, loopback_only: bool = True) -> An
     return _LoopbackHosts(app) if loopback_only else app
 
 
-class ParleyEnvClient(EnvClient[ParleyAction, ParleyObservation, ParleyState]):
+class ParleyEnvClient(EnvClient[ParleyAction, ParleyObservation, ParleyState]):  # type: ignore[misc]
     """OpenEnv's WebSocket client typed for a parley learner seat."""
 
     def _step_payload(self, action: ParleyAction) -> dict[str, Any]:
-        return action.model_dump()
+        payload: dict[str, Any] = action.model_dump()
+        return payload
 
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[ParleyObservation]:
         fields = dict(payload.get("observation", {}))
