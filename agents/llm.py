@@ -191,6 +191,11 @@ class LLMAgentConfig:
     """Strings that end an action (cut from the text)."""
     max_prompt_tokens: int = 1024
     """Token budget of the prompt: the oldest turns are folded away to fit it."""
+    fold_to: float = 1.0
+    """When the prompt is over budget, fold old turns until it fits in ``fold_to`` x the
+    budget. 1.0 folds just enough, so once at the budget every turn folds and changes the
+    prompt's beginning, which defeats the inference pool's prefix reuse; e.g. 0.5 folds
+    whole blocks of turns at once, so the prefix changes only every few turns."""
     request_timeout: float = 120.0
     """Seconds the pool may take for one action (``GenerateRequest.timeout``); 0: none."""
     retries: int = 6
@@ -209,6 +214,8 @@ class LLMAgentConfig:
             raise ConfigError(f"max_prompt_tokens must be >= 8, got {self.max_prompt_tokens}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 < self.fold_to <= 1:
+            raise ConfigError(f"fold_to must be in (0, 1], got {self.fold_to}")
 
     def replace(self, **changes: Any) -> LLMAgentConfig:
         """A copy with ``changes`` applied (and validated)."""
@@ -333,15 +340,18 @@ class LLMAgent(Agent):
 
         Turns are folded in (user, assistant) pairs so the chat still alternates; if the
         newest observation alone is too long, its beginning is cut (the end is what the
-        agent must answer).
+        agent must answer). Once over budget, folding goes on down to ``fold_to`` x the
+        budget (the system prompt always stays).
         """
         budget = self.config.max_prompt_tokens
         h = self._history
+        target = budget
         while True:
             turns = h.turns[h.folded :]
             ids = self.tokenizer.encode_chat(self._messages(system, turns, h.folded))
-            if len(ids) <= budget or len(turns) <= 1:
+            if len(ids) <= target or len(turns) <= 1:
                 break
+            target = int(budget * self.config.fold_to)
             h.folded += 2 if len(turns) > 2 else len(turns) - 1
         if len(ids) <= budget:
             return ids

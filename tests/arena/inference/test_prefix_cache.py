@@ -10,6 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import itertools
+
 from parley.arena.inference.backends import load_backend  # noqa: E402
 from parley.arena.inference.backends.prefix_cache import PrefixCache  # noqa: E402
 from parley.arena.inference.backends.transformers import TransformersBackend  # noqa: E402
@@ -130,3 +132,36 @@ def test_a_flood_of_one_off_prompts_does_not_evict_reused_sessions() -> None:
     cache.store("p", [1] * 300, entry_kv(300), hit=None)  # over a quarter of the budget
     assert cache.stats.refused == 1
     assert cache.lookup("q", session) == (None, 0)  # entries are per policy
+
+
+async def folded_episode(backend: TransformersBackend, fold_to: float) -> tuple[int, float]:
+    """An LLM agent's 16 turns at a prompt budget it outgrows: (turns whose prompt starts
+    differently from the turn before, the backend's prefix hit rate)."""
+    from parley.agents.llm import LLMAgent, LLMAgentConfig
+    from parley.arena.inference.pool import InferencePool, PoolConfig
+    from parley.protocols.messages import Observation
+
+    backend.prefix_cache.clear()
+    backend.prefix_cache.reset_stats()
+    config = LLMAgentConfig(max_tokens=6, max_prompt_tokens=200, fold_to=fold_to)
+    async with InferencePool({"default": backend}, PoolConfig(), owns_backends=False) as pool:
+        agent = LLMAgent(pool, backend.tokenizer, system_prompt="You trade hats.", config=config)
+        agent.reset(seed=0)
+        prompts = []
+        for i in range(16):
+            text = f"offer {i}: two hats for one book and " + "a ball " * 4
+            action = await agent.act(Observation(agent="player_0", text=text))
+            prompts.append(action.tokens[0].prompt_token_ids)
+    starts = [tuple(p[:40]) for p in prompts]
+    changes = sum(a != b for a, b in itertools.pairwise(starts))
+    return changes, backend.prefix_cache.stats.hit_rate
+
+
+async def test_folding_in_blocks_keeps_the_prefix_and_the_cache_hits(
+    backend: TransformersBackend,
+) -> None:
+    every_turn, low_hits = await folded_episode(backend, 1.0)
+    blocks, hits = await folded_episode(backend, 0.5)
+    assert every_turn >= 10  # at its budget, the default folds (and changes) every turn
+    assert blocks <= every_turn / 3
+    assert hits > low_hits + 0.2
