@@ -72,6 +72,7 @@ from typing import Any
 
 from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
 from parley.arena.inference.backends.constraints import constraint_regex
+from parley.arena.inference.backends.prefix_cache import PrefixStats
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
 from parley.arena.inference.backends.vllm_lora import (
     LoRAAdapters,
@@ -133,6 +134,8 @@ class VLLMBackend(Backend):
         self.health_interval = 1.0
         """Seconds between checks of the engine's liveness (:meth:`_watch_health`)."""
         self._health: asyncio.Task[None] | None = None
+        self.prefix_caching = False  # whether the engine has automatic prefix caching on
+        self.prefix_stats = PrefixStats()  # prompt tokens, and those prefilled (not cached)
         lora = getattr(getattr(engine, "vllm_config", None), "lora_config", None)
         slots = int(getattr(lora, "max_loras", 0))
         self._lora = LoRAAdapters(
@@ -209,6 +212,9 @@ class VLLMBackend(Backend):
             # watch) and, on CPU with LoRA, grouped LoRA ops (vLLM's copy each token's
             # adapter matrices). See _prepare_workers.
             "worker_extension_cls": WORKER_EXTENSION,
+            # Automatic prefix caching (a turn reuses the previous turn's KV blocks) is left
+            # to vLLM's default: on where the model supports it, CPU included; forcing it on
+            # elsewhere may crash the engine. `prefix_caching` records the engine's choice.
             **(engine_args or {}),
         }
         parsed: Any = vllm.AsyncEngineArgs(**args)
@@ -224,6 +230,7 @@ class VLLMBackend(Backend):
         backend = cls(engine, tok, max_model_len=int(engine.model_config.max_model_len))
         backend.dtype = str(engine.model_config.dtype).removeprefix("torch.")
         backend._engine_args = parsed
+        backend.prefix_caching = bool(engine.vllm_config.cache_config.enable_prefix_caching)
         backend.max_restarts = max_restarts
         backend._lora.weight_limit = weight_limit
         backend._lora.base = await asyncio.to_thread(base_shapes, model)
@@ -465,6 +472,7 @@ class VLLMBackend(Backend):
         if len(ids) >= self._max_len:
             raise BackendError(f"prompt of {len(ids)} tokens exceeds the context {self._max_len}")
         latest: dict[int, Any] = {}  # completion index -> its latest (cumulative) output
+        cached = 0
         top = request.params.top_logprobs if request.params.logprobs else 0
         try:
             params = self._sampling_params(request, len(ids), stream=sink is not None)
@@ -480,6 +488,7 @@ class VLLMBackend(Backend):
                         if len(o.token_ids) > sent:
                             sink(o.index, _completion(o, top, start=sent))
                     latest[o.index] = o
+                cached = out.num_cached_tokens or 0
         except VLLMValidationError as exc:  # e.g. regex syntax the grammar engine lacks
             field = "constraint" if request.constraint is not None else exc.parameter or "params"
             raise RequestError(field, f"vLLM refused the request: {exc}") from exc
@@ -489,6 +498,8 @@ class VLLMBackend(Backend):
             raise BackendError(f"vLLM failed the request: {exc}") from exc
         if not latest:
             raise BackendError("vLLM returned no output for the request", retryable=True)
+        self.prefix_stats.prompt_tokens += len(ids)
+        self.prefix_stats.prefilled_tokens += len(ids) - min(cached, len(ids))
         completions = [_completion(latest[j], top) for j in sorted(latest)]
         if request.params.temperature == 0:
             completions *= request.params.n
