@@ -23,13 +23,16 @@ from parley.protocols.bus.core import (
     subscriptions_problem,
 )
 from parley.protocols.bus.receive import _in_task, _Receiver
+from parley.protocols.codec import DEFAULT_MAX_MESSAGE_BYTES
 from parley.protocols.errors import BusError, ConfigError, PeerDead, RequestTimeout
 from parley.protocols.messages import Body, Bye, Envelope, Heartbeat, Hello, Subscribe, kind_of
 
+GOODBYE_WAIT_S = 1.0
+"""Longest wait, when closing, for the peers to acknowledge the ``Bye`` (all at once)."""
+
 GOODBYE_LINGER_MS = 200
-"""How long closing sockets may still deliver the ``Bye`` just sent (ZeroMQ ``LINGER``): with
-none, a loaded host could drop it, and a peer told nothing takes the arena for lost rather
-than closed (``parley agent`` then waits for it to come back and exits non-zero)."""
+"""How long closing sockets may still deliver what was just sent (ZeroMQ ``LINGER``), such as
+a ``Bye`` whose acknowledgement did not come in time."""
 
 
 class Endpoint(_Receiver):
@@ -289,10 +292,8 @@ class Endpoint(_Receiver):
         if self._closed:
             return
         self._closed = True
-        bye = self._codec.encode(Envelope(body=Bye(reason="closed"), sender=self.name))
+        await asyncio.gather(*(self._goodbye(link) for link in self._links.values() if link.alive))
         for link in list(self._links.values()):
-            if link.alive:
-                self._try_send(link, bye)
             self._fail_link(link, BusError(f"endpoint {self.name} closed"))
         self._disarm()
         current = asyncio.current_task()
@@ -309,6 +310,27 @@ class Endpoint(_Receiver):
             self._auth = None
         if self._own_context:
             self._ctx.term()
+
+    async def _goodbye(self, link: _Link) -> None:
+        """Say ``Bye`` on ``link`` as a request, and wait up to :data:`GOODBYE_WAIT_S` for its
+        ``Ok``: a goodbye lost on a loaded host (or while this process was paused) makes the
+        peer take this endpoint for lost rather than closed (``parley agent`` then waits for
+        it and exits non-zero). A peer that does not answer in time is left as it is. (Not
+        :meth:`request`: this endpoint is closed to new requests already.)"""
+        assert self._loop is not None
+        rid = next(self._ids)
+        fut: asyncio.Future[Body] = self._loop.create_future()
+        link.pending[rid] = fut
+        bye = Envelope(body=Bye(reason="closed"), sender=self.name, id=rid, expects_reply=True)
+        try:
+            if self._send_now(link, self._codec.encode(bye)):  # (a full queue: no goodbye)
+                await asyncio.wait([fut], timeout=GOODBYE_WAIT_S)
+        except BusError:
+            pass  # the peer is gone already: nobody to say goodbye to
+        finally:
+            link.pending.pop(rid, None)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # (an Error reply, or the peer died: seen, not logged)
 
     async def __aenter__(self) -> Self:
         self._start()
@@ -332,7 +354,11 @@ class Endpoint(_Receiver):
         z.setsockopt(zmq.LINGER, 0)
         z.setsockopt(zmq.SNDHWM, self.config.hwm)
         z.setsockopt(zmq.RCVHWM, self.config.hwm)
-        z.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes + 1024)
+        # ZeroMQ drops the connection of a part over MAXMSGSIZE, telling nobody: set it at
+        # the most any parley peer sends (the bus default, 64 MiB, or more), so a message
+        # over this endpoint's own lower limit is read and refused bad_message instead.
+        largest = max(self.config.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES)
+        z.setsockopt(zmq.MAXMSGSIZE, largest + 1024)
         return z
 
     def _add_sock(self, sock: _Sock) -> None:
