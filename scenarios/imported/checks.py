@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import time
+import warnings
 from typing import Any
 
 import msgspec
@@ -27,10 +28,14 @@ from parley.scenarios.conformance import (
     STEP_CPU_BUDGET_S,
     ConformanceFailure,
     NotApplicable,
+    check_contract,
+    check_determinism,
+    check_fuzz,
+    check_hostile,
 )
 from parley.scenarios.registry import make
 
-__all__ = ["library_noninterference", "quick_check"]
+__all__ = ["library_noninterference", "quick_check", "whole_episodes"]
 
 
 def _moves(info: dict[str, Any]) -> list[str]:
@@ -83,6 +88,17 @@ def quick_check(scenario_id: str, *, steps: int = 8, seed: int = 0) -> None:
     if first != again:
         at = next(i for i, (a, b) in enumerate(zip(first, again, strict=False)) if a != b)
         raise ConformanceFailure(f"{scenario_id}: seed {seed} gave two transcripts (step {at})")
+
+
+def whole_episodes(scenario_id: str) -> None:
+    """parley's conformance checks that play whole episodes (contract, determinism on seeds
+    0 and 1, a fuzz episode of garbage, the hostile run), warnings silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_contract(scenario_id)
+        check_determinism(scenario_id, seeds=(0, 1))
+        check_fuzz(scenario_id, episodes=1)
+        check_hostile(scenario_id)
 
 
 def library_noninterference(scenario_id: str, seeds: tuple[int, ...] = (0, 1, 2)) -> int:

@@ -145,12 +145,12 @@ class PettingZooGame(Scenario):
         self._misses: dict[str, int] = {}
         self.library_seed = 0
         """The seed of this episode's env ``reset`` (drawn from ``reset(seed=...)``)."""
-        self.played = []
+        self.played: list[int] = []
+        """The action ids applied this episode, in order (to replay it in the library)."""
 
     def new_episode(self, rng: np.random.Generator) -> None:
         self.library_seed = int(rng.integers(2**31 - 1))
-        self.played: list[int] = []
-        """The action ids applied this episode, in order (to replay it in the library)."""
+        self.played = []
         self.env.reset(seed=self.library_seed)
         self._misses = dict.fromkeys(self.possible_agents, 0)
         self._moves = None

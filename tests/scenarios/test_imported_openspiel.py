@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,14 +15,10 @@ pyspiel = pytest.importorskip("pyspiel")
 from parley.scenarios import make, spec  # noqa: E402
 from parley.scenarios.conformance import (  # noqa: E402
     NotApplicable,
-    check_contract,
-    check_determinism,
-    check_fuzz,
-    check_hostile,
     check_noninterference,
 )
 from parley.scenarios.imported import catalog  # noqa: E402
-from parley.scenarios.imported.checks import library_noninterference, quick_check  # noqa: E402
+from parley.scenarios.imported.checks import library_noninterference, quick_check, whole_episodes  # noqa: E402
 
 ACCEPTED = [entry for entry in catalog(("openspiel",)) if entry.accepted]
 REFUSED = [entry for entry in catalog(("openspiel",)) if not entry.accepted]
@@ -98,16 +93,11 @@ def test_costly_games_hold_the_contract(scenario_id: str) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("scenario_id", SELECTED)
 def test_selected_games_pass_the_conformance_suite(scenario_id: str) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        check_contract(scenario_id)
-        check_determinism(scenario_id, seeds=(0, 1))
-        check_fuzz(scenario_id, episodes=2)
-        check_hostile(scenario_id)
-        if scenario_id in DECK_GAMES:
-            assert library_noninterference(scenario_id) > 0
-        elif scenario_id in {"openspiel:bargaining", "openspiel:kuhn_poker"}:
-            check_noninterference(scenario_id)  # parley's own check, unchanged
+    whole_episodes(scenario_id)
+    if scenario_id in DECK_GAMES:
+        assert library_noninterference(scenario_id) > 0
+    elif scenario_id in {"openspiel:bargaining", "openspiel:kuhn_poker"}:
+        check_noninterference(scenario_id)  # parley's own check, unchanged
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import warnings
 from typing import Any
 
 import numpy as np
@@ -13,14 +12,8 @@ ta = pytest.importorskip("textarena")
 
 from parley.scenarios import make  # noqa: E402
 from parley.scenarios.charset import printable  # noqa: E402
-from parley.scenarios.conformance import (  # noqa: E402
-    check_contract,
-    check_determinism,
-    check_fuzz,
-    check_hostile,
-)
 from parley.scenarios.imported import catalog  # noqa: E402
-from parley.scenarios.imported.checks import quick_check  # noqa: E402
+from parley.scenarios.imported.checks import quick_check, whole_episodes  # noqa: E402
 from parley.scenarios.imported.textarena import _format  # noqa: E402
 
 # Moves each game understands (plus garbage, which TextArena must refuse by its own rules).
@@ -111,12 +104,7 @@ def _transcript(scenario_id: str, seed: int) -> list[str]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("scenario_id", sorted(MOVES))
 def test_selected_games_pass_the_conformance_suite(scenario_id: str) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        check_contract(scenario_id)
-        check_determinism(scenario_id, seeds=(0, 1))
-        check_fuzz(scenario_id, episodes=2)
-        check_hostile(scenario_id)
+    whole_episodes(scenario_id)
 
 
 def test_a_library_failure_is_an_invalid_move_that_ends_the_episode() -> None:
