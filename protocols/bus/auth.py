@@ -15,6 +15,7 @@ without keys unless ``BusConfig.allow_insecure_tcp`` is set.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from typing import Any
 
 import zmq
@@ -127,6 +128,16 @@ def _z85(key: bytes | str) -> str:
 
 
 def is_loopback(address: str) -> bool:
-    """Whether a ``tcp://`` address binds only the loopback interface."""
-    host = address.removeprefix("tcp://").rpartition(":")[0].strip("[]")
-    return host == "localhost" or host == "::1" or host.startswith("127.")
+    """Whether a ``tcp://`` address binds only the loopback interface: its host is
+    ``localhost`` or a loopback IP address, and nothing else. (ZeroMQ reads
+    ``tcp://127.0.0.1:0;0.0.0.0:5555`` as a bind of ``0.0.0.0:5555``, which a host that
+    merely starts with ``127.`` had passed as loopback.)"""
+    host = address.removeprefix("tcp://").rpartition(":")[0]
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # (an interface name, a host name, a source;destination pair)
+        return False

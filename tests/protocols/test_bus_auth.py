@@ -294,6 +294,24 @@ async def test_open_tcp_without_keys_is_refused_unless_asked_for(address: str) -
         await insecure.close()
 
 
+async def test_a_loopback_prefix_does_not_pass_a_public_bind_as_loopback() -> None:
+    """ZeroMQ binds ``tcp://127.0.0.1:0;0.0.0.0:PORT`` on 0.0.0.0:PORT: it was taken for a
+    loopback address (its host began with ``127.``) and bound in plain text."""
+    from parley.protocols.bus.auth import is_loopback
+
+    server = Endpoint("arena")
+    try:
+        with pytest.raises(ConfigError, match="parley keys new"):
+            await server.bind("tcp://127.0.0.1:0;0.0.0.0:0")
+    finally:
+        await server.close()
+    loopback = ["tcp://127.0.0.1:0", "tcp://127.5.6.7:80", "tcp://localhost:1", "tcp://[::1]:0"]
+    assert all(is_loopback(a) for a in loopback)
+    public = ["tcp://127.0.0.1:0;0.0.0.0:5555", "tcp://127.0.0.1.example.com:80",
+              "tcp://127.evil:1", "tcp://[::1];0.0.0.0:1", "tcp://eth0:1", "tcp://*:0"]  # fmt: skip
+    assert not any(is_loopback(a) for a in public)
+
+
 async def test_curve_without_a_key_list_is_refused_unless_any_key_is_wanted() -> None:
     keys = Keys.new()
     base = {"curve_public_key": keys.public, "curve_secret_key": keys.secret}

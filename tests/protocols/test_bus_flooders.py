@@ -10,6 +10,7 @@ anything else. Everything here is a real endpoint on real sockets.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 import threading
 import time
@@ -25,7 +26,7 @@ from parley.protocols.codec import Codec, salvage_head
 from parley.protocols.errors import ProtocolError
 from parley.protocols.messages import Action, Observation
 from tests.protocols.test_bus_accept import _next_reply, _seated
-from tests.protocols.test_bus_hostile import _arena, _observation_with_info
+from tests.protocols.test_bus_hostile import FAST, _arena, _observation_with_info
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -138,3 +139,22 @@ async def test_a_strangers_flood_gets_a_bounded_share_of_each_receive_round() ->
             flooder.join(10)
         # ~14 rounds' worth here (the flooder's thread contends for the GIL); before, ~14,000.
         assert statistics.median(between) <= 64 * STRANGER_ROUND, between
+
+
+async def test_a_message_a_little_over_the_limit_is_answered_bad_message() -> None:
+    """ZeroMQ's cut-off (``MAXMSGSIZE``) sat 1 KiB over the endpoint's limit, so a message
+    just past it dropped the connection and nobody was told; the cut-off is now at the
+    most any parley peer sends, and the message is refused ``bad_message`` with its id."""
+    limit = 64 * 1024
+    config = dataclasses.replace(FAST, max_message_bytes=limit)
+    async with _arena(config) as (server, _, raw):
+        hello = {"body": {"kind": "hello", "name": "raw"}, "id": 1, "expects_reply": True}
+        raw.send(msgpack.packb(hello))
+        assert (await asyncio.to_thread(_next_reply, raw))["body"]["kind"] == "hello"
+        over = {"body": {"kind": "observation", "agent": "raw", "text": "x" * (limit + 4096)},
+                "id": 5, "expects_reply": True}  # fmt: skip
+        raw.send(msgpack.packb(over))
+        reply = await asyncio.to_thread(_next_reply, raw)
+        assert (reply["body"]["code"], reply["reply_to"]) == ("bad_message", 5)
+        assert "exceeds the limit" in reply["body"]["message"]
+        assert server.peers == ["raw"]
