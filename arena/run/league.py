@@ -208,7 +208,12 @@ def play_match(config: LeagueConfig, match: Match, *, log: Callable[[str], None]
         ray=config.ray,
         max_failed_fraction=1.0,
     )
-    run(run_config)
+    if config.ray is None:
+        run(run_config)
+    else:  # (plain run() ignores RunConfig.ray: the Ray runner is its own class)
+        from parley.arena.run.ray_runner import run_on_ray
+
+        run_on_ray(run_config)
     games = list(_score(match, folder, config.out))
     rows = [dataclasses.asdict(game) for game in games]
     tmp = result.with_suffix(".tmp")

@@ -156,3 +156,17 @@ def test_the_viewer_shows_the_league_and_drills_down_to_episodes(tmp_path: Path)
     episodes = [part.split('"', 1)[0] for part in page.split('class=league-episode href="')[1:]]
     assert len(episodes) == 6  # 3 games x 2 sides, each linked to its episode page
     assert all((site / name).exists() for name in episodes)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_league_on_ray_plays_the_same_games(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    common = {"agents": BASELINES, "scenarios": ["openspiel:tic_tac_toe"], "games_per_pair": 3}
+    here = play_league(LeagueConfig(out=str(tmp_path / "here"), **common))
+    on_ray = play_league(LeagueConfig(out=str(tmp_path / "ray"), ray="local", **common))
+    summaries = list((tmp_path / "ray" / "matches").glob("*/summary.json"))
+    assert summaries
+    assert all("ray" in json.loads(path.read_text()) for path in summaries)
+    strip = [{k: v for k, v in g.items() if k != "run"} for g in here["games"]]
+    assert strip == [{k: v for k, v in g.items() if k != "run"} for g in on_ray["games"]]
