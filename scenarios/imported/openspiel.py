@@ -199,7 +199,7 @@ class OpenSpielGame(Scenario):
             raise ConfigError(f"invalid_tries must be >= 1, got {invalid_tries}")
         self.game = load_game(game)
         self.invalid_tries = invalid_tries
-        # The id names the game, so the name is the instance\'s (PettingZoo reads env.metadata).
+        # The id names the game, so the name is the instance's (PettingZoo reads env.metadata).
         self.metadata = {**type(self).metadata, "name": f"openspiel:{game}"}  # type: ignore[misc]
         kind = self.game.get_type()
         self._use_observation = bool(kind.provides_observation_string)

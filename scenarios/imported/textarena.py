@@ -194,7 +194,8 @@ class TextArenaGame(Scenario):
         self.ta = _ta()
         self.env_id = env_id
         self.num_players = num_players or _first_count(env_id)
-        self.metadata = {**type(self).metadata, "name": f"textarena:{env_id}"}
+        # The id names the game, so the name is the instance's (PettingZoo reads env.metadata).
+        self.metadata = {**type(self).metadata, "name": f"textarena:{env_id}"}  # type: ignore[misc]
         seats = [f"player_{i}" for i in range(self.num_players)]
         super().__init__(
             seats, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
