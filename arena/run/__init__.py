@@ -14,6 +14,8 @@ Owns:
   (``join_arena``); :mod:`~parley.arena.run.agent_specs` — ``scripted``, ``module:Class``,
   ``llm:PATH`` … seat specs;
 - :mod:`~parley.arena.run.config` — ``RunConfig``, loadable from YAML;
+- :mod:`~parley.arena.run.league` — tournaments (``parley tournament``): schedules, paired
+  deals, resume, the cross-play matrix and ratings;
 - :mod:`~parley.arena.run.records` — transcripts, trajectories and timings as JSONL (schema
   in ``SCHEMA.md`` beside this file); :mod:`~parley.arena.run.summary` and
   :mod:`~parley.arena.run.stats` — metrics tables with confidence intervals, built one
