@@ -376,11 +376,10 @@ class ResearchTeam(Scenario):
             "messages": float(self.s.messages),
         }
 
-    def close(self) -> None:
-        self._close_indexes()
-        super().close()
-
     def _close_indexes(self) -> None:
+        # The previous episode's in-memory databases, closed at once; the last episode's go
+        # with the instance (an in-memory SQLite connection holds no outside resource, and
+        # Scenario.close is final: a scenario holds none).
         for index in self._indexes.values():
             index.close()
         self._indexes.clear()
