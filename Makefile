@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 $(VLLM): $(STAMP)
 	$(BIN)/pip install -q -e ".[torch,train,dev,vllm,ray,games,integrations]"
 	$(BIN)/pip install -q --no-deps textarena==0.7.4
+	$(BIN)/pip install -q --no-deps openenv==0.10.0
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM)
 

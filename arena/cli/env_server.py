@@ -18,6 +18,10 @@ from typing import Any
 
 from parley.protocols.errors import ConfigError
 
+OPENENV_MISSING = (
+    "OpenEnv is not installed; install it with: pip install 'parley[integrations]' && "
+    "pip install --no-deps openenv==0.10.0"
+)
 PROTOCOLS = ("openenv",)
 """Environment protocols ``--protocol`` serves."""
 
@@ -106,6 +110,12 @@ def build_arena(args: argparse.Namespace) -> Any:
     if args.pool:
         options["pool"] = args.pool
     agents = parse_agents(args.agents)
+    specs = list(agents.values()) if isinstance(agents, dict) else list(agents or [])
+    if not args.listen and any(s == "remote" or s.startswith("remote:") for s in specs):
+        raise ConfigError(
+            "--agents remote needs --listen ADDRESS (e.g. --listen tcp://127.0.0.1:5555) so "
+            "that `parley agent` in another process can connect"
+        )
     if isinstance(agents, dict):
         agents = {seat: check_agent_spec(spec) for seat, spec in agents.items()}
     elif agents:
@@ -153,9 +163,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         import openenv  # noqa: F401 -- the extra's presence, checked before any work
     except ImportError as exc:
-        from parley.protocols.errors import MissingDependency
-
-        raise MissingDependency("openenv", "integrations") from exc
+        raise ConfigError(f"{OPENENV_MISSING} ({exc})") from exc
     from parley.arena.inference.http_guard import http_is_loopback
 
     arena = build_arena(args)
