@@ -176,3 +176,25 @@ def test_bad_configurations_are_refused_with_the_fix() -> None:
         LearnerArena(REFERENTIAL, learners=["judge"])
     with pytest.raises(ConfigError, match="one per seat parley plays"):
         LearnerArena(REFERENTIAL, learners=["listener"], agents=["scripted", "scripted"])
+
+
+async def test_an_openenv_session_closed_from_its_executor_frees_its_episode() -> None:
+    """OpenEnv closes a disconnected session's environment in an executor thread: the
+    episode in progress is cancelled and the session's slot is free again."""
+    pytest.importorskip("openenv")
+    from parley.arena.integrations.openenv import ParleyEnvironment
+
+    async with LearnerArena(REFERENTIAL, learners=["listener"], max_sessions=1) as arena:
+        env = ParleyEnvironment(arena)
+        observation = await env.reset_async(seed=3)
+        assert observation.seat == "listener"
+        assert arena.sessions == 1
+        await asyncio.to_thread(env.close)
+        for _ in range(100):
+            if arena.sessions == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert arena.sessions == 0
+        assert arena._episodes == {}  # the runner's episode is gone too
+        again = ParleyEnvironment(arena)
+        assert (await again.reset_async(seed=3)).text == observation.text
