@@ -74,7 +74,7 @@ def _heat_map(names: list[str], matrix: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def _ladder(ratings: list[Any]) -> str:
+def _ladder(ratings: list[Any], skill: list[Any]) -> str:
     rows = [r for r in ratings if isinstance(r, Mapping) and _real(r.get("rating"))]
     bounds = [v for r in rows for v in (r.get("ci") or []) if _real(v)]
     low, high = (min(bounds), max(bounds)) if bounds else (0.0, 1.0)
@@ -83,8 +83,10 @@ def _ladder(ratings: list[Any]) -> str:
     def at(value: float) -> float:
         return 8 + (_BAR_W - 16) * (value - low) / span
 
+    by_agent = {r.get("agent"): r for r in skill if isinstance(r, Mapping)}
     out = ["<table id=league-ladder><tr><th>rank</th><th>agent</th><th>rating</th>"
-           "<th>95% interval</th><th>games</th><th></th></tr>"]  # fmt: skip
+           "<th>95% interval</th><th>games</th><th></th><th>openskill mu &pm; 2&sigma;</th>"
+           "</tr>"]  # fmt: skip
     for rank, row in enumerate(rows, 1):
         ci = row.get("ci")
         bar = ""
@@ -98,9 +100,14 @@ def _ladder(ratings: list[Any]) -> str:
             shown = f"{ci[0]:.0f} .. {ci[1]:.0f}"
         else:
             shown = "-"
+        found = by_agent.get(row.get("agent")) or {}
+        mu: Any = found.get("mu")
+        sigma: Any = found.get("sigma")
+        weng_lin = f"{mu:.1f} &pm; {2 * sigma:.1f}" if _real(mu) and _real(sigma) else "-"
         out.append(
             f"<tr><td>{rank}</td><td>{esc(row.get('agent'))}</td><td>{row['rating']:.0f}</td>"
-            f"<td>{esc(shown)}</td><td>{esc(row.get('games'))}</td><td>{bar}</td></tr>"
+            f"<td>{esc(shown)}</td><td>{esc(row.get('games'))}</td><td>{bar}</td>"
+            f"<td>{weng_lin}</td></tr>"
         )
     out.append("</table>")
     return "".join(out)
@@ -170,8 +177,9 @@ def league_page(src: Source, sources: Mapping[str, Source], links: Links) -> str
     scenarios = _of(league, "scenarios", dict)
     games = _of(league, "games", list)
     body = [
-        "<h2>Ratings</h2><p>Bradley-Terry on the Elo scale; bars: 95% bootstrap interval.</p>",
-        _ladder(ratings),
+        "<h2>Ratings</h2><p>Bradley-Terry on the Elo scale; bars: 95% bootstrap interval; "
+        "openskill: Weng-Lin ratings updated game by game.</p>",
+        _ladder(ratings, _of(league, "openskill", list)),
         "<h2>Cross-play</h2><p>Row agent's win rate against the column agent (draws count "
         "half); hover a cell for its interval and games.</p>",
         _heat_map(names, matrix),

@@ -152,6 +152,7 @@ def test_the_viewer_shows_the_league_and_drills_down_to_episodes(tmp_path: Path)
     page = (site / page_name).read_text()
     assert "<svg id=league-matrix" in page
     assert "id=league-ladder" in page
+    assert "openskill mu" in page
     assert hostile not in page  # every name escaped
     episodes = [part.split('"', 1)[0] for part in page.split('class=league-episode href="')[1:]]
     assert len(episodes) == 6  # 3 games x 2 sides, each linked to its episode page
