@@ -171,3 +171,21 @@ def test_a_league_on_ray_plays_the_same_games(tmp_path: Path) -> None:
     assert all("ray" in json.loads(path.read_text()) for path in summaries)
     strip = [{k: v for k, v in g.items() if k != "run"} for g in here["games"]]
     assert strip == [{k: v for k, v in g.items() if k != "run"} for g in on_ray["games"]]
+
+
+@pytest.mark.timeout(60)
+def test_a_swiss_league_plays_its_rounds_without_rematches(tmp_path: Path) -> None:
+    agents = {**LADDER, **BASELINES}  # 5 agents: one sits out each round
+    config = LeagueConfig(
+        agents=agents,
+        scenarios=["openspiel:tic_tac_toe"],
+        out=str(tmp_path),
+        games_per_pair=2,
+        schedule="swiss",
+        rounds=2,
+    )
+    league = play_league(config)
+    pairs = {frozenset(game["agents"]) for game in league["games"]}
+    assert len(pairs) == 4  # 2 rounds x 2 pairs, no pair twice
+    assert len(list((tmp_path / "matches").iterdir())) == 8  # each pair on both sides
+    assert len(league["ratings"]) == 5
