@@ -27,9 +27,6 @@ from parley.protocols.codec import DEFAULT_MAX_MESSAGE_BYTES
 from parley.protocols.errors import BusError, ConfigError, PeerDead, RequestTimeout
 from parley.protocols.messages import Body, Bye, Envelope, Heartbeat, Hello, Subscribe, kind_of
 
-GOODBYE_WAIT_S = 1.0
-"""Longest wait, when closing, for the peers to acknowledge the ``Bye`` (all at once)."""
-
 GOODBYE_LINGER_MS = 200
 """How long closing sockets may still deliver what was just sent (ZeroMQ ``LINGER``), such as
 a ``Bye`` whose acknowledgement did not come in time."""
@@ -310,27 +307,6 @@ class Endpoint(_Receiver):
             self._auth = None
         if self._own_context:
             self._ctx.term()
-
-    async def _goodbye(self, link: _Link) -> None:
-        """Say ``Bye`` on ``link`` as a request, and wait up to :data:`GOODBYE_WAIT_S` for its
-        ``Ok``: a goodbye lost on a loaded host (or while this process was paused) makes the
-        peer take this endpoint for lost rather than closed (``parley agent`` then waits for
-        it and exits non-zero). A peer that does not answer in time is left as it is. (Not
-        :meth:`request`: this endpoint is closed to new requests already.)"""
-        assert self._loop is not None
-        rid = next(self._ids)
-        fut: asyncio.Future[Body] = self._loop.create_future()
-        link.pending[rid] = fut
-        bye = Envelope(body=Bye(reason="closed"), sender=self.name, id=rid, expects_reply=True)
-        try:
-            if self._send_now(link, self._codec.encode(bye)):  # (a full queue: no goodbye)
-                await asyncio.wait([fut], timeout=GOODBYE_WAIT_S)
-        except BusError:
-            pass  # the peer is gone already: nobody to say goodbye to
-        finally:
-            link.pending.pop(rid, None)
-            if fut.done() and not fut.cancelled():
-                fut.exception()  # (an Error reply, or the peer died: seen, not logged)
 
     async def __aenter__(self) -> Self:
         self._start()

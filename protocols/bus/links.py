@@ -31,13 +31,16 @@ from parley.protocols.bus.core import (
 from parley.protocols.bus.send import _Sender
 from parley.protocols.codec import Frame
 from parley.protocols.errors import BusError
-from parley.protocols.messages import SCHEMA_VERSION, Body, Envelope, Error, Heartbeat, Hello
+from parley.protocols.messages import SCHEMA_VERSION, Body, Bye, Envelope, Error, Heartbeat, Hello
 
 PROBE_EVERY_S = 0.05
 """Least time between two probes of one peer prompted by duplicate Hellos."""
 
 SUSPECT_HEARTBEATS = 2.5
 """Heartbeat intervals of silence after which a peer's connection is checked each tick."""
+
+GOODBYE_WAIT_S = 1.0
+"""Longest wait, when closing, for the peers to acknowledge the ``Bye`` (all at once)."""
 
 MAX_HEARTBEAT_INTERVAL = 60.0
 """Longest heartbeat interval a peer's ``Hello`` may announce; longer counts as this."""
@@ -199,6 +202,27 @@ class _Links(_Sender):
             raise BusError(f"already connected to a peer named {reply.name!r}")
         self._admit(link, reply)
         return str(reply.name)
+
+    async def _goodbye(self, link: _Link) -> None:
+        """Say ``Bye`` on ``link`` as a request, and wait up to :data:`GOODBYE_WAIT_S` for its
+        ``Ok``: a goodbye lost on a loaded host (or while this process was paused) makes the
+        peer take this endpoint for lost rather than closed (``parley agent`` then waits for
+        it and exits non-zero). A peer that does not answer in time is left as it is. (Not
+        ``request``: this endpoint is closed to new requests already.)"""
+        assert self._loop is not None
+        rid = next(self._ids)
+        fut: asyncio.Future[Body] = self._loop.create_future()
+        link.pending[rid] = fut
+        bye = Envelope(body=Bye(reason="closed"), sender=self.name, id=rid, expects_reply=True)
+        try:
+            if self._send_now(link, self._codec.encode(bye)):  # (a full queue: no goodbye)
+                await asyncio.wait([fut], timeout=GOODBYE_WAIT_S)
+        except BusError:
+            pass  # the peer is gone already: nobody to say goodbye to
+        finally:
+            link.pending.pop(rid, None)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # (an Error reply, or the peer died: seen, not logged)
 
     def _start_rehello(self, link: _Link) -> None:
         if (link.rehello is None or link.rehello.done()) and self._loop is not None:
