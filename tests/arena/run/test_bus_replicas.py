@@ -28,7 +28,7 @@ from parley.arena.run.config import RunConfig
 from parley.arena.run.ray_agents import resolve_replicas
 from parley.arena.run.runner import Runner
 from parley.protocols.bus import Endpoint
-from parley.protocols.errors import ConfigError
+from parley.protocols.errors import ConfigError, RequestTimeout
 from parley.protocols.messages import Action, Observation
 
 SCENARIO = "negotiation/deal-or-no-deal-v0"
@@ -236,4 +236,26 @@ async def test_a_replica_gone_between_two_turns_of_a_session_costs_it_nothing() 
     finally:
         for endpoint in hosts.values():
             await endpoint.close()
+        await replicas.close()
+
+
+async def test_replica_seats_wait_the_runs_join_timeout_and_count_all_replicas() -> None:
+    """``replicas:N`` seats wait ``--join-timeout`` (``replicas_join_timeout`` overrides it),
+    and the message of a wait that ran out counts the N replicas. (Before: a fixed 60 s, and
+    "0 of 1 replicas" for a seat of 3 after its first episode.)"""
+    folder = Path(tempfile.mkdtemp(prefix="parley-replicas-"))
+    address = f"ipc://{folder}/seat.sock"
+    seat = SeatContext(scenario=SCENARIO, seat="player_1", join_timeout=0.3)
+    replicas = resolve_replicas(f"3:{address}", seat)
+    assert isinstance(replicas, BusReplicas)
+    assert replicas.join_timeout == 0.3
+    own = SeatContext(scenario=SCENARIO, seat="player_1", join_timeout=0.3,
+                      options={"replicas_join_timeout": 5})  # fmt: skip
+    assert resolve_replicas(f"3:{address}", own).join_timeout == 5
+    try:
+        with pytest.raises(RequestTimeout, match=r"0 of the 3 replicas .* after 0\.3 s"):
+            await replicas.start()
+        with pytest.raises(RequestTimeout, match="0 of the 3 replicas"):
+            await replicas.pick()  # a later episode waits for one: still counts 3
+    finally:
         await replicas.close()
