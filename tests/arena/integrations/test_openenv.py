@@ -5,6 +5,7 @@ OpenEnv's error and no other session notices; the loopback rules of parley's ser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -30,11 +31,10 @@ SCENARIO = "collaboration/referential-v1"
 SESSIONS = 64
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
+@contextlib.contextmanager
+def _serving(*options: str) -> Iterator[str]:
     """The URL of a ``parley env-server`` process (listener learned, speaker scripted)."""
-    cmd = [PARLEY, "env-server", SCENARIO, "--learner", "listener", "--port", "0"]
-    cmd += ["--max-sessions", str(SESSIONS + 2)]
+    cmd = [PARLEY, "env-server", SCENARIO, "--learner", "listener", "--port", "0", *options]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
@@ -51,6 +51,12 @@ def server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    with _serving("--max-sessions", str(SESSIONS + 2)) as url:
+        yield url
 
 
 def _pick(observation: dict[str, object] | object) -> str:
@@ -160,3 +166,19 @@ def test_a_non_loopback_bind_needs_insecure() -> None:
     )
     assert done.returncode != 0
     assert "--insecure" in done.stderr
+
+
+async def test_a_session_past_the_cap_is_refused_and_the_others_play_on() -> None:
+    with _serving("--max-sessions", "2") as url:
+        async with (
+            ParleyEnvClient(base_url=url, message_timeout_s=30) as one,
+            ParleyEnvClient(base_url=url, message_timeout_s=30) as two,
+        ):
+            first = await one.reset(seed=1)
+            await two.reset(seed=2)
+            with pytest.raises(RuntimeError, match="CAPACITY_REACHED"):
+                async with ParleyEnvClient(base_url=url, message_timeout_s=30) as third:
+                    await third.reset(seed=3)
+            end = await one.step(ParleyAction(text=_pick(first.observation)))
+            assert end.done
+            assert end.observation.failed == ""
