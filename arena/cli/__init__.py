@@ -1,7 +1,7 @@
 """The ``parley`` command line (also ``python -m parley.arena.cli``).
 
 Each subcommand lives in its own module of this folder (``list``, ``bench``, ``model``,
-``run``, ``agent``, ``keys``, ``train``, ``serve``, ``view``, ``demo``) and exposes
+``run``, ``agent``, ``keys``, ``train``, ``serve``, ``view``, ``new``, ``demo``) and exposes
 ``add_parser(subparsers)``
 (which sets ``func`` on its parser) — so adding a command is one module and one line in
 :data:`COMMANDS`, and ``parley --help`` imports nothing heavy: each command imports its parts

@@ -15,7 +15,8 @@ writes ``D/NAME/`` with
 
 ``parley new agent NAME`` writes ``PACKAGE/agent.py`` (an :class:`~parley.agents.base.Agent`
 that answers any scenario, honouring ``choice`` constraints) and a test that seats it in a
-built-in scenario. The templates live in :mod:`parley.arena.cli.new_templates`.
+built-in scenario. The templates live in :mod:`parley.arena.cli.new_templates` (and
+:mod:`parley.arena.cli.new_tool_use`).
 """
 
 from __future__ import annotations

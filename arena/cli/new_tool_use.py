@@ -1,0 +1,226 @@
+"""The tool-use game of ``parley new scenario --kind tool-use`` (:mod:`parley.arena.cli.new`):
+the scenario module and its baseline, as templates (placeholders as in
+:mod:`parley.arena.cli.new_templates`)."""
+
+from __future__ import annotations
+
+TOOL_USE = '''\
+"""<<ID>> — compute ``a * b + c`` for large numbers with ``multiply`` and ``add`` tools.
+
+Seat: ``solver``. The numbers come from ``reset(seed=...)``.
+
+Tools (results arrive in the next observation as ``[call_id] name -> result``):
+``multiply(a, b)`` and ``add(a, b)``, integers of at most 12 digits.
+
+Action: one JSON object per turn (the tool-use syntax of :mod:`parley.scenarios.tools.tool`)::
+
+    {"tool_calls": [{"name": "multiply", "arguments": {"a": 4821, "b": 9377}}]}
+    {"answer": "45209240"}
+
+``answer`` ends the episode (tool calls in the same action run first). Anything else is an
+invalid move. The episode also ends after ``max_turns`` actions (no answer: reward 0).
+
+Observations: the problem and the tool list, then tool results.
+``infos["solver"]["view"]``: ``a``, ``b``, ``c``, ``turns_left``, ``tools`` (OpenAI function
+specs) and ``tool_results`` (the last turn's results as ToolResult dicts).
+``infos["solver"]["constraint"]``: a ``json`` constraint (tool calls or the answer).
+
+Rewards: ``task`` 1 when the answer is right; ``invalid`` -``invalid_penalty`` (0.1) per
+invalid move.
+
+Metrics: ``success``, ``tool_calls``.
+
+Arguments: ``max_turns`` (5), ``invalid_penalty``, ``max_cycles``, ``render_mode``.
+
+    >>> env = make("<<ID>>", max_turns=5)
+
+Version history: v0 — first version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parley.scenarios.base import Scenario
+from parley.scenarios.tools.tool import (
+    ToolBox,
+    ToolFailure,
+    action_constraint,
+    parse_turn,
+    render_result,
+    result_dicts,
+    tool,
+)
+
+SEAT = "solver"
+LIMIT = 10**12
+
+
+def _checked(*values: int) -> None:
+    if any(abs(v) >= LIMIT for v in values):
+        raise ToolFailure(f"numbers must have at most 12 digits (below {LIMIT})")
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    _checked(a, b)
+    return a * b
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first term
+        b: the second term
+    """
+    _checked(a, b)
+    return a + b
+
+
+@dataclasses.dataclass
+class State:
+    a: int
+    b: int
+    c: int
+    turns_left: int
+    answer: str | None = None
+    correct: bool = False
+    tool_calls: int = 0
+    last_results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+class <<CLASS>>(Scenario):
+    """Arithmetic with tools; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "<<ID>>",
+        "render_modes": ["ansi", "human"],
+        "is_parallelizable": True,
+    }
+    baselines: ClassVar[dict[str, str]] = {"*": "<<PACKAGE>>.agents:<<CLASS>>Baseline"}
+    """The scripted agent of every seat (the spec's; ``parley run scenario.py:<<CLASS>>`` too)."""
+    default_invalid_penalty = 0.1
+    refused_move_takes_turn: ClassVar[bool] = True
+    s: State
+
+    def __init__(
+        self,
+        max_turns: int = 5,
+        *,
+        invalid_penalty: float | None = None,
+        max_cycles: int | None = None,
+        render_mode: str | None = "ansi",
+    ) -> None:
+        super().__init__(
+            [SEAT], render_mode=render_mode, max_cycles=max_cycles,
+            invalid_penalty=invalid_penalty,
+        )
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = max_turns
+        self.tools = ToolBox([tool(multiply), tool(add)])
+        self._constraint = action_constraint(self.tools, {"answer": {"type": "string"}})
+
+    def new_episode(self, rng: np.random.Generator) -> None:
+        a, b, c = (int(x) for x in rng.integers(1000, 100_000, size=3))
+        self.s = State(a, b, c, self.max_turns)
+
+    def brief(self) -> None:
+        self.tell(SEAT, f"What is {self.s.a} * {self.s.b} + {self.s.c}?\\n"
+                        f"Tools:\\n{self.tools.describe()}")
+
+    def acting(self) -> list[str]:
+        return [SEAT]
+
+    def play(self, agent: str, action: str) -> str | None:
+        self.s.turns_left -= 1
+        self.s.last_results = []
+        parsed = parse_turn(action, turn=self.turn)
+        reason = parsed if isinstance(parsed, str) else None
+        if not isinstance(parsed, str):
+            if set(parsed.fields) - {"answer"}:
+                reason = "use the keys tool_calls and answer only"
+            results = [self.tools.call(call) for call in parsed.calls]
+            self.s.tool_calls += len(results)
+            self.s.last_results = result_dicts(results)
+            for result in results:
+                self.tell(SEAT, render_result(result))
+            if "answer" in parsed.fields:
+                self.s.answer = str(parsed.fields["answer"]).strip()
+                self.s.correct = self.s.answer == str(self.s.a * self.s.b + self.s.c)
+                self.reward(SEAT, "task", float(self.s.correct))
+                self.finish()
+                return reason
+        if self.s.turns_left <= 0:
+            self.announce("No answer within the turn limit.")
+            self.finish()
+        return reason
+
+    def prompt(self, agent: str) -> str:
+        return f"Your move ({self.s.turns_left} turns left): tool_calls and/or answer."
+
+    def constraint(self, agent: str) -> dict[str, Any] | None:
+        return dict(self._constraint)
+
+    def view(self, agent: str) -> dict[str, Any]:
+        return {
+            "a": self.s.a, "b": self.s.b, "c": self.s.c, "turns_left": self.s.turns_left,
+            "tools": self.tools.specs(), "tool_results": self.s.last_results,
+        }
+
+    def system_prompt(self, agent: str) -> str:
+        return (
+            "Compute the expression with the tools. Reply with one JSON object each turn: "
+            '{"tool_calls": [{"name": "multiply", "arguments": {"a": 1, "b": 2}}]} or '
+            '{"answer": "123"}.\\nTools:\\n' + self.tools.describe()
+        )
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """Nothing is hidden: the answer follows from the problem the solver is shown."""
+        return False
+
+    def metrics(self) -> dict[str, float]:
+        return {"success": float(self.s.correct), "tool_calls": float(self.s.tool_calls)}
+
+
+# help(env) shows the scenario's documentation page (this module's docstring).
+<<CLASS>>.__doc__ = __doc__
+'''
+
+TOOL_USE_AGENT = '''\
+"""The scripted baseline of <<ID>>: multiply, then add, then answer."""
+
+import json
+
+from parley.agents.scripted.base import ScriptedAgent
+from parley.protocols.messages import Observation
+
+
+class <<CLASS>>Baseline(ScriptedAgent):
+    """Calls the tools in order and answers with the last result."""
+
+    name = "<<NAME>>-baseline"
+
+    def new_episode(self) -> None:
+        self.results: list[str] = []
+
+    def decide(self, observation: Observation) -> str:
+        view = observation.info.get("view", {})
+        self.results += [str(r.get("content", "")) for r in view.get("tool_results", [])]
+        if not self.results:
+            call = {"name": "multiply", "arguments": {"a": view["a"], "b": view["b"]}}
+        elif len(self.results) == 1:
+            call = {"name": "add", "arguments": {"a": int(self.results[0]), "b": view["c"]}}
+        else:
+            return json.dumps({"answer": self.results[-1]})
+        return json.dumps({"tool_calls": [call]})
+'''
