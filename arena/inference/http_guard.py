@@ -81,7 +81,7 @@ def _refuse(status: int, message: str, code: str) -> web.Response:
 
 
 def guard(
-    *, loopback_only: bool, authorize: Callable[[web.Request], None] | None = None
+    *, loopback_only: bool, authorize: Callable[[web.Request], object] | None = None
 ) -> Middleware:
     """The middleware: JSON-only ``POST``; with ``loopback_only``, loopback ``Host`` only.
 
@@ -143,7 +143,7 @@ def _refusal(request: web.Request, loopback_only: bool) -> web.Response | None:
 
 
 async def _read_body(
-    request: web.Request, authorize: Callable[[web.Request], None] | None, seconds: float
+    request: web.Request, authorize: Callable[[web.Request], object] | None, seconds: float
 ) -> web.Response | None:
     """Authorize ``request``, then read its body whole (cached for the handler)."""
     try:
