@@ -2,7 +2,8 @@
 and a replica killed mid-run loses no request and answers none twice.
 
 Real processes (``python -m parley.arena.cli agent``) on a real ``ipc://`` listener; the
-killed replica gets SIGKILL (no goodbye: the arena notices its silence).
+killed replica gets SIGKILL (no goodbye: the arena notices its closed connection) or
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -49,9 +50,13 @@ def _episodes(out: Path) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 async def test_replica_processes_share_a_seat_and_a_killed_one_loses_nothing(
-    tmp_path: Path,
+    tmp_path: Path, signum: int
 ) -> None:
+    """SIGKILL (no goodbye: the arena notices the closed connection) or SIGTERM (the replica
+    says goodbye, its acts in flight cancelled unanswered) of one of three replicas mid-run
+    costs no episode."""
     folder = Path(tempfile.mkdtemp(prefix="parley-replicas-"))  # ipc paths must be short
     address = f"ipc://{folder}/seat.sock"
     config = RunConfig(
@@ -71,7 +76,7 @@ async def test_replica_processes_share_a_seat_and_a_killed_one_loses_nothing(
         while replicas.served.get(victim, 0) < 3:
             assert not playing.done(), playing.result()
             await asyncio.sleep(0.02)
-        procs[victim].send_signal(signal.SIGKILL)
+        procs[victim].send_signal(signum)
         result = await asyncio.wait_for(playing, 150)
         await replicas.close()
         for name, proc in procs.items():
@@ -89,8 +94,9 @@ async def test_replica_processes_share_a_seat_and_a_killed_one_loses_nothing(
         if row["status"] != "ok"
     ]
     assert result.summary["episodes"] == {"total": 24, "ok": 24, "failed": 0}, failures[:3]
-    assert replicas.lost == [victim]
-    assert replicas.failovers >= 1
+    if signum == signal.SIGKILL:  # (a SIGTERMed one may have had no request pending)
+        assert replicas.lost == [victim]
+        assert replicas.failovers >= 1
     assert all(replicas.served.get(name, 0) > 0 for name in procs)  # spread over all three
     assert set(replicas.sessions.values()) == {0}  # every episode's session was closed
     # None lost, none twice: every episode is the one a single in-process agent plays
