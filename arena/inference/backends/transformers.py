@@ -301,6 +301,7 @@ class TransformersBackend(Backend):
                 raise BackendError("the backend is closed")
             run = asyncio.get_running_loop().run_in_executor
             await run(self._executor, self._lora.add, policy, path)
+            await run(self._executor, self.prefix_cache.clear, policy)  # base-computed until now
 
     async def update_weights(self, update: WeightUpdate) -> None:
         async with self._lock:

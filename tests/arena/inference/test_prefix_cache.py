@@ -3,14 +3,13 @@ recompute, fewer prefilled tokens, bounded memory, and no stale keys after a wei
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-
-import itertools
 
 from parley.arena.inference.backends import load_backend  # noqa: E402
 from parley.arena.inference.backends.prefix_cache import PrefixCache  # noqa: E402
@@ -165,3 +164,49 @@ async def test_folding_in_blocks_keeps_the_prefix_and_the_cache_hits(
     assert every_turn >= 10  # at its budget, the default folds (and changes) every turn
     assert blocks <= every_turn / 3
     assert hits > low_hits + 0.2
+
+
+@pytest.mark.slow
+def test_bench_llm_episodes_reports_prefill_ratios(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``parley bench llm-episodes --json`` on a short self-play: reuse lowers the prefill
+    ratio and leaves the sampled tokens as they were."""
+    import argparse
+    import json
+
+    from parley.arena.bench import llm_episodes
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", action="store_true")
+    llm_episodes.add_arguments(parser)
+    spec = "negotiation/deal-or-no-deal-v3:max_turns=6"
+    args = parser.parse_args(
+        ["--json", "--model", str(tiny_model_dir), "--episodes", "2", "--max-tokens", "4"]
+    )
+    args.scenarios = [spec]
+    assert llm_episodes.run(args) == 0
+    figs = json.loads(capsys.readouterr().out)["scenarios"][spec]
+    assert figs["before_prefill_ratio"] > 1.5
+    assert figs["prefill_ratio"] < figs["before_prefill_ratio"] / 1.5
+    assert figs["hit_rate"] > 0.3
+    assert figs["same_actions"] == 1.0
+
+
+async def test_an_adapter_never_reuses_keys_computed_without_it(
+    backend: TransformersBackend, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from tests.arena.inference.lora_util import make_adapter
+
+    prompt = chat(backend, "I offer 2 books and 1 hat")
+    # Before "alice" exists, its requests decode with the base and are cached under it.
+    (r1,) = await backend.generate([GenerateRequest(policy="alice", **vars_of(prompt))])
+    await backend.add_adapter("alice", str(make_adapter(tiny_model_dir, tmp_path / "a")))
+    ids = prompt + r1.completions[0].token_ids + [5, 6]
+    req = GenerateRequest(policy="alice", **vars_of(ids))
+    assert_same(await backend.generate([req]), await recompute(backend, [req]))
+
+
+def vars_of(ids: list[int]) -> dict[str, object]:
+    r = request(ids, temperature=0)
+    return {"prompt_token_ids": r.prompt_token_ids, "params": r.params}
