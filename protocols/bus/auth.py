@@ -1,4 +1,4 @@
-"""CURVE encryption and authentication for ``tcp://`` sockets.
+"""CURVE encryption and authentication for ``tcp://`` and ``ipc://`` sockets.
 
 A CURVE bind is a CURVE server whose ZAP handler (:class:`ZapHandler`) admits only the
 client keys in ``BusConfig.curve_allowed_clients`` (any key only with ``curve_allow_any``); a

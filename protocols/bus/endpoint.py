@@ -77,7 +77,8 @@ class Endpoint(_Receiver):
     async def bind(self, address: str) -> str:
         """Listen on ``address`` (``tcp://127.0.0.1:0`` picks a port); returns the address.
 
-        Over ``tcp://`` with CURVE keys in the config, only listed client keys can connect.
+        Over ``tcp://`` or ``ipc://`` with CURVE keys in the config, only listed client keys
+        can connect.
         A non-loopback ``tcp://`` address without keys raises :class:`ConfigError` unless
         ``BusConfig.allow_insecure_tcp`` is set.
         """
@@ -91,7 +92,9 @@ class Endpoint(_Receiver):
                 "and pass them, bind 127.0.0.1, or allow plain text on a network you "
                 "trust (--insecure, BusConfig.allow_insecure_tcp)"
             )
-        curve = tcp and self.config.curve
+        # CURVE runs over ipc:// as over tcp://: a keyed ipc:// arena had bound in plain text
+        # and refused every agent ("bound to another CURVE key": a plain link has no key).
+        curve = self.config.curve and (tcp or address.startswith("ipc://"))
         if curve and self.config.curve_allowed_clients is None and not self.config.curve_allow_any:
             raise ConfigError(
                 "a CURVE bind needs the client keys it admits (curve_allowed_clients); set "
@@ -136,7 +139,8 @@ class Endpoint(_Receiver):
     ) -> str:
         """Connect to the endpoint bound at ``address``; returns its name after ``Hello``.
 
-        ``server_key`` overrides ``BusConfig.curve_server_key`` for this ``tcp://`` address.
+        ``server_key`` overrides ``BusConfig.curve_server_key`` for this address (``tcp://``
+        needs one when CURVE is on; ``ipc://`` uses CURVE when one is known).
         Raises :class:`RequestTimeout` when no handshake completes within ``timeout`` (no one
         bound there, or CURVE keys that do not match), :class:`RemoteError` when refused.
         """
@@ -145,12 +149,14 @@ class Endpoint(_Receiver):
         z.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a connection that does not exist
         # A routing id nobody can guess: 128 random bits (see "Identity" in the package doc).
         z.setsockopt(zmq.ROUTING_ID, f"{self.name}/{os.urandom(16).hex()}".encode())
+        key = server_key or self.config.curve_server_key
         if address.startswith("tcp://") and self.config.curve:
-            key = server_key or self.config.curve_server_key
             if key is None:
                 z.close(0)
                 raise ConfigError(f"CURVE is on: pass the public key of {address} (server_key)")
             curve_client(z, self.config, key)
+        elif address.startswith("ipc://") and self.config.curve and key is not None:
+            curve_client(z, self.config, key)  # (no server key: a plain ipc:// peer, as before)
         try:
             z.connect(address)
         except zmq.ZMQError as exc:

@@ -294,6 +294,31 @@ async def test_open_tcp_without_keys_is_refused_unless_asked_for(address: str) -
         await insecure.close()
 
 
+async def test_a_keyed_ipc_listener_admits_its_keys_and_only_them(tmp_path: Any) -> None:
+    """CURVE over ``ipc://`` as over ``tcp://`` (before: a keyed ipc:// bind was plain text,
+    so the name bound to a key refused its own agent, "bound to another key")."""
+    keys, legit, other = Keys.new(), Keys.new(), Keys.new()
+    server = Endpoint("arena", config=_server_config(keys, legit))
+    server.set_admission(
+        lambda name, key: None if key == legit.public.decode() else f"{name}: wrong key {key}"
+    )
+    agent = Endpoint("agent-listener", config=_client_config(legit, keys))
+    agent.on(Observation, _acting_as("listener", "legit"))
+    intruder = Endpoint("agent-intruder", config=_client_config(other, keys))
+    try:
+        address = await server.bind(f"ipc://{tmp_path}/arena")
+        assert await agent.connect(address, timeout=5) == "arena"
+        answer = await server.request("agent-listener", Observation(agent="listener", text="?"))
+        assert isinstance(answer, Action)
+        assert answer.text == "legit"
+        with pytest.raises(RequestTimeout):  # (an unlisted key completes no handshake)
+            await intruder.connect(address, timeout=1)
+        assert server.peers == ["agent-listener"]
+    finally:
+        for endpoint in (intruder, agent, server):
+            await endpoint.close()
+
+
 async def test_a_loopback_prefix_does_not_pass_a_public_bind_as_loopback() -> None:
     """ZeroMQ binds ``tcp://127.0.0.1:0;0.0.0.0:PORT`` on 0.0.0.0:PORT: it was taken for a
     loopback address (its host began with ``127.``) and bound in plain text."""
