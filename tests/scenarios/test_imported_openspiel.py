@@ -217,3 +217,23 @@ def test_parley_list_all_shows_the_games_with_seats_and_the_refused_with_reasons
     assert "player_0, player_1" in printed
     assert "mean_field dynamics" in printed
     assert "negotiation/deal-or-no-deal" not in printed  # (--family applies to both tables)
+
+
+@pytest.mark.timeout(120)
+def test_a_constrained_llm_seat_never_plays_an_illegal_move(tiny_model_dir: Any) -> None:
+    """A random tiny model in leduc poker and tic-tac-toe: every move it writes is legal (the
+    choice constraint), though it knows nothing of either game."""
+    from parley.arena.run.config import RunConfig
+    from parley.arena.run.runner import run
+
+    for scenario in ("openspiel:leduc_poker", "openspiel:tic_tac_toe"):
+        config = RunConfig(
+            scenario=scenario,
+            agents=[f"llm:{tiny_model_dir}", "scripted"],
+            episodes=3,
+            progress=False,
+        )
+        summary = run(config).summary
+        assert summary["episodes"]["ok"] == 3
+        assert summary["agent_steps"] > 6
+        assert summary["invalid_moves"] == 0
