@@ -56,7 +56,14 @@ from parley.arena.training.config import (
     plain,
 )
 from parley.arena.training.models import Policies, load_policies
-from parley.arena.training.outputs import MetricsLogger, save_checkpoints, write_summary
+from parley.arena.training.outputs import (
+    SHORT_OF_TARGET,
+    MetricsLogger,
+    TrainResult,
+    save_checkpoints,
+    short_of_target,
+    write_summary,
+)
 from parley.arena.training.pg import PolicyGradientTrainer
 from parley.arena.training.sampler import (
     AsyncSampler,
@@ -79,37 +86,6 @@ __all__ = [
     "run_training",
     "SHORT_OF_TARGET",
 ]
-
-SHORT_OF_TARGET = 3
-"""``parley train``'s exit status when the run finished but a stage ended short of its
-target (1: an error, 2: a bad command line, 130: interrupted)."""
-
-
-@dataclass
-class TrainResult:
-    """What :func:`train` returns."""
-
-    out: Path
-    history: list[dict[str, Any]]
-    checkpoints: dict[str, Path]
-    wall_s: float
-    stage_summaries: list[dict[str, Any]]
-    seeds: dict[str, Any] = field(default_factory=dict)
-    """Every seed the run used (:meth:`RunSeeds.as_dict`, also in ``summary.json``)."""
-
-    @property
-    def short_of_target(self) -> list[dict[str, Any]]:
-        """The summaries of the stages whose last attempt ended short of its target (a
-        restarted stage counts by its last attempt), in stage order; empty when every
-        stage with a target reached it."""
-        return short_of_target(self.stage_summaries)
-
-
-def short_of_target(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """:attr:`TrainResult.short_of_target` over ``summaries`` (one per stage attempt)."""
-    last = {s["stage"]: s for s in summaries}  # later attempts replace earlier ones
-    return [s for s in last.values() if s.get("reached") is False]
-
 
 # ------------------------------------------------------------------------------ models
 

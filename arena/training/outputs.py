@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,14 @@ import numpy as np
 
 from parley.arena.training.adapters import PolicyWeights
 
-__all__ = ["MetricsLogger", "save_checkpoints", "write_summary"]
+__all__ = [
+    "MetricsLogger",
+    "save_checkpoints",
+    "write_summary",
+    "TrainResult",
+    "short_of_target",
+    "SHORT_OF_TARGET",
+]
 
 
 class MetricsLogger:
@@ -104,3 +112,34 @@ def _plot(
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+SHORT_OF_TARGET = 3
+"""``parley train``'s exit status when the run finished but a stage ended short of its
+target (1: an error, 2: a bad command line, 130: interrupted)."""
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns."""
+
+    out: Path
+    history: list[dict[str, Any]]
+    checkpoints: dict[str, Path]
+    wall_s: float
+    stage_summaries: list[dict[str, Any]]
+    seeds: dict[str, Any] = field(default_factory=dict)
+    """Every seed the run used (:meth:`RunSeeds.as_dict`, also in ``summary.json``)."""
+
+    @property
+    def short_of_target(self) -> list[dict[str, Any]]:
+        """The summaries of the stages whose last attempt ended short of its target (a
+        restarted stage counts by its last attempt), in stage order; empty when every
+        stage with a target reached it."""
+        return short_of_target(self.stage_summaries)
+
+
+def short_of_target(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:attr:`TrainResult.short_of_target` over ``summaries`` (one per stage attempt)."""
+    last = {s["stage"]: s for s in summaries}  # later attempts replace earlier ones
+    return [s for s in last.values() if s.get("reached") is False]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from parley.protocols.errors import ParleyError
 
-__all__ = ["BackendError", "RequestError"]
+__all__ = ["BackendError", "RequestError", "ConstraintError"]
 
 
 class BackendError(ParleyError):
@@ -27,3 +27,16 @@ class RequestError(BackendError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class ConstraintError(RequestError):
+    """A constraint that cannot be used, refused before any token is generated.
+
+    ``reason`` is ``"invalid"`` (malformed or unsupported), ``"unsatisfiable"`` (no text,
+    or no token of the model's vocabulary, can start a match) or ``"too_costly"`` (over the
+    matching engine's work limits, :data:`MATCHER_LIMITS`). The field is ``"constraint"``:
+    the client must change its constraint (an HTTP 400 naming it, never a 5xx)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__("constraint", message)
+        self.reason = reason

@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 
 from parley.arena.inference.backends import BackendError
-from parley.arena.inference.backends.constraints import (
+from parley.arena.inference.backends.constraints import check_constraint
+from parley.arena.inference.backends.json_schema import (
     MAX_SCHEMA_REGEX_CHARS,
-    check_constraint,
     json_schema_to_regex,
 )
 from parley.arena.inference.http import serve_http
