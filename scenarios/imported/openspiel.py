@@ -96,8 +96,9 @@ def load_game(name: str) -> Any:
     try:
         game = pyspiel.load_game(name)
     except pyspiel.SpielError as exc:
+        why = str(exc).split(". Available games", 1)[0]  # (then the whole list follows)
         raise ConfigError(
-            f"OpenSpiel cannot load {name!r}: {exc}; `parley list --all` lists the games"
+            f"OpenSpiel cannot load {name!r}: {why}; `parley list --all` lists the games"
         ) from exc
     why = _refusal(game.get_type())
     # A game that loads with parameters is fine; only the other reasons refuse it.
