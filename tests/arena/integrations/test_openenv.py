@@ -182,3 +182,16 @@ async def test_a_session_past_the_cap_is_refused_and_the_others_play_on() -> Non
             end = await one.step(ParleyAction(text=_pick(first.observation)))
             assert end.done
             assert end.observation.failed == ""
+
+
+@pytest.mark.timeout(120)
+def test_bench_env_server_json_reports_both_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+    """``parley bench env-server --json`` end to end at a tiny size (shape only)."""
+    from parley.arena.cli import main
+
+    argv = ["bench", "env-server", "--json", "--sessions", "4", "--episodes", "8"]
+    assert main([*argv, "--repeats", "1"]) == 0
+    results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert results["openenv_ratio_vs_arena"] > 0
+    assert results["openenv_cpu_ratio_vs_arena"] > 0
+    assert results["sessions"] == 4
