@@ -154,7 +154,12 @@ async def serve_openenv(arena: Any, host: str, port: int, *, loopback_only: bool
             flush=True,
         )
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        await server.serve(sockets=[sock])
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            from parley.arena.inference.llm_spec import close_shared_pools
+
+            await close_shared_pools()  # the in-process pools llm: seats started
 
 
 def main(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -198,3 +199,24 @@ async def test_an_openenv_session_closed_from_its_executor_frees_its_episode() -
         assert arena._episodes == {}  # the runner's episode is gone too
         again = ParleyEnvironment(arena)
         assert (await again.reset_async(seed=3)).text == observation.text
+
+
+async def test_an_llm_partner_plays_through_the_pool(tiny_model_dir: Path) -> None:
+    """The partner seat is any parley agent spec: here the tiny model through an in-process
+    pool (``llm:PATH``, resolved as ``parley run`` resolves it). Its message reaches the
+    learner's observation and the episode ends with the learner's return."""
+    from parley.arena.inference.llm_spec import close_shared_pools
+
+    spec = f"llm:{tiny_model_dir}?max_tokens=4&temperature=0"
+    try:
+        async with LearnerArena(REFERENTIAL, learners=["listener"], agents=[spec]) as arena:
+            session = arena.session()
+            turns = [await session.reset(seed=seed) for seed in (1, 1)]
+            assert turns[0].text == turns[1].text  # greedy partner, same seed: same episode
+            assert turns[0].text.startswith("Message: ")
+            end = await session.step("1")
+    finally:
+        await close_shared_pools()
+    assert end.done
+    assert end.failed == ""
+    assert set(end.returns) == {"listener"}
