@@ -14,11 +14,12 @@ ends, whatever killed it.
   polling, no pid-reuse race); elsewhere it checks the pid once a second.
 - When parley's process is gone, a worker whose parent is an engine core parley started
   (read from ``/proc``; under another parent, e.g. a Ray raylet, it ends alone) sends
-  that engine core SIGKILL: with no frontend it serves no one, and a SIGTERM'd engine
-  core first ends its workers (so no worker is left to enforce a deadline) and took 12 s
-  to exit here. The worker's process then gets SIGTERM (vLLM's own shutdown) and
-  SIGKILL if it still runs :data:`GRACE_S` later; with the worker inside the engine core
-  process, that ends the engine core.
+  that engine core SIGKILL, then itself (with the worker inside the engine core process,
+  that is the engine core). SIGKILL, not SIGTERM: with no frontend they serve no one,
+  and vLLM's graceful shutdown was slow here (a SIGTERM'd engine core took 12 s to exit,
+  ending its worker first; a SIGTERM'd worker ran on 4-5 s on the loaded machine). The
+  operating system frees their memory and GPU; multiprocessing's resource tracker
+  unlinks the shared memory they leave.
 - An engine killed while it starts (before the call) is not watched.
 """
 
@@ -34,11 +35,9 @@ from pathlib import Path
 
 from parley.arena.inference.backends.vllm_cpu_lora import GroupedLoRAOps
 
-__all__ = ["ParleyWorker", "WORKER_EXTENSION", "GRACE_S"]
+__all__ = ["ParleyWorker", "WORKER_EXTENSION"]
 
 WORKER_EXTENSION = "parley.arena.inference.backends.vllm_worker.ParleyWorker"
-GRACE_S = 2.0
-"""Seconds between SIGTERM and SIGKILL of a worker whose parley process is gone."""
 
 
 class ParleyWorker(GroupedLoRAOps):
@@ -64,8 +63,7 @@ _watching = threading.Event()
 
 def _end_with(pid: int, core: int | None) -> None:
     """Wait for process ``pid`` to end, then SIGKILL the engine core ``core`` (a parent
-    process; None: this process is the engine core) and end this process (SIGTERM, then
-    SIGKILL :data:`GRACE_S` later)."""
+    process; None: this process is the engine core) and this process."""
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):  # not Linux >= 5.3 (or pid already gone: ESRCH)
@@ -76,8 +74,6 @@ def _end_with(pid: int, core: int | None) -> None:
     if core is not None:
         with contextlib.suppress(ProcessLookupError):  # ended already
             os.kill(core, signal.SIGKILL)
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(GRACE_S)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

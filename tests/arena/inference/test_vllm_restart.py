@@ -36,12 +36,26 @@ def _wait_for(path: Path, prefix: str, proc: subprocess.Popen[bytes], timeout: f
 
 
 def _kill_engine(proc: subprocess.Popen[bytes]) -> int:
-    """SIGKILL every process ``parley serve`` started (the engine core and its workers)."""
-    children = psutil.Process(proc.pid).children(recursive=True)
+    """SIGKILL the engine processes ``parley serve`` started (the engine core and its
+    workers), not multiprocessing's resource tracker, which unlinks the shared memory
+    segments a killed engine leaves (killed too, they stayed in /dev/shm)."""
+    children = [
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if "resource_tracker" not in " ".join(p.cmdline())
+    ]
     for child in children:
         child.send_signal(signal.SIGKILL)
     psutil.wait_procs(children, timeout=10)
     return len(children)
+
+
+def _serve(model: Path, out: Path, *options: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "parley.arena.cli", "serve", "--model", str(model)]
+    cmd += ["--backend", "vllm", "--listen", "tcp://127.0.0.1:0", "-b", "max_model_len=256"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with out.open("wb") as log:
+        return subprocess.Popen([*cmd, *options], stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def test_a_killed_engine_restarts_then_the_server_exits(tmp_path: Path) -> None:
@@ -49,12 +63,7 @@ def test_a_killed_engine_restarts_then_the_server_exits(tmp_path: Path) -> None:
 
     model = build_tiny_model(tmp_path / "tiny")
     out = tmp_path / "serve.log"
-    cmd = [sys.executable, "-m", "parley.arena.cli", "serve", "--model", str(model)]
-    cmd += ["--backend", "vllm", "--policy", "tiny", "--listen", "tcp://127.0.0.1:0"]
-    cmd += ["--http", "127.0.0.1:0", "-b", "max_restarts=1", "-b", "max_model_len=256"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with out.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = _serve(model, out, "--policy", "tiny", "--http", "127.0.0.1:0", "-b", "max_restarts=1")
     try:
         url = _wait_for(out, "openai api on ", proc, 300)
         client = openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=300)
@@ -68,28 +77,17 @@ def test_a_killed_engine_restarts_then_the_server_exits(tmp_path: Path) -> None:
         # The first request after the death waits for the restart and is answered.
         assert ask() == first
         assert _kill_engine(proc) > 0
-        started = time.monotonic()
-        with pytest.raises(openai.InternalServerError) as failed:
-            ask()
-        assert "not restarted" in str(failed.value)
-        assert "restarted 1 times" in str(failed.value)
-        # The server does not stay up answering backend_failed: it exits, non-zero.
+        # Restarts used up: the server exits 1 with the reason, without waiting for a
+        # request (the health check notices the death while idle).
         assert proc.wait(60) == 1
-        assert time.monotonic() - started < 60
-        assert "parley serve: the vLLM engine process died" in out.read_text()
+        text = out.read_text()
+        assert "parley serve: the vLLM engine process died" in text
+        assert "restarted 1 times" in text
     finally:
         if proc.poll() is None:
             _kill_engine(proc)  # its engine processes too: they outlive a killed server
             proc.kill()
             proc.wait(30)
-
-
-def _serve(model: Path, out: Path, *options: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "parley.arena.cli", "serve", "--model", str(model)]
-    cmd += ["--backend", "vllm", "--listen", "tcp://127.0.0.1:0", "-b", "max_model_len=256"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with out.open("wb") as log:
-        return subprocess.Popen([*cmd, *options], stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def test_an_idle_server_whose_engine_dies_exits_without_a_request(
@@ -127,8 +125,7 @@ def test_kill_9_of_the_server_ends_its_engine_also_after_an_idle_restart(
         assert _kill_engine(proc) > 0
         _wait_for(out, "the vLLM engine serves again (restart 1)", proc, 300)
         engines = psutil.Process(proc.pid).children(recursive=True)
-        assert engines
-        assert not first & {p.pid for p in engines}  # new processes: a restarted engine
+        assert {p.pid for p in engines} - first  # new processes: a restarted engine
         started = time.monotonic()
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
