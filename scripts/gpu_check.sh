@@ -58,6 +58,8 @@ step() {  # step NAME SECONDS COMMAND...: stdout (its last line: JSON) into $OUT
 step bench_vllm 300 $PARLEY bench pool --backend vllm --json --adapters 4 --model-size $SIZE "${BENCH[@]}"
 step bench_transformers 200 $PARLEY bench pool --backend transformers --device $DEVICE --json \
     --adapters 4 --model-size $SIZE "${BENCH[@]}"
+step llm_episodes_vllm 300 $PARLEY bench llm-episodes --backend vllm --json --model-size $SIZE \
+    --episodes 4 --scenarios negotiation/deal-or-no-deal-v3:max_turns=20
 step lora_train_vllm 240 $PY scripts/gpu_lora_train.py --device $DEVICE --size $SIZE "${TRAIN[@]}"
 
 $PY - "$OUT" <<'EOF'
@@ -76,6 +78,10 @@ for backend in ("vllm", "transformers"):
                 "multi_adapter_ratio_vs_single"):
         rows.append((f"{backend}: {key}", b.get(key, "failed"), b.get("targets", {}).get(key, "")))
     rows.append((f"{backend}: pool tokens/s", b.get("pool_tokens_per_s", "failed"), ""))
+e = load("llm_episodes_vllm")  # vLLM's automatic prefix caching on 20-turn self-play
+for spec, figs in e.get("scenarios", {"failed": {}}).items():
+    for key in ("prefill_ratio", "hit_rate", "speedup_vs_before"):
+        rows.append((f"vllm llm-episodes: {key}", figs.get(key, "failed"), e.get("targets", {}).get(key, "")))
 t = load("lora_train_vllm")
 if t.get("failed"):
     rows.append(("lora train on vllm", "failed", ""))
