@@ -27,6 +27,7 @@ closed after it): a step there has no episode. Play episodes over the WebSocket.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -107,6 +108,10 @@ class ParleyEnvironment(Environment[ParleyAction, ParleyObservation, ParleyState
     """One OpenEnv session of a :class:`LearnerArena`; async only (the arena's loop)."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
+    # Every session's work runs on the server's event loop; OpenEnv's executor only builds
+    # and closes environments (both trivial), so all sessions share one thread instead of
+    # OpenEnv's default of one per session.
+    REQUIRES_SINGLE_THREAD_EXECUTOR = True
 
     def __init__(self, arena: LearnerArena) -> None:
         super().__init__()
@@ -189,7 +194,7 @@ class _LoopbackHosts:
 def create_openenv_app(arena: LearnerArena, *, loopback_only: bool = True) -> Any:
     """The OpenEnv FastAPI app serving ``arena`` (open it first, on the serving loop)."""
     app: FastAPI = create_fastapi_app(
-        lambda: ParleyEnvironment(arena),
+        functools.partial(ParleyEnvironment, arena),  # (a class: OpenEnv reads its flags)
         ParleyAction,
         ParleyObservation,
         max_concurrent_envs=arena.max_sessions,
