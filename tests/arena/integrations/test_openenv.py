@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(90)
 PARLEY = str(Path(sys.executable).with_name("parley"))
 SCENARIO = "collaboration/referential-v1"
 SESSIONS = 64
+_PIDS: dict[str, int] = {}  # server URL -> its process id
 
 
 @contextlib.contextmanager
@@ -43,7 +44,9 @@ def _serving(*options: str) -> Iterator[str]:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the URL, printed once bound (or the error)
         assert line.startswith("openenv: serving"), line + proc.stdout.read()
-        yield line.split(" at ")[1].split()[0]
+        url = line.split(" at ")[1].split()[0]
+        _PIDS[url] = proc.pid
+        yield url
     finally:
         proc.terminate()
         try:
@@ -195,3 +198,22 @@ def test_bench_env_server_json_reports_both_ratios(capsys: pytest.CaptureFixture
     assert results["openenv_ratio_vs_arena"] > 0
     assert results["openenv_cpu_ratio_vs_arena"] > 0
     assert results["sessions"] == 4
+
+
+def _threads(pid: int) -> int:
+    """Threads of process ``pid`` (Linux /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(x for x in status.splitlines() if x.startswith("Threads:")).split()[1])
+
+
+async def test_open_sessions_share_the_servers_threads(server: str) -> None:
+    """64 open sessions mid-episode cost the server no thread each (OpenEnv's default is an
+    executor per session; parley's environments run on the event loop)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("needs Linux /proc")
+    clients = [ParleyEnvClient(base_url=server, message_timeout_s=60) for _ in range(SESSIONS)]
+    try:
+        await asyncio.gather(*(c.reset(seed=i) for i, c in enumerate(clients)))
+        assert _threads(_PIDS[server]) < 16
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
