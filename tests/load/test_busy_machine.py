@@ -28,14 +28,16 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.load, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.load, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 PAUSES_S = (7.0, 0.5, 2.0, 1.0)
-"""The arena's pauses, in turn, with 1 s of play before each (7 s first, so that even a short
-run gets it: past the 5 s of silence that used to count as death)."""
-RUN_TIMEOUT_S = 300.0
+"""The arena's pauses, in turn, once it plays, with 1 s of play before each (7 s first, so
+that even a short run gets it: past the 5 s of silence that used to count as death)."""
+RUN_TIMEOUT_S = 600.0
+"""Only against a hang: a busy run here took 4.5 min (torch's import and the model's load
+with every core busy, and 7 other test runs on the 2 cores)."""
 
 
 def _parley(*argv: str) -> subprocess.Popen[bytes]:
@@ -79,13 +81,17 @@ def _busy_cores() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _pausing(proc: subprocess.Popen[bytes]) -> Iterator[list[float]]:
-    """Pause ``proc`` (SIGSTOP) and resume it (SIGCONT) in turn until the block ends; yields
-    the list of pauses made (always resumed, whatever happens)."""
+def _pausing(proc: subprocess.Popen[bytes], out: Path) -> Iterator[list[float]]:
+    """Pause ``proc`` (SIGSTOP) and resume it (SIGCONT) in turn, from when it starts to play
+    (its transcripts file exists) until the block ends; yields the list of pauses made
+    (always resumed, whatever happens)."""
     done = threading.Event()
     made: list[float] = []
 
     def loop() -> None:
+        while not (out / "transcripts.jsonl").exists():
+            if done.wait(0.05) or proc.poll() is not None:
+                return
         for i in range(10_000):
             if done.wait(1.0) or proc.poll() is not None:
                 return
@@ -126,14 +132,15 @@ def _run_args(scenario: str, agents: str, episodes: int, out: Path, *extra: str)
             "--concurrency", "4", "--out", str(out), "--no-progress", "--json", *extra]  # fmt: skip
 
 
-def _played(argv: list[str], *, busy: bool) -> list[float]:
-    """Play ``parley run ARGV`` (busy: on busy cores, the arena paused in turn); the pauses."""
+def _played(argv: list[str], out: Path, *, busy: bool) -> list[float]:
+    """Play ``parley run ARGV`` into ``out`` (busy: on busy cores, the arena paused in turn);
+    the pauses."""
     if not busy:
         _finish(_parley(*argv), "the quiet run")
         return []
     with _busy_cores():
         run = _parley(*argv)
-        with _pausing(run) as pauses:
+        with _pausing(run, out) as pauses:
             _finish(run, "the busy run")
     return pauses
 
@@ -143,7 +150,7 @@ def test_the_readme_llm_command_on_a_busy_machine(tiny_model_dir: Path, tmp_path
     for name, busy in (("quiet", False), ("busy", True)):
         argv = _run_args("negotiation/deal-or-no-deal-v3", f"llm:{tiny_model_dir},scripted",
                          episodes, tmp_path / name)  # fmt: skip
-        pauses = _played(argv, busy=busy)
+        pauses = _played(argv, tmp_path / name, busy=busy)
     _check(tmp_path / "quiet", tmp_path / "busy", episodes, pauses)
 
 
@@ -167,7 +174,7 @@ def test_a_pool_run_on_a_busy_machine(tiny_model_dir: Path, tmp_path: Path) -> N
         for name, busy in (("quiet", False), ("busy", True)):
             argv = _run_args("negotiation/simple-trade-v2", f"llm:{tiny_model_dir},scripted",
                              episodes, tmp_path / name, "--pool", address)  # fmt: skip
-            pauses = _played(argv, busy=busy)
+            pauses = _played(argv, tmp_path / name, busy=busy)
         serve.send_signal(signal.SIGTERM)
         _finish(serve, "parley serve", timeout=60)
         noise = log.read_text(errors="replace")
@@ -192,7 +199,7 @@ def test_a_remote_agent_run_on_a_busy_machine(tmp_path: Path) -> None:
             agent = _parley("agent", "--connect", address, "--seat", "player_1",
                             "--agent", agent_spec, "--wait", "120")  # fmt: skip
             try:
-                with _pausing(run) if busy else contextlib.nullcontext([]) as made:
+                with _pausing(run, tmp_path / name) if busy else contextlib.nullcontext([]) as made:
                     _finish(run, f"the {name} run")
                     pauses = made
                 said = _finish(agent, "parley agent", timeout=60)
