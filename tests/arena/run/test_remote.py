@@ -39,8 +39,9 @@ class DyingAgent(TargetAgent):
 
 
 # Heartbeats: in the kill test both sides beat every 0.2 s and give up after 2 s, so the
-# death is seen long before the 20 s act timeout; the other tests keep the defaults (5 s),
-# so that a loaded machine stalling a process for a moment cannot fake a death.
+# death is seen long before the 20 s act timeout; the other tests keep the defaults (a closed
+# connection is dead after 2.5 s, an open but silent one after 60 s), so that a loaded
+# machine stalling a process for a moment cannot fake a death.
 KILL_BUS = BusConfig(heartbeat_interval=0.2, peer_timeout=2.0, request_timeout=5.0)
 
 _JOIN = """
