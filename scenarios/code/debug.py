@@ -45,11 +45,13 @@ honest for agents that see only their observations; for secrecy against code wit
 the host, evaluate with a held-out task file that is not installed where the policy runs.
 
 Each sandbox run (a tool call, the hidden tests) takes about 0.1-0.2 s inside ``step``.
-The tool calls of one step share a wall-time budget of ``step_budget_s`` (4 s): each call
+The tool calls of one step share a wall-time budget of ``step_budget_s`` (4 s) of the runs'
+own time (waiting for a CPU on a loaded host is not charged; see the sandbox): each call
 runs with a wall limit of what is left (at most 8 s), and a call made after the budget is
 spent returns the error ``this turn's sandbox time budget (4 s) is spent`` without running;
 the next step has a fresh budget. The hidden-test run at submission keeps its own 8 s limit,
-so one ``step`` takes at most about ``step_budget_s`` + 8 s (``max_step_wall_s``). Because
+so one ``step`` takes at most about ``step_budget_s`` + 8 s (``max_step_wall_s``) on an idle
+host (up to 5x that where its runs wait for a CPU). Because
 ``step`` waits on subprocesses, the class sets ``metadata["blocking_step"] = True``.
 A sandbox failure (:class:`~parley.scenarios.tools.SandboxError`) in a tool call is that
 call's error; at submission it means no results: score 0, the reason in ``view``'s
@@ -282,7 +284,9 @@ class CodeDebug(Scenario):
             # the hidden tests (see _end), where it is recorded in the metrics.
             raise ToolFailure(f"the sandbox failed: {str(exc)[:300]}") from exc
         finally:
-            self._budget_left -= time.monotonic() - start
+            # The budget is the runs' own time: waiting for a CPU on a loaded host is not
+            # charged, so load does not refuse calls an idle machine would run.
+            self._budget_left -= time.monotonic() - start - sandbox.queued_seconds
 
     def run_tests(self, code: str) -> str:
         """Run the visible tests against a version of the module (the whole file).

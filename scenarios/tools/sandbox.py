@@ -6,7 +6,8 @@ enforced by the kernel or by the parent:
 
 ========================  ==================================================================
 CPU time                  ``RLIMIT_CPU`` (SIGXCPU, then SIGKILL one second later)
-wall time                 the parent kills the whole process group at the deadline
+wall time                 the parent kills the whole process group at the deadline, which
+                          moves by the time the run waited for a CPU (below)
 memory                    ``RLIMIT_AS`` (allocation fails with ``MemoryError``)
 output                    stdout and stderr read with a cap; the parent kills at the cap
 processes                 ``RLIMIT_NPROC`` (what it counts depends on the mode; below)
@@ -50,7 +51,14 @@ and the new mount API, ``unshare``/``setns`` and ``clone`` with namespace flags,
 other processes' memory and descriptors, and every socket but ``AF_UNIX`` (so the
 ``"rlimits"`` fallback has no network either), and kills a process that uses another syscall
 ABI. The program gets no stdin; files it writes are discarded with its directory. A failure
-of the sandbox itself raises :class:`SandboxError`. Each run costs about 0.1 s (process
+of the sandbox itself raises :class:`SandboxError`.
+
+Load does not decide how a run ends. The wall limit counts the run's own time, not the
+machine's: time a process of the run spent runnable but waiting for a CPU (the scheduler's
+run-queue wait, ``/proc/PID/schedstat``) moves the deadline, up to :data:`MAX_QUEUE_FACTOR`
+times the limit; a program that sleeps still ends at the limit. And a parent paused past the
+deadline (SIGSTOP, a swapped-out host) reads what the run wrote before it judges a timeout, so
+a run that finished meanwhile is not reported as timed out. Each run costs about 0.1 s (process
 start, mounts, interpreter start). The README states what each mode guarantees, as measured.
 """
 
@@ -66,6 +74,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,6 +98,11 @@ EndedBy = Literal["exit", "timeout", "cpu", "memory", "output", "signal"]
 Isolation = Literal["namespaces", "userns", "rlimits"]
 
 _CHILD = Path(__file__).with_name("_sandbox_child.py")
+QUEUE_READ_S = 0.25
+"""How often the run-queue wait of a running run is read (a scan of ``/proc``, ~ms)."""
+MAX_QUEUE_FACTOR = 4.0
+"""How far run-queue wait may move a run's wall deadline, in multiples of its wall limit: a
+loaded machine gets a run up to 5x its limit in wall time, and no run waits longer."""
 _UNSHARE = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
 # Sandbox uids are drawn from a range no real account uses, one per run, so that
 # RLIMIT_NPROC counts only that run's processes.
@@ -146,6 +160,14 @@ class SandboxResult:
     """Wall seconds from start to end."""
     cpu_seconds: float
     """CPU seconds of the program (0.0 when the run was killed before it reported)."""
+    queued_seconds: float = 0.0
+    """Longest time one of the run's processes waited for a CPU while runnable (machine load,
+    not the program's doing); ``duration - queued_seconds`` is the run's own wall time."""
+
+    @property
+    def own_seconds(self) -> float:
+        """Wall seconds the run took that were not spent waiting for a CPU."""
+        return max(0.0, self.duration - self.queued_seconds)
 
     @property
     def ok(self) -> bool:
@@ -233,6 +255,10 @@ class Sandbox:
     def __init__(self, limits: SandboxLimits | None = None, *, allow_weak: bool = False) -> None:
         self.limits = limits or SandboxLimits()
         self.isolation: Isolation = isolation()
+        self.queued_seconds = 0.0
+        """Run-queue wait of every run so far (:attr:`SandboxResult.queued_seconds` summed):
+        what a caller timing its runs by the clock should not charge them."""
+        self._lock = threading.Lock()
         if self.isolation == "rlimits" and not allow_weak:
             raise SandboxError(
                 "no namespace isolation here (needs util-linux `unshare` and root or user "
@@ -255,7 +281,10 @@ class Sandbox:
                     raise ValueError(f"file name {name!r} leaves the work directory")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(text, encoding="utf-8")
-            return self._run_staged(stage)
+            result = self._run_staged(stage)
+            with self._lock:
+                self.queued_seconds += result.queued_seconds
+            return result
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 
@@ -340,13 +369,25 @@ class Sandbox:
         selector.register(proc.stdout.fileno(), selectors.EVENT_READ, "stdout")
         selector.register(proc.stderr.fileno(), selectors.EVENT_READ, "stderr")
         selector.register(status_r, selectors.EVENT_READ, "status")
-        deadline = start + self.limits.wall_seconds
+        limit = self.limits.wall_seconds
+        deadline = start + limit
+        read_at = start  # when the run-queue wait was last read
         try:
             while selector.get_map():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                now = time.monotonic()
+                if now - read_at >= QUEUE_READ_S or now >= deadline:
+                    # The run's time is its own, not the load's: the deadline moves by the
+                    # time the run waited for a CPU (read every QUEUE_READ_S of a longer run).
+                    read_at = now
+                    streams.queued = max(streams.queued, _queued_seconds(proc.pid))
+                    deadline = start + limit + min(streams.queued, MAX_QUEUE_FACTOR * limit)
+                remaining = deadline - now
+                # Past the deadline, what is already written is read first: a parent paused
+                # past it (SIGSTOP) must not call a run that ended meanwhile a timeout.
+                ready = selector.select(min(max(remaining, 0.0), QUEUE_READ_S))
+                if not ready and remaining <= 0:
                     return streams, "timeout"
-                for key, _ in selector.select(remaining):
+                for key, _ in ready:
                     data = os.read(key.fd, 65536)
                     buf: bytearray = getattr(streams, key.data)
                     if not data:
@@ -408,6 +449,7 @@ class Sandbox:
             stderr_truncated="stderr" in streams.truncated,
             duration=duration,
             cpu_seconds=cpu,
+            queued_seconds=min(streams.queued, duration),
         )
 
 
@@ -418,7 +460,32 @@ class _Streams:
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
     status: bytearray = field(default_factory=bytearray)
+    queued: float = 0.0
+    """Longest run-queue wait of the run's processes, as last read (seconds)."""
     truncated: set[str] = field(default_factory=set)
+
+
+def _queued_seconds(session: int) -> float:
+    """Longest time a live process of ``session`` has spent runnable but waiting for a CPU.
+
+    From ``/proc/PID/stat`` (its session) and ``/proc/PID/schedstat`` (run-queue wait, ns);
+    the maximum, not the sum, so forking more waiting processes buys a run no more time.
+    0.0 where the kernel does not report it (no ``CONFIG_SCHED_INFO``): the plain limit."""
+    longest = 0
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+                if int(fields[3]) != session:
+                    continue
+                with open(f"/proc/{entry.name}/schedstat", "rb") as sched:
+                    longest = max(longest, int(sched.read().split()[1]))
+            except (OSError, ValueError, IndexError):
+                continue  # the process ended meanwhile, or the kernel has no schedstat
+    return longest / 1e9
 
 
 def _sandbox_uid() -> int:
