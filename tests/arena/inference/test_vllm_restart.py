@@ -90,6 +90,8 @@ def test_a_killed_engine_restarts_then_the_server_exits(tmp_path: Path) -> None:
             proc.wait(30)
 
 
+# Each starts one or two engines (minutes on 2 cores): CI runs it with `make test-long`.
+@pytest.mark.long
 def test_an_idle_server_whose_engine_dies_exits_without_a_request(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -110,6 +112,8 @@ def test_an_idle_server_whose_engine_dies_exits_without_a_request(
             proc.wait(30)
 
 
+# Each starts one or two engines (minutes on 2 cores): CI runs it with `make test-long`.
+@pytest.mark.long
 def test_kill_9_of_the_server_ends_its_engine_also_after_an_idle_restart(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
