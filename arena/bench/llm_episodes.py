@@ -37,11 +37,12 @@ from typing import Any
 
 TARGETS = {"prefill_ratio": ("<=", 1.3), "speedup_vs_before": (">=", 2.0)}
 # 10+ turns per seat with the tiny model: simple-trade-v0 loses a turn to an invalid move
-# where v1 and later end the game at the first (a random model's first move, usually).
+# where v1 and later end the game at the first (a random model's first move, usually); its
+# invalid moves do not count as turns, so max_cycles (steps) bounds it.
 SCENARIOS = (
     "negotiation/deal-or-no-deal-v3:max_turns=20",
     "tool_use/retail-desk-v3:max_steps=20",
-    "negotiation/simple-trade-v0:max_turns=20",
+    "negotiation/simple-trade-v0:max_turns=20,max_cycles=24",
 )
 ARMS: dict[str, dict[str, Any]] = {
     "before": {"cache": False, "fold": False},
@@ -171,7 +172,7 @@ async def _offline(backend: Any, seats: list[Any], episodes: int) -> float:
     (transformers: with prefix reuse off, as nothing in one batch reuses another row)."""
     requests = [r for s in seats for r in s.requests]
     cache = getattr(backend, "prefix_cache", None)
-    budget, started = (cache.budget if cache else 0), time.perf_counter()
+    budget, started = (cache.budget if cache is not None else 0), time.perf_counter()
     if cache is not None:
         cache.budget = 0
     await backend.generate(requests)
@@ -215,23 +216,29 @@ async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     offline: dict[str, float] = {}
     prefix_caching = False
     task = progress.add_task("llm-episodes bench", total=len(specs) * len(ARMS))
-    # One backend without prefix reuse, then one with it (vLLM: one engine at a time).
-    for cache in (False, True):
-        backend = await _load(args.backend, model, cache)
-        prefix_caching = prefix_caching or bool(getattr(backend, "prefix_caching", cache))
+    # transformers: one backend, prefix reuse switched per arm, so the arms of a scenario
+    # run back to back under the same load. vLLM sets it per engine: one engine without
+    # prefix caching, then one with it (one engine at a time).
+    passes = [(False,), (True,)] if args.backend == "vllm" else [(False, True)]
+    for caches in passes:
+        backend = await _load(args.backend, model, caches[-1])
+        budget = backend.prefix_cache.budget if hasattr(backend, "prefix_cache") else 0
+        prefix_caching = prefix_caching or bool(getattr(backend, "prefix_caching", True))
         try:
             config = PoolConfig()
             async with InferencePool({"bench": backend}, config, owns_backends=False) as pool:
                 for spec, (scenario, kwargs) in zip(args.scenarios, specs, strict=True):
                     for arm, how in ARMS.items():
-                        if how["cache"] != cache:
+                        if how["cache"] not in caches:
                             continue
                         await _forget(backend)
+                        if hasattr(backend, "prefix_cache"):
+                            backend.prefix_cache.budget = budget if how["cache"] else 0
                         fold = args.fold_to if how["fold"] else 1.0
                         figs, seats = await _play(pool, backend, scenario, kwargs, fold, args)
                         arms[spec][arm], logs[spec][arm] = figs, seats
                         progress.advance(task)
-                    if cache:  # the after run's generations, as one batch, from cold
+                    if caches[-1]:  # the after run's generations, as one batch, from cold
                         await _forget(backend)
                         offline[spec] = await _offline(backend, logs[spec]["after"], args.episodes)
         finally:
