@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -39,14 +39,24 @@ def busy_cores(per_core: int = 1) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def pausing(pid: int, pauses: Sequence[float], *, running: float = 1.0) -> Iterator[list[float]]:
+def pausing(
+    pid: int,
+    pauses: Sequence[float],
+    *,
+    running: float = 1.0,
+    start: Callable[[], bool] | None = None,
+) -> Iterator[list[float]]:
     """Pause process ``pid`` (SIGSTOP) for each of ``pauses`` seconds in turn, letting it run
-    ``running`` seconds between pauses, until the block ends; yields the pauses made. The
+    ``running`` seconds between pauses, until the block ends; yields the pauses made. With
+    ``start``, the first pause waits until ``start()`` is true (e.g. the run plays). The
     process is always resumed, whatever happens."""
     done = threading.Event()
     made: list[float] = []
 
     def loop() -> None:
+        while start is not None and not start():
+            if done.wait(0.05):
+                return
         for i in range(1_000_000):
             if done.wait(running):
                 return

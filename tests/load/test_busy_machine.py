@@ -21,12 +21,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.busy import busy_cores, pausing, stop
 
 pytestmark = [pytest.mark.load, pytest.mark.timeout(900)]
 
@@ -52,65 +53,18 @@ def _finish(proc: subprocess.Popen[bytes], what: str, timeout: float = RUN_TIMEO
     try:
         _, err = proc.communicate(timeout=timeout)
     finally:
-        _stop(proc)
+        stop(proc)
     text = (err or b"").decode(errors="replace")
     assert proc.returncode == 0, f"{what} exited {proc.returncode}:\n{text[-4000:]}"
     return text
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGCONT)
-        proc.kill()
-        proc.wait()
-
-
-@contextlib.contextmanager
-def _busy_cores() -> Iterator[None]:
-    """A busy-loop process on every core for the duration."""
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(os.cpu_count() or 1)
-    ]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            _stop(hog)
-
-
 @contextlib.contextmanager
 def _pausing(proc: subprocess.Popen[bytes], out: Path) -> Iterator[list[float]]:
     """Pause ``proc`` (SIGSTOP) and resume it (SIGCONT) in turn, from when it starts to play
-    (its transcripts file exists) until the block ends; yields the list of pauses made
-    (always resumed, whatever happens)."""
-    done = threading.Event()
-    made: list[float] = []
-
-    def loop() -> None:
-        while not (out / "transcripts.jsonl").exists():
-            if done.wait(0.05) or proc.poll() is not None:
-                return
-        for i in range(10_000):
-            if done.wait(1.0) or proc.poll() is not None:
-                return
-            pause = PAUSES_S[i % len(PAUSES_S)]
-            try:
-                proc.send_signal(signal.SIGSTOP)
-                made.append(pause)
-                done.wait(pause)
-            finally:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGCONT)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
+    (its transcripts file exists) until the block ends; yields the list of pauses made."""
+    with pausing(proc.pid, PAUSES_S, start=(out / "transcripts.jsonl").exists) as made:
         yield made
-    finally:
-        done.set()
-        thread.join()
 
 
 def _transcripts(out: Path) -> list[dict[str, Any]]:
@@ -138,7 +92,7 @@ def _played(argv: list[str], out: Path, *, busy: bool) -> list[float]:
     if not busy:
         _finish(_parley(*argv), "the quiet run")
         return []
-    with _busy_cores():
+    with busy_cores():
         run = _parley(*argv)
         with _pausing(run, out) as pauses:
             _finish(run, "the busy run")
@@ -179,7 +133,7 @@ def test_a_pool_run_on_a_busy_machine(tiny_model_dir: Path, tmp_path: Path) -> N
         _finish(serve, "parley serve", timeout=60)
         noise = log.read_text(errors="replace")
     finally:
-        _stop(serve)
+        stop(serve)
     _check(tmp_path / "quiet", tmp_path / "busy", episodes, pauses)
     assert "never retrieved" not in noise, noise[-4000:]
 
@@ -194,7 +148,7 @@ def test_a_remote_agent_run_on_a_busy_machine(tmp_path: Path) -> None:
         address = f"ipc://{tempfile.mkdtemp(prefix='parley-load-')}/arena.sock"
         argv = _run_args("negotiation/deal-or-no-deal-v3", "scripted,remote", episodes,
                          tmp_path / name, "--listen", address)  # fmt: skip
-        with _busy_cores() if busy else contextlib.nullcontext():
+        with busy_cores() if busy else contextlib.nullcontext():
             run = _parley(*argv)
             agent = _parley("agent", "--connect", address, "--seat", "player_1",
                             "--agent", agent_spec, "--wait", "120")  # fmt: skip
@@ -204,7 +158,7 @@ def test_a_remote_agent_run_on_a_busy_machine(tmp_path: Path) -> None:
                     pauses = made
                 said = _finish(agent, "parley agent", timeout=60)
             finally:
-                _stop(run)
-                _stop(agent)
+                stop(run)
+                stop(agent)
         assert "the arena said goodbye" in said
     _check(tmp_path / "quiet", tmp_path / "busy", episodes, pauses)

@@ -25,6 +25,7 @@ import pytest
 
 from parley.arena.inference.backends.constraints import ConstraintError, check_constraint
 from parley.protocols.messages import Constraint, GenerateRequest, GenerateResult, SamplingParams
+from tests.busy import busy_cores
 
 pytest.importorskip("torch")
 from parley.arena.inference.backends.transformers import TransformersBackend
@@ -170,11 +171,7 @@ def test_the_same_seeded_run_gives_the_same_transcripts_on_busy_cores(tmp_path: 
     from parley.arena.inference.models.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "tiny")
-    loops = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(max(4, os.cpu_count() or 1))
-    ]
-    try:
+    with busy_cores(per_core=max(1, 4 // (os.cpu_count() or 1))):
         outs = []
         for k in range(2):
             out = tmp_path / f"run{k}"
@@ -182,10 +179,6 @@ def test_the_same_seeded_run_gives_the_same_transcripts_on_busy_cores(tmp_path: 
             args += ["-s", "max_turns=4", "--episodes", "2", "--seed", "3"]  # 4 talk turns
             assert main([*args, "--out", str(out)]) == 0
             outs.append((out / "transcripts.jsonl").read_bytes())
-    finally:
-        for p in loops:
-            p.kill()
-            p.wait(timeout=10)
     assert outs[0] == outs[1]
     episodes = [json.loads(line) for line in outs[0].splitlines()]
     assert [e["status"] for e in episodes] == ["ok", "ok"]
