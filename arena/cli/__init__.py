@@ -1,8 +1,8 @@
 """The ``parley`` command line (also ``python -m parley.arena.cli``).
 
 Each subcommand lives in its own module of this folder (``list``, ``bench``, ``model``,
-``run``, ``agent``, ``keys``, ``train``, ``serve``, ``view``, ``new``, ``demo``) and exposes
-``add_parser(subparsers)``
+``run``, ``tournament``, ``eval``, ``agent``, ``keys``, ``train``, ``serve``, ``view``,
+``new``, ``demo``) and exposes ``add_parser(subparsers)``
 (which sets ``func`` on its parser) — so adding a command is one module and one line in
 :data:`COMMANDS`, and ``parley --help`` imports nothing heavy: each command imports its parts
 inside the command. :mod:`~parley.arena.cli.demo` and :mod:`~parley.arena.cli.demo_train` are
@@ -29,6 +29,7 @@ COMMANDS: tuple[str, ...] = (
     "model",
     "run",
     "tournament",
+    "eval",
     "agent",
     "keys",
     "train",
@@ -47,6 +48,7 @@ SUMMARIES: dict[str, str] = {
     "model": "build models parley needs (the tiny test model)",
     "run": "play episodes of a scenario with agents in seats",
     "tournament": "play agents against each other over scenarios; cross-play matrix and ratings",
+    "eval": "play a named, versioned benchmark suite; compare two reports",
     "agent": "join a running arena and play a seat",
     "keys": "make CURVE key pairs for authenticated tcp (arena, pool, seats)",
     "train": "train LLM policies on a scenario by RL (staged, async sampling)",
