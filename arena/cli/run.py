@@ -70,6 +70,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--act-timeout", type=float, help="seconds an agent has per action")
     p.add_argument("--join-timeout", type=float, help="seconds to wait for remote agents")
+    p.add_argument(
+        "--peer-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="seconds a bus peer whose connection is still open (a remote agent, a --pool) "
+        "may stay silent, busy or paused, before the arena counts it as gone; one whose "
+        "connection closed is gone within a few seconds whatever this is",
+    )
     p.add_argument("--max-steps", type=int, help="steps after which an episode fails")
     p.add_argument(
         "-s",
@@ -171,6 +179,7 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         "listen": args.listen,
         "act_timeout": args.act_timeout,
         "join_timeout": args.join_timeout,
+        "peer_timeout": args.peer_timeout,
         "max_steps": args.max_steps,
         "max_failed_fraction": args.max_failed_fraction,
         "curve_key": args.curve_key,

@@ -31,7 +31,8 @@ RETRY_BACKOFF_MAX_S = 0.5
 
 
 def bus_config_for(config: RunConfig, seats: int, base: BusConfig | None = None) -> BusConfig:
-    """``base`` (default :class:`BusConfig`) with bounds large enough for ``config``'s run.
+    """``base`` (default: :class:`BusConfig` with ``config.peer_timeout``) with bounds large
+    enough for ``config``'s run.
 
     An episode has at most one request per seat in flight, so ``concurrency x seats``
     requests can be pending at the arena and suspended in the in-process agent host at once
@@ -39,7 +40,7 @@ def bus_config_for(config: RunConfig, seats: int, base: BusConfig | None = None)
     end-of-episode notices, heartbeats), never lower than ``base``'s; the high-water mark
     is twice it, since requests and notices share the connection.
     """
-    base = base or BusConfig()
+    base = base or BusConfig(peer_timeout=config.peer_timeout)
     in_flight = config.concurrency * max(seats, 1) + 64
     return dataclasses.replace(
         base,

@@ -24,9 +24,14 @@ from typing import Any
 import msgspec
 import yaml
 
+from parley.protocols.bus.config import BusConfig
 from parley.protocols.errors import ConfigError
 
-__all__ = ["RunConfig", "load_run_config"]
+__all__ = ["MIN_PEER_TIMEOUT", "RunConfig", "load_run_config"]
+
+MIN_PEER_TIMEOUT: float = BusConfig.heartbeat_interval
+"""The bus's default heartbeat interval (``BusConfig.heartbeat_interval``): a ``peer_timeout`` must
+exceed it, or a peer would be given up between two of its heartbeats."""
 
 
 @dataclass
@@ -63,6 +68,12 @@ class RunConfig:
     of a request refused as ``overloaded`` included)."""
     join_timeout: float = 120.0
     """Seconds to wait for a remote agent to join its seat before an episode fails."""
+    peer_timeout: float = 60.0
+    """Seconds a bus peer whose connection is still open (a remote agent, an inference pool,
+    a replica) may stay silent, busy or paused, before the arena counts it as gone
+    (``BusConfig.peer_timeout`` of the arena's endpoint; ``--peer-timeout`` of ``parley
+    serve`` and ``parley agent`` is the same grace on their side). A peer whose connection
+    closed is gone within seconds whatever this is. More than :data:`MIN_PEER_TIMEOUT`."""
     max_steps: int = 10_000
     """Steps after which an episode that has not ended fails (a guard against a scenario
     that never terminates)."""
@@ -119,6 +130,12 @@ class RunConfig:
         for name in ("act_timeout", "join_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive seconds, got {getattr(self, name)}")
+        if not self.peer_timeout > MIN_PEER_TIMEOUT:  # `not >`: NaN is refused too
+            raise ConfigError(
+                f"peer_timeout must exceed the bus's heartbeat interval ({MIN_PEER_TIMEOUT:g} s), "
+                f"got {self.peer_timeout}: give --peer-timeout (or `peer_timeout:`) at least "
+                f"{2.5 * MIN_PEER_TIMEOUT:g} seconds"
+            )
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with ``changes`` applied (and validated)."""
