@@ -43,6 +43,7 @@ __all__ = [
     "get_suite",
     "load_report",
     "report_markdown",
+    "report_row",
     "run_suite",
     "suite_digest",
     "welch_interval",
@@ -83,8 +84,9 @@ class Suite:
     entries: tuple[SuiteEntry, ...] = field(default_factory=tuple)
 
     def canonical(self) -> dict[str, Any]:
-        """What the digest is taken over: the name and every entry field."""
-        return {"name": self.name, "entries": [dataclasses.asdict(e) for e in self.entries]}
+        """What the digest is taken over: the name and every entry field (JSON values)."""
+        entries = [dataclasses.asdict(e) for e in self.entries]
+        return json.loads(json.dumps({"name": self.name, "entries": entries}))
 
 
 def suite_digest(suite: Suite) -> str:
@@ -229,7 +231,7 @@ def run_suite(
             _write_json(folder / "summary.json", summary)  # marks the run complete
             ok = summary["episodes"]
             log(f"{where}: {ok['ok']} ok, {ok['failed']} failed")
-        rows.append(_report_row(entry, specs, summary, folder.name))
+        rows.append(report_row(entry, specs, summary, folder.name))
     report = {
         "schema": REPORT_SCHEMA,
         "suite": suite.name,
@@ -249,7 +251,7 @@ def _write_json(path: Path, content: Mapping[str, Any]) -> None:
     os.replace(tmp, path)  # a reader sees the old file or the whole new one
 
 
-def _report_row(
+def report_row(
     entry: SuiteEntry, specs: Mapping[str, str], summary: Mapping[str, Any], run: str
 ) -> dict[str, Any]:
     metrics = {}
