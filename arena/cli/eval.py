@@ -39,6 +39,7 @@ def add_parser(sub: Any) -> None:
         "--compare", nargs=2, metavar=("A", "B"), help="two report.json files (or folders)"
     )
     p.add_argument("--list", action="store_true", help="list the suites and their entries")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar per run")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.set_defaults(func=main)
 
@@ -102,6 +103,7 @@ def _main(args: argparse.Namespace) -> int:
         out,
         concurrency=args.concurrency,
         agent_options={"pool": args.pool} if args.pool else None,
+        progress=not args.no_progress,
         log=lambda line: err.print(line, markup=False, highlight=False),
     )
     if args.json:

@@ -191,11 +191,13 @@ def run_suite(
     *,
     concurrency: int = 8,
     agent_options: Mapping[str, Any] | None = None,
+    progress: bool = False,
     log: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Play (or resume) every entry of ``suite``; writes and returns ``report.json``'s content.
 
-    ``agents`` is one spec for every seat or a mapping seat -> spec (:func:`entry_agents`).
+    ``agents`` is one spec for every seat or a mapping seat -> spec (:func:`entry_agents`);
+    ``log`` gets a line as each entry starts and ends; ``progress`` shows each run's bar.
     """
     from parley.arena.run.config import RunConfig
     from parley.arena.run.runner import run
@@ -223,8 +225,8 @@ def run_suite(
                 concurrency=concurrency,
                 out=str(folder),
                 agent_options=dict(agent_options or {}),
-                progress=False,
-                max_failed_fraction=1.0,
+                progress=progress,
+                max_failed_fraction=1.0,  # failures are reported per entry, never scored
             )
             summary = run(config).summary
             summary["suite"] = {"name": suite.name, "digest": digest, "agents": specs}
