@@ -86,7 +86,8 @@ class Suite:
     def canonical(self) -> dict[str, Any]:
         """What the digest is taken over: the name and every entry field (JSON values)."""
         entries = [dataclasses.asdict(e) for e in self.entries]
-        return json.loads(json.dumps({"name": self.name, "entries": entries}))
+        plain: dict[str, Any] = json.loads(json.dumps({"name": self.name, "entries": entries}))
+        return plain
 
 
 def suite_digest(suite: Suite) -> str:
@@ -171,7 +172,7 @@ def _finished(summary_path: Path, digest: str, agents: Mapping[str, str]) -> dic
     or other agents is a :class:`ConfigError`: its folder is not overwritten."""
     if not summary_path.exists():
         return None
-    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    summary: dict[str, Any] = json.loads(summary_path.read_text(encoding="utf-8"))
     mark = summary.get("suite")
     if summary.get("partial") or not mark:
         return None
