@@ -139,3 +139,19 @@ def test_bad_input_is_one_line_and_exit_2(
     (tmp_path / "c.json").write_text("{}")
     assert main(["eval", "--compare", str(tmp_path / "a.json"), str(tmp_path / "c.json")]) == 2
     assert "is not a parley eval report" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_the_command_plays_a_suite_and_compares_its_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = str(tmp_path / "collab")
+    args = ["eval", "collaboration-v1", "--agents", "scripted", "--out", out, "--no-progress"]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["suite_digest"].startswith(PINNED["collaboration-v1"])
+    assert [row["episodes"]["ok"] for row in report["entries"]] == [150, 150]
+    assert main(["eval", "--compare", out, f"{out}/report.json", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    success = next(r for r in rows if r["metric"] == "success")
+    assert (success["diff"], success["ci"]) == (0.0, [0.0, 0.0])
