@@ -26,7 +26,13 @@ Mapping of parley's request onto vLLM:
   model); the engine runs vLLM's ``guidance`` structured-output backend (llguidance, the
   engine of the transformers backend too), and every constraint is first checked by
   :func:`~parley.arena.inference.backends.constraints.check_constraint`, so both backends
-  refuse the same constraints (``bad_request`` naming ``constraint``);
+  refuse the same constraints (``bad_request`` naming ``constraint``). vLLM's engine runs
+  llguidance with its default work limits (1M of initial lexer fuel, not parley's 100k;
+  vLLM 0.32 has no setting for them), so a constraint is also walked here, before it
+  reaches the engine, with parley's limits on the model's vocabulary for its first
+  :data:`PROBE_TOKENS` tokens (:meth:`VLLMBackend.check_constraint`): ``(a{1000}){1000}``,
+  a 400 ``too_costly`` at its second token on transformers, had cost the engine ~0.7-3 s
+  of CPU (every running request waiting) and then ended its completion early;
 - ``dtype`` defaults to float32, the trainers' dtype, so recorded logprobs are exact
   (bfloat16 with LoRA adapters on a GPU, whose LoRA kernels take 16 bits only);
 - a dead engine process (``EngineDeadError``) is restarted, at most :attr:`max_restarts`
@@ -70,8 +76,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
-from parley.arena.inference.backends.constraints import constraint_regex
+from parley.arena.inference.backends.constraints import TokenMatcher, TokenVocab, constraint_regex
 from parley.arena.inference.backends.prefix_cache import PrefixStats
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
 from parley.arena.inference.backends.vllm_lora import (
@@ -85,6 +93,7 @@ from parley.arena.inference.backends.weight_checks import WEIGHT_LIMIT, check_we
 from parley.protocols.errors import ConfigError, require
 from parley.protocols.messages import (
     Completion,
+    Constraint,
     FinishReason,
     GenerateRequest,
     GenerateResult,
@@ -98,6 +107,10 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError  # no
 __all__ = ["VLLMBackend"]
 
 _FINISH: dict[str | None, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+PROBE_TOKENS = 8
+"""Tokens of a regex or JSON constraint walked with parley's matcher limits before the
+request reaches the engine (:meth:`VLLMBackend.check_constraint`): each costs one mask
+(microseconds to milliseconds for a constraint within the limits)."""
 _ids = itertools.count()
 _log = logging.getLogger(__name__)
 
@@ -118,6 +131,7 @@ class VLLMBackend(Backend):
         self._tokenizer = tokenizer
         self._max_len = max_model_len
         self._vocab_size = len(tokenizer)
+        self._token_vocab: TokenVocab | None = None  # built by create(), else on first use
         self._open = asyncio.Event()  # cleared while a weight update waits or runs
         self._open.set()
         self._idle = asyncio.Event()  # set when no generate call is in flight
@@ -228,6 +242,8 @@ class VLLMBackend(Backend):
             ) from exc
         tok = await asyncio.to_thread(load_tokenizer, tokenizer or model)
         backend = cls(engine, tok, max_model_len=int(engine.model_config.max_model_len))
+        # The constraint probe's vocabulary: ~1 s for 150k tokens, off the event loop.
+        await asyncio.to_thread(backend._probe_vocab)
         backend.dtype = str(engine.model_config.dtype).removeprefix("torch.")
         backend._engine_args = parsed
         backend.prefix_caching = bool(engine.vllm_config.cache_config.enable_prefix_caching)
@@ -274,6 +290,41 @@ class VLLMBackend(Backend):
                 f"prompt of {len(ids)} tokens does not fit the context of {self._max_len} "
                 "(prompt + at least one new token); shorten the prompt",
             )
+
+    def check_constraint(self, constraint: Constraint) -> None:
+        """Refuse (:class:`ConstraintError`) what the transformers backend refuses, before
+        the engine sees it: parley's check, then the constraint walked with parley's work
+        limits (``constraints.MATCHER_LIMITS``) on this model's vocabulary for
+        :data:`PROBE_TOKENS` tokens, each step taking the lowest allowed token id other
+        than end-of-sequence.
+        The engine's own matcher has llguidance's higher default limits, so a constraint
+        that runs out of parley's on that walk would stall every running request, then end
+        its completion early. The walk is one path: a constraint that runs out of the
+        limits only later, or only on another path, still ends its completion early on
+        vLLM where the transformers backend refuses it at that token."""
+        if constraint.type == "choice":
+            super().check_constraint(constraint)  # a trie on both backends: no lexer work
+            return
+        vocab = self._probe_vocab()
+        # parley's check_constraint, then the first mask on this vocabulary: the
+        # transformers backend's own check.
+        matcher = TokenMatcher(vocab, constraint)
+        for _ in range(PROBE_TOKENS):
+            allowed = matcher.allowed()  # raises at the token the limits run out
+            if vocab.eos_id >= 0:
+                allowed[vocab.eos_id] = False
+            ids = np.flatnonzero(allowed)
+            if ids.size == 0:
+                return  # only end-of-sequence is left: the text is complete
+            matcher.advance(int(ids[0]))
+
+    def _probe_vocab(self) -> TokenVocab:
+        """The model's vocabulary as the matching engine sees it (built once)."""
+        if self._token_vocab is None:
+            eos = self._tokenizer.eos_token_id
+            hf = self._tokenizer.hf
+            self._token_vocab = TokenVocab(hf, len(hf), -1 if eos is None else eos)
+        return self._token_vocab
 
     async def generate(
         self,

@@ -335,12 +335,17 @@ async def test_both_backends_give_one_verdict_per_regex(
 ) -> None:
     """One dialect, one engine (llguidance; vLLM's ``guidance`` backend): ``[^\\s\\S]``
     had let any character through on transformers and errored inside vLLM; now each
-    pattern is refused (the same reason) or served, and served outputs match it, alike."""
+    pattern is refused (the same reason) or served, and served outputs match it, alike.
+    ``(a{1000}){1000}`` runs out of parley's matcher limits at its second token: a 400 on
+    transformers; vLLM's engine, with llguidance's higher default limits, had spent
+    ~0.7-3 s of CPU on its first mask and then ended the completion early (``ok: False``);
+    now vLLM refuses it in ``validate``, before the engine sees it."""
     from parley.arena.inference.backends.transformers import TransformersBackend
 
     assert backend.engine.vllm_config.structured_outputs_config.backend == "guidance"
     other = await TransformersBackend.create(str(model_dir))
-    patterns = [r"[^\s\S]", r"x[^\s\S]|y[^\s\S]", r"(?=a)a", "null", r"(yes|no)[^\s\S]?"]
+    costly = "(a{1000}){1000}"
+    patterns = [r"[^\s\S]", r"x[^\s\S]|y[^\s\S]", r"(?=a)a", "null", r"(yes|no)[^\s\S]?", costly]
     verdicts: dict[str, list[str]] = {}
     try:
         for pattern in patterns:
@@ -364,6 +369,10 @@ async def test_both_backends_give_one_verdict_per_regex(
         "refused constraint: the regex constraint cannot be satisfied"
     )
     assert verdicts["null"][0] == "ok: True"
+    assert verdicts[costly][0].startswith("refused constraint: the regex constraint is too costly")
+    refused = GenerateRequest(prompt="x", constraint=Constraint(type="regex", pattern=costly))
+    with pytest.raises(RequestError, match="too costly"):
+        backend.validate(refused)  # up front: the engine never sees it
     assert verdicts[r"(yes|no)[^\s\S]?"][0] == "ok: True"
 
 
