@@ -16,6 +16,8 @@ Owns:
 - :mod:`~parley.arena.run.config` — ``RunConfig``, loadable from YAML;
 - :mod:`~parley.arena.run.league` — tournaments (``parley tournament``): schedules, paired
   deals, resume, the cross-play matrix and ratings;
+- :mod:`~parley.arena.run.suites` — benchmark suites (``parley eval``): named, versioned
+  suites as data, their digest, resume, the report and Welch comparisons;
 - :mod:`~parley.arena.run.records` — transcripts, trajectories and timings as JSONL (schema
   in ``SCHEMA.md`` beside this file); :mod:`~parley.arena.run.summary` and
   :mod:`~parley.arena.run.stats` — metrics tables with confidence intervals, built one
