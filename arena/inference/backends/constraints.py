@@ -67,6 +67,7 @@ __all__ = [
     "TokenVocab",
     "TokenMatcher",
     "make_matchers",
+    "probe_constraint",
 ]
 
 
@@ -387,3 +388,25 @@ def make_matchers(
 ) -> list[TokenMatcher | None]:
     """One matcher per row (None where the row is unconstrained)."""
     return [None if c is None else TokenMatcher(vocab, c) for c in constraints]
+
+
+PROBE_TOKENS = 8
+"""Tokens :func:`probe_constraint` walks by default: each costs one mask (microseconds to
+milliseconds for a constraint within the limits)."""
+
+
+def probe_constraint(vocab: TokenVocab, constraint: Constraint, tokens: int = PROBE_TOKENS) -> None:
+    """Walk ``constraint`` on ``vocab`` with parley's work limits for up to ``tokens`` tokens,
+    each step taking the lowest allowed token id other than end-of-sequence; raise
+    :class:`ConstraintError` where the transformers backend would refuse it (its check, its
+    first mask, or a later mask on that path running out of :data:`MATCHER_LIMITS`). One
+    path only: a constraint that runs out of the limits later or elsewhere passes."""
+    matcher = TokenMatcher(vocab, constraint)  # parley's check and the first mask
+    for _ in range(tokens):
+        allowed = matcher.allowed()  # raises at the token the limits run out
+        if vocab.eos_id >= 0:
+            allowed[vocab.eos_id] = False
+        ids = np.flatnonzero(allowed)
+        if ids.size == 0:
+            return  # only end-of-sequence is left: the text is complete
+        matcher.advance(int(ids[0]))

@@ -26,13 +26,9 @@ Mapping of parley's request onto vLLM:
   model); the engine runs vLLM's ``guidance`` structured-output backend (llguidance, the
   engine of the transformers backend too), and every constraint is first checked by
   :func:`~parley.arena.inference.backends.constraints.check_constraint`, so both backends
-  refuse the same constraints (``bad_request`` naming ``constraint``). vLLM's engine runs
-  llguidance with its default work limits (1M of initial lexer fuel, not parley's 100k;
-  vLLM 0.32 has no setting for them), so a constraint is also walked here, before it
-  reaches the engine, with parley's limits on the model's vocabulary for its first
-  :data:`PROBE_TOKENS` tokens (:meth:`VLLMBackend.check_constraint`): ``(a{1000}){1000}``,
-  a 400 ``too_costly`` at its second token on transformers, had cost the engine ~0.7-3 s
-  of CPU (every running request waiting) and then ended its completion early;
+  refuse the same constraints (``bad_request`` naming ``constraint``); the engine keeps
+  llguidance's higher limits (vLLM 0.32 cannot set parley's), so constraints are first walked
+  with parley's (``probe_constraint``): ``(a{1000}){1000}`` had cost ~0.7-3 s of engine CPU;
 - ``dtype`` defaults to float32, the trainers' dtype, so recorded logprobs are exact
   (bfloat16 with LoRA adapters on a GPU, whose LoRA kernels take 16 bits only);
 - a dead engine process (``EngineDeadError``) is restarted, at most :attr:`max_restarts`
@@ -76,10 +72,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from parley.arena.inference.backends.base import Backend, BackendError, RequestError, TokenSink
-from parley.arena.inference.backends.constraints import TokenMatcher, TokenVocab, constraint_regex
+from parley.arena.inference.backends.constraints import (
+    TokenVocab,
+    constraint_regex,
+    probe_constraint,
+)
 from parley.arena.inference.backends.prefix_cache import PrefixStats
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
 from parley.arena.inference.backends.vllm_lora import (
@@ -89,7 +87,7 @@ from parley.arena.inference.backends.vllm_lora import (
     spare_slots,
 )
 from parley.arena.inference.backends.vllm_worker import WORKER_EXTENSION
-from parley.arena.inference.backends.weight_checks import WEIGHT_LIMIT, check_weight_files
+from parley.arena.inference.backends.weight_checks import WEIGHT_LIMIT, stage_weights
 from parley.protocols.errors import ConfigError, require
 from parley.protocols.messages import (
     Completion,
@@ -107,10 +105,6 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError  # no
 __all__ = ["VLLMBackend"]
 
 _FINISH: dict[str | None, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
-PROBE_TOKENS = 8
-"""Tokens of a regex or JSON constraint walked with parley's matcher limits before the
-request reaches the engine (:meth:`VLLMBackend.check_constraint`): each costs one mask
-(microseconds to milliseconds for a constraint within the limits)."""
 _ids = itertools.count()
 _log = logging.getLogger(__name__)
 
@@ -293,30 +287,13 @@ class VLLMBackend(Backend):
 
     def check_constraint(self, constraint: Constraint) -> None:
         """Refuse (:class:`ConstraintError`) what the transformers backend refuses, before
-        the engine sees it: parley's check, then the constraint walked with parley's work
-        limits (``constraints.MATCHER_LIMITS``) on this model's vocabulary for
-        :data:`PROBE_TOKENS` tokens, each step taking the lowest allowed token id other
-        than end-of-sequence.
-        The engine's own matcher has llguidance's higher default limits, so a constraint
-        that runs out of parley's on that walk would stall every running request, then end
-        its completion early. The walk is one path: a constraint that runs out of the
-        limits only later, or only on another path, still ends its completion early on
-        vLLM where the transformers backend refuses it at that token."""
+        the engine (whose matcher has llguidance's higher default limits) sees it: the
+        walk of :func:`~parley.arena.inference.backends.constraints.probe_constraint` on
+        this model's vocabulary (one path, ``PROBE_TOKENS`` tokens; see there)."""
         if constraint.type == "choice":
             super().check_constraint(constraint)  # a trie on both backends: no lexer work
             return
-        vocab = self._probe_vocab()
-        # parley's check_constraint, then the first mask on this vocabulary: the
-        # transformers backend's own check.
-        matcher = TokenMatcher(vocab, constraint)
-        for _ in range(PROBE_TOKENS):
-            allowed = matcher.allowed()  # raises at the token the limits run out
-            if vocab.eos_id >= 0:
-                allowed[vocab.eos_id] = False
-            ids = np.flatnonzero(allowed)
-            if ids.size == 0:
-                return  # only end-of-sequence is left: the text is complete
-            matcher.advance(int(ids[0]))
+        probe_constraint(self._probe_vocab(), constraint)
 
     def _probe_vocab(self) -> TokenVocab:
         """The model's vocabulary as the matching engine sees it (built once)."""
@@ -361,7 +338,7 @@ class VLLMBackend(Backend):
             with tempfile.TemporaryDirectory(prefix="parley-weights-") as tmp:
                 # Staged and checked before anything pauses: a refused update costs the
                 # running requests nothing and leaves the engine's weights as they were.
-                directory = await asyncio.to_thread(_stage_weights, update, Path(tmp), limit)
+                directory = await asyncio.to_thread(stage_weights, update, Path(tmp), limit)
                 self._open.clear()
                 try:
                     await self._idle.wait()
@@ -589,30 +566,6 @@ def _completion(out: Any, top: int, start: int = 0) -> Completion:
             c.top_token_ids.append([t for t, _ in best])
             c.top_logprobs.append([v for _, v in best])
     return c
-
-
-def _stage_weights(update: WeightUpdate, tmp: Path, limit: float) -> str:
-    """The directory of safetensors to reload from: ``update.path`` itself when it is a
-    directory, else ``tmp`` holding a link to the file or the inline tensors; every tensor
-    in it checked (finite, magnitude at most ``limit``). A directory is checked in place,
-    not copied (a checkpoint may be many GB): one rewritten between the check and the
-    reload is read as it is then."""
-    if update.path:
-        path = Path(update.path)
-        if not path.exists():
-            raise BackendError(f"no weights at {update.path}")
-        if not path.is_dir():
-            (tmp / path.name).symlink_to(path.resolve())
-            path = tmp
-    elif update.tensors:
-        safetensors: Any = require("safetensors.numpy", "torch")
-        arrays = {k: v.copy() for k, v in update.tensors.items()}
-        safetensors.save_file(arrays, str(tmp / "model.safetensors"))
-        path = tmp
-    else:
-        raise BackendError("weight update carries no tensors: set path or tensors")
-    check_weight_files(sorted(path.glob("*.safetensors")), "weight update", limit=limit)
-    return str(path)
 
 
 def _cpu_engine_defaults() -> dict[str, Any]:

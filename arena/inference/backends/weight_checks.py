@@ -24,6 +24,7 @@ from typing import Any
 
 from parley.arena.inference.backends.errors import BackendError
 from parley.protocols.errors import require
+from parley.protocols.messages import WeightUpdate
 
 __all__ = ["WEIGHT_LIMIT", "check_weights", "check_weight_files"]
 
@@ -78,3 +79,27 @@ def _check_one(name: str, tensor: Any, what: str, limit: float) -> None:
             f"limit {limit:g} on served weights; nothing was changed (a diverged update? "
             "if such weights are meant, create the backend with a larger weight_limit)"
         )
+
+
+def stage_weights(update: WeightUpdate, tmp: Path, limit: float) -> str:
+    """The directory of safetensors to reload from: ``update.path`` itself when it is a
+    directory, else ``tmp`` holding a link to the file or the inline tensors; every tensor
+    in it checked (finite, magnitude at most ``limit``). A directory is checked in place,
+    not copied (a checkpoint may be many GB): one rewritten between the check and the
+    reload is read as it is then."""
+    if update.path:
+        path = Path(update.path)
+        if not path.exists():
+            raise BackendError(f"no weights at {update.path}")
+        if not path.is_dir():
+            (tmp / path.name).symlink_to(path.resolve())
+            path = tmp
+    elif update.tensors:
+        safetensors: Any = require("safetensors.numpy", "torch")
+        arrays = {k: v.copy() for k, v in update.tensors.items()}
+        safetensors.save_file(arrays, str(tmp / "model.safetensors"))
+        path = tmp
+    else:
+        raise BackendError("weight update carries no tensors: set path or tensors")
+    check_weight_files(sorted(path.glob("*.safetensors")), "weight update", limit=limit)
+    return str(path)
