@@ -378,8 +378,12 @@ class Sandbox:
                 if now - read_at >= QUEUE_READ_S or now >= deadline:
                     # The run's time is its own, not the load's: the deadline moves by the
                     # time the run waited for a CPU (read every QUEUE_READ_S of a longer run).
+                    # The run's processes are looked up in /proc (ms) at the first read and
+                    # at each deadline; between, only their own counters are read (µs).
+                    if not streams.pids or now >= deadline:
+                        streams.pids = _session_pids(proc.pid)
                     read_at = now
-                    streams.queued = max(streams.queued, _queued_seconds(proc.pid))
+                    streams.queued = max(streams.queued, _queued_seconds(streams.pids))
                     deadline = start + limit + min(streams.queued, MAX_QUEUE_FACTOR * limit)
                 remaining = deadline - now
                 # Past the deadline, what is already written is read first: a parent paused
@@ -462,29 +466,39 @@ class _Streams:
     status: bytearray = field(default_factory=bytearray)
     queued: float = 0.0
     """Longest run-queue wait of the run's processes, as last read (seconds)."""
+    pids: list[int] = field(default_factory=list)
+    """The run's processes as last looked up."""
     truncated: set[str] = field(default_factory=set)
 
 
-def _queued_seconds(session: int) -> float:
-    """Longest time a live process of ``session`` has spent runnable but waiting for a CPU.
-
-    From ``/proc/PID/stat`` (its session) and ``/proc/PID/schedstat`` (run-queue wait, ns);
-    the maximum, not the sum, so forking more waiting processes buys a run no more time.
-    0.0 where the kernel does not report it (no ``CONFIG_SCHED_INFO``): the plain limit."""
-    longest = 0
+def _session_pids(session: int) -> list[int]:
+    """The live processes of ``session`` (``/proc/PID/stat``; a scan of ``/proc``)."""
+    pids = []
     with os.scandir("/proc") as entries:
         for entry in entries:
             if not entry.name.isdigit():
                 continue
             try:
                 with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                    fields = stat.read().rsplit(b")", 1)[1].split()
-                if int(fields[3]) != session:
-                    continue
-                with open(f"/proc/{entry.name}/schedstat", "rb") as sched:
-                    longest = max(longest, int(sched.read().split()[1]))
+                    if int(stat.read().rsplit(b")", 1)[1].split()[3]) == session:
+                        pids.append(int(entry.name))
             except (OSError, ValueError, IndexError):
-                continue  # the process ended meanwhile, or the kernel has no schedstat
+                continue  # the process ended meanwhile
+    return pids
+
+
+def _queued_seconds(pids: list[int]) -> float:
+    """Longest time one of ``pids`` has spent runnable but waiting for a CPU (run-queue
+    wait, ``/proc/PID/schedstat``): the maximum, not the sum, so forking more waiting
+    processes buys a run no more time. 0.0 where the kernel does not report it (no
+    ``CONFIG_SCHED_INFO``): the plain limit."""
+    longest = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat", "rb") as sched:
+                longest = max(longest, int(sched.read().split()[1]))
+        except (OSError, ValueError, IndexError):
+            continue  # the process ended meanwhile, or the kernel has no schedstat
     return longest / 1e9
 
 
