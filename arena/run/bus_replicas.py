@@ -10,10 +10,11 @@ first episode (a listener of the seat's own, beside the arena's ``--listen``)::
     parley agent --connect tcp://127.0.0.1:5600 --seat listener --name agent-listener-2 ...
 
 Each replica joins under a name of its own that starts with ``agent-SEAT`` (the bus refuses a
-second live peer with a name it knows); other names are refused with that hint. The first
-episode waits up to ``join_timeout`` (agent option ``replicas_join_timeout``, else the run's
-``--join-timeout``) for ``N`` replicas; later ones use whoever is connected, and replicas
-may join at any time.
+second live peer with a name it knows); other names are refused with that hint. The run's
+first episodes wait up to ``join_timeout`` (agent option ``replicas_join_timeout``, else the
+run's ``--join-timeout``) for ``N`` replicas to join; later ones use whoever is connected,
+and replicas may join at any time. A replica that joined and left before the N-th joined
+counts among the N.
 
 Each episode's agent is a :class:`ReplicaSession`: it sends the episode's observations to one
 replica (the live one with the fewest episodes in flight) under a session id of its own, so
@@ -91,6 +92,9 @@ class BusReplicas:
         """Sessions moved to another replica after theirs died."""
         self.lost: list[str] = []
         """Replicas seen dead, in order."""
+        self.joined: set[str] = set()
+        """Names of the replicas admitted since the listener was bound, live or not."""
+        self._started = False
         self._start_lock: asyncio.Lock | None = None
         self._turn = itertools.count()
 
@@ -98,8 +102,13 @@ class BusReplicas:
         return ReplicaSession(self)
 
     async def start(self) -> Endpoint:
-        """Bind the listener (once) and, the first time, wait for ``replicas`` to join."""
-        if self.endpoint is not None:
+        """Bind the listener (once) and, the first time, wait for ``replicas`` to join.
+
+        Every episode waits for that first start, not only the one that began it: the
+        listener is not in use before it. A replica that joined and died during the wait
+        counts as joined (a wait for ``replicas`` live ones could then never end)."""
+        if self._started:
+            assert self.endpoint is not None
             return self.endpoint
         self._start_lock = self._start_lock or asyncio.Lock()
         async with self._start_lock:
@@ -113,11 +122,16 @@ class BusReplicas:
                     await endpoint.close()
                     raise
                 self.endpoint = endpoint
-                await self._wait_for(self.replicas)
+                try:
+                    await self._wait_for(self.replicas, joined=True)
+                finally:  # (timed out: this episode fails; later ones use who is there)
+                    self._started = True
+        assert self.endpoint is not None
         return self.endpoint
 
     def _admit(self, name: str, key: str | None) -> str | None:
         if name == self.prefix or name.startswith(f"{self.prefix}-"):
+            self.joined.add(name)
             return None
         return (
             f"this listener takes replicas of seat {self.seat!r}: join as {self.prefix}-K "
@@ -128,18 +142,20 @@ class BusReplicas:
         """Names of the replicas connected and alive."""
         return sorted(self.endpoint.peers) if self.endpoint is not None else []
 
-    async def _wait_for(self, count: int) -> None:
+    async def _wait_for(self, count: int, *, joined: bool = False) -> None:
+        """Wait ``join_timeout`` for ``count`` live replicas, or, ``joined``, for ``count``
+        that joined since the listener was bound, live or not."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.join_timeout
-        while len(self.live()) < count:
+        while len(self.joined if joined else self.live()) < count:
             if loop.time() >= deadline:
                 needed = "all" if count == self.replicas else f"at least {count}"
                 raise RequestTimeout(
-                    f"{len(self.live())} of the {self.replicas} replicas of seat {self.seat!r} "
-                    f"are connected to {self.bound} after {self.join_timeout:g} s (waited for "
-                    f"{needed}; --join-timeout); start them with `parley agent --connect "
-                    f"{self.bound} --seat {self.seat} --name {self.prefix}-K` for K in "
-                    f"1..{self.replicas}"
+                    f"{len(self.joined)} of the {self.replicas} replicas of seat {self.seat!r} "
+                    f"joined {self.bound} within {self.join_timeout:g} s ({len(self.live())} "
+                    f"connected; waited for {needed}; --join-timeout); start them with `parley "
+                    f"agent --connect {self.bound} --seat {self.seat} --name {self.prefix}-K` "
+                    f"for K in 1..{self.replicas}"
                 )
             await asyncio.sleep(0.05)  # the bus has no join event to await
 
@@ -170,6 +186,7 @@ class BusReplicas:
     async def close(self) -> None:
         """Close the listener (the replicas see the arena leave and exit)."""
         endpoint, self.endpoint = self.endpoint, None
+        self._started, self.joined = False, set()  # (started again: bound and waited for anew)
         if endpoint is not None:
             await endpoint.close()
 
