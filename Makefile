@@ -54,14 +54,14 @@ browser:
 	  else echo "no chromium (apt-get install chromium): browser tests will skip"; fi; }
 
 test: $(VLLM) lint browser
-	$(BIN)/pytest -q -m "not long and not load"
+	$(BIN)/pytest -q -m "not long and not load" --durations=30
 
 test-fast: lint
 	$(BIN)/pytest -q -m "not slow and not long and not load"
 
 # Whole training recipes on several seeds (minutes each): CI runs them after `make test`.
 test-long: $(VLLM)
-	$(BIN)/pytest -q -m long
+	$(BIN)/pytest -q -m long --durations=15
 
 # The load suite: the README's llm: command, a --pool run and a remote-agent run with every
 # core busy and the arena paused in turn (SIGSTOP/SIGCONT), against quiet runs (minutes).

@@ -24,7 +24,7 @@ from tests.arena.inference.test_pool_serve import _read_line
 
 pytest.importorskip("vllm")
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.vllm, pytest.mark.long, pytest.mark.timeout(600)]  # (~2 min)
 
 
 def test_sixteen_seeded_llm_episodes_against_a_served_vllm_pool(

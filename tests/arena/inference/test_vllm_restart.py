@@ -58,6 +58,7 @@ def _serve(model: Path, out: Path, *options: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen([*cmd, *options], stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+@pytest.mark.long  # (~100 s: several engine starts)
 def test_a_killed_engine_restarts_then_the_server_exits(tmp_path: Path) -> None:
     from parley.arena.inference.models.tiny import build_tiny_model
 

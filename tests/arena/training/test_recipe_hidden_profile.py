@@ -28,7 +28,7 @@ def test_recipe_config_loads_and_names_its_stages() -> None:
     assert config.stages[-1].train == ["agent_0", "agent_1", "agent_2"]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # (~75 s)
 @pytest.mark.timeout(420)
 def test_a_voter_learns_to_read_its_notebook_by_rl(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = load_train_config(RECIPE)
