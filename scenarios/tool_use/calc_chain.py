@@ -45,10 +45,20 @@ invalid    -``invalid_penalty`` (0.1) per invalid move
 The reference is the exact value; an answer equal to the value computed through the tools
 (which carry 10 decimals between steps) is also accepted.
 
-Metrics: ``success`` (= task), ``format_ok``, ``tool_calls``.
+Metrics: ``success`` (= task), ``format_ok``, ``tool_calls``; ``difficulty`` when set.
 
-Arguments: ``max_turns`` (6), ``format_weight`` (0.1), ``invalid_penalty``, ``max_cycles``,
-``render_mode``.
+Arguments: ``max_turns`` (6), ``format_weight`` (0.1), ``difficulty`` (None), ``invalid_penalty``,
+``max_cycles``, ``render_mode``.
+
+``difficulty`` (an integer 0-10; None, the default, keeps the seven templates): every seed
+draws a generated problem (:mod:`parley.scenarios.tool_use.calc_chain_gen`, ``template``
+``chain``): a quantity with a unit and ``difficulty + 1`` operations in order (the first a
+unit conversion; then conversions, ``* / + -`` and percentage changes), each a tool call that
+needs the previous result. The scripted oracle makes one call per turn, so it solves every
+problem up to ``max_turns - 2`` (4 at the default 6) and none beyond;
+``parley train``'s curriculum raises it as success rises.
+
+    >>> env = make("tool_use/calc-chain-v1", difficulty=2)
 
     >>> env = make("tool_use/calc-chain-v0", max_turns=6)
 
@@ -76,6 +86,12 @@ import numpy as np
 from parley.protocols.messages import ToolCall
 from parley.scenarios.base import Scenario
 from parley.scenarios.refusals import RefusedMoveTakesTurn
+from parley.scenarios.tool_use.calc_chain_gen import (
+    CHAIN,
+    chain_parts,
+    check_difficulty,
+    draw_chain,
+)
 from parley.scenarios.tools.calculator import (
     CalcError,
     convert,
@@ -271,10 +287,17 @@ TEMPLATES: dict[str, tuple[Callable[..., Built], tuple[Range, ...]]] = {
 
 
 def build_problem(template: str, quantities: list[str]) -> Problem:
-    """The problem of ``template`` with these quantities (pure: the oracle rebuilds it)."""
-    text, steps, exact = TEMPLATES[template][0](*quantities)
+    """The problem of ``template`` (or a generated ``chain``, :mod:`.calc_chain_gen`) with
+    these quantities (pure: the oracle rebuilds it)."""
+    if template == CHAIN:
+        text, calls, value = chain_parts(quantities)
+        steps = tuple(Step(name, arguments) for name, arguments in calls)
+        exact = str(value)
+    else:
+        text, steps, expression = TEMPLATES[template][0](*quantities)
+        exact = str(evaluate(expression))
     text += " Answer with the number only, rounded half up to 2 decimal places."
-    return Problem(template, tuple(quantities), text, steps, str(evaluate(exact)))
+    return Problem(template, tuple(quantities), text, steps, exact)
 
 
 def generate_problem(rng: np.random.Generator) -> Problem:
@@ -321,6 +344,7 @@ class CalcChain(Scenario):
         max_turns: int = 6,
         format_weight: float = 0.1,
         *,
+        difficulty: int | None = None,
         invalid_penalty: float | None = None,
         max_cycles: int | None = None,
         render_mode: str | None = "ansi",
@@ -330,13 +354,19 @@ class CalcChain(Scenario):
         )
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        check_difficulty(difficulty)
         self.max_turns = max_turns
         self.format_weight = format_weight
+        self.difficulty = difficulty
         self.tools = calc_tools()
         self._constraint = action_constraint(self.tools, {"answer": {"type": "string"}})
 
     def new_episode(self, rng: np.random.Generator) -> None:
-        self.s = CalcState(generate_problem(rng), self.max_turns)
+        if self.difficulty is None:
+            problem = generate_problem(rng)
+        else:
+            problem = build_problem(CHAIN, draw_chain(rng, self.difficulty))
+        self.s = CalcState(problem, self.max_turns)
         self.tell(SEAT, f"Problem: {self.s.problem.text}\nTools:\n{self.tools.describe()}")
 
     def acting(self) -> list[str]:
@@ -412,11 +442,14 @@ class CalcChain(Scenario):
     def metrics(self) -> dict[str, float]:
         if not self._finished():
             return {}
-        return {
+        figures = {
             "success": float(self.s.correct),
             "format_ok": float(self.s.format_ok),
             "tool_calls": float(self.s.tool_calls),
         }
+        if self.difficulty is not None:  # (absent by default: v0 transcripts stay as pinned)
+            figures["difficulty"] = float(self.difficulty)
+        return figures
 
     def _finished(self) -> bool:
         return self.s.answer is not None or self.s.turns_left <= 0
