@@ -1,4 +1,5 @@
-"""``parley view RUN_DIR... [--port N] [--export DIR]``: look at runs in the browser."""
+"""``parley view RUN_DIR... [--port N] [--export DIR] [--rate [--seat S] [--rater NAME]...]``:
+look at runs in the browser, or rate pairs of episodes."""
 
 from __future__ import annotations
 
@@ -24,6 +25,24 @@ def add_parser(sub: Any) -> None:
         help="address to bind (default 127.0.0.1; anything else exposes the runs to the network)",
     )
     parser.add_argument("--export", metavar="DIR", help="write static HTML pages to DIR and exit")
+    parser.add_argument(
+        "--rate",
+        action="store_true",
+        help="rate mode: pick the better of two episodes of one scenario and seed; ratings "
+        "go to preferences.jsonl in the first RUN_DIR (prompt/chosen/rejected for TRL)",
+    )
+    parser.add_argument(
+        "--seat",
+        metavar="S",
+        help="with --rate: compare what seat S saw and did (default: every seat's moves)",
+    )
+    parser.add_argument(
+        "--rater",
+        action="append",
+        metavar="NAME",
+        help="with --rate: a rater's name, each printed with its own page and token "
+        "(repeatable; default: your login name)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -35,11 +54,31 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"parley view: not a folder: {', '.join(missing)}")
         return 2
+    if (args.seat or args.rater) and not args.rate:
+        print("parley view: --seat and --rater go with --rate")
+        return 2
+    if args.rate and args.export:
+        print("parley view: --rate needs the server: leave out --export")
+        return 2
     if args.export:
         written = export_static(roots, Path(args.export))
         print(
             f"wrote {len(written)} pages to {args.export} (open {Path(args.export) / 'index.html'})"
         )
         return 0
-    serve(roots, host=args.host, port=args.port)
+    rating = None
+    if args.rate:
+        from parley.arena.view.rate import Rating
+
+        rating = Rating(roots[0], raters=args.rater or [_login()], seat=args.seat)
+    serve(roots, host=args.host, port=args.port, rating=rating)
     return 0
+
+
+def _login() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # (no login name in a bare container)
+        return "rater"

@@ -11,6 +11,7 @@ Routes (ids come from :func:`parley.arena.view.data.discover`; nothing in a URL 
 ``/train/ID``                         the training dashboard
 ``/train/ID/events``                  metrics.jsonl rows as server-sent events
 ``/static/NAME``                      the package's CSS and scripts (a fixed list)
+``/rate``, ``/api/rate[/next]``         rate mode (``--rate``), token-guarded: see ``rate.py``
 ====================================  ===========================================
 
 Bound to a loopback address, it answers only requests whose ``Host`` is a loopback name
@@ -51,10 +52,16 @@ from parley.arena.view.pages import (
     run_page,
     train_page,
 )
+from parley.arena.view.rate import Rating
 
 __all__ = ["ASSETS", "ViewerState", "export_static", "make_app", "serve", "start"]
 
-ASSETS = {"view.css": "text/css", "train.js": "text/javascript", "human.js": "text/javascript"}
+ASSETS = {
+    "view.css": "text/css",
+    "train.js": "text/javascript",
+    "human.js": "text/javascript",
+    "rate.js": "text/javascript",
+}
 """The only files ``/static/`` serves, from this package's ``static`` folder."""
 POLL_S = 0.5
 """How often the training feed looks for new metrics rows."""
@@ -134,15 +141,19 @@ def _host_check(allowed: frozenset[str]) -> Any:
     return check
 
 
-def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Application:
+def make_app(
+    roots: Sequence[Path], *, hosts: Sequence[str] = (), rating: Rating | None = None
+) -> web.Application:
     """The viewer application over the run folders under ``roots`` (pages that read
     transcripts render in a worker thread: a large run does not stall the live feeds);
-    ``hosts`` are the host names it answers to besides the loopback ones (``"*"``: any)."""
+    ``hosts`` are the host names it answers to besides the loopback ones (``"*"``: any);
+    ``rating``: rate mode's pages and API (its token checked before a body is read)."""
     state = ViewerState(roots)
     links = Links()
     # guard: each request's headers and body timed, idle connections evicted first (it
     # tells serve_guarded's connections when a request starts and ends).
-    middlewares = [guard(loopback_only=False), _headers]
+    authorize = rating.rater if rating is not None else None
+    middlewares = [guard(loopback_only=False, authorize=authorize), _headers]
     if "*" not in hosts:
         allowed = LOOPBACK_NAMES | {h.lower() for h in hosts}
         middlewares.insert(1, _host_check(frozenset(allowed)))
@@ -204,6 +215,8 @@ def make_app(roots: Sequence[Path], *, hosts: Sequence[str] = ()) -> web.Applica
     app.router.add_get("/train/{tid}/events", events)
     app.router.add_get("/league/{lid}", league)
     app.router.add_get("/static/{name}", static)
+    if rating is not None:
+        rating.add_routes(app, lambda: state.sources)
     return app
 
 
@@ -318,13 +331,15 @@ async def start(
     host: str = "127.0.0.1",
     port: int = 0,
     limits: ConnectionLimits | None = None,
+    rating: Rating | None = None,
 ) -> tuple[web.AppRunner, str]:
     """Start the viewer; returns its runner (``await runner.cleanup()`` stops it) and URL.
-    ``limits``: see :class:`~parley.arena.inference.http_guard.ConnectionLimits`."""
+    ``limits``: see :class:`~parley.arena.inference.http_guard.ConnectionLimits`;
+    ``rating``: serve rate mode too."""
     # Bound to a loopback address, answer only to loopback names; on another address the
     # user chose to expose the runs, under whatever name reaches it.
     hosts = () if host in ("127.0.0.1", "localhost", "::1") else ("*",)
-    app = make_app(roots, hosts=hosts)
+    app = make_app(roots, hosts=hosts, rating=rating)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     await serve_guarded(runner, host, port, limits)  # (slow and idle connections)
@@ -333,12 +348,16 @@ async def start(
     return runner, f"http://{shown}:{bound[1]}/"
 
 
-def serve(roots: Sequence[Path], host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve the viewer until interrupted, printing its URL first."""
+def serve(
+    roots: Sequence[Path], host: str = "127.0.0.1", port: int = 8000, rating: Rating | None = None
+) -> None:
+    """Serve the viewer until interrupted, printing its URL (and the raters' pages) first."""
 
     async def main() -> None:
-        runner, url = await start(roots, host, port)
+        runner, url = await start(roots, host, port, rating=rating)
         print(f"parley view: {url}  (Ctrl-C to stop)", flush=True)
+        if rating is not None:
+            rating.announce(url)
         try:
             await asyncio.Event().wait()
         finally:
