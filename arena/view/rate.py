@@ -14,7 +14,8 @@ and takes A, B or tie with an optional reason. Each rating is one line of
                         of the text shown (:func:`shown_text`)
 ``prompt``              the text both sides share (whole lines), then
 ``chosen``/``rejected`` the rest of the preferred / other side: TRL's preference format
-                        (``prompt + chosen`` is the whole text shown); null for a tie
+                        (``prompt + chosen`` is the whole text shown); on a tie, A / B
+``tie``                 true for a tie (``parley train-rm`` skips those rows)
 =====================  ==================================================================
 
 Pairs offered: two ok episodes of one scenario and seed (both with the seat) whose shown
@@ -127,16 +128,16 @@ def _group(row: Mapping[str, Any]) -> str:
     return json.dumps([str(row.get("scenario", "")), row.get("seed")], sort_keys=True)
 
 
-def trl_fields(a: Side, b: Side, choice: str) -> dict[str, str | None]:
-    """``prompt``/``chosen``/``rejected`` (TRL's preference format) for ``choice``."""
+def trl_fields(a: Side, b: Side, choice: str) -> dict[str, Any]:
+    """``prompt``/``chosen``/``rejected`` (TRL's preference format) and ``tie`` for
+    ``choice``: on a tie, ``chosen`` is A's and ``rejected`` B's (readers skip ties)."""
     n = _shared(a.items, b.items)
-    if choice == "tie":
-        return {"prompt": shown_text(a.items[:n]), "chosen": None, "rejected": None}
-    win, lose = (a, b) if choice == "A" else (b, a)
+    win, lose = (b, a) if choice == "B" else (a, b)
     return {
         "prompt": shown_text(a.items[:n]),
         "chosen": shown_text(win.items[n:]),
         "rejected": shown_text(lose.items[n:]),
+        "tie": choice == "tie",
     }
 
 

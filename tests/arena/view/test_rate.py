@@ -14,7 +14,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from parley.arena.cli import main as cli_main
 from parley.arena.view.data import discover
 from parley.arena.view.rate import MAX_REASON_CHARS, PREFERENCES, Rating
 from parley.arena.view.server import start
@@ -84,10 +83,8 @@ async def test_a_rating_appends_one_exact_row(served: tuple[str, Rating], run_di
     pair = (await _next(url, _token(rating)))["pair"]
     # The only pair: e1 and e2 (e3 shows e1's text, e4 has another seed, e5 failed).
     assert {pair["a"]["episode"], pair["b"]["episode"]} == {"e1", "e2"}
-    assert pair["shared"] == 1 and pair["a"]["items"][0] == {
-        "who": "scenario",
-        "text": "you hold 3 books",
-    }
+    assert pair["shared"] == 1
+    assert pair["a"]["items"][0] == {"who": "scenario", "text": "you hold 3 books"}
     polite = "a" if pair["a"]["episode"] == "e2" else "b"
     choice = polite.upper()
     refs = {s: {k: pair[s][k] for k in ("run", "episode", "digest")} for s in ("a", "b")}
@@ -107,6 +104,7 @@ async def test_a_rating_appends_one_exact_row(served: tuple[str, Rating], run_di
         "prompt": "scenario: you hold 3 books\n",
         "chosen": "a: all books for me, please\n",
         "rejected": "a: 2 books for me\n",
+        "tie": False,
     }
     # Rated: nothing left to offer; the same rating again is refused, and not written.
     assert (await _next(url, _token(rating))) == {"pair": None, "rated": 1}
@@ -172,3 +170,98 @@ async def test_bad_posts_get_a_4xx_and_write_nothing(
     assert not (run_dir / PREFERENCES).exists()
     assert await _post(url, json.dumps(good).encode(), token) == 200  # still serving
     assert len(_rows(run_dir)) == 1
+
+
+async def test_concurrent_raters_on_two_servers_write_whole_unique_rows(tmp_path: Path) -> None:
+    # One scenario and seed, 8 different offers: 28 pairs. Two servers on the same folder
+    # (their own locks: only the file lock is shared), ann on both, bob on one.
+    folder = write_run(tmp_path / "run", [played(f"e{i}", 1, "x" * i) for i in range(8)])
+    one = Rating(folder, raters=["ann", "bob"], seat="a")
+    two = Rating(folder, raters=["ann"], seat="a")
+    (r1, u1), (r2, u2) = await start([folder], rating=one), await start([folder], rating=two)
+    try:
+        sides = [one._side(discover([folder])["run"], f"e{i}") for i in range(8)]
+        pairs = [(a, b) for i, a in enumerate(sides) for b in sides[i + 1 :]]
+        posts = []
+        for a, b in pairs:
+            body = json.dumps({"a": a.ref(), "b": b.ref(), "choice": "A", "reason": "é" * 500})
+            for url, rating, name in [(u1, one, "ann"), (u2, two, "ann"), (u1, one, "bob")]:
+                posts.append(_post(url, body.encode(), _token(rating, name)))
+        statuses = await asyncio.gather(*posts)
+    finally:
+        await r1.cleanup()
+        await r2.cleanup()
+    # ann posted each pair twice at once (on both servers): one 200, one 409.
+    assert sorted(statuses).count(200) == 2 * len(pairs)
+    assert sorted(statuses).count(409) == len(pairs)
+    rows = _rows(folder)  # (every line parses: none interleaved)
+    keys = [(r["rater"], frozenset((r["a"]["episode"], r["b"]["episode"]))) for r in rows]
+    assert len(rows) == len(set(keys)) == 2 * len(pairs)
+
+
+def test_pairs_skip_same_text_rated_and_open_ones(run_dir: Path) -> None:
+    # seed 1: e1, e2, e3 (e3 shows e1's text) and e6 (another offer): three pairs of texts
+    # (e1|e3 vs e2, e1|e3 vs e6, e2 vs e6); e1-e3 is none (nothing to prefer).
+    with (run_dir / "transcripts.jsonl").open("a") as f:
+        f.write(json.dumps(played("e6", 1, "half each")) + "\n")
+    sources = discover([run_dir])
+    rating = Rating(run_dir, raters=["ann", "bob"], seat="a", rng=random.Random(1))
+
+    def episodes(pair: dict[str, Any]) -> frozenset[str]:
+        return frozenset((pair["a"]["episode"], pair["b"]["episode"]))
+
+    first = rating.next_pair("ann", sources)
+    assert first is not None
+    assert rating.next_pair("ann", sources) == first  # a reload shows the same pair
+    bob = rating.next_pair("bob", sources)
+    assert bob is not None
+    assert episodes(bob) != episodes(first)  # open on ann's page: not offered to bob
+    seen = []
+    for _ in range(10):
+        pair = rating.next_pair("ann", sources)
+        if pair is None:
+            break
+        seen.append(episodes(pair))
+        refs = {s: {k: pair[s][k] for k in ("run", "episode", "digest")} for s in "ab"}
+        a, b, _, _ = rating.check({**refs, "choice": "tie"}, sources)
+        row = {"rater": "ann", "a": a.ref(), "b": b.ref(), "seat": "a"}
+        assert rating.prefs.append(row, (*sorted((a.digest, b.digest)), "a"))  # type: ignore[arg-type]
+    # Each pair of texts once (e2-e3 is e1-e2 again), e1-e3 never, bob's open one left to him.
+    texts = {"e1": 1, "e3": 1, "e2": 2, "e6": 6}
+    shown = [frozenset(texts[e] for e in pair) for pair in [*seen, episodes(bob)]]
+    assert len(shown) == len(set(shown)) == 3
+    assert rating.rated_by("ann") == 2
+
+
+def test_a_torn_last_line_is_ended_not_joined(run_dir: Path) -> None:
+    (run_dir / PREFERENCES).write_text('{"rater": "x", "a": {"dig')  # a crash mid-write
+    sources = discover([run_dir])
+    rating = Rating(run_dir, raters=["ann"], seat="a")
+    pair = rating.next_pair("ann", sources)
+    assert pair is not None
+    refs = {s: {k: pair[s][k] for k in ("run", "episode", "digest")} for s in "ab"}
+    a, b, _, _ = rating.check({**refs, "choice": "B"}, sources)
+    assert rating.prefs.append({"rater": "ann", "a": a.ref(), "b": b.ref()}, ("1", "2", "a"))
+    lines = (run_dir / PREFERENCES).read_text().splitlines()
+    assert lines[0] == '{"rater": "x", "a": {"dig'
+    assert json.loads(lines[1])["rater"] == "ann"
+
+
+@pytest.mark.parametrize(
+    "argv", [["--seat", "a"], ["--rater", "ann"], ["--rate", "--export", "site"]]
+)
+def test_rate_flags_without_rate_mode_are_usage_errors(run_dir: Path, argv: list[str]) -> None:
+    from parley.arena.cli import main
+
+    assert main(["view", str(run_dir), *argv]) == 2
+
+
+async def test_rate_pages_need_the_token(served: tuple[str, Rating]) -> None:
+    url, rating = served
+    async with aiohttp.ClientSession() as s:
+        for path in ["rate", "api/rate/next", "rate?token=x", "api/rate/next?token="]:
+            async with s.get(url + path) as r:
+                assert r.status == 403, path
+        async with s.get(f"{url}rate?token={_token(rating)}") as r:
+            assert r.status == 200
+            assert '<script src="/static/rate.js" defer>' in await r.text()
