@@ -18,6 +18,7 @@ import yaml
 
 from parley.arena.run.episode import derive_seed
 from parley.arena.training.adapters import LoraConfig
+from parley.arena.training.curriculum import CurriculumConfig
 from parley.arena.training.pg import PGConfig
 from parley.arena.training.precision import PRECISIONS
 from parley.arena.training.sampler import SamplerConfig
@@ -158,6 +159,10 @@ class TrainConfig:
     """torch CPU threads (0: torch's default)."""
     progress: bool = True
     """Show a progress bar."""
+    curriculum: CurriculumConfig | None = None
+    """Raise a scenario option (``difficulty``) as the rolling success rises
+    (:mod:`~parley.arena.training.curriculum`: ``option``, ``start``, ``step``, ``max``,
+    ``raise_at``, ``window``, ``metric``); None: ``scenario_kwargs`` as given."""
     ray: str | None = None
     """Play each RL stage's episodes on Ray worker actors
     (:mod:`~parley.arena.training.ray_train`; their LLM seats ask this process's pool over
@@ -195,6 +200,11 @@ class TrainConfig:
                 "least one version old, and no sample older than pg.replay_max_age (default: "
                 "the staleness S) is trained on. Set pg.replay_max_age (importance-weighted "
                 "older samples) or sampler.staleness"
+            )
+        if self.curriculum is not None and self.ray is not None:
+            raise ConfigError(
+                "curriculum runs its episodes in this process: drop ray (or the curriculum "
+                "and set scenario_kwargs per stage run)"
             )
         if self.ray_trainer_actor and self.ray is None:
             raise ConfigError("ray_trainer_actor needs ray (parley train --ray [ADDRESS])")

@@ -55,6 +55,7 @@ from parley.arena.training.config import (
     load_train_config,
     plain,
 )
+from parley.arena.training.curriculum import Curriculum
 from parley.arena.training.models import Policies, load_policies
 from parley.arena.training.outputs import (
     SHORT_OF_TARGET,
@@ -212,6 +213,7 @@ async def run_training(config: TrainConfig, *, progress: Any = None) -> TrainRes
     logger = MetricsLogger(out)
     sync = InProcessSync(pool)
     run = _Run(config, seeds, started, policies, tokenizer, trainer, sync, system, logger)
+    run.curriculum = Curriculum(config.curriculum) if config.curriculum else None
     console = Console(stderr=True)
     total = sum(s.max_updates for s in config.stages)
     columns = (
@@ -261,6 +263,7 @@ class _Run:
     logger: MetricsLogger
     progress: Any = None
     bar: Any = None
+    curriculum: Curriculum | None = None  # the run's level of the curriculum's option
     log: ConstraintLog = field(default_factory=ConstraintLog)  # read back into samples
     summaries: list[dict[str, Any]] = field(default_factory=list)  # one per finished stage
     episodes_done: int = 0  # over the whole run
@@ -393,6 +396,7 @@ class _Run:
         async with runner.open():
             async for batch in sampler.batches(limit=stage.max_updates):
                 samples, value = self._read_batch(batch, learners, stage.metric, sampler)
+                self._follow_curriculum(batch, runner)
                 metrics = await self._update(stage, samples)
                 curve.append(value)
                 # The pool serves the new version: samples age, more episodes may start.
@@ -420,6 +424,8 @@ class _Run:
         self.summaries[-1].update(
             attempt=attempt, seed=seed, stalled=stalled, dropped_groups=sampler.dropped_groups
         )
+        if self.curriculum is not None:
+            self.summaries[-1]["curriculum"] = self.curriculum.summary()
         figures = getattr(runner, "figures", None)  # on Ray: TrainRayRunner.figures
         if callable(figures):
             self.summaries[-1]["ray"] = figures()  # workers lost/replaced, episodes retried
@@ -447,7 +453,7 @@ class _Run:
                 specs[seat] = spec
         run_config = RunConfig(
             scenario=self.config.scenario,
-            scenario_kwargs=dict(self.config.scenario_kwargs),
+            scenario_kwargs=self._scenario_kwargs(),
             agents=specs,
             concurrency=self.config.sampler.concurrency,
             progress=False,
@@ -468,6 +474,18 @@ class _Run:
             runner, sampler_config, version=version, policies=learning, seats=learners
         )
         return runner, sampler, learners
+
+    def _scenario_kwargs(self) -> dict[str, Any]:
+        """``make``'s arguments for the episodes starting now (the curriculum's level)."""
+        base = dict(self.config.scenario_kwargs)
+        return self.curriculum.scenario_kwargs(base) if self.curriculum else base
+
+    def _follow_curriculum(self, batch: Batch, runner: Any) -> None:
+        """Count the batch's episodes; after a raise, the episodes the runner starts from
+        now on are made at the new level (it makes one scenario per episode)."""
+        if self.curriculum and self.curriculum.observe(r.metrics for r in batch.records):
+            kwargs = self._scenario_kwargs()
+            runner.config = dataclasses.replace(runner.config, scenario_kwargs=kwargs)
 
     def _read_batch(
         self, batch: Batch, learners: set[str], metric: str, sampler: AsyncSampler
@@ -526,6 +544,7 @@ class _Run:
             "stale_max": max(stale, default=0),
             "stale_hist": batch.staleness_histogram(),  # [episodes 0, 1, ... versions old]
             "dropped_stale": batch.dropped_stale,
+            **({} if self.curriculum is None else self.curriculum.scenario_kwargs({})),
             "wall_s": round(time.perf_counter() - self.started, 3),
             **self._pool_figures(),
             **metrics,

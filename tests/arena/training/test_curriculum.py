@@ -3,6 +3,9 @@ difficulty rising in a short run."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from parley.arena.training.curriculum import Curriculum, CurriculumConfig
@@ -50,3 +53,47 @@ def test_failed_episodes_and_other_metrics_do_not_count() -> None:
 def test_bad_rules_are_config_errors(bad: dict[str, float]) -> None:
     with pytest.raises(ConfigError, match="curriculum"):
         CurriculumConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_a_short_run_raises_the_difficulty_and_logs_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """calc-chain with the scripted oracle in the seat (it solves chains of up to 5
+    operations in 6 turns): the level climbs 0 -> 5 and stays there (success 0 at 5)."""
+    pytest.importorskip("torch")
+    from parley.arena.training.loop import load_train_config, train
+
+    out = tmp_path / "run"
+    data = {
+        "scenario": "tool_use/calc-chain-v1",
+        "model": str(tiny_model_dir),
+        "sampler": {"batch_size": 4, "concurrency": 4},
+        "stages": [
+            {"name": "warm", "agents": {"solver": "scripted"}, "train": [], "max_updates": 4},
+            {"name": "climb", "agents": {"solver": "scripted"}, "train": [], "max_updates": 10},
+        ],
+        "curriculum": {"start": 0, "max": 6, "window": 4, "raise_at": 0.8},
+        "out": str(out),
+        "progress": False,
+    }
+    train(load_train_config(data=data))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    levels = [row["difficulty"] for row in rows]
+    assert levels == sorted(levels)  # never lowered
+    assert levels[0] <= 1
+    assert levels[-1] == 5  # the oracle never passes difficulty 5 in 6 turns
+    summary = json.loads((out / "summary.json").read_text())
+    first, second = (stage["curriculum"] for stage in summary["stages"])
+    assert second["level"] == 5
+    assert first["level"] <= second["level"]  # the second stage went on from the first's
+    assert [r["level"] for r in second["raises"]] == [1, 2, 3, 4, 5]
+
+
+def test_a_curriculum_on_ray_is_a_config_error() -> None:
+    from parley.arena.training.config import load_train_config
+
+    stage = {"name": "s", "agents": {"solver": "scripted"}, "train": []}
+    data = {"scenario": "tool_use/calc-chain-v1", "stages": [stage], "curriculum": {}}
+    assert load_train_config(data=data).curriculum == CurriculumConfig()
+    with pytest.raises(ConfigError, match="curriculum runs its episodes in this process"):
+        load_train_config(data={**data, "ray": "local"})
