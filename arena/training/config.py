@@ -20,6 +20,7 @@ from parley.arena.run.episode import derive_seed
 from parley.arena.training.adapters import LoraConfig
 from parley.arena.training.curriculum import CurriculumConfig
 from parley.arena.training.pg import PGConfig
+from parley.arena.training.population import PopulationConfig, check_population
 from parley.arena.training.precision import PRECISIONS
 from parley.arena.training.sampler import SamplerConfig
 from parley.protocols.errors import ConfigError
@@ -163,6 +164,10 @@ class TrainConfig:
     """Raise a scenario option (``difficulty``) as the rolling success rises
     (:mod:`~parley.arena.training.curriculum`: ``option``, ``start``, ``step``, ``max``,
     ``raise_at``, ``window``, ``metric``); None: ``scenario_kwargs`` as given."""
+    population: PopulationConfig | None = None
+    """Opponents drawn from a population for the stage seats whose spec is ``population``
+    (:class:`~parley.arena.training.population.PopulationConfig`: snapshots of the learner
+    every ``every`` updates, fixed ``members``, a sampling ``rule``); None: no such seat."""
     ray: str | None = None
     """Play each RL stage's episodes on Ray worker actors
     (:mod:`~parley.arena.training.ray_train`; their LLM seats ask this process's pool over
@@ -224,6 +229,7 @@ class TrainConfig:
                 raise ConfigError(f"stage {stage.name!r}: an rl stage needs agents (seat: spec)")
         if not self.stages:
             raise ConfigError("a training run needs at least one stage")
+        check_population(self)
         names = [stage.name for stage in self.stages]
         for i, stage in enumerate(self.stages):
             rule = stage.restart

@@ -66,6 +66,12 @@ from parley.arena.training.outputs import (
     write_summary,
 )
 from parley.arena.training.pg import PolicyGradientTrainer
+from parley.arena.training.population import (
+    POPULATION_SPEC,
+    Population,
+    member_agents,
+    open_population,
+)
 from parley.arena.training.sampler import (
     AsyncSampler,
     Batch,
@@ -214,6 +220,7 @@ async def run_training(config: TrainConfig, *, progress: Any = None) -> TrainRes
     sync = InProcessSync(pool)
     run = _Run(config, seeds, started, policies, tokenizer, trainer, sync, system, logger)
     run.curriculum = Curriculum(config.curriculum) if config.curriculum else None
+    run.population = await open_population(config, policies, pool, out)
     console = Console(stderr=True)
     total = sum(s.max_updates for s in config.stages)
     columns = (
@@ -263,6 +270,7 @@ class _Run:
     logger: MetricsLogger
     progress: Any = None
     bar: Any = None
+    population: Population | None = None  # with config.population: the opponents' pool
     curriculum: Curriculum | None = None  # the run's level of the curriculum's option
     log: ConstraintLog = field(default_factory=ConstraintLog)  # read back into samples
     summaries: list[dict[str, Any]] = field(default_factory=list)  # one per finished stage
@@ -387,6 +395,8 @@ class _Run:
         """Sample a batch, update the learners on it, push their weights; until a stop.
         True when the stage stalled and its ``restart`` rule asks for a start over."""
         seed = self.seeds.stage_episodes(index, attempt)
+        if self.population is not None:  # FSP: the learner as the stage starts joins
+            await self.population.stage_started(self.trainer.weights[self.population.policy])
         runner, sampler, learners = self._start_stage(stage, seed)
         rule = stage.restart if may_restart else None
         stalled = False
@@ -398,6 +408,8 @@ class _Run:
                 samples, value = self._read_batch(batch, learners, stage.metric, sampler)
                 self._follow_curriculum(batch, runner)
                 metrics = await self._update(stage, samples)
+                if self.population is not None and metrics:  # the update counts; a snapshot?
+                    await self.population.updated(self.trainer.weights[self.population.policy])
                 curve.append(value)
                 # The pool serves the new version: samples age, more episodes may start.
                 sampler.publish(self.trainer.version)
@@ -449,6 +461,18 @@ class _Run:
                 specs[seat] = f"llm:{name}"
                 if name in stage.train:
                     learners.add(seat)
+            elif spec == POPULATION_SPEC and self.population is not None:
+                prompt, pool, agent = self.system.get(seat, ""), self.sync.pool, self.config.agent
+                llm = functools.partial(
+                    _llm_factory,
+                    pool,
+                    tokenizer=self.tokenizer,
+                    system_prompt=prompt,
+                    config=agent,
+                    log=self.log,
+                )
+                members = member_agents(self.config.scenario, seat, llm)
+                agents[seat], specs[seat] = self.population.factory(seat, members), spec
             else:
                 specs[seat] = spec
         run_config = RunConfig(
@@ -507,6 +531,8 @@ class _Run:
                 f"{sum(a > limit for a in age)} decisions are more than S={limit} versions "
                 f"behind the trainer (v{self.trainer.version}, up to {max(age)} behind)"
             )
+        if self.population is not None:
+            self.population.observe(batch.records, learners)
         values = [r.metrics[metric] for r in batch.records if metric in r.metrics]
         return samples, float(np.mean(values)) if values else float("nan")
 

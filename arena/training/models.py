@@ -33,7 +33,7 @@ from parley.arena.training.config import RunSeeds, TrainConfig
 from parley.arena.training.precision import check_precision, torch_dtype
 from parley.protocols.errors import ConfigError, require
 
-__all__ = ["Policies", "load_policies", "resolve_device"]
+__all__ = ["Policies", "load_backend", "load_policies", "resolve_device"]
 
 
 @dataclass
@@ -136,6 +136,15 @@ def _load(path: Path, precision: str, device: str) -> Any:
     from parley.arena.inference.backends.tokenizer import load_causal_lm
 
     return load_causal_lm(str(path), dtype=torch_dtype(precision)).to(device)
+
+
+def load_backend(config: TrainConfig, path: Path) -> Any:
+    """A pool backend serving the checkpoint ``path`` as the run serves its policies
+    (``precision``, ``device``; blocking: call it in a worker thread)."""
+    from parley.arena.inference.backends.tokenizer import load_tokenizer
+
+    device = resolve_device(config.device)
+    return _backend(config, _load(path, config.precision, device), load_tokenizer(str(path)))
 
 
 def _backend(config: TrainConfig, model: Any, tokenizer: Any) -> Any:
