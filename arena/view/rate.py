@@ -278,7 +278,8 @@ class Rating:
                         group.append((src, eid))
         return [g for g in found.values() if len(g) > 1]
 
-    def _candidates(self, sources: Mapping[str, Source]) -> Iterator[tuple[Side, Side]]:
+    def candidates(self, sources: Mapping[str, Source]) -> Iterator[tuple[Side, Side]]:
+        """Every pair that may be shown (rated or not), in random order and sides."""
         groups = self.groups(sources)
         self.rng.shuffle(groups)
         for group in groups:
@@ -304,7 +305,7 @@ class Rating:
             if a is not None and b is not None and _key(a.digest, b.digest, self.seat) == held[0]:
                 return self._shown(a, b)
         taken = {k for r, (k, _, _) in self.open.items() if r != rater}
-        for a, b in self._candidates(sources):
+        for a, b in self.candidates(sources):
             key = _key(a.digest, b.digest, self.seat)
             if not self.prefs.raters.get(key) and key not in taken:
                 self.open[rater] = (key, a.ref(), b.ref())
