@@ -358,6 +358,10 @@ class RetailDesk(Scenario):
         self.s.last_message["user"] = text
         self.s.speaker = "user"
 
+    def _reference_db(self, task: Task) -> dict[str, list[tuple[Any, ...]]]:
+        """The database the episode must end with (the task's reference actions run)."""
+        return reference_db(task)
+
     def _facts_stated(self) -> bool:
         """Whether the assistant told the customer every fact of the task (v0-v2: each
         appears somewhere in its messages)."""
@@ -370,7 +374,7 @@ class RetailDesk(Scenario):
     def _end(self) -> None:
         task = self.s.task
         self.s.ended = True
-        self.s.db_match = self.db.dump() == reference_db(task)
+        self.s.db_match = self.db.dump() == self._reference_db(task)
         self.s.facts_said = self._facts_stated()
         success = float(self._success())
         for agent in SEATS:

@@ -56,9 +56,17 @@ Metrics: ``success``, ``db_match``, ``facts_said`` (the answer is right), ``answ
 adds ``ask`` (the fields asked) and ``about`` (the order they ask about, or None); the scripted
 :class:`~parley.agents.scripted.tool_use.RetailAnswerer` reads the values from its tool results.
 
-Arguments: those of v2, plus ``trespass_penalty`` (1.0).
+Arguments: those of v2, plus ``trespass_penalty`` (1.0) and ``difficulty`` (None).
+
+``difficulty`` (an integer 0-5; None, the default, keeps the 40 fixed tasks): every seed
+draws a generated task (:mod:`parley.scenarios.tool_use.retail_gen`): a store of ``6 + 2d``
+customers, ``d + 1`` requests on distinct orders of the customer (cancel, change a quantity,
+return, refund a damaged unit) and, from ``d = 2``, a status question; ``task=`` pins a
+generated task number. Metrics then include ``difficulty``; ``parley train``'s curriculum
+raises it as success rises.
 
     >>> env = make("tool_use/retail-desk-v3", task=3)
+    >>> env = make("tool_use/retail-desk-v3", difficulty=2)
 
 Version history: v3 — first version (v0-v2 are kept as they were).
 """
@@ -72,7 +80,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parley.scenarios.tool_use.retail_db import ServingDB, dollars, parse_dollars
-from parley.scenarios.tool_use.retail_desk import KINDS, STOP, RetailDeskV2, Task, _rng
+from parley.scenarios.tool_use.retail_desk import KINDS, STOP, DeskState, RetailDeskV2, Task, _rng
+from parley.scenarios.tool_use.retail_gen import (
+    TASK_SPACE,
+    GeneratedTask,
+    build_generated_task,
+    check_difficulty,
+    generated_reference,
+    generated_store,
+)
 from parley.scenarios.tools.tool import ToolBox, Turn, action_constraint
 
 __all__ = ["ANSWER_FIELDS", "ASKED", "RetailDeskV3", "answer_key", "parse_answer"]
@@ -111,6 +127,8 @@ four fields would force the fields not asked, which fail the task)."""
 
 def answer_key(task: Task) -> dict[str, str]:
     """The answer that states ``task``'s facts: field -> value (``dollars`` form, status)."""
+    if isinstance(task, GeneratedTask):
+        return dict(zip(task.ask, task.facts, strict=True))
     return dict(zip(ASKED[KINDS[task.index % len(KINDS)]], task.facts, strict=True))
 
 
@@ -119,6 +137,8 @@ def asked_order(task: Task) -> str | None:
     the last order the opening names (build_task names it last)."""
     if "status" not in answer_key(task):
         return None
+    if isinstance(task, GeneratedTask):
+        return task.about
     named: list[str] = _ORDER_ID.findall(task.opening)
     return named[-1]
 
@@ -177,6 +197,7 @@ class RetailDeskV3(RetailDeskV2):
         max_steps: int = 30,
         *,
         trespass_penalty: float = 1.0,
+        difficulty: int | None = None,
         invalid_penalty: float | None = None,
         max_cycles: int | None = None,
         render_mode: str | None = "ansi",
@@ -192,6 +213,8 @@ class RetailDeskV3(RetailDeskV2):
         if not trespass_penalty >= 0:
             raise ValueError(f"trespass_penalty must be >= 0, got {trespass_penalty}")
         self.trespass_penalty = float(trespass_penalty)
+        check_difficulty(difficulty)
+        self.difficulty = difficulty
         self.db = ServingDB()
         self.tools = ToolBox(self.db.tools())
         finals = {"message": {"type": "string"}, "answer": ANSWER_SCHEMA}
@@ -199,13 +222,36 @@ class RetailDeskV3(RetailDeskV2):
         self.kept = Commitments()
 
     def _open_store(self, index: int, task: Task) -> None:
-        self.db = ServingDB.generate(_rng(index))
+        if self.difficulty is None:
+            self.db = ServingDB.generate(_rng(index))
+        else:
+            self.db = generated_store(ServingDB, index, self.difficulty)
         self.db.serve(task.email)
         self.tools = ToolBox(self.db.tools())
 
     def new_episode(self, rng: np.random.Generator) -> None:
-        super().new_episode(rng)
         self.kept = Commitments()
+        if self.difficulty is None:
+            super().new_episode(rng)
+            return
+        # Generated (retail_gen): every seed a new task of the difficulty; ``task`` pins one.
+        index = self.fixed_task if self.fixed_task is not None else int(rng.integers(TASK_SPACE))
+        task = build_generated_task(index, self.difficulty)
+        self._open_store(index, task)
+        self.s = DeskState(task)
+
+    def _reference_db(self, task: Task) -> dict[str, list[tuple[Any, ...]]]:
+        if isinstance(task, GeneratedTask):
+            return generated_reference(task)
+        return super()._reference_db(task)
+
+    def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
+        """v2's redraw, of a generated task when the episode's is one."""
+        if self.difficulty is None or keep != "assistant":
+            return super().redraw_private(keep, rng)
+        other = (self.s.task.index + 1 + int(rng.integers(1000))) % TASK_SPACE
+        self.s.task = build_generated_task(other, self.difficulty)
+        return True
 
     def brief(self) -> None:
         super().brief()
@@ -246,11 +292,14 @@ class RetailDeskV3(RetailDeskV2):
     def metrics(self) -> dict[str, float]:
         if not self.s.ended:
             return {}
-        return {
+        figures = {
             **super().metrics(),
             "answered": float(self.kept.answer is not None),
             "trespasses": float(self.kept.trespasses),
         }
+        if self.difficulty is not None:  # (absent by default: the pinned transcripts)
+            figures["difficulty"] = float(self.difficulty)
+        return figures
 
     def prompt(self, agent: str) -> str:
         if agent == "user":

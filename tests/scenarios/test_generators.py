@@ -14,12 +14,21 @@ import pytest
 
 from parley.agents.scripted.tool_use import CalcOracle
 from parley.scenarios import make, register, registry
-from parley.scenarios.conformance import check_scenario, play_episode
+from parley.scenarios.conformance import (
+    ConformanceFailure,
+    check_noninterference,
+    check_scenario,
+    play_episode,
+)
 from parley.scenarios.tool_use.calc_chain import CalcChainV1, accepted_answers, build_problem
 from parley.scenarios.tool_use.calc_chain_gen import CHAIN, MAX_DIFFICULTY, draw_chain
+from parley.scenarios.tool_use.retail_desk_v3 import RetailDeskV3
+from parley.scenarios.tool_use.retail_gen import MAX_DIFFICULTY as RETAIL_MAX
+from parley.scenarios.tool_use.retail_gen import build_generated_task
 from parley.scenarios.tools.calculator import format_number
 
 CALC = "tool_use/calc-chain-v1"
+RETAIL = "tool_use/retail-desk-v3"
 SEEDS = range(12)
 
 
@@ -29,7 +38,26 @@ class CalcChainGenerated(CalcChainV1):
     metadata: ClassVar[dict[str, Any]] = {**CalcChainV1.metadata, "name": "test/calc-gen-v0"}
 
 
-GENERATED = {"test/calc-gen-v0": (CalcChainGenerated, CALC, {"difficulty": 3})}
+class RetailDeskGenerated(RetailDeskV3):
+    """retail-desk-v3 under a test id."""
+
+    metadata: ClassVar[dict[str, Any]] = {**RetailDeskV3.metadata, "name": "test/retail-gen-v0"}
+
+
+class RetailGeneratedLeak(RetailDeskGenerated):
+    """A leak the check must catch: the generated task's facts in the assistant's view."""
+
+    metadata: ClassVar[dict[str, Any]] = {**RetailDeskV3.metadata, "name": "test/retail-leak-v0"}
+
+    def view(self, agent: str) -> dict[str, Any]:
+        return {**super().view(agent), "facts": list(self.s.task.facts)}
+
+
+GENERATED = {
+    "test/calc-gen-v0": (CalcChainGenerated, CALC, {"difficulty": 3}),
+    "test/retail-gen-v0": (RetailDeskGenerated, RETAIL, {"difficulty": 3}),
+    "test/retail-leak-v0": (RetailGeneratedLeak, RETAIL, {"difficulty": 3}),
+}
 for _id, (_cls, _like, _kwargs) in GENERATED.items():
     register(
         _id,
@@ -40,7 +68,9 @@ for _id, (_cls, _like, _kwargs) in GENERATED.items():
     )
 
 
-def _metrics(scenario_id: str, seed: int, agents: dict[str, object], **kwargs: object) -> dict:
+def _metrics(
+    scenario_id: str, seed: int, agents: dict[str, Any] | None, **kwargs: object
+) -> dict[str, float]:
     return json.loads(play_episode(scenario_id, seed=seed, agents=agents, **kwargs)[-1][1])
 
 
@@ -97,7 +127,66 @@ def test_calc_chain_answer_is_not_in_the_first_observation_or_infos() -> None:
             assert not answers & seen, (difficulty, seed, answers & seen)
 
 
-@pytest.mark.parametrize("scenario_id", sorted(GENERATED))
+def _retail_size(difficulty: int, index: int) -> tuple[int, int, int, int]:
+    """Customers in the store, orders of the customer served, reference actions, fields."""
+    env = make(RETAIL, difficulty=difficulty, task=index)
+    env.reset(seed=0)
+    db, task = env.unwrapped.db, env.unwrapped.s.task
+    (customers,) = db.conn.execute("SELECT COUNT(*) FROM customers").fetchone()
+    (orders,) = db.conn.execute(
+        "SELECT COUNT(*) FROM orders o JOIN customers c ON c.id = o.customer_id WHERE c.email=?",
+        (task.email,),
+    ).fetchone()
+    return customers, orders, len(task.actions), len(task.ask)
+
+
+def test_retail_task_size_rises_with_difficulty_and_every_seed_is_new() -> None:
+    sizes = [
+        np.mean([_retail_size(d, index) for index in range(6)], axis=0)
+        for d in range(RETAIL_MAX + 1)
+    ]
+    for column in zip(*sizes, strict=True):
+        assert list(column) == sorted(column), sizes
+    assert [s[2] for s in sizes] == [d + 1.0 for d in range(RETAIL_MAX + 1)]  # requests
+    assert sizes[-1][0] > sizes[0][0]
+    assert sizes[-1][1] > sizes[0][1]
+    openings = {make(RETAIL, difficulty=2).reset(seed=s)[1]["user"]["view"]["opening"]
+                for s in range(10)}  # fmt: skip
+    assert len(openings) == 10
+
+
+def test_retail_answerer_solves_every_difficulty() -> None:
+    """The scripted answerer (privileged reference actions; facts read from its tool
+    results) solves each generated task: the references and facts agree with the tools."""
+    for difficulty in range(RETAIL_MAX + 1):
+        for seed in range(3):
+            metrics = _metrics(RETAIL, seed, None, difficulty=difficulty)  # the baselines
+            assert metrics["success"] == 1.0, (difficulty, seed)
+            assert metrics["difficulty"] == difficulty
+
+
+def test_retail_amounts_are_not_in_the_assistants_observation_or_infos() -> None:
+    """Attack: no amount the answer needs is shown to the assistant before its tools run
+    (the opening it reads names orders and products only)."""
+    for difficulty in range(RETAIL_MAX + 1):
+        for seed in range(6):
+            env = make(RETAIL, difficulty=difficulty)
+            observations, infos = env.reset(seed=seed)
+            task = env.unwrapped.s.task
+            amounts = {f for f in task.facts if f.startswith("$")}
+            shown = observations["assistant"] + json.dumps(infos["assistant"]) + task.opening
+            assert not {a for a in amounts if a in shown or a[1:] in _numbers(shown)}
+            assert build_generated_task(task.index, difficulty) == task  # pure
+
+
+@pytest.mark.parametrize("scenario_id", ["test/calc-gen-v0", "test/retail-gen-v0"])
 def test_generated_options_pass_the_conformance_suite(scenario_id: str) -> None:
     report = check_scenario(scenario_id)
     assert all(v == "passed" or v.startswith("n/a") for v in report.values()), report
+    if "retail" in scenario_id:  # the customer's goal is hidden: the redraw check ran
+        assert report["noninterference"] == "passed"
+
+
+def test_the_leak_check_catches_a_generated_task_in_the_view() -> None:
+    with pytest.raises(ConformanceFailure, match="depends on data it may not know"):
+        check_noninterference("test/retail-leak-v0")
