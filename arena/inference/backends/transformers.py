@@ -34,10 +34,10 @@ stops its decoding loop at the next step.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import inspect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -58,11 +58,12 @@ from parley.arena.inference.backends.tokenizer import (
     load_causal_lm,
     load_tokenizer,
 )
+from parley.arena.inference.backends.transformers_sampling import Row, sample
+from parley.arena.inference.backends.transformers_sched import ContinuousScheduler, Job
 from parley.arena.inference.backends.weight_checks import WEIGHT_LIMIT
-from parley.protocols.errors import require
+from parley.protocols.errors import ConfigError, require
 from parley.protocols.messages import (
     Completion,
-    FinishReason,
     GenerateRequest,
     GenerateResult,
     SamplingParams,
@@ -76,28 +77,6 @@ __all__ = ["TransformersBackend"]
 
 class _Cancelled(Exception):
     """Raised inside the decoding thread when the awaiting coroutine was cancelled."""
-
-
-@dataclasses.dataclass(eq=False)
-class _Row:
-    """One completion being decoded (a request with ``n`` > 1 has ``n`` rows)."""
-
-    request: int
-    prompt: list[int]
-    params: SamplingParams
-    generator: Any  # torch.Generator
-    matcher: TokenMatcher | None
-    max_tokens: int
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    top_ids: list[list[int]] = dataclasses.field(default_factory=list)
-    top_logprobs: list[list[float]] = dataclasses.field(default_factory=list)
-    text: str | None = None  # set when a stop string cut the text
-    finish: FinishReason | None = None
-    index: int = 0  # which of the request's n completions
-    policy: str = ""  # the request's policy: an adapter's name, or the base
-    sink: Callable[[int, Completion], None] | None = None  # thread-safe (HTTP streaming)
-    hit: Any = None  # the prefix-cache entry the row reused (a CacheEntry), if any
 
 
 class TransformersBackend(Backend):
@@ -114,6 +93,11 @@ class TransformersBackend(Backend):
     LoRA adapters (:meth:`add_adapter`, :mod:`~parley.arena.inference.backends.lora`):
     requests of every adapter and of the base decode together; ``max_lora_rank`` is the
     largest rank accepted. Adding one modifies ``model`` in place (peft wraps its layers).
+
+    ``batching``: ``"static"`` (a ``generate`` call decodes its requests to their end;
+    calls run one after the other) or ``"continuous"`` (requests of every call join and
+    leave one running batch at each decoding step,
+    :mod:`~parley.arena.inference.backends.transformers_sched`).
 
     ``prefix_cache_bytes``: the KV bytes kept for prefix reuse (0 turns it off; models
     with sliding-window or recurrent layers never use it); ``prefix_cache.stats`` counts
@@ -135,6 +119,7 @@ class TransformersBackend(Backend):
         max_lora_rank: int = 64,
         weight_limit: float = WEIGHT_LIMIT,
         prefix_cache_bytes: int = 256 << 20,
+        batching: str = "static",
     ) -> None:
         super().__init__()
         self.model = model.eval()
@@ -166,6 +151,12 @@ class TransformersBackend(Backend):
         forward_args = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self.prefix_cache = PrefixCache(prefix_cache_bytes if supported(model) else 0)
+        if batching not in ("static", "continuous"):
+            raise ConfigError(f"batching is 'static' or 'continuous', got {batching!r}")
+        self.batching = batching
+        self._sched = ContinuousScheduler(self) if batching == "continuous" else None
+        # The pool then submits each request on its own call (no waiting to fill a batch).
+        self.continuous_batching = self._sched is not None
 
     @classmethod
     async def create(
@@ -183,6 +174,7 @@ class TransformersBackend(Backend):
         max_lora_rank: int = 64,
         weight_limit: float = WEIGHT_LIMIT,
         prefix_cache_bytes: int = 256 << 20,
+        batching: str = "static",
     ) -> TransformersBackend:
         """Load ``model`` (path or hub id) onto ``device``.
 
@@ -221,6 +213,7 @@ class TransformersBackend(Backend):
                 max_lora_rank=max_lora_rank,
                 weight_limit=weight_limit,
                 prefix_cache_bytes=prefix_cache_bytes,
+                batching=batching,
             )
 
         backend = await asyncio.to_thread(load)
@@ -272,11 +265,19 @@ class TransformersBackend(Backend):
             self.validate(request)
         if not requests:
             return []
+        loop = asyncio.get_running_loop()
+        safe = [None if k is None else _threadsafe(loop, k) for k in sinks or ()]
+        if self._sched is not None:
+            job = Job(list(requests), safe, loop.create_future(), loop)
+            if self._sched.submit(job):
+                loop.run_in_executor(self._executor, self._sched.run)
+            try:
+                return await job.future
+            finally:
+                job.cancelled.set()  # a no-op once answered; else its rows leave the batch
         async with self._lock:
             versions = [self.version_of(r.policy) for r in requests]
             cancel = threading.Event()
-            loop = asyncio.get_running_loop()
-            safe = [None if k is None else _threadsafe(loop, k) for k in sinks or ()]
             work = loop.run_in_executor(
                 self._executor, self._generate_sync, list(requests), cancel, safe
             )
@@ -295,8 +296,22 @@ class TransformersBackend(Backend):
     def adapters(self) -> dict[str, int]:
         return dict(self._lora.versions)
 
-    async def add_adapter(self, policy: str, path: str) -> None:
+    @contextlib.asynccontextmanager
+    async def _between_steps(self) -> AsyncIterator[None]:
+        """Hold the backend for a weight change: static calls wait for the running batch;
+        the continuous scheduler admits nothing and its loop ends with the live rows (on
+        the old weights) before the change, queued after it on the torch thread, runs."""
         async with self._lock:
+            if self._sched is not None:
+                self._sched.drain()
+            try:
+                yield
+            finally:
+                if self._sched is not None and self._sched.resume():
+                    asyncio.get_running_loop().run_in_executor(self._executor, self._sched.run)
+
+    async def add_adapter(self, policy: str, path: str) -> None:
+        async with self._between_steps():
             if self._closed:
                 raise BackendError("the backend is closed")
             run = asyncio.get_running_loop().run_in_executor
@@ -304,7 +319,7 @@ class TransformersBackend(Backend):
             await run(self._executor, self.prefix_cache.clear, policy)  # base-computed until now
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        async with self._lock:
+        async with self._between_steps():
             run = asyncio.get_running_loop().run_in_executor
             # Cached keys and values were computed by the old weights: the base's are under
             # every adapter too. Cleared on the decoding thread, the cache's only user.
@@ -318,6 +333,10 @@ class TransformersBackend(Backend):
                 self.policy_version = update.version
 
     async def close(self) -> None:
+        if self._sched is not None:
+            self._sched.close()  # answers waiting jobs; live rows finish on the thread
+            # The thread runs tasks in order: this one once the scheduler's loop has ended.
+            await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
         async with self._lock:
             self._closed = True
             self.model = None
@@ -370,15 +389,32 @@ class TransformersBackend(Backend):
         requests: list[GenerateRequest],
         cancel: threading.Event,
         sinks: Sequence[Callable[[int, Completion], None] | None] = (),
-    ) -> tuple[list[list[int]], list[_Row]]:
+    ) -> tuple[list[list[int]], list[Row]]:
+        prompts, rows = self._make_rows(requests, sinks)
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(rows), self.max_batch_rows):
+                    self._decode(rows[start : start + self.max_batch_rows], cancel)
+        finally:
+            self._lora.set_rows([])  # any other forward of the model is the base's
+        return prompts, rows
+
+    def _make_rows(
+        self,
+        requests: Sequence[GenerateRequest],
+        sinks: Sequence[Callable[[int, Completion], None] | None] = (),
+    ) -> tuple[list[list[int]], list[Row]]:
+        """The prompt ids of ``requests`` and their rows (``n`` per request, in order), each
+        with its own generator (seeded by the request, or by the backend's ``seed``) and
+        constraint matcher (raises :class:`ConstraintError` for a constraint it refuses)."""
         prompts = [self._prompt_ids(r) for r in requests]
-        rows: list[_Row] = []
+        rows: list[Row] = []
         for i, (request, prompt) in enumerate(zip(requests, prompts, strict=True)):
             p = request.params
             for j in range(p.n):
                 seed = p.seed + j if p.seed is not None else int(self._rng.integers(2**62))
                 rows.append(
-                    _Row(
+                    Row(
                         request=i,
                         prompt=prompt,
                         params=p,
@@ -392,38 +428,23 @@ class TransformersBackend(Backend):
                         policy=request.policy,
                     )
                 )
-        try:
-            with torch.inference_mode():
-                for start in range(0, len(rows), self.max_batch_rows):
-                    self._decode(rows[start : start + self.max_batch_rows], cancel)
-        finally:
-            self._lora.set_rows([])  # any other forward of the model is the base's
         return prompts, rows
 
-    def _decode(self, rows: list[_Row], cancel: threading.Event) -> None:
+    def _decode(self, rows: list[Row], cancel: threading.Event) -> None:
         """Decode ``rows`` together until each one finishes; fills their fields."""
-        hits = [self.prefix_cache.lookup(r.policy, r.prompt) for r in rows]
-        for row, (entry, _) in zip(rows, hits, strict=True):
-            row.hit = entry
-        prompts = [r.prompt for r in rows]
-        ids, mask, positions, cache = batch_prefill(prompts, hits, self._tokenizer.pad_token_id)
-        next_pos = positions[:, -1:] + 1  # (B, 1)
+        mask, next_pos, cache, logits = self._prefill(rows)
         live = list(rows)
-        self._lora.set_rows([r.policy for r in live])
-        logits = self._forward(ids, mask, positions, cache)
         while True:
             if cancel.is_set():
                 raise _Cancelled
-            tokens, logprobs, tops = self._sample(logits, live)
+            tokens, logprobs, tops = sample(logits, live)
             keep: list[int] = []
             for k, row in enumerate(live):
                 self._append(row, int(tokens[k]), float(logprobs[k]), tops[k])
                 if row.finish is None:
                     keep.append(k)
-                elif row.index == 0 and self.prefix_cache.budget:  # one entry per request
-                    fed = (row.prompt + row.tokens)[: int(mask[k].sum())]
-                    kv = row_kv(cache, k, mask[k])
-                    self.prefix_cache.store(row.policy, fed, kv, row.hit)
+                else:
+                    self._store_prefix(row, cache, k, mask[k])
             if not keep:
                 return
             if len(keep) < len(live):
@@ -435,6 +456,26 @@ class TransformersBackend(Backend):
             mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype)], dim=1)
             logits = self._forward(tokens.view(-1, 1), mask, next_pos, cache)
             next_pos = next_pos + 1
+
+    def _prefill(self, rows: list[Row]) -> tuple[Any, Any, Any, Any]:
+        """Look up each row's cached prefix and run the rest of its prompt: returns the
+        attention mask (B, T), the next position ids (B, 1), the KV cache and the logits of
+        each row's first token (B, V). Leaves the adapters set for ``rows``."""
+        hits = [self.prefix_cache.lookup(r.policy, r.prompt) for r in rows]
+        for row, (entry, _) in zip(rows, hits, strict=True):
+            row.hit = entry
+        prompts = [r.prompt for r in rows]
+        ids, mask, positions, cache = batch_prefill(prompts, hits, self._tokenizer.pad_token_id)
+        self._lora.set_rows([r.policy for r in rows])
+        logits = self._forward(ids, mask, positions, cache)
+        return mask, positions[:, -1:] + 1, cache, logits
+
+    def _store_prefix(self, row: Row, cache: Any, k: int, mask_row: Any) -> None:
+        """Keep the keys and values of finished ``row`` (batch row ``k`` of ``cache``) for
+        prefix reuse: one entry per request, from its first completion."""
+        if row.index == 0 and self.prefix_cache.budget:
+            fed = (row.prompt + row.tokens)[: int(mask_row.sum())]
+            self.prefix_cache.store(row.policy, fed, row_kv(cache, k, mask_row), row.hit)
 
     def _forward(self, ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
         """One model step; returns the last position's logits as float32, (B, V)."""
@@ -448,39 +489,8 @@ class TransformersBackend(Backend):
         )
         return out.logits[:, -1, :].float()
 
-    def _sample(
-        self, logits: Any, rows: list[_Row]
-    ) -> tuple[Any, Any, list[tuple[list[int], list[float]] | None]]:
-        """Pick one token per row; returns (tokens (B,), their logprobs (B,), per row the
-        top-k (ids, logprobs) of the same distribution or None) on the CPU.
-
-        Order: constraint mask, temperature, top-p, draw. Greedy rows (temperature 0)
-        take the argmax of the masked temperature-1 distribution.
-        """
-        logits = logits.cpu()
-        for k, row in enumerate(rows):
-            if row.matcher is not None:
-                allowed = torch.from_numpy(row.matcher.allowed())
-                logits[k].masked_fill_(~allowed, float("-inf"))
-        temps = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype)
-        greedy = temps == 0
-        logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
-        top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)
-        nucleus = (top_p < 1) & ~greedy
-        if nucleus.any():
-            logp[nucleus] = _top_p(logp[nucleus], top_p[nucleus])
-        tokens = logp.argmax(dim=-1)
-        sampled = (~greedy).nonzero().flatten().tolist()
-        if sampled:
-            u = torch.cat([torch.rand(1, generator=rows[k].generator) for k in sampled])
-            cdf = logp[sampled].exp().cumsum(dim=-1)  # (S, V)
-            # right=True: the first token whose cdf exceeds u, which has probability > 0.
-            picks = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
-            tokens[sampled] = picks.flatten().clamp(max=logits.shape[-1] - 1)
-        return tokens, logp.gather(1, tokens[:, None]).flatten(), _top_k(logp, rows)
-
     def _append(
-        self, row: _Row, token: int, logprob: float, top: tuple[list[int], list[float]] | None
+        self, row: Row, token: int, logprob: float, top: tuple[list[int], list[float]] | None
     ) -> None:
         """Record one token of ``row`` and decide whether the row is finished."""
         if not np.isfinite(logprob):
@@ -516,7 +526,7 @@ class TransformersBackend(Backend):
         self,
         requests: Sequence[GenerateRequest],
         prompts: list[list[int]],
-        rows: list[_Row],
+        rows: list[Row],
         versions: list[int],
     ) -> list[GenerateResult]:
         completions: list[list[Completion]] = [[] for _ in requests]
@@ -558,23 +568,6 @@ def _torch_thread(num_threads: int) -> ThreadPoolExecutor:
     )
 
 
-def _top_k(logp: Any, rows: list[_Row]) -> list[tuple[list[int], list[float]] | None]:
-    """Per row, the ``params.top_logprobs`` most likely (ids, logprobs) of ``logp`` (B, V),
-    most likely first, without tokens of probability 0 (masked); None where not asked."""
-    asked = [r.params.top_logprobs if r.params.logprobs else 0 for r in rows]
-    if not any(asked):
-        return [None] * len(rows)
-    values, ids = logp.topk(min(max(asked), logp.shape[-1]), dim=-1)  # (B, k), sorted
-    tops: list[tuple[list[int], list[float]] | None] = []
-    for k, want in enumerate(asked):
-        if not want:
-            tops.append(None)
-            continue
-        keep = torch.isfinite(values[k, :want])
-        tops.append((ids[k, :want][keep].tolist(), values[k, :want][keep].tolist()))
-    return tops
-
-
 def _threadsafe(loop: asyncio.AbstractEventLoop, sink: TokenSink) -> TokenSink:
     """``sink`` called on ``loop`` from the decoding thread."""
 
@@ -582,17 +575,3 @@ def _threadsafe(loop: asyncio.AbstractEventLoop, sink: TokenSink) -> TokenSink:
         loop.call_soon_threadsafe(sink, index, delta)
 
     return send
-
-
-def _top_p(logp: Any, top_p: Any) -> Any:
-    """Keep each row's smallest set of tokens with probability >= top_p; renormalise.
-
-    ``logp`` (R, V) log-probabilities, ``top_p`` (R,). The most likely token always stays.
-    """
-    sorted_logp, order = logp.sort(dim=-1, descending=True)
-    before = sorted_logp.exp().cumsum(dim=-1) - sorted_logp.exp()  # mass above each token
-    drop_sorted = before >= top_p[:, None]
-    drop_sorted[:, 0] = False  # even when top_p rounds to 0 in float32 (1e-320)
-    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    logp = logp.masked_fill(drop, float("-inf"))
-    return logp - torch.logsumexp(logp, dim=-1, keepdim=True)
