@@ -80,6 +80,21 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--max-steps", type=int, help="steps after which an episode fails")
     p.add_argument(
+        "--judge",
+        metavar="SPEC",
+        help="an llm: spec of a judge model: each finished episode gets the reward component "
+        "'judge' from its verdict (asked through the seats' pool); needs --judge-rubric",
+    )
+    p.add_argument(
+        "--judge-rubric",
+        metavar="FILE_OR_TEXT",
+        help="the judge's rubric: YAML {rubric: TEXT, verdicts: {good: 1, bad: 0}}, a text "
+        "file, or the text itself",
+    )
+    p.add_argument(
+        "--judge-scope", choices=("seat", "episode"), help="a verdict per seat (default) or one"
+    )
+    p.add_argument(
         "-s",
         "--scenario-arg",
         action="append",
@@ -181,6 +196,9 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         "join_timeout": args.join_timeout,
         "peer_timeout": args.peer_timeout,
         "max_steps": args.max_steps,
+        "judge": args.judge,
+        "judge_rubric": args.judge_rubric,
+        "judge_scope": args.judge_scope,
         "max_failed_fraction": args.max_failed_fraction,
         "curve_key": args.curve_key,
         "insecure": True if args.insecure else None,

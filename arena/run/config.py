@@ -108,6 +108,18 @@ class RunConfig:
     max_failed_fraction: float = 0.0
     """Fraction of episodes (0..1) that may fail before ``parley run`` exits with status 1;
     the default 0 means any failed episode makes the run fail."""
+    judge: str = ""
+    """An ``llm:`` spec of a judge model (LLM-as-judge, :mod:`parley.arena.run.judge`): each
+    finished episode gets the reward component ``judge`` from its verdict under
+    ``judge_rubric``, asked through the same pool as the ``llm:`` seats. "" = no judge."""
+    judge_rubric: str = ""
+    """The judge's rubric: a YAML/JSON file ``{rubric: TEXT, verdicts: {good: 1, bad: 0}}``
+    (or ``json_schema:`` with a number ``score``), a text file, or the rubric text itself."""
+    judge_scope: str = "seat"
+    """``seat``: a verdict per seat on its own messages; ``episode``: one verdict on every
+    message, given to every seat."""
+    judge_max_tokens: int = 1024
+    """Judged text (quoted, in tokens) over this gets the rubric's lowest score."""
 
     def __post_init__(self) -> None:
         if not self.scenario:
@@ -123,6 +135,14 @@ class RunConfig:
             raise ConfigError(
                 f"max_failed_fraction must be within 0..1, got {self.max_failed_fraction}"
             )
+        if self.judge_scope not in ("seat", "episode"):
+            raise ConfigError(f"judge_scope must be seat or episode, got {self.judge_scope!r}")
+        if self.judge and not self.judge_rubric:
+            raise ConfigError(
+                "a judge needs a rubric: give --judge-rubric FILE_OR_TEXT (or `judge_rubric:`)"
+            )
+        if self.judge_max_tokens < 1:
+            raise ConfigError(f"judge_max_tokens must be at least 1, got {self.judge_max_tokens}")
         if self.ray_workers < 0:
             raise ConfigError(
                 f"ray_workers must be 0 (one per CPU) or more, got {self.ray_workers}"

@@ -217,6 +217,8 @@ class Runner:
         self.bus_config = arena_bus_config(self.bus_config, self._keys, insecure=config.insecure)
         self._absent = AbsentPeers(config.join_timeout, self.console)
         self._arena: Endpoint | None = None
+        self.judge = _judge(config)
+        """The run's LLM judge (``RunConfig.judge``), or None."""
         self.keep_steps = True
         """Records hold every step (transcript, trajectories' turns); :meth:`run` turns it
         off while no step is read (no ``out``, no ``keep_records``): only the summary is."""
@@ -226,7 +228,7 @@ class Runner:
     async def run(self) -> RunResult:
         """Play every planned episode and write the output files; returns the summary
         (and the records, with ``keep_records``)."""
-        self.keep_steps = self.config.out is not None or self.keep_records
+        self.keep_steps = self.config.out is not None or self.keep_records or self.judge is not None
         try:
             return await self._play_plans()
         finally:
@@ -380,6 +382,8 @@ class Runner:
             await self._notify_end(episode, asked)
             env.close()
         record = episode.record()
+        if self.judge is not None:  # (a failed episode is left as it is)
+            await self.judge.apply(record)
         record.wall_s = time.perf_counter() - started
         return record
 
@@ -586,6 +590,22 @@ class Runner:
             # A peer that died between the check and the send cannot be told; that is fine.
             with contextlib.suppress(BusError):
                 await arena.send(peer, body, episode=episode.plan.episode_id)
+
+
+def _judge(config: RunConfig) -> Any:
+    """The :class:`~parley.arena.run.judge.Judge` of ``config.judge``, or None."""
+    if not config.judge:
+        return None
+    from parley.arena.run.judge import judge_from_spec, load_rubric
+
+    return judge_from_spec(
+        config.judge,
+        load_rubric(config.judge_rubric),
+        scenario=config.scenario,
+        options=config.agent_options,
+        scope=config.judge_scope,
+        max_judged_tokens=config.judge_max_tokens,
+    )
 
 
 def _baseline(scenario: str, seat: str) -> str:
