@@ -2,8 +2,9 @@
 preferences.jsonl rows, and (long) a reward model trained on 20 of them ranks held-out pairs.
 
 The runs are played by the real runner: seat player_0 is :class:`PoliteAgent`, which opens
-with ``hello`` or ``hello please`` (drawn from its agent seed, so two trials of one task
-differ only there, or not at all), and the synthetic preference is "the one that says please".
+with ``hello`` and ends with ``no agreement``, both followed by ``please`` for half its agent
+seeds (so two trials of one task differ there alone, or not at all), and the synthetic
+preference is "the one that says please".
 """
 
 from __future__ import annotations
@@ -36,19 +37,20 @@ MARKUP = '<img src=x onerror="window.__xss = 1">'
 
 
 class PoliteAgent(Agent):
-    """Opens with ``hello`` (and ``please`` for half its seeds) and markup that must stay
-    text, then says ``<selection>``, then no agreement."""
+    """Opens with ``hello`` and markup that must stay text, says ``<selection>``, then no
+    agreement; ``please`` after the first and the last for half its seeds."""
 
     def reset(self, seed: int | None = None) -> None:
         rng = random.Random(seed)
-        self.opening = ("hello please " if rng.random() < 0.5 else "hello ") + MARKUP
+        self.please = " please" if rng.random() < 0.5 else ""
         self.turns = 0
 
     async def act(self, observation: Observation) -> Action:
         self.turns += 1
         if observation.info.get("view", {}).get("phase") == "choose":
-            return Action(agent=observation.agent, text="no agreement")
-        text = self.opening if self.turns == 1 else "<selection>"
+            text = "no agreement" + self.please
+        else:
+            text = f"hello{self.please} {MARKUP}" if self.turns == 1 else "<selection>"
         return Action(agent=observation.agent, text=text)
 
 
@@ -123,6 +125,7 @@ def test_a_person_rates_a_pair_in_the_browser(page: Page, loop: LoopThread, tmp_
 
 
 @pytest.mark.long
+@pytest.mark.timeout(300)
 def test_ratings_from_the_browser_train_a_reward_model(
     page: Page, loop: LoopThread, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -130,7 +133,9 @@ def test_ratings_from_the_browser_train_a_reward_model(
     from parley.arena.training.reward_model import Preference, load_reward_model, pair_accuracy
 
     folder = polite_run(loop, tmp_path / "run", 120)
-    rating = Rating(folder, raters=["ann"], seat="player_0", rng=random.Random(0))
+    # Every seat's moves (~120 tokens an episode; seat player_0's view is ~300, and the tiny
+    # model then took 4x the CPU and missed the please at the start).
+    rating = Rating(folder, raters=["ann"], rng=random.Random(0))
     runner, url = loop.call(lambda: start([folder], rating=rating))
     try:
         (ann,) = rating.urls(url).values()
@@ -155,7 +160,7 @@ def test_ratings_from_the_browser_train_a_reward_model(
 
     out = tmp_path / "rm"
     argv = ["train-rm", "--data", str(folder / PREFERENCES), "--model", str(tiny_model_dir)]
-    assert main([*argv, "--out", str(out), "--lr", "3e-4", "--epochs", "6"]) == 0
+    assert main([*argv, "--out", str(out), "--lr", "3e-4"]) == 0
     model, tokenizer = load_reward_model(out)
     accuracy = pair_accuracy(model, tokenizer, held_out)
     # Above chance: 15 of 20 or more (one-sided binomial p = 0.021 under chance).
