@@ -51,7 +51,16 @@ from parley.arena.view.data import EPISODE_ID, Source
 from parley.arena.view.html import Links, page
 from parley.arena.view.index import episode_rows, read_episode
 
-__all__ = ["CHOICES", "MAX_REASON_CHARS", "PREFERENCES", "Rating", "shown_items", "shown_text"]
+__all__ = [
+    "CHOICES",
+    "MAX_REASON_CHARS",
+    "PREFERENCES",
+    "Rating",
+    "shown_items",
+    "shown_text",
+    "token_owner",
+    "trl_fields",
+]
 
 PREFERENCES = "preferences.jsonl"
 """The file ratings are appended to, in the first folder given to ``parley view``."""
@@ -230,11 +239,7 @@ class Rating:
 
     def rater(self, request: web.Request) -> str:
         """The rater whose token the URL presents (``?token=``); 403 without a valid one."""
-        token = request.query.get("token", "").encode()
-        found = None
-        for known, name in self.tokens.items():  # (every one compared: constant time)
-            if secrets.compare_digest(token, known.encode()):
-                found = name
+        found = token_owner(self.tokens, request)
         if found is None:
             raise web.HTTPForbidden(text="rating needs the URL parley view printed (token)")
         return found
@@ -429,6 +434,17 @@ class Rating:
         for name, url in self.urls(base).items():
             print(f"rate as {name}: open {url}", file=sys.stderr, flush=True)
         print(f"ratings go to {self.prefs.path}", file=sys.stderr, flush=True)
+
+
+def token_owner(tokens: Mapping[str, str], request: web.Request) -> str | None:
+    """Whose token (``tokens``: token -> owner) the request's ``?token=`` is, or None. Every
+    token is compared, in constant time: how long it takes says nothing of any token."""
+    presented = request.query.get("token", "").encode()
+    found = None
+    for known, owner in tokens.items():
+        if secrets.compare_digest(presented, known.encode()):
+            found = owner
+    return found
 
 
 def _bad(text: str) -> web.HTTPBadRequest:
