@@ -87,7 +87,9 @@ Arguments: ``task`` (None: drawn by the seed), ``reviewer`` (False), ``max_steps
 ``invalid_penalty``, ``max_cycles``, ``render_mode``, ``allow_weak_sandbox`` (False: refuse
 to run where the sandbox has no namespace isolation; also set by
 ``PARLEY_SANDBOX_ALLOW_WEAK=1``), ``step_budget_s`` (4.0: wall seconds of sandbox time for
-the tool calls of one step).
+the tool calls of one step); v3 only: ``difficulty`` (None; 0-3: each seed draws a generated
+task of ``difficulty + 1`` validated bugs injected together into one of the 50 bases,
+:mod:`parley.scenarios.code.debug_gen`; metrics then include ``difficulty``).
 
     >>> env = make("code/debug-v0", reviewer=True)
 
@@ -151,6 +153,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from parley.scenarios.base import Scenario, printable
+from parley.scenarios.code.debug_gen import check_difficulty, draw_generated
 from parley.scenarios.code.debug_tasks import TASKS, DebugTask
 from parley.scenarios.code.harness import TestRun, run_tests
 from parley.scenarios.code.task_set import DrawnTask, draw_hidden, v3_tasks
@@ -320,12 +323,17 @@ class CodeDebug(Scenario):
     # --- the scenario ----------------------------------------------------------------------
 
     def new_episode(self, rng: np.random.Generator) -> None:
-        tasks = self.task_list()
-        index = self.fixed_task if self.fixed_task is not None else int(rng.integers(len(tasks)))
-        self.s = DebugState(self.episode_task(tasks[index], rng), index)
+        task, index = self.draw_task(rng)
+        self.s = DebugState(self.episode_task(task, rng), index)
         self._budget_left = self.step_budget_s
         for agent in self.possible_agents:
             self.tell(agent, self.brief_text(self.s.task))
+
+    def draw_task(self, rng: np.random.Generator) -> tuple[DebugTask, int]:
+        """The episode's task and its index in :meth:`task_list` (-1: generated)."""
+        tasks = self.task_list()
+        index = self.fixed_task if self.fixed_task is not None else int(rng.integers(len(tasks)))
+        return tasks[index], index
 
     def episode_task(self, task: DebugTask, rng: np.random.Generator) -> DebugTask:
         """The task as this episode plays it (v3 draws its hidden tests here)."""
@@ -534,9 +542,29 @@ class CodeDebugV3(CodeDebugV1):
     strict = True
     max_output_bytes = 64_000  # 32 results of up to 1,500 characters each
 
+    def __init__(
+        self,
+        task: int | None = None,
+        reviewer: bool = False,
+        max_steps: int = 12,
+        *,
+        difficulty: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        check_difficulty(difficulty)
+        if difficulty is not None and task is not None:
+            raise ValueError("task pins one of the task set; drop it to draw generated tasks")
+        super().__init__(task, reviewer, max_steps, **kwargs)
+        self.difficulty = difficulty
+
     @classmethod
     def task_list(cls) -> tuple[DebugTask, ...]:
         return v3_tasks()
+
+    def draw_task(self, rng: np.random.Generator) -> tuple[DebugTask, int]:
+        if self.difficulty is None:
+            return super().draw_task(rng)
+        return draw_generated(rng, self.difficulty), -1  # (debug_gen: difficulty + 1 bugs)
 
     def episode_task(self, task: DebugTask, rng: np.random.Generator) -> DebugTask:
         assert isinstance(task, DrawnTask)  # (v3_tasks holds only these)
@@ -564,8 +592,15 @@ class CodeDebugV3(CodeDebugV1):
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The hidden calls, drawn again (the fix is that of the task both seats see)."""
-        self.s.task = self.episode_task(self.task_list()[self.s.index], rng)
+        task = self.s.task if self.s.index < 0 else self.task_list()[self.s.index]
+        self.s.task = self.episode_task(task, rng)
         return True
+
+    def metrics(self) -> dict[str, float]:
+        figures = super().metrics()
+        if figures and self.difficulty is not None:  # (absent by default, as pinned)
+            figures["difficulty"] = float(self.difficulty)
+        return figures
 
 
 # help(env) shows the scenario's documentation page (this module's docstring).

@@ -39,7 +39,6 @@ harness's one-run-per-submission cost is paid once per base.
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
 import json
 import sys
@@ -70,8 +69,10 @@ __all__ = [
     "bases",
     "bundle",
     "generate",
+    "inject",
     "mutants",
     "run_bundle",
+    "sites",
 ]
 
 KINDS = ("off_by_one", "wrong_operator", "wrong_boundary", "missing_case")
@@ -208,6 +209,24 @@ def _edits(node: ast.AST) -> Iterator[tuple[str, Edit]]:
                     yield "off_by_one", _set(field, _bound_shifted(delta))
 
 
+def sites(tree: ast.AST) -> list[tuple[int, str, Edit]]:
+    """Every place a bug can go in ``tree``: (node index in ``ast.walk`` order, kind, edit)."""
+    return [(i, kind, edit) for i, node in enumerate(ast.walk(tree)) for kind, edit in _edits(node)]
+
+
+def inject(source: str, chosen: Sequence[int]) -> str:
+    """``source`` with the bugs of the :func:`sites` numbered ``chosen`` all injected (at
+    distinct nodes: each edit finds its node as the unmutated tree had it), unparsed as
+    :func:`mutants` writes its modules."""
+    tree = ast.parse(source)
+    places = sites(tree)
+    nodes = list(ast.walk(tree))  # before any edit: one edit may move another's node
+    for site in chosen:
+        index, _kind, edit = places[site]
+        edit(nodes[index])
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
 def mutants(source: str) -> list[Mutant]:
     """Every single-site bug of ``source`` (deduplicated, in a fixed order), unparsed in the
     same style as :func:`normalized` ``(source)``."""
@@ -215,12 +234,8 @@ def mutants(source: str) -> list[Mutant]:
     fixed = ast.unparse(tree)
     out: list[Mutant] = []
     seen = {fixed}
-    nodes = enumerate(ast.walk(tree))
-    sites = [(i, kind, edit) for i, node in nodes for kind, edit in _edits(node)]
-    for site, (index, kind, edit) in enumerate(sites):
-        mutated = copy.deepcopy(tree)
-        edit(list(ast.walk(mutated))[index])
-        code = ast.unparse(ast.fix_missing_locations(mutated)) + "\n"
+    for site, (_index, kind, _edit) in enumerate(sites(tree)):
+        code = inject(source, [site])
         if code not in seen:
             seen.add(code)
             out.append(Mutant(kind, site, code))

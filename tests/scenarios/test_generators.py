@@ -4,6 +4,7 @@ learner's view, and the conformance suite passes on the generated options."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from fractions import Fraction
@@ -12,8 +13,12 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from parley.agents.scripted.code import DebugNaive
 from parley.agents.scripted.tool_use import CalcOracle
 from parley.scenarios import make, register, registry
+from parley.scenarios.code.debug import CodeDebugV3
+from parley.scenarios.code.debug_gen import MAX_DIFFICULTY as DEBUG_MAX
+from parley.scenarios.code.debug_gen import draw_generated
 from parley.scenarios.conformance import (
     ConformanceFailure,
     check_noninterference,
@@ -29,6 +34,7 @@ from parley.scenarios.tools.calculator import format_number
 
 CALC = "tool_use/calc-chain-v1"
 RETAIL = "tool_use/retail-desk-v3"
+DEBUG = "code/debug-v3"
 SEEDS = range(12)
 
 
@@ -44,6 +50,12 @@ class RetailDeskGenerated(RetailDeskV3):
     metadata: ClassVar[dict[str, Any]] = {**RetailDeskV3.metadata, "name": "test/retail-gen-v0"}
 
 
+class DebugGenerated(CodeDebugV3):
+    """code/debug-v3 under a test id."""
+
+    metadata: ClassVar[dict[str, Any]] = {**CodeDebugV3.metadata, "name": "test/debug-gen-v0"}
+
+
 class RetailGeneratedLeak(RetailDeskGenerated):
     """A leak the check must catch: the generated task's facts in the assistant's view."""
 
@@ -57,6 +69,7 @@ GENERATED = {
     "test/calc-gen-v0": (CalcChainGenerated, CALC, {"difficulty": 3}),
     "test/retail-gen-v0": (RetailDeskGenerated, RETAIL, {"difficulty": 3}),
     "test/retail-leak-v0": (RetailGeneratedLeak, RETAIL, {"difficulty": 3}),
+    "test/debug-gen-v0": (DebugGenerated, DEBUG, {"difficulty": 2}),
 }
 for _id, (_cls, _like, _kwargs) in GENERATED.items():
     register(
@@ -179,6 +192,43 @@ def test_retail_amounts_are_not_in_the_assistants_observation_or_infos() -> None
             assert build_generated_task(task.index, difficulty) == task  # pure
 
 
+def _changed_lines(task: Any) -> int:
+    diff = difflib.ndiff(task.fixed.splitlines(), task.buggy.splitlines())
+    return sum(line.startswith("+ ") for line in diff)
+
+
+def test_debug_bug_count_and_changed_lines_rise_with_difficulty() -> None:
+    """d + 1 validated bugs at distinct sites, each one visible (leaving any out changes the
+    module); every seed a new task; the lines a fix must change rise with d."""
+    changed = []
+    for difficulty in range(DEBUG_MAX + 1):
+        tasks = [draw_generated(np.random.default_rng(seed), difficulty) for seed in range(16)]
+        assert all(len(t.kind.split("+")) == difficulty + 1 for t in tasks)
+        assert len({t.buggy for t in tasks}) >= 14  # (d = 0: 341 single bugs to draw from)
+        assert all(t.fixed != t.buggy for t in tasks)
+        changed.append(np.mean([_changed_lines(t) for t in tasks]))
+    assert changed == sorted(changed), changed
+    assert changed[-1] > changed[0]
+
+
+def test_debug_fix_and_hidden_calls_are_not_in_the_coders_view() -> None:
+    """Attack: neither the reference fix nor any hidden call reaches the coder's first
+    observation or infos (the task's name says the function and the bug count only)."""
+    for difficulty in range(DEBUG_MAX + 1):
+        for seed in range(4):
+            env = make(DEBUG, difficulty=difficulty, allow_weak_sandbox=True)
+            observations, infos = env.reset(seed=seed)
+            task = env.unwrapped.s.task
+            shown = observations["coder"] + json.dumps(infos["coder"])
+            assert task.fixed not in shown
+            assert task.buggy.split("\n")[1] in shown  # (the buggy module is shown)
+            visible = {call for call, _ in task.visible}
+            assert not any(call in shown for call, _ in task.hidden if call not in visible)
+            assert env.unwrapped.metrics() == {}  # (not ended)
+    with pytest.raises(ValueError, match="task pins"):
+        make(DEBUG, difficulty=1, task=0)
+
+
 @pytest.mark.parametrize("scenario_id", ["test/calc-gen-v0", "test/retail-gen-v0"])
 def test_generated_options_pass_the_conformance_suite(scenario_id: str) -> None:
     report = check_scenario(scenario_id)
@@ -190,3 +240,24 @@ def test_generated_options_pass_the_conformance_suite(scenario_id: str) -> None:
 def test_the_leak_check_catches_a_generated_task_in_the_view() -> None:
     with pytest.raises(ConformanceFailure, match="depends on data it may not know"):
         check_noninterference("test/retail-leak-v0")
+
+
+@pytest.mark.long
+@pytest.mark.timeout(300)
+def test_debug_unfixed_code_passes_less_and_the_fix_everything_and_conformance() -> None:
+    """In the sandbox: the unfixed module's hidden pass rate (DebugNaive submits it) is
+    lower with 4 bugs than with 1 over the same seeds; the reference fix (the oracle)
+    passes every hidden call at difficulty 3; the conformance suite (hidden calls redrawn
+    by the noninterference check) passes on a generated id."""
+    naive = {}
+    for d in (0, DEBUG_MAX):
+        rates = [
+            _metrics(DEBUG, s, {"coder": DebugNaive()}, difficulty=d)["hidden_pass_rate"]
+            for s in range(10)
+        ]
+        naive[d] = np.mean(rates)
+    assert naive[DEBUG_MAX] < naive[0], naive
+    assert all(_metrics(DEBUG, s, None, difficulty=DEBUG_MAX)["success"] == 1.0 for s in range(4))
+    report = check_scenario("test/debug-gen-v0")
+    assert all(v == "passed" or v.startswith("n/a") for v in report.values()), report
+    assert report["noninterference"] == "passed"
