@@ -365,9 +365,8 @@ class Judge:
         )
         try:
             # The pool's own timeout answers first; this bounds a pool that never answers.
-            result = await asyncio.wait_for(
-                generate_with_retry(self.client, request), self.timeout + 5.0
-            )
+            bound = self.timeout + min(self.timeout, 5.0)
+            result = await asyncio.wait_for(generate_with_retry(self.client, request), bound)
         except (TimeoutError, ParleyError) as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
             return JudgeOutcome(None, reason=f"judge_failed: {kind}: {exc}".rstrip(": "))
