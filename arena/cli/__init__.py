@@ -1,8 +1,8 @@
 """The ``parley`` command line (also ``python -m parley.arena.cli``).
 
 Each subcommand lives in its own module of this folder (``list``, ``bench``, ``model``,
-``run``, ``tournament``, ``eval``, ``agent``, ``keys``, ``train``, ``serve``, ``view``,
-``new``, ``demo``) and exposes ``add_parser(subparsers)``
+``run``, ``tournament``, ``eval``, ``agent``, ``keys``, ``train``, ``train-rm``, ``serve``,
+``view``, ``new``, ``demo``) and exposes ``add_parser(subparsers)``
 (which sets ``func`` on its parser) — so adding a command is one module and one line in
 :data:`COMMANDS`, and ``parley --help`` imports nothing heavy: each command imports its parts
 inside the command. :mod:`~parley.arena.cli.demo` and :mod:`~parley.arena.cli.demo_train` are
@@ -34,6 +34,7 @@ COMMANDS: tuple[str, ...] = (
     "agent",
     "keys",
     "train",
+    "train-rm",
     "serve",
     "env-server",
     "view",
@@ -54,6 +55,7 @@ SUMMARIES: dict[str, str] = {
     "agent": "join a running arena and play a seat",
     "keys": "make CURVE key pairs for authenticated tcp (arena, pool, seats)",
     "train": "train LLM policies on a scenario by RL (staged, async sampling)",
+    "train-rm": "train a reward model from pairwise preferences; export them for TRL",
     "serve": "start an inference pool that arenas connect to over the bus (and HTTP)",
     "env-server": "serve a scenario to an outside trainer playing its learner seat (OpenEnv)",
     "view": "browse runs, episodes and live training curves in a web page",

@@ -1,0 +1,129 @@
+"""Reward models: Bradley-Terry training on the tiny model, TRL-format checkpoints, export."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from parley.arena.cli import main
+from parley.arena.training.reward_model import (
+    Preference,
+    RewardModelConfig,
+    export_preferences,
+    load_reward_model,
+    pair_accuracy,
+    read_preferences,
+    score_texts,
+    train_reward_model,
+)
+from parley.protocols.errors import ConfigError
+
+torch = pytest.importorskip("torch")
+
+_WORDS = ["the", "a", "deal", "offer", "book", "hat", "ball", "trade", "yes", "no", "give", "take"]
+
+
+def synthetic_pairs(n: int, seed: int, token: str = "apple") -> list[Preference]:
+    """Pairs whose chosen holds ``token`` where the rejected holds another word: the same
+    number of words on both sides (a length-neutral preference)."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        words = [rng.choice(_WORDS) for _ in range(6)]
+        good = list(words)
+        good[rng.randrange(6)] = token
+        pairs.append(Preference("Reply: ", " ".join(good), " ".join(words)))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A reward model trained by ``parley train-rm`` on 40 synthetic pairs (~4 s of CPU)."""
+    work = tmp_path_factory.mktemp("rm")
+    data = work / "preferences.jsonl"
+    rows = [
+        {"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, "who": "test"}
+        for p in synthetic_pairs(40, seed=1)
+    ]
+    rows.append({"prompt": "x", "chosen": "a", "rejected": "b", "tie": True})
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = work / "model"
+    status = main(
+        ["train-rm", "--data", str(data), "--model", str(tiny_model_dir), "--out", str(out),
+         "--lr", "3e-4"]
+    )  # fmt: skip
+    assert status == 0
+    return out
+
+
+def test_reward_model_ranks_held_out_pairs(reward_model_dir: Path) -> None:
+    report = json.loads((reward_model_dir / "reward_model.json").read_text())
+    assert report["pairs"] == 40
+    assert report["ties"] == 1
+    assert report["last_loss"] < report["first_loss"]
+    model, tokenizer = load_reward_model(reward_model_dir)
+    held_out = synthetic_pairs(20, seed=99)
+    assert pair_accuracy(model, tokenizer, held_out) >= 0.8
+
+
+def test_checkpoint_loads_as_trl_reward_model(reward_model_dir: Path) -> None:
+    """TRL's RewardTrainer format: a one-label AutoModelForSequenceClassification that
+    ``from_pretrained`` loads with its trained head (no newly initialised weights)."""
+    transformers = pytest.importorskip("transformers")
+    model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+        reward_model_dir, output_loading_info=True
+    )
+    assert model.config.num_labels == 1
+    assert not info["missing_keys"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(reward_model_dir)
+    ours, our_tokenizer = load_reward_model(reward_model_dir)
+    text = "Reply: the apple deal"
+    with torch.no_grad():
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+        theirs = model(**ids).logits[0, 0]
+        mine = score_texts(ours, our_tokenizer, [text])[0]
+    assert torch.allclose(theirs, mine, atol=1e-5)
+
+
+def test_training_leaves_the_process_rngs_alone(tiny_model_dir: Path, tmp_path: Path) -> None:
+    state = torch.get_rng_state()
+    python = random.getstate()
+    config = RewardModelConfig(epochs=1, batch_size=4)
+    train_reward_model(synthetic_pairs(4, seed=3), tiny_model_dir, tmp_path / "m", config)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert random.getstate() == python
+
+
+def test_bad_rows_and_no_pairs_are_user_errors(tmp_path: Path, tiny_model_dir: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n{"prompt": "p"}\n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2: 'chosen' must be a string"):
+        read_preferences(bad)
+    ties = [Preference("p", "a", "b", tie=True)]
+    with pytest.raises(ConfigError, match="no preference pairs"):
+        train_reward_model(ties, tiny_model_dir, tmp_path / "m")
+    assert main(["train-rm", "--data", str(bad), "--model", "x", "--out", str(tmp_path)]) == 2
+
+
+def test_export_writes_trl_dpo_and_rm_rows(tmp_path: Path) -> None:
+    rows = [Preference("p", "a", "b"), Preference("", "c", "d"), Preference("p", "e", "f", True)]
+    data = tmp_path / "preferences.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": r.prompt, "chosen": r.chosen, "rejected": r.rejected,
+                        "tie": r.tie, "who": "me"}) + "\n"
+            for r in rows
+        )
+    )  # fmt: skip
+    assert (
+        main(["train-rm", "--data", str(data), "--export", "dpo", "--out", str(tmp_path / "d")])
+        == 0
+    )
+    dpo = [json.loads(line) for line in (tmp_path / "d").read_text().splitlines()]
+    assert dpo == [{"prompt": "p", "chosen": "a", "rejected": "b"}]  # no tie, no empty prompt
+    assert export_preferences(rows, tmp_path / "r", "rm") == 2
+    with pytest.raises(ConfigError, match="choose one of"):
+        export_preferences(rows, tmp_path / "x", "ppo")
