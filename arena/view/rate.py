@@ -429,11 +429,26 @@ class Rating:
         app.router.add_get("/api/rate/next", next_pair)
         app.router.add_post("/api/rate", post)
 
-    def announce(self, base: str) -> None:
-        """Print each rater's page and how many pairs there are to rate."""
+    def announce(self, base: str, sources: Mapping[str, Source]) -> None:
+        """Print each rater's page, where ratings go, and what there is to pair."""
         for name, url in self.urls(base).items():
             print(f"rate as {name}: open {url}", file=sys.stderr, flush=True)
-        print(f"ratings go to {self.prefs.path}", file=sys.stderr, flush=True)
+        groups = self.groups(sources)
+        episodes = sum(len(g) for g in groups)
+        print(
+            f"ratings go to {self.prefs.path}; {episodes} episodes in {len(groups)} groups "
+            "of one scenario and seed to pair"
+            + ("" if self.seat is None else f" (with seat {self.seat})"),
+            file=sys.stderr,
+            flush=True,
+        )
+        if not groups:
+            print(
+                "nothing to rate: rate mode pairs ok episodes of one scenario and seed; play "
+                "two or more trials of each task (parley run ... --trials 2)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def token_owner(tokens: Mapping[str, str], request: web.Request) -> str | None:

@@ -357,7 +357,7 @@ def serve(
         runner, url = await start(roots, host, port, rating=rating)
         print(f"parley view: {url}  (Ctrl-C to stop)", flush=True)
         if rating is not None:
-            rating.announce(url)
+            rating.announce(url, discover(roots))
         try:
             await asyncio.Event().wait()
         finally:

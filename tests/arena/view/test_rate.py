@@ -265,3 +265,17 @@ async def test_rate_pages_need_the_token(served: tuple[str, Rating]) -> None:
         async with s.get(f"{url}rate?token={_token(rating)}") as r:
             assert r.status == 200
             assert '<script src="/static/rate.js" defer>' in await r.text()
+
+
+def test_announce_prints_each_raters_page_and_what_there_is_to_pair(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rating = Rating(run_dir, raters=["ann", "bob", "ann"], seat="a")
+    rating.announce("http://127.0.0.1:1/", discover([run_dir]))
+    err = capsys.readouterr().err
+    for token, name in rating.tokens.items():
+        assert f"rate as {name}: open http://127.0.0.1:1/rate?token={token}" in err
+    assert len(rating.tokens) == 2
+    assert "3 episodes in 1 groups" in err  # (seed 1's ok ones; e4 alone, e5 failed)
+    Rating(run_dir, seat="nobody").announce("http://127.0.0.1:1/", discover([run_dir]))
+    assert "nothing to rate" in capsys.readouterr().err
