@@ -39,7 +39,7 @@ import random
 import secrets
 import sys
 import threading
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +69,8 @@ MAX_REASON_CHARS = 2000
 """Longest reason accepted (a longer one is refused whole, never cut)."""
 MAX_GROUP = 200
 """Episodes of one scenario and seed paired at most (the first ones in file order)."""
+MAX_CACHED = 4096
+"""Episodes kept as shown (their text and digest) between requests, least recently used out."""
 _FIELDS = frozenset({"a", "b", "choice", "reason", "seat"})
 _HEADERS = {"Cache-Control": "no-store"}
 
@@ -231,7 +233,11 @@ class Rating:
         # rater -> the pair their page shows: (key, a's ref, b's ref)
         self.open: dict[str, tuple[Key, dict[str, str], dict[str, str]]] = {}
         self._lock = threading.Lock()
-        self._digests: dict[tuple[Path, str], tuple[tuple[int, int], Side | None]] = {}
+        self._cache_lock = threading.Lock()  # (posts check sides in worker threads)
+        # (transcripts, episode) -> (the file's stamp, the side): least recently used out
+        self._sides: OrderedDict[tuple[Path, str], tuple[tuple[int, int], Side | None]] = (
+            OrderedDict()
+        )
 
     def urls(self, base: str) -> dict[str, str]:
         """Each rater's page under the viewer at ``base``."""
@@ -253,9 +259,11 @@ class Rating:
             return None
         st = path.stat()
         stamp, key = (st.st_mtime_ns, st.st_size), (path, eid)
-        hit = self._digests.get(key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
+        with self._cache_lock:
+            hit = self._sides.get(key)
+            if hit is not None and hit[0] == stamp:
+                self._sides.move_to_end(key)
+                return hit[1]
         ep = read_episode(path, eid)
         side = None
         agents = ep.get("agents") if ep is not None else None
@@ -264,7 +272,10 @@ class Rating:
             items = shown_items(ep, self.seat)
             scenario, seed = str(ep.get("scenario", "")), ep.get("seed")
             side = Side(src.id, eid, scenario, seed, items, _digest(items))
-        self._digests[key] = (stamp, side)
+        with self._cache_lock:
+            self._sides[key] = (stamp, side)
+            while len(self._sides) > MAX_CACHED:
+                self._sides.popitem(last=False)
         return side
 
     def groups(self, sources: Mapping[str, Source]) -> list[list[tuple[Source, str]]]:

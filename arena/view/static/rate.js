@@ -53,7 +53,9 @@
     const sides = el("div", { class: "pair" });
     for (const [name, side] of [["A", pair.a], ["B", pair.b]]) {
       const col = el("section", { class: "side", id: `side-${name}` });
-      col.appendChild(el("h3", {}, `${name} · ${side.run} / ${side.episode}`));
+      // Blind: which run (which model) played a side is not shown, so it cannot sway the
+      // choice; the rating records it.
+      col.appendChild(el("h3", {}, name));
       col.appendChild(items(side.items.slice(pair.shared), "rest"));
       sides.appendChild(col);
     }
