@@ -153,10 +153,11 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from parley.scenarios.base import Scenario, printable
-from parley.scenarios.code.debug_gen import check_difficulty, draw_generated
+from parley.scenarios.code.debug_gen import MAX_DIFFICULTY, draw_generated
 from parley.scenarios.code.debug_tasks import TASKS, DebugTask
 from parley.scenarios.code.harness import TestRun, run_tests
 from parley.scenarios.code.task_set import DrawnTask, draw_hidden, v3_tasks
+from parley.scenarios.difficulty import check_difficulty
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.tools.sandbox import Sandbox, SandboxError, SandboxLimits
 from parley.scenarios.tools.tool import (
@@ -551,7 +552,7 @@ class CodeDebugV3(CodeDebugV1):
         difficulty: int | None = None,
         **kwargs: Any,
     ) -> None:
-        check_difficulty(difficulty)
+        check_difficulty(difficulty, MAX_DIFFICULTY)
         if difficulty is not None and task is not None:
             raise ValueError("task pins one of the task set; drop it to draw generated tasks")
         super().__init__(task, reviewer, max_steps, **kwargs)

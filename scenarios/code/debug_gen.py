@@ -25,23 +25,14 @@ import numpy as np
 
 from parley.scenarios.code.generate import Base, bases, inject, mutants, sites
 from parley.scenarios.code.task_set import DrawnTask, generated_tasks
+from parley.scenarios.difficulty import check_difficulty
 
-__all__ = ["MAX_DIFFICULTY", "check_difficulty", "draw_generated", "pools"]
+__all__ = ["MAX_DIFFICULTY", "draw_generated", "pools"]
 
 MAX_DIFFICULTY = 3
 """Four bugs at once."""
 _TRIES = 20
 """Draws of bug sets per task before the next base (a set whose bugs overlap is redrawn)."""
-
-
-def check_difficulty(difficulty: int | None) -> None:
-    """Raise ``ValueError`` unless ``difficulty`` is None or an int in 0..MAX_DIFFICULTY."""
-    if difficulty is None:
-        return
-    if isinstance(difficulty, bool) or not isinstance(difficulty, int):
-        raise ValueError(f"difficulty must be an integer, got {difficulty!r}")
-    if not 0 <= difficulty <= MAX_DIFFICULTY:
-        raise ValueError(f"difficulty must be between 0 and {MAX_DIFFICULTY}, got {difficulty}")
 
 
 @cache
@@ -68,7 +59,7 @@ def _distinct_nodes(source: str, chosen: Sequence[int]) -> bool:
 
 def draw_generated(rng: np.random.Generator, difficulty: int) -> DrawnTask:
     """One task of ``difficulty + 1`` bugs in one base (module docstring)."""
-    check_difficulty(difficulty)
+    check_difficulty(difficulty, MAX_DIFFICULTY)
     count = difficulty + 1
     eligible = [(base, bugs) for base, bugs in pools() if len(bugs) >= count]
     for _ in range(len(eligible) * 2):

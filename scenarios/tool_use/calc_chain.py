@@ -85,11 +85,12 @@ import numpy as np
 
 from parley.protocols.messages import ToolCall
 from parley.scenarios.base import Scenario
+from parley.scenarios.difficulty import check_difficulty
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.tool_use.calc_chain_gen import (
     CHAIN,
+    MAX_DIFFICULTY,
     chain_parts,
-    check_difficulty,
     draw_chain,
 )
 from parley.scenarios.tools.calculator import (
@@ -354,7 +355,7 @@ class CalcChain(Scenario):
         )
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        check_difficulty(difficulty)
+        check_difficulty(difficulty, MAX_DIFFICULTY)
         self.max_turns = max_turns
         self.format_weight = format_weight
         self.difficulty = difficulty

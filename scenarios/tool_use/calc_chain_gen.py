@@ -19,9 +19,10 @@ from fractions import Fraction
 
 import numpy as np
 
+from parley.scenarios.difficulty import check_difficulty
 from parley.scenarios.tools.calculator import UNITS, convert, format_number
 
-__all__ = ["CHAIN", "MAX_DIFFICULTY", "chain_parts", "check_difficulty", "draw_chain"]
+__all__ = ["CHAIN", "MAX_DIFFICULTY", "chain_parts", "draw_chain"]
 
 CHAIN = "chain"
 """The ``template`` name of a generated problem."""
@@ -40,16 +41,6 @@ Call = tuple[str, dict[str, str]]
 """A reference step: tool name and arguments (``{0}``, ``{1}`` name earlier results)."""
 
 
-def check_difficulty(difficulty: int | None) -> None:
-    """Raise ``ValueError`` unless ``difficulty`` is None or an int in 0..MAX_DIFFICULTY."""
-    if difficulty is None:
-        return
-    if isinstance(difficulty, bool) or not isinstance(difficulty, int):
-        raise ValueError(f"difficulty must be an integer, got {difficulty!r}")
-    if not 0 <= difficulty <= MAX_DIFFICULTY:
-        raise ValueError(f"difficulty must be between 0 and {MAX_DIFFICULTY}, got {difficulty}")
-
-
 def _decimal(rng: np.random.Generator, low: float, high: float, places: int) -> Fraction:
     scale = 10**places
     return Fraction(int(rng.integers(int(low * scale), int(high * scale) + 1)), scale)
@@ -60,7 +51,7 @@ def draw_chain(rng: np.random.Generator, difficulty: int) -> list[str]:
     operations (the first a conversion). Conversions prefer units that keep the value in
     1..10**6, and ``/`` and ``-`` (at most half the value) apply only to values of 6 or
     more, so results stay positive and a bare "0.00" is never the answer."""
-    check_difficulty(difficulty)
+    check_difficulty(difficulty, MAX_DIFFICULTY)
     dimension = sorted(_DIMENSIONS)[int(rng.integers(len(_DIMENSIONS)))]
     units = _DIMENSIONS[dimension]
     unit = units[int(rng.integers(len(units)))]

@@ -79,13 +79,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from parley.scenarios.difficulty import check_difficulty
 from parley.scenarios.tool_use.retail_db import ServingDB, dollars, parse_dollars
 from parley.scenarios.tool_use.retail_desk import KINDS, STOP, DeskState, RetailDeskV2, Task, _rng
 from parley.scenarios.tool_use.retail_gen import (
+    MAX_DIFFICULTY,
     TASK_SPACE,
     GeneratedTask,
     build_generated_task,
-    check_difficulty,
     generated_reference,
     generated_store,
 )
@@ -213,7 +214,7 @@ class RetailDeskV3(RetailDeskV2):
         if not trespass_penalty >= 0:
             raise ValueError(f"trespass_penalty must be >= 0, got {trespass_penalty}")
         self.trespass_penalty = float(trespass_penalty)
-        check_difficulty(difficulty)
+        check_difficulty(difficulty, MAX_DIFFICULTY)
         self.difficulty = difficulty
         self.db = ServingDB()
         self.tools = ToolBox(self.db.tools())

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from parley.scenarios.difficulty import check_difficulty
 from parley.scenarios.tool_use.retail_db import RetailDB, dollars, parse_dollars
 from parley.scenarios.tool_use.retail_desk import Task
 
@@ -30,7 +31,6 @@ __all__ = [
     "MAX_DIFFICULTY",
     "GeneratedTask",
     "build_generated_task",
-    "check_difficulty",
     "generated_reference",
     "generated_store",
 ]
@@ -52,16 +52,6 @@ class GeneratedTask(Task):
     difficulty: int = 0
     ask: tuple[str, ...] = ()
     about: str | None = None
-
-
-def check_difficulty(difficulty: int | None) -> None:
-    """Raise ``ValueError`` unless ``difficulty`` is None or an int in 0..MAX_DIFFICULTY."""
-    if difficulty is None:
-        return
-    if isinstance(difficulty, bool) or not isinstance(difficulty, int):
-        raise ValueError(f"difficulty must be an integer, got {difficulty!r}")
-    if not 0 <= difficulty <= MAX_DIFFICULTY:
-        raise ValueError(f"difficulty must be between 0 and {MAX_DIFFICULTY}, got {difficulty}")
 
 
 def generated_store(cls: type[DB], index: int, difficulty: int) -> DB:
@@ -89,7 +79,7 @@ def _lines(db: RetailDB, oid: str) -> list[tuple[str, str, int]]:
 
 def build_generated_task(index: int, difficulty: int) -> GeneratedTask:
     """Generated task ``index`` at ``difficulty`` (pure; module docstring)."""
-    check_difficulty(difficulty)
+    check_difficulty(difficulty, MAX_DIFFICULTY)
     db = generated_store(RetailDB, index, difficulty)
     rng = np.random.default_rng([index, 3207, difficulty])
     cid = f"C{101 + index % (6 + 2 * difficulty)}"
