@@ -129,6 +129,7 @@ class SimilarityReward(BaseParallelWrapper):  # type: ignore[misc]
 
     def __init__(self, env: Any, scorer: Scorer = chrf, *, key: str = "", weight: float = 1.0):
         super().__init__(env)
+        self.metadata = env.metadata  # (the class attribute would hide the env's)
         if not math.isfinite(weight):
             raise ConfigError(f"similarity weight must be a finite number, got {weight!r}")
         self.scorer, self.key, self.weight = scorer, key, weight

@@ -95,6 +95,17 @@ def add_parser(sub: Any) -> None:
         "--judge-scope", choices=("seat", "episode"), help="a verdict per seat (default) or one"
     )
     p.add_argument(
+        "--similarity",
+        metavar="chrf|MODEL_DIR",
+        help="reward component 'similarity' against a reference: chrF, or embedding cosine "
+        "with a local model directory",
+    )
+    p.add_argument(
+        "--similarity-key",
+        metavar="KEY",
+        help="compare this key of JSON actions with the scenario oracle's (e.g. answer)",
+    )
+    p.add_argument(
         "-s",
         "--scenario-arg",
         action="append",
@@ -199,6 +210,8 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         "judge": args.judge,
         "judge_rubric": args.judge_rubric,
         "judge_scope": args.judge_scope,
+        "similarity": args.similarity,
+        "similarity_key": args.similarity_key,
         "max_failed_fraction": args.max_failed_fraction,
         "curve_key": args.curve_key,
         "insecure": True if args.insecure else None,

@@ -120,6 +120,12 @@ class RunConfig:
     message, given to every seat."""
     judge_max_tokens: int = 1024
     """Judged text (quoted, in tokens) over this gets the rubric's lowest score."""
+    similarity: str = ""
+    """The ``similarity`` reward component (:mod:`parley.scenarios.similarity`): ``chrf``,
+    or a local model directory for embedding cosine; credited where a seat's ``infos`` carry
+    a ``reference`` or, with ``similarity_key``, the scenario's oracle does. "" = none."""
+    similarity_key: str = ""
+    """Compare this key of a JSON action (e.g. ``answer``) with ``oracle(seat)[key]``."""
 
     def __post_init__(self) -> None:
         if not self.scenario:

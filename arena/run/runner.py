@@ -217,6 +217,8 @@ class Runner:
         self.bus_config = arena_bus_config(self.bus_config, self._keys, insecure=config.insecure)
         self._absent = AbsentPeers(config.join_timeout, self.console)
         self._arena: Endpoint | None = None
+        self.similarity = _similarity(config)
+        """The scorer of ``RunConfig.similarity``, or None."""
         self.judge = _judge(config)
         """The run's LLM judge (``RunConfig.judge``), or None."""
         self.keep_steps = True
@@ -370,6 +372,10 @@ class Runner:
         """
         started = time.perf_counter()
         env = make(self.config.scenario, **self.config.scenario_kwargs)
+        if self.similarity is not None:
+            from parley.scenarios.similarity import SimilarityReward
+
+            env = SimilarityReward(env, self.similarity, key=self.config.similarity_key)
         episode = EpisodeLog(plan, self.config.scenario, self.seats, self.specs)
         episode.copy_steps = type(env).step is not Scenario.step  # (Scenario's are fresh)
         episode.keep_steps = self.keep_steps
@@ -590,6 +596,15 @@ class Runner:
             # A peer that died between the check and the send cannot be told; that is fine.
             with contextlib.suppress(BusError):
                 await arena.send(peer, body, episode=episode.plan.episode_id)
+
+
+def _similarity(config: RunConfig) -> Any:
+    """The scorer of ``config.similarity`` (made once: a model loads once), or None."""
+    if not config.similarity:
+        return None
+    from parley.scenarios.similarity import similarity_scorer
+
+    return similarity_scorer(config.similarity)
 
 
 def _judge(config: RunConfig) -> Any:

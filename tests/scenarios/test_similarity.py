@@ -68,3 +68,25 @@ def test_an_unloadable_embedding_model_says_what_to_give(tmp_path: Path) -> None
     pytest.importorskip("transformers")
     with pytest.raises(ConfigError, match="no model for chrF"):
         EmbeddingSimilarity(str(tmp_path))("a", "b")
+
+
+@pytest.mark.timeout(60)
+def test_a_run_enables_the_component_by_config() -> None:
+    from parley.arena.run.config import RunConfig
+    from parley.arena.run.runner import run
+
+    config = RunConfig(
+        "tool_use/research-team-v0",
+        episodes=2,
+        progress=False,
+        similarity="chrf",
+        similarity_key="answer",
+    )
+    result = run(config, keep_records=True)
+    for record in result.records:
+        assert not record.failed
+        for trajectory in record.trajectories:  # the scripted researchers answer exactly
+            assert trajectory.components["similarity"] == 1.0
+            assert trajectory.reward == pytest.approx(sum(trajectory.components.values()))
+    plain = run(config.replace(similarity=""), keep_records=True)
+    assert all("similarity" not in t.components for r in plain.records for t in r.trajectories)
