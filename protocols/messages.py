@@ -36,6 +36,8 @@ __all__ = [
     "Observation",
     "Ok",
     "SamplingParams",
+    "ScoreRequest",
+    "ScoreResult",
     "Subscribe",
     "TokenRecord",
     "ToolCall",
@@ -265,6 +267,25 @@ class WeightUpdate(Body, tag="weights"):
     tensors: dict[str, np.ndarray] = msgspec.field(default_factory=dict)
 
 
+class ScoreRequest(Body, tag="score"):
+    """Ask the pool's reward model ``model`` for a score of ``prompt + text`` per text (the
+    sequence a TRL reward model scores); the reply is a :class:`ScoreResult`."""
+
+    texts: _Texts
+    model: str = "default"
+    prompt: str = ""
+    timeout: float = 0.0
+
+
+class ScoreResult(Body, tag="scored"):
+    """Reply to :class:`ScoreRequest`: one score per text, in order, and the version of the
+    reward model's weights that gave them."""
+
+    model: str
+    scores: list[float]
+    version: int = 0
+
+
 # --- arena -> trainer -----------------------------------------------------------------
 
 
@@ -308,6 +329,8 @@ BODY_TYPES: tuple[type[Body], ...] = (
     GenerateResult,
     WeightUpdate,
     Trajectory,
+    ScoreRequest,
+    ScoreResult,
 )
 """Every body kind the codec accepts, in a fixed order."""
 
@@ -327,6 +350,8 @@ AnyBody = (
     | GenerateResult
     | WeightUpdate
     | Trajectory
+    | ScoreRequest
+    | ScoreResult
 )
 
 

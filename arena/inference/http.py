@@ -23,6 +23,11 @@ Endpoints
     the sampling fields above; ``logprobs`` (an int, 0-20) turns on ``tokens`` /
     ``token_logprobs`` / ``text_offset`` and ``top_logprobs`` (that many alternatives per
     token, ``{token: logprob}``). Choices are ordered prompt by prompt, ``n`` each.
+``POST /v1/score`` (parley extension)
+    ``{"model", "texts": [str, ...], "prompt": str}``: a reward model's score of ``prompt +
+    text`` for each text (``model`` names a reward model the pool serves, not a policy),
+    batched with the other score requests; answered ``{"object": "list", "model", "data":
+    [{"object": "score", "index", "score"}, ...], "policy_version"}`` in the texts' order.
 ``POST /v1/weights`` (parley extension)
     ``{"policy", "version", "path"}``: load new weights for a policy (a trainer's hook;
     the ``openai`` backend's ``update_url``).
@@ -88,10 +93,12 @@ from parley.arena.inference.http_guard import (
 from parley.arena.inference.http_stream import EventStream, logprobs_json
 from parley.arena.inference.pool import InferencePool, PoolError
 from parley.protocols.messages import (
+    MAX_LIST_ITEMS,
     Completion,
     GenerateRequest,
     GenerateResult,
     SamplingParams,
+    ScoreRequest,
     WeightUpdate,
 )
 
@@ -139,6 +146,7 @@ class OpenAIFront:
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
         self.app.router.add_post("/v1/completions", self.completions)
+        self.app.router.add_post("/v1/score", self.score)
         self.app.router.add_post("/v1/weights", self.weights)
 
     @web.middleware
@@ -219,6 +227,22 @@ class OpenAIFront:
             for p in prompts
         ]
         return await self._answer(request, body, model, requests, chat=False)
+
+    async def score(self, request: web.Request) -> web.Response:
+        body = await json_body(request)
+        model = model_of(body)
+        texts, prompt = body.get("texts"), body.get("prompt", "")
+        if not isinstance(texts, list) or not texts or len(texts) > MAX_LIST_ITEMS:
+            raise BadRequest(f"texts must be a list of 1 to {MAX_LIST_ITEMS} strings", "texts")
+        if not all(isinstance(t, str) for t in texts):
+            raise BadRequest("texts must hold strings only", "texts")
+        if not isinstance(prompt, str):
+            raise BadRequest("prompt must be a string", "prompt")
+        asked = ScoreRequest(model=model, prompt=prompt, texts=texts, timeout=self.request_timeout)
+        result = await self.pool.score(asked)
+        data = [{"object": "score", "index": i, "score": s} for i, s in enumerate(result.scores)]
+        answer = {"object": "list", "model": model, "data": data}
+        return web.json_response({**answer, "policy_version": result.version})
 
     async def weights(self, request: web.Request) -> web.Response:
         body = await json_body(request)

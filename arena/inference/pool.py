@@ -51,6 +51,11 @@ step of its batch, vLLM per engine step), which feed it each completion's new to
 the batch runs. Batching, scheduling and the bus path are unchanged (bus requests carry no
 sink); a backend that does not stream just answers at the end.
 
+Reward models (:meth:`InferencePool.add_scorer`): a :class:`ScoreRequest` names a scorer
+(``request.model``) and gets one score per text, batched across callers by the scorer's
+:class:`~parley.arena.inference.backends.scorer.ScoreBatcher` (``max_batch_size`` texts,
+``max_wait``), bounded by ``request.timeout`` like a generation.
+
 Error codes: ``timeout``, ``overloaded`` (retryable), ``unknown_policy``, ``bad_request``,
 ``backend_failed`` (retryable when the backend says so), ``stale_weights``, ``closed``.
 """
@@ -68,10 +73,17 @@ from parley.arena.inference.backends.errors import BackendError, RequestError
 from parley.arena.inference.gate import Gate
 from parley.arena.inference.service import POOL_ACCEPTS, POOL_ENDPOINT, PoolError, PoolService
 from parley.protocols.errors import ConfigError, ParleyError
-from parley.protocols.messages import GenerateRequest, GenerateResult, WeightUpdate
+from parley.protocols.messages import (
+    GenerateRequest,
+    GenerateResult,
+    ScoreRequest,
+    ScoreResult,
+    WeightUpdate,
+)
 
 if TYPE_CHECKING:
     from parley.arena.inference.backends.base import Backend, ChatTokenizer, TokenSink
+    from parley.arena.inference.backends.scorer import ScoreBatcher
 
 __all__ = [
     "PoolConfig",
@@ -339,6 +351,7 @@ class InferencePool(PoolService):
         self.stats = PoolStats()
         self.owns_backends = owns_backends
         self._backends: dict[str, Backend] = dict(backends)
+        self._scorers: dict[str, ScoreBatcher] = {}
         self._lanes: dict[int, _Lane] = {}
         self._queued = 0
         self._closed = False
@@ -371,6 +384,8 @@ class InferencePool(PoolService):
                 item = lane.pop()
                 if not item.future.done():
                     item.future.set_exception(PoolError("closed", "the pool was closed"))
+        for batcher in self._scorers.values():
+            await batcher.close()
         if self.owns_backends:
             for backend in {id(b): b for b in self._backends.values()}.values():
                 await backend.close()
@@ -426,6 +441,23 @@ class InferencePool(PoolService):
         backend = self.backend(base_policy)
         await backend.add_adapter(policy, path)
         self.add_policy(policy, backend)
+
+    def add_scorer(self, name: str, scorer: Any) -> None:
+        """Serve the reward model ``scorer`` (a
+        :class:`~parley.arena.inference.backends.scorer.SequenceScorer`, or anything with a
+        blocking ``score(texts) -> list[float]`` and a ``version``) as ``name``."""
+        from parley.arena.inference.backends.scorer import ScoreBatcher
+
+        if name in self._scorers:
+            raise ConfigError(f"reward model {name!r} is already served by this pool")
+        self._scorers[name] = ScoreBatcher(
+            scorer, max_batch_texts=self.config.max_batch_size, max_wait=self.config.max_wait
+        )
+
+    @property
+    def scorers(self) -> dict[str, int]:
+        """Reward model name -> its weights version."""
+        return {name: int(b.scorer.version) for name, b in self._scorers.items()}
 
     def _lane(self, backend: Backend) -> _Lane:
         lane = self._lanes.get(id(backend))
@@ -489,6 +521,52 @@ class InferencePool(PoolService):
             if not item.future.done():  # the caller went away (cancelled): drop the request
                 item.future.cancel()
             lane.discard(item)
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        """The score of ``request.prompt + text`` for each of ``request.texts``, batched with
+        the other score requests for the same reward model.
+
+        Raises :class:`PoolError`: ``unknown_policy`` (no such reward model),
+        ``bad_request`` (no texts; ``param`` names the field), ``timeout``, ``closed``,
+        ``backend_failed``."""
+        if self._closed:
+            raise PoolError("closed", "the pool is closed")
+        self.stats.requests += 1
+        batcher = self._scorers.get(request.model)
+        if batcher is None:
+            known = ", ".join(self._scorers) or "none"
+            raise PoolError(
+                "unknown_policy",
+                f"no reward model {str(request.model)[:80]!r} in this pool; it serves: {known}",
+            )
+        if not request.texts:
+            self.stats.bad_requests += 1
+            raise PoolError("bad_request", "texts must hold at least one text", param="texts")
+        timeout = request.timeout or self.config.default_timeout
+        texts = [request.prompt + text for text in request.texts]
+        # asyncio.wait, not asyncio.timeout: the bus may run this handler inline, outside
+        # a task (see generate).
+        call = asyncio.ensure_future(batcher.score(texts))
+        try:
+            await asyncio.wait({call}, timeout=timeout or None)
+        finally:
+            if not call.done():  # timed out, or the caller went away: drop the texts
+                call.cancel()
+        if call.cancelled():
+            self.stats.timeouts += 1
+            raise PoolError(
+                "timeout", f"no scores within {timeout:g} s (reward model {request.model!r})"
+            )
+        try:
+            scores = call.result()
+        except Exception as exc:  # the scorer's failure is this request's answer
+            self.stats.failed += 1
+            raise PoolError(
+                "backend_failed",
+                f"reward model {request.model!r} failed: {type(exc).__name__}: {exc}",
+            ) from exc
+        self.stats.completed += 1
+        return ScoreResult(model=request.model, scores=scores, version=int(batcher.scorer.version))
 
     def _expire(self, lane: _Lane, item: _Pending, timeout: float) -> None:
         if item.future.done():

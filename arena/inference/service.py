@@ -1,7 +1,8 @@
 """A pool's face on the bus: the endpoint name, what it takes, its errors and its handlers.
 
-:class:`PoolService` answers ``GenerateRequest`` and ``WeightUpdate`` requests with the
-subclass's :meth:`~PoolService.generate` and :meth:`~PoolService.update_weights`
+:class:`PoolService` answers ``GenerateRequest``, ``ScoreRequest`` and ``WeightUpdate``
+requests with the subclass's :meth:`~PoolService.generate`, :meth:`~PoolService.score`
+(reward models; by default none) and :meth:`~PoolService.update_weights`
 (:class:`~parley.arena.inference.pool.InferencePool` in one process,
 :class:`~parley.arena.inference.ray_pool.RayPool` over replicas); everything here is
 re-exported by :mod:`parley.arena.inference.pool`.
@@ -14,7 +15,15 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from parley.protocols.errors import ParleyError
-from parley.protocols.messages import Error, GenerateRequest, GenerateResult, Ok, WeightUpdate
+from parley.protocols.messages import (
+    Error,
+    GenerateRequest,
+    GenerateResult,
+    Ok,
+    ScoreRequest,
+    ScoreResult,
+    WeightUpdate,
+)
 
 if TYPE_CHECKING:
     from parley.protocols.bus import Endpoint
@@ -25,7 +34,7 @@ __all__ = ["POOL_ACCEPTS", "POOL_ENDPOINT", "PoolError", "PoolService"]
 POOL_ENDPOINT = "pool"
 """The bus endpoint name the pool serves under."""
 
-POOL_ACCEPTS = frozenset({"generate", "weights"})
+POOL_ACCEPTS = frozenset({"generate", "weights", "score"})
 """``BusConfig.accept`` of a pool's endpoint: what :meth:`PoolService.serve` answers (the
 session kinds aside, every other body is refused unread)."""
 
@@ -64,12 +73,22 @@ class PoolService(abc.ABC):
     async def update_weights(self, update: WeightUpdate) -> int:
         """Apply ``update`` to its policy; returns the version now served."""
 
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        """The scores of ``request``'s texts by its reward model; raises :class:`PoolError`
+        (this default: the pool serves no reward model)."""
+        raise PoolError(
+            "unknown_policy",
+            f"this pool serves no reward model (asked for {str(request.model)[:80]!r}); "
+            "add one with InferencePool.add_scorer",
+        )
+
     _weights_keys: frozenset[str] | None = None
     _endpoint: Endpoint | None = None
 
     def serve(self, endpoint: Endpoint, *, weights_keys: Collection[str] | None = None) -> None:
-        """Answer ``GenerateRequest`` and ``WeightUpdate`` requests arriving at ``endpoint``
-        (name it :data:`POOL_ENDPOINT` so agents find it).
+        """Answer ``GenerateRequest``, ``ScoreRequest`` (when the endpoint accepts ``score``)
+        and ``WeightUpdate`` requests arriving at ``endpoint`` (name it
+        :data:`POOL_ENDPOINT` so agents find it).
 
         ``weights_keys`` (CURVE public keys, Z85): only peers connected with one of them may
         change weights; the others get ``Error(forbidden)``. Empty: weights are not taken
@@ -78,6 +97,9 @@ class PoolService(abc.ABC):
         self._endpoint = endpoint
         self._weights_keys = None if weights_keys is None else frozenset(weights_keys)
         endpoint.on(GenerateRequest, self._on_generate)
+        accept = endpoint.config.accept
+        if accept is None or "score" in accept:  # (an endpoint may take generation only)
+            endpoint.on(ScoreRequest, self._on_score)
         if self._weights_keys != frozenset():
             endpoint.on(WeightUpdate, self._on_weights)
 
@@ -85,6 +107,13 @@ class PoolService(abc.ABC):
         assert isinstance(env.body, GenerateRequest)  # the bus dispatches by body type
         try:
             return await self.generate(env.body)
+        except PoolError as exc:
+            return exc.to_message()
+
+    async def _on_score(self, env: Envelope) -> ScoreResult | Error:
+        assert isinstance(env.body, ScoreRequest)  # the bus dispatches by body type
+        try:
+            return await self.score(env.body)
         except PoolError as exc:
             return exc.to_message()
 

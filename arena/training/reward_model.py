@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from parley.arena.inference.backends.scorer import load_reward_model, score_texts
 from parley.protocols.errors import ConfigError, require
 
 __all__ = [
@@ -101,46 +102,6 @@ def _preference(line: str, where: str) -> Preference:
     if not isinstance(prompt, str) or not isinstance(tie, bool):
         raise ConfigError(f"{where}: 'prompt' must be a string and 'tie' a boolean")
     return Preference(prompt, row["chosen"], row["rejected"], tie)
-
-
-# ----------------------------------------------------------------------------- model
-
-
-def load_reward_model(path: str | Path, *, device: str = "cpu") -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of a checkpoint directory, as a one-label sequence classifier.
-
-    A reward model directory loads with its trained head; a causal LM directory gets a new,
-    randomly initialised head (seed it with ``torch.manual_seed`` or
-    :func:`torch.random.fork_rng` around this call). The tokenizer pads on the right, and
-    the model's ``pad_token_id`` is the tokenizer's, so the head reads the last real token."""
-    transformers: Any = require("transformers", "torch")
-    from parley.arena.inference.backends.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(str(path)).hf
-    tokenizer.padding_side = "right"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        str(path), num_labels=1, pad_token_id=tokenizer.pad_token_id
-    )
-    return model.to(device), tokenizer
-
-
-def score_texts(model: Any, tokenizer: Any, texts: Sequence[str], *, max_length: int = 1024) -> Any:
-    """The model's score of each text, a float tensor ``(len(texts),)`` (gradients kept:
-    wrap in ``torch.no_grad()`` to serve). Texts longer than ``max_length`` tokens keep
-    their first ``max_length``."""
-    batch = tokenizer(
-        list(texts),
-        padding=True,
-        truncation=True,
-        max_length=max_length,
-        return_tensors="pt",
-        add_special_tokens=False,
-        # The texts are content, never control: one spelling "<|end|>" gets ordinary tokens.
-        split_special_tokens=True,
-    ).to(next(model.parameters()).device)
-    return model(**batch).logits[:, 0]  # (B, 1) -> (B,)
 
 
 # -------------------------------------------------------------------------- training

@@ -1,0 +1,190 @@
+"""Sequence scoring: a reward model served by the pool, its calls batched.
+
+A reward model is a one-label ``AutoModelForSequenceClassification`` (what TRL's
+RewardTrainer and ``parley train-rm`` save). :class:`SequenceScorer` runs it over lists of
+texts; :class:`ScoreBatcher` gathers the score calls that arrive together (from every
+episode's reward component, the bus and ``/v1/score``) into one forward pass of at most
+``max_batch_texts`` texts, the way a static lane of the pool batches generations.
+
+Texts are content, never control: a text that spells one of the tokenizer's special tokens
+(``<|end|>``) is tokenized as ordinary characters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from parley.protocols.errors import ConfigError, require
+
+__all__ = ["SequenceScorer", "ScoreBatcher", "load_reward_model", "score_texts"]
+
+
+def load_reward_model(path: str | Path, *, device: str = "cpu") -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a checkpoint directory, as a one-label sequence classifier.
+
+    A reward model directory loads with its trained head; a causal LM directory gets a new,
+    randomly initialised head (seed it with :func:`torch.random.fork_rng` around this call).
+    The tokenizer pads on the right, and the model's ``pad_token_id`` is the tokenizer's, so
+    the head reads the last real token."""
+    transformers: Any = require("transformers", "torch")
+    from parley.arena.inference.backends.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(str(path)).hf
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(path), num_labels=1, pad_token_id=tokenizer.pad_token_id
+    )
+    return model.to(device), tokenizer
+
+
+def score_texts(model: Any, tokenizer: Any, texts: Sequence[str], *, max_length: int = 1024) -> Any:
+    """The model's score of each text, a float tensor ``(len(texts),)`` (gradients kept:
+    wrap in ``torch.no_grad()`` to serve). Texts longer than ``max_length`` tokens keep
+    their first ``max_length``."""
+    batch = tokenizer(
+        list(texts),
+        padding=True,
+        truncation=True,
+        max_length=max_length,
+        return_tensors="pt",
+        add_special_tokens=False,
+        # The texts are content, never control: one spelling "<|end|>" gets ordinary tokens.
+        split_special_tokens=True,
+    ).to(next(model.parameters()).device)
+    return model(**batch).logits[:, 0]  # (B, 1) -> (B,)
+
+
+class SequenceScorer:
+    """A reward model in memory: ``score(texts)`` -> one float per text.
+
+    ``version`` is the weights version results are tagged with (0: as loaded)."""
+
+    kind = "reward-model"
+
+    def __init__(
+        self, model: Any, tokenizer: Any, *, max_length: int = 1024, version: int = 0
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.version = version
+
+    @classmethod
+    def load(cls, path: str | Path, *, device: str = "cpu", max_length: int = 1024) -> Any:
+        """The reward model saved in the directory ``path`` (blocking)."""
+        if not (Path(path) / "config.json").is_file():
+            raise ConfigError(
+                f"no reward model at {str(path)!r} (no config.json); train one with "
+                "`parley train-rm --data prefs.jsonl --model DIR --out DIR`"
+            )
+        model, tokenizer = load_reward_model(path, device=device)
+        return cls(model, tokenizer, max_length=max_length)
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        """One score per text, in order (blocking: run it in a worker thread)."""
+        torch: Any = require("torch", "torch")
+        with torch.no_grad():
+            scores = score_texts(self.model, self.tokenizer, texts, max_length=self.max_length)
+        return [float(s) for s in scores]
+
+
+@dataclass(eq=False)
+class _Call:
+    texts: list[str]
+    future: asyncio.Future[list[float]] = field(repr=False)
+
+
+class ScoreBatcher:
+    """Batches concurrent :meth:`score` calls on one scorer: the first call waits up to
+    ``max_wait`` seconds for others, then up to ``max_batch_texts`` texts (whole calls; a
+    call larger than that runs alone) go to the scorer in one worker-thread call.
+
+    Every call gets its scores or the scorer's exception; a cancelled caller's texts are
+    dropped if they have not started."""
+
+    def __init__(self, scorer: Any, *, max_batch_texts: int = 64, max_wait: float = 0.005):
+        self.scorer = scorer
+        self.max_batch_texts = max_batch_texts
+        self.max_wait = max_wait
+        self.batches = 0
+        """Scorer calls made (each one forward pass over a batch)."""
+        self._queue: deque[_Call] = deque()
+        self._wake: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+
+    async def score(self, texts: Sequence[str]) -> list[float]:
+        """The scores of ``texts``, batched with whatever else is waiting."""
+        loop = asyncio.get_running_loop()
+        if self._worker is None:
+            self._wake = asyncio.Event()
+            self._worker = loop.create_task(self._loop())
+        call = _Call(list(texts), loop.create_future())
+        self._queue.append(call)
+        assert self._wake is not None
+        self._wake.set()
+        return await call.future
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            deadline = loop.time() + self.max_wait
+            while self._size() < self.max_batch_texts and (left := deadline - loop.time()) > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), left)
+            batch = self._take()
+            if batch:
+                await self._run(batch)
+
+    def _size(self) -> int:
+        return sum(len(c.texts) for c in self._queue)
+
+    def _take(self) -> list[_Call]:
+        batch: list[_Call] = []
+        size = 0
+        while self._queue and (
+            not batch or size + len(self._queue[0].texts) <= self.max_batch_texts
+        ):
+            call = self._queue.popleft()
+            if not call.future.done():  # a caller that went away: its texts are not run
+                batch.append(call)
+                size += len(call.texts)
+        return batch
+
+    async def _run(self, batch: list[_Call]) -> None:
+        texts = [t for call in batch for t in call.texts]
+        self.batches += 1
+        try:
+            scores = await asyncio.to_thread(self.scorer.score, texts)
+        except Exception as exc:  # every caller gets the failure as its answer
+            for call in batch:
+                if not call.future.done():
+                    call.future.set_exception(exc)
+            return
+        start = 0
+        for call in batch:
+            end = start + len(call.texts)
+            if not call.future.done():
+                call.future.set_result(scores[start:end])
+            start = end
+
+    async def close(self) -> None:
+        """Stop the worker; calls still waiting get :class:`asyncio.CancelledError`."""
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        while self._queue:
+            self._queue.popleft().future.cancel()
