@@ -53,9 +53,12 @@ import yaml
 
 from parley.agents.llm import PoolClient, generate_with_retry
 from parley.arena.run.agent_specs import SeatContext, resolve_agent_spec
+from parley.arena.run.config import RunConfig
 from parley.arena.run.records import EpisodeRecord
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.protocols.messages import Constraint, GenerateRequest, SamplingParams
+from parley.scenarios import make
+from parley.scenarios.similarity import Scorer, SimilarityReward, similarity_scorer
 
 __all__ = [
     "DEFAULT_VERDICTS",
@@ -65,6 +68,7 @@ __all__ = [
     "Rubric",
     "judge_from_spec",
     "load_rubric",
+    "ModelRewards",
 ]
 
 JudgeScope = Literal["seat", "episode"]
@@ -453,3 +457,44 @@ def judge_from_spec(
         timeout=config.request_timeout or 60.0,
         max_judged_tokens=max_judged_tokens,
     )
+
+
+class ModelRewards:
+    """The model-based reward components of a run (``RunConfig.similarity``, ``.judge``):
+    the scorer and judge are made once (a model loads once) and used per episode."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.similarity: Scorer | None = None
+        """The ``similarity`` scorer, or None."""
+        self.judge: Judge | None = None
+        """The run's judge, or None."""
+        if config.similarity:
+            self.similarity = similarity_scorer(config.similarity)
+        if config.judge:
+            self.judge = judge_from_spec(
+                config.judge,
+                load_rubric(config.judge_rubric),
+                scenario=config.scenario,
+                options=config.agent_options,
+                scope=config.judge_scope,
+                max_judged_tokens=config.judge_max_tokens,
+            )
+
+    @property
+    def judged(self) -> bool:
+        """True when a judge reads the episodes' steps (the runner must keep them)."""
+        return self.judge is not None
+
+    def make_env(self) -> Any:
+        """A fresh scenario of the run, wrapped in :class:`SimilarityReward` when asked."""
+        env = make(self.config.scenario, **self.config.scenario_kwargs)
+        if self.similarity is None:
+            return env
+        return SimilarityReward(env, self.similarity, key=self.config.similarity_key)
+
+    async def judged_record(self, record: EpisodeRecord) -> EpisodeRecord:
+        """``record`` after :meth:`Judge.apply` with the run's judge (as it is without one)."""
+        if self.judge is not None:
+            await self.judge.apply(record)
+        return record

@@ -56,6 +56,7 @@ from parley.arena.run.config import RunConfig
 from parley.arena.run.direct import DirectAgents
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, derive_seed, plan_episodes
 from parley.arena.run.gather import send_all_then_gather
+from parley.arena.run.judge import ModelRewards
 from parley.arena.run.peers import AbsentPeers
 from parley.arena.run.process import PlayClock, frozen_heap
 from parley.arena.run.progress import progress_bar
@@ -76,7 +77,6 @@ from parley.protocols.errors import (
     RequestTimeout,
 )
 from parley.protocols.messages import Action, Body, Observation
-from parley.scenarios import make
 from parley.scenarios import spec as scenario_spec
 from parley.scenarios.base import ORACLE_KEY, Scenario
 
@@ -175,7 +175,8 @@ class Runner:
         self.console = console or Console(stderr=True)
         self.on_listen = on_listen
         self.keep_records = keep_records
-        probe = make(config.scenario, **config.scenario_kwargs)
+        self.rewards = ModelRewards(config)  # the judge and similarity components, if any
+        probe = self.rewards.make_env()
         self.seats: list[str] = list(probe.possible_agents)
         probe.close()
         self.bus_config = bus or bus_config_for(config, len(self.seats))
@@ -217,10 +218,6 @@ class Runner:
         self.bus_config = arena_bus_config(self.bus_config, self._keys, insecure=config.insecure)
         self._absent = AbsentPeers(config.join_timeout, self.console)
         self._arena: Endpoint | None = None
-        self.similarity = _similarity(config)
-        """The scorer of ``RunConfig.similarity``, or None."""
-        self.judge = _judge(config)
-        """The run's LLM judge (``RunConfig.judge``), or None."""
         self.keep_steps = True
         """Records hold every step (transcript, trajectories' turns); :meth:`run` turns it
         off while no step is read (no ``out``, no ``keep_records``): only the summary is."""
@@ -230,7 +227,7 @@ class Runner:
     async def run(self) -> RunResult:
         """Play every planned episode and write the output files; returns the summary
         (and the records, with ``keep_records``)."""
-        self.keep_steps = self.config.out is not None or self.keep_records or self.judge is not None
+        self.keep_steps = self.config.out is not None or self.keep_records or self.rewards.judged
         try:
             return await self._play_plans()
         finally:
@@ -371,11 +368,7 @@ class Runner:
         played at the same time need distinct ``(task, trial)`` pairs (the episode id).
         """
         started = time.perf_counter()
-        env = make(self.config.scenario, **self.config.scenario_kwargs)
-        if self.similarity is not None:
-            from parley.scenarios.similarity import SimilarityReward
-
-            env = SimilarityReward(env, self.similarity, key=self.config.similarity_key)
+        env = self.rewards.make_env()
         episode = EpisodeLog(plan, self.config.scenario, self.seats, self.specs)
         episode.copy_steps = type(env).step is not Scenario.step  # (Scenario's are fresh)
         episode.keep_steps = self.keep_steps
@@ -387,9 +380,7 @@ class Runner:
         finally:
             await self._notify_end(episode, asked)
             env.close()
-        record = episode.record()
-        if self.judge is not None:  # (a failed episode is left as it is)
-            await self.judge.apply(record)
+        record = await self.rewards.judged_record(episode.record())
         record.wall_s = time.perf_counter() - started
         return record
 
@@ -596,31 +587,6 @@ class Runner:
             # A peer that died between the check and the send cannot be told; that is fine.
             with contextlib.suppress(BusError):
                 await arena.send(peer, body, episode=episode.plan.episode_id)
-
-
-def _similarity(config: RunConfig) -> Any:
-    """The scorer of ``config.similarity`` (made once: a model loads once), or None."""
-    if not config.similarity:
-        return None
-    from parley.scenarios.similarity import similarity_scorer
-
-    return similarity_scorer(config.similarity)
-
-
-def _judge(config: RunConfig) -> Any:
-    """The :class:`~parley.arena.run.judge.Judge` of ``config.judge``, or None."""
-    if not config.judge:
-        return None
-    from parley.arena.run.judge import judge_from_spec, load_rubric
-
-    return judge_from_spec(
-        config.judge,
-        load_rubric(config.judge_rubric),
-        scenario=config.scenario,
-        options=config.agent_options,
-        scope=config.judge_scope,
-        max_judged_tokens=config.judge_max_tokens,
-    )
 
 
 def _baseline(scenario: str, seat: str) -> str:
