@@ -22,6 +22,16 @@ adapters batched together ÷ the plain model, same requests (target >= 0.7; see
 :mod:`~parley.arena.bench.pool_lora`). ``--model-size small`` builds and uses a larger
 local model (hidden 512, 4 layers) where ``--model`` is not given.
 
+Transformers backend, continuous batching (``--mixed-rounds R``; 0, the default, skips it):
+``--agents`` agents each ask the in-process pool ``R`` times one after the other, each
+request for a seeded random 1-256 new tokens (``--mixed-max``), at most ``--mixed-slots``
+rows decoded together (16: half the agents wait), once with the backend's static batching
+and once with continuous batching, interleaved, on two backends loaded alike:
+``continuous_ratio_vs_static`` = tokens/s continuous ÷ static (target >= 1.5). With
+static batching a waiting request starts only when the whole running batch has ended
+(its longest request); with continuous batching it takes the first row that frees.
+``--batching`` picks the mode of the backend the other figures use.
+
 Transformers backend: ``mask_cpu_us_per_token``, the CPU time (not wall clock: load on the
 machine does not change it) of one constraint token mask and its advance, over random
 walks through the allowed tokens of a regex (deal-or-no-deal's claim), a JSON schema and
@@ -41,6 +51,7 @@ TARGETS = {
     "batched_ratio_vs_sequential": (">=", 6.0),
     "pool_ratio_vs_direct_batch": (">=", 0.8),
     "multi_adapter_ratio_vs_single": (">=", 0.7),  # with --adapters N > 0 (pool_lora.py)
+    "continuous_ratio_vs_static": (">=", 1.5),  # transformers, with --mixed-rounds R > 0
 }
 
 _TOPICS = ("hats", "books", "balls", "a fair split", "the last offer", "trust", "time", "value")
@@ -67,6 +78,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="LoRA adapters batched together for multi_adapter_ratio_vs_single (0: skip)",
     )
     parser.add_argument("--lora-rank", type=int, default=16, help="rank of those adapters")
+    parser.add_argument(
+        "--batching",
+        choices=("static", "continuous"),
+        default="static",
+        help="transformers: the batching of the backend the main figures use",
+    )
+    parser.add_argument(
+        "--mixed-rounds",
+        type=int,
+        default=0,
+        help="transformers: requests per agent of the mixed-length workload, static and "
+        "continuous batching side by side (default 0: skipped; 3 for the README's figure)",
+    )
+    parser.add_argument(
+        "--mixed-max", type=int, default=256, help="most new tokens of a mixed-length request"
+    )
+    parser.add_argument(
+        "--mixed-slots",
+        type=int,
+        default=16,
+        help="rows decoded together in the mixed-length workload (static: the pool's batch "
+        "size; continuous: the backend's max_batch_rows); below --agents, requests queue",
+    )
     parser.add_argument(
         "--model-size",
         choices=("tiny", "small"),
@@ -184,12 +218,95 @@ async def _through_pool(backend: Any, args: argparse.Namespace) -> tuple[float, 
         ctx.term()
 
 
+async def _mixed_rate(backend: Any, args: argparse.Namespace) -> dict[str, float]:
+    """``args.agents`` agents asking an in-process pool ``args.mixed_rounds`` times each, one
+    request after the other, for seeded 1..``args.mixed_max`` new tokens: tokens per second
+    (wall clock) and per CPU second of the process, forward passes and attended slots."""
+    import numpy as np
+
+    from parley.arena.inference.pool import InferencePool, PoolConfig
+
+    rng = np.random.default_rng(0)
+    rounds = [
+        _requests(backend.tokenizer, args.agents, args.mixed_max, k)
+        for k in range(args.mixed_rounds)
+    ]
+    for batch in rounds:
+        for r in batch:
+            r.params.max_tokens = int(rng.integers(1, args.mixed_max + 1))
+    config = PoolConfig(max_batch_size=args.mixed_slots, max_wait=0.02)
+    async with InferencePool({"default": backend}, config, owns_backends=False) as pool:
+
+        async def agent(i: int) -> int:
+            tokens = 0
+            for batch in rounds:  # one request after the other, like turns
+                tokens += _tokens([await pool.generate(batch[i])])
+            return tokens
+
+        work = (backend.forward_passes, backend.attended_slots)
+        started, cpu = time.perf_counter(), time.process_time()
+        tokens = sum(await asyncio.gather(*(agent(i) for i in range(args.agents))))
+        return {
+            "tokens_per_s": tokens / (time.perf_counter() - started),
+            "tokens_per_cpu_s": tokens / (time.process_time() - cpu),
+            "forwards": backend.forward_passes - work[0],
+            "slots": backend.attended_slots - work[1],
+        }
+
+
+async def _mixed(
+    model: str, options: dict[str, Any], args: argparse.Namespace, progress: Any
+) -> dict[str, Any]:
+    """``continuous_ratio_vs_static``: the mixed-length workload on a static and a
+    continuous backend, interleaved ``args.repeat`` times, best of each."""
+    from parley.arena.inference.backends import load_backend
+
+    options = {**options, "max_batch_rows": args.mixed_slots}
+    arms = {
+        mode: await load_backend("transformers", model, **options, batching=mode)
+        for mode in ("static", "continuous")
+    }
+    best: dict[str, dict[str, float]] = {mode: {} for mode in arms}
+    task = progress.add_task("mixed lengths", total=2 * args.repeat)
+    try:
+        for _ in range(args.repeat):
+            for mode, backend in arms.items():
+                got = await _mixed_rate(backend, args)
+                # The same seeded work every time: counts agree; rates keep the best.
+                best[mode] = {k: max(v, best[mode].get(k, 0.0)) for k, v in got.items()}
+                progress.advance(task)
+    finally:
+        for backend in arms.values():
+            await backend.close()
+    static, cont = best["static"], best["continuous"]
+    return {
+        "mixed_max_tokens": args.mixed_max,
+        "mixed_rounds": args.mixed_rounds,
+        "mixed_slots": args.mixed_slots,
+        "static_mixed_tokens_per_s": round(static["tokens_per_s"], 1),
+        "continuous_mixed_tokens_per_s": round(cont["tokens_per_s"], 1),
+        "continuous_ratio_vs_static": round(cont["tokens_per_s"] / static["tokens_per_s"], 3),
+        # CPU time: what a loaded machine's wall clock hides.
+        "continuous_cpu_ratio_vs_static": round(
+            cont["tokens_per_cpu_s"] / static["tokens_per_cpu_s"], 3
+        ),
+        # Work counts: steps saved (what a GPU, flat in batch size, turns into tokens/s),
+        # and attention work added by padding rows of different ages to one width.
+        "forward_passes_static_vs_continuous": round(static["forwards"] / cont["forwards"], 3),
+        "attended_slots_continuous_vs_static": round(cont["slots"] / static["slots"], 3),
+    }
+
+
 async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     from parley.arena.bench.pool_lora import measure, model_for_size
     from parley.arena.inference.backends import load_backend
 
     model = args.model or await asyncio.to_thread(model_for_size, args.model_size)
     options: dict[str, Any] = {"device": args.device} if args.backend == "transformers" else {}
+    mixed = args.backend == "transformers" and args.mixed_rounds > 0
+    continuous = await _mixed(str(model), options, args, progress) if mixed else {}
+    if args.backend == "transformers":
+        options["batching"] = args.batching
     if args.backend == "vllm" and args.adapters > 0:
         options.update(max_loras=args.adapters, max_lora_rank=args.lora_rank)
     backend = await load_backend(args.backend, str(model), **options)
@@ -231,6 +348,7 @@ async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         "agents": args.agents,
         "max_tokens": args.max_tokens,
         "rounds": args.rounds,
+        "batching": options.get("batching", "engine"),
         "sequential_tokens_per_s": round(best["sequential"], 1),
         "direct_batch_tokens_per_s": round(best["direct_batch"], 1),
         "pool_tokens_per_s": round(best["pool"], 1),
@@ -239,6 +357,7 @@ async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         "pool_ratio_vs_direct_batch": round(best["pool"] / best["direct_batch"], 3),
         **mask,
         **lora,
+        **continuous,
     }
     result["targets"] = {k: f"{op} {v}" for k, (op, v) in TARGETS.items() if k in result}
     return result
@@ -272,6 +391,12 @@ def run(args: argparse.Namespace) -> int:
         f"pool over the bus (mean batch {result['pool_mean_batch_size']})",
         f"{result['pool_tokens_per_s']:,.0f}",
     )
+    if "continuous_mixed_tokens_per_s" in result:
+        for mode in ("static", "continuous"):
+            table.add_row(
+                f"pool, {mode} batching, 1-{result['mixed_max_tokens']} new tokens",
+                f"{result[f'{mode}_mixed_tokens_per_s']:,.0f}",
+            )
     if "multi_adapter_tokens_per_s" in result:
         table.add_row("pool, plain model (all at once)", f"{result['plain_tokens_per_s']:,.0f}")
         table.add_row(

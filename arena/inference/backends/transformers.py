@@ -157,6 +157,9 @@ class TransformersBackend(Backend):
         self._sched = ContinuousScheduler(self) if batching == "continuous" else None
         # The pool then submits each request on its own call (no waiting to fill a batch).
         self.continuous_batching = self._sched is not None
+        # Work counters: model forward passes, and rows x attended positions over them.
+        self.forward_passes = 0
+        self.attended_slots = 0
 
     @classmethod
     async def create(
@@ -479,6 +482,8 @@ class TransformersBackend(Backend):
 
     def _forward(self, ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
         """One model step; returns the last position's logits as float32, (B, V)."""
+        self.forward_passes += 1
+        self.attended_slots += int(mask.numel())  # padding included: work done, not useful
         out = self.model(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),

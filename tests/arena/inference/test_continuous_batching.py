@@ -5,6 +5,7 @@ itself (measured in decoding steps, never in seconds)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -151,3 +152,27 @@ async def test_a_costly_client_delays_only_itself(
 async def test_batching_is_static_or_continuous(tiny_model_dir: Path) -> None:
     with pytest.raises(ConfigError, match="static' or 'continuous"):
         await load_backend("transformers", str(tiny_model_dir), batching="dynamic")
+
+
+def test_bench_pool_measures_continuous_beside_static(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``parley bench pool --mixed-rounds R``: both arms in one run, the ratio in --json."""
+    from parley.arena.cli import main
+
+    status = main(
+        [
+            *("bench", "pool", "--json", "--model", str(tiny_model_dir), "--agents", "4"),
+            *("--max-tokens", "2", "--rounds", "1", "--repeat", "1", "--adapters", "0"),
+            *("--sequential-requests", "1", "--batching", "continuous"),
+            *("--mixed-rounds", "2", "--mixed-max", "16", "--mixed-slots", "2"),
+        ]
+    )
+    assert status == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["batching"] == "continuous"
+    assert (result["mixed_rounds"], result["mixed_slots"]) == (2, 2)
+    assert result["static_mixed_tokens_per_s"] > 0
+    assert result["continuous_mixed_tokens_per_s"] > 0
+    assert result["continuous_ratio_vs_static"] > 0
+    assert result["targets"]["continuous_ratio_vs_static"] == ">= 1.5"
