@@ -37,6 +37,10 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="pairs per optimiser step")
     parser.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
     parser.add_argument("--max-length", type=int, default=512, help="most tokens of a text")
+    parser.add_argument(
+        "--padding-penalty", type=float, default=1.0,
+        help="weight of the term that keeps padded replies from scoring higher (0: off)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seeds the head and the pair order")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     parser.set_defaults(func=run)
@@ -65,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         max_length=args.max_length,
+        padding_penalty=args.padding_penalty,
         seed=args.seed,
         device=args.device,
     )

@@ -28,6 +28,9 @@ gains from filler appended to it (:attr:`RewardModelConfig.padding_penalty`). Bo
 measured, not proven: ``tests/arena/training/test_reward_model.py`` checks that padded
 held-out replies score no higher on the tiny setup.
 
+As a reward: :class:`RewardModelReward` is the ``rm`` component, each seat's episode text
+scored at the episode's end (in-process, or by a reward model the pool serves).
+
 May import ``parley.protocols`` and ``parley.arena.inference``; torch and transformers
 are imported lazily (the ``torch`` extra).
 """
@@ -37,7 +40,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,10 @@ __all__ = [
     "train_reward_model",
     "export_preferences",
     "EXPORT_FORMATS",
+    "COMPONENT",
+    "RewardModelReward",
+    "credit_component",
+    "seat_text",
 ]
 
 REPORT_FILE = "reward_model.json"
@@ -329,3 +336,109 @@ def export_preferences(rows: Iterable[Preference], out: str | Path, format: str)
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
             written += 1
     return written
+
+
+# ------------------------------------------------------------------ reward component
+
+COMPONENT = "rm"
+"""The reward component's name in ``infos[seat]["components"]`` and the trajectories."""
+
+Score = Callable[[list[str]], Awaitable[list[float]]]
+"""Scores texts, list in, list out, same order (a batcher's or a pool's ``score``)."""
+
+
+def seat_text(transcript: Mapping[str, Any], seat: str) -> str:
+    """What a reward model scores of ``seat`` in an episode: each observation it got and
+    each move it made, one ``who: text`` line each (``who`` is ``scenario`` or the seat) —
+    the text ``parley view --rate --seat SEAT`` shows a rater, so a model trained on those
+    ratings scores what it was trained on."""
+    lines = []
+    for step in transcript.get("steps") or []:
+        seen, done = step.get("observations") or {}, step.get("actions") or {}
+        if isinstance(seen.get(seat), str):
+            lines.append(f"scenario: {seen[seat]}\n")
+        if isinstance(done.get(seat), str):
+            lines.append(f"{seat}: {done[seat]}\n")
+    return "".join(lines)
+
+
+class RewardModelReward:
+    """The ``rm`` reward component: at the end of an episode, each seat's
+    :func:`seat_text` scored by a reward model, times ``weight``, added to the seat's
+    reward at the last step (as the LLM judge's component is).
+
+    A scorer that fails leaves the component out (no reward, never a silent 0) and says
+    why in ``transcript["rm"]["error"]`` and ``metrics["rm_failed"]``; a failed episode is
+    left as it is."""
+
+    def __init__(self, score: Score, *, weight: float = 1.0) -> None:
+        if not math.isfinite(weight):
+            raise ConfigError(f"the rm component's weight must be a finite number, got {weight}")
+        self.score = score
+        self.weight = weight
+
+    @classmethod
+    def from_dir(cls, path: str | Path, *, device: str = "cpu", weight: float = 1.0) -> Any:
+        """The reward model saved in ``path``, in this process; the seats of every episode
+        running at once are scored in shared batches (blocking load)."""
+        from parley.arena.inference.backends.scorer import ScoreBatcher, SequenceScorer
+
+        return cls(ScoreBatcher(SequenceScorer.load(path, device=device)).score, weight=weight)
+
+    @classmethod
+    def from_pool(cls, pool: Any, model: str, *, weight: float = 1.0) -> Any:
+        """The reward model ``model`` served by ``pool`` (an
+        :class:`~parley.arena.inference.pool.InferencePool`, batched with its other score
+        requests)."""
+        from parley.protocols.messages import ScoreRequest
+
+        async def score(texts: list[str]) -> list[float]:
+            return list((await pool.score(ScoreRequest(model=model, texts=texts))).scores)
+
+        return cls(score, weight=weight)
+
+    async def apply(self, record: Any) -> None:
+        """Score a finished :class:`~parley.arena.run.records.EpisodeRecord`'s seats and
+        credit the ``rm`` component (see the class docstring)."""
+        steps = record.transcript.get("steps") or []
+        if record.failed or not steps:
+            return
+        seats = [t.agent for t in record.trajectories]
+        try:
+            scores = await self.score([seat_text(record.transcript, s) for s in seats])
+        except Exception as exc:  # the episode stands; the component is absent, with why
+            record.transcript[COMPONENT] = {"error": f"{type(exc).__name__}: {exc}"}
+            record.metrics[f"{COMPONENT}_failed"] = 1.0
+            return
+        credited = {seat: self.weight * s for seat, s in zip(seats, scores, strict=True)}
+        credit_component(record, COMPONENT, credited)
+        record.transcript[COMPONENT] = {"scores": credited}
+        record.metrics[COMPONENT] = sum(credited.values()) / len(credited)
+        record.metrics[f"{COMPONENT}_failed"] = 0.0
+
+
+def credit_component(record: Any, name: str, rewards: Mapping[str, float]) -> None:
+    """Add ``rewards[seat]`` to each seat's reward as component ``name``, at the episode's
+    last step: the step's ``rewards`` and ``infos[seat]["components"]``, the trajectory's
+    reward, components and last turn, and ``transcript["returns"]``."""
+    transcript = record.transcript
+    last = transcript["steps"][-1]
+    step_rewards = dict(last.get("rewards") or {})
+    infos = dict(last.get("infos") or {})
+    for trajectory in record.trajectories:
+        seat = trajectory.agent
+        if seat not in rewards:
+            continue
+        value = rewards[seat]
+        step_rewards[seat] = float(step_rewards.get(seat, 0.0)) + value
+        info = dict(infos.get(seat) or {})
+        components = dict(info.get("components") or {})
+        components[name] = components.get(name, 0.0) + value
+        info["components"] = components
+        infos[seat] = info
+        trajectory.components[name] = trajectory.components.get(name, 0.0) + value
+        trajectory.reward += value
+        if trajectory.turns:
+            trajectory.turns[-1].reward += value
+    last["rewards"], last["infos"] = step_rewards, infos
+    transcript["returns"] = {t.agent: t.reward for t in record.trajectories}

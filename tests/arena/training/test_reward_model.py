@@ -5,21 +5,27 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from parley.arena.cli import main
+from parley.arena.run.episode import EpisodeLog, EpisodePlan
+from parley.arena.run.records import EpisodeRecord
 from parley.arena.training.reward_model import (
     Preference,
     RewardModelConfig,
+    RewardModelReward,
     export_preferences,
     load_reward_model,
     pair_accuracy,
     read_preferences,
     score_texts,
+    seat_text,
     train_reward_model,
 )
 from parley.protocols.errors import ConfigError
+from parley.protocols.messages import Action, Observation
 
 torch = pytest.importorskip("torch")
 
@@ -41,7 +47,8 @@ def synthetic_pairs(n: int, seed: int, token: str = "apple") -> list[Preference]
 
 @pytest.fixture(scope="module")
 def reward_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A reward model trained by ``parley train-rm`` on 40 synthetic pairs (~4 s of CPU)."""
+    """A reward model trained by ``parley train-rm`` on 40 synthetic pairs, without the
+    padding term (~4 s of CPU; the padding guard's test trains its own, ``long``)."""
     work = tmp_path_factory.mktemp("rm")
     data = work / "preferences.jsonl"
     rows = [
@@ -53,7 +60,7 @@ def reward_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFact
     out = work / "model"
     status = main(
         ["train-rm", "--data", str(data), "--model", str(tiny_model_dir), "--out", str(out),
-         "--lr", "3e-4"]
+         "--lr", "3e-4", "--padding-penalty", "0"]
     )  # fmt: skip
     assert status == 0
     return out
@@ -127,3 +134,60 @@ def test_export_writes_trl_dpo_and_rm_rows(tmp_path: Path) -> None:
     assert export_preferences(rows, tmp_path / "r", "rm") == 2
     with pytest.raises(ConfigError, match="choose one of"):
         export_preferences(rows, tmp_path / "x", "ppo")
+
+
+def _record() -> EpisodeRecord:
+    """A finished two-seat episode of two steps, task reward 1 to alice at the end."""
+    seats = ["alice", "bob"]
+    plan = EpisodePlan(0, task=0, trial=0, seed=1, agent_seeds={"alice": 1, "bob": 2})
+    log = EpisodeLog(plan, "negotiation/deal-or-no-deal-v0", seats, dict.fromkeys(seats, "llm"))
+    steps = [{"alice": "I offer the apple deal", "bob": "no"}, {"alice": "deal?", "bob": "yes"}]
+    for turn, step in enumerate(steps):
+        shown = {s: Observation(agent=s, text=f"turn {turn}") for s in step}
+        acts = {s: Action(agent=s, text=text) for s, text in step.items()}
+        rewards = {"alice": float(turn), "bob": 0.0}
+        infos: dict[str, dict[str, Any]] = {s: {"components": {"task": rewards[s]}} for s in seats}
+        log.add_step(turn, shown, acts, {}, rewards, {}, {}, infos)
+    return log.record()
+
+
+@pytest.mark.timeout(60)
+async def test_rm_component_credits_each_seat_its_score(reward_model_dir: Path) -> None:
+    component = RewardModelReward.from_dir(reward_model_dir, weight=0.5)
+    record = _record()
+    await component.apply(record)
+    model, tokenizer = load_reward_model(reward_model_dir)
+    texts = [seat_text(record.transcript, s) for s in ("alice", "bob")]
+    with torch.no_grad():
+        expected = [0.5 * float(score_texts(model, tokenizer, [t])[0]) for t in texts]
+    alice, bob = record.trajectories
+    assert alice.components["rm"] == pytest.approx(expected[0], abs=1e-4)
+    assert bob.components["rm"] == pytest.approx(expected[1], abs=1e-4)
+    assert alice.reward == pytest.approx(1.0 + expected[0], abs=1e-4)
+    last = record.transcript["steps"][-1]
+    assert last["infos"]["bob"]["components"] == {"task": 0.0, "rm": bob.components["rm"]}
+    assert record.transcript["returns"] == {"alice": alice.reward, "bob": bob.reward}
+    assert record.metrics["rm_failed"] == 0.0
+
+
+async def test_a_failing_reward_model_leaves_the_component_out_with_why() -> None:
+    async def broken(texts: list[str]) -> list[float]:
+        raise RuntimeError("reward model gone")
+
+    record = _record()
+    await RewardModelReward(broken).apply(record)
+    assert "rm" not in record.trajectories[0].components
+    assert record.trajectories[0].reward == 1.0
+    assert record.transcript["rm"] == {"error": "RuntimeError: reward model gone"}
+    assert record.metrics["rm_failed"] == 1.0
+
+
+def test_seat_text_is_what_the_rate_page_shows() -> None:
+    """A reward model trained on ratings of ``parley view --rate --seat S`` scores, as a
+    reward, the same text the rater was shown."""
+    from parley.arena.view.rate import shown_items, shown_text
+
+    record = _record()
+    for seat in ("alice", "bob"):
+        shown = shown_text(shown_items(record.transcript, seat))
+        assert seat_text(record.transcript, seat) == shown
