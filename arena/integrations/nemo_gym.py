@@ -75,7 +75,9 @@ def response_text(response: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def dataset_rows(arena: LearnerArena, *, seed: int = 0, episodes: int = 10) -> Iterator[dict]:
+def dataset_rows(
+    arena: LearnerArena, *, seed: int = 0, episodes: int = 10
+) -> Iterator[dict[str, Any]]:
     """NeMo Gym dataset rows of ``parley run --seed SEED --episodes N``'s episodes: the
     learner seat's system prompt as the input, the episode's scenario seed as ``seed``."""
     (seat,) = arena.learners[:1]

@@ -79,7 +79,7 @@ RETURN_REWARD = "parley_return"
 """Name of the trace's reward: the learner seat's return."""
 
 
-class ParleyTasksetConfig(vf.TasksetConfig):
+class ParleyTasksetConfig(vf.TasksetConfig):  # type: ignore[misc]  # untyped
     """Which scenario, which seat the model plays, who plays the others, which seeds."""
 
     scenario: str = "collaboration/referential-v1"
@@ -105,18 +105,18 @@ class ParleyTasksetConfig(vf.TasksetConfig):
     """Episodes parley plays at once (vf-eval's default ``--max-concurrent`` is 128)."""
 
 
-class ParleyData(vf.TaskData):
+class ParleyData(vf.TaskData):  # type: ignore[misc]  # untyped
     """One episode: the scenario seed it resets with."""
 
     seed: int
     """Scenario reset seed (``parley run``'s for this episode index)."""
 
 
-class ParleyTask(vf.Task[ParleyData, vf.State, vf.TaskConfig]):
+class ParleyTask(vf.Task[ParleyData, vf.State, vf.TaskConfig]):  # type: ignore[misc]  # untyped
     """A parley episode to play."""
 
 
-class ParleyTaskset(vf.Taskset[ParleyTask, ParleyTasksetConfig]):
+class ParleyTaskset(vf.Taskset[ParleyTask, ParleyTasksetConfig]):  # type: ignore[misc]  # untyped
     """The episodes of ``parley run --seed SEED --episodes N`` (module docstring)."""
 
     def load(self) -> Iterator[ParleyTask]:
@@ -141,11 +141,11 @@ def _seats(config: ParleyTasksetConfig) -> tuple[str, ...]:
         probe.close()
 
 
-class ParleyHarnessConfig(NullHarnessConfig):
+class ParleyHarnessConfig(NullHarnessConfig):  # type: ignore[misc]  # untyped
     """verifiers' null harness settings (tool-less chat loop)."""
 
 
-class ParleyHarness(NullHarness):
+class ParleyHarness(NullHarness):  # type: ignore[misc]  # untyped
     """The null chat loop run with this interpreter, not a ``uv`` environment."""
 
     async def setup(self, runtime: Runtime) -> None:
@@ -177,13 +177,13 @@ class _LocalPython:
         return [sys.executable, path]
 
 
-class ParleyEnvConfig(vf.EnvConfig):
+class ParleyEnvConfig(vf.EnvConfig):  # type: ignore[misc]  # untyped
     """The one role: the learner seat's player (a local runtime: see the harness)."""
 
     player: vf.AgentConfig = vf.AgentConfig(runtime=SubprocessConfig())
 
 
-class ParleyEnv(vf.Env[ParleyEnvConfig]):
+class ParleyEnv(vf.Env[ParleyEnvConfig]):  # type: ignore[misc]  # untyped
     """Plays each task's parley episode with the model in the learner seat."""
 
     _arena: LearnerArena | None = None

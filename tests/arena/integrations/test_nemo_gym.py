@@ -19,7 +19,7 @@ pytest.importorskip("openenv")  # the server reuses the OpenEnv server's loopbac
 
 from parley.arena.integrations.learner import LearnerArena
 from parley.arena.integrations.nemo_gym import SESSION_COOKIE, create_nemo_gym_app, dataset_rows
-from tests.arena.integrations.test_verifiers import LISTENER, served  # noqa: F401 - fixture
+from tests.arena.integrations.test_verifiers import parley_run, served  # noqa: F401 - fixture
 
 NEMO_PYTHON = Path(sys.prefix) / "nemo-gym" / "bin" / "python"  # the Makefile's, if built
 SCRIPT = Path(__file__).with_name("nemo_gym_rollouts.py")
@@ -109,14 +109,7 @@ def test_nemo_gym_rollout_collection_scores_as_parley_run(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rollouts = [json.loads(line) for line in out.read_text().splitlines()]
-    agents = f"scripted,llm:{model}?policy=tiny&{LISTENER}"
-    cmd = [str(Path(sys.executable).with_name("parley")), "run", SCENARIO, "--agents", agents]
-    cmd += ["--pool", pool, "--episodes", "6", "--seed", "3", "--no-progress"]
-    cmd += ["--out", str(tmp_path / "run")]
-    ran = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    lines = (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()
-    parley = {row["seed"]: row for row in map(json.loads, lines)}
+    parley = parley_run(model, pool, tmp_path / "run")
 
     assert [r["ok"] for r in rollouts] == [True] * 6, rollouts
     assert sorted(r["seed"] for r in rollouts) == sorted(parley)

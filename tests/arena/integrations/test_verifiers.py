@@ -75,6 +75,18 @@ def _vf_eval(url: str, out: Path, *options: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in traces.read_text().splitlines()]
 
 
+def parley_run(model: Path, pool: str, out: Path) -> dict[int, dict[str, Any]]:
+    """``parley run``'s episodes (transcript rows by scenario seed): referential-v1, seed 3,
+    6 episodes, the tiny model served at ``pool`` in the listener seat, greedy."""
+    agents = f"scripted,llm:{model}?policy=tiny&{LISTENER}"
+    cmd = [str(BIN / "parley"), "run", SCENARIO, "--agents", agents, "--pool", pool]
+    cmd += ["--episodes", "6", "--seed", "3", "--no-progress", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (out / "transcripts.jsonl").read_text().splitlines()
+    return {row["seed"]: row for row in map(json.loads, lines)}
+
+
 @pytest.mark.long
 @pytest.mark.timeout(400)
 def test_vf_eval_scores_each_episode_as_parley_run_does(
@@ -87,13 +99,7 @@ def test_vf_eval_scores_each_episode_as_parley_run_does(
         *("--env.taskset.scenario", SCENARIO, "--env.taskset.learner", "listener"),
         *("--env.taskset.episodes", "6", "--env.taskset.seed", "3"),
     )
-    agents = f"scripted,llm:{model}?policy=tiny&{LISTENER}"
-    cmd = [str(BIN / "parley"), "run", SCENARIO, "--agents", agents, "--pool", pool]
-    cmd += ["--episodes", "6", "--seed", "3", "--no-progress", "--out", str(tmp_path / "run")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()
-    parley = {row["seed"]: row for row in map(json.loads, lines)}
+    parley = parley_run(model, pool, tmp_path / "run")
 
     assert len(episodes) == 6
     assert all(episode["ok"] for episode in episodes)
