@@ -398,32 +398,12 @@ class Judge:
 
 
 def _credit(record: EpisodeRecord, outcomes: Mapping[str, JudgeOutcome]) -> None:
-    """Add each seat's verdict to its reward at the episode's last step (see the module doc)."""
-    transcript = record.transcript
-    last = transcript["steps"][-1]
-    rewards = dict(last.get("rewards") or {})
-    infos = dict(last.get("infos") or {})
-    for trajectory in record.trajectories:
-        score = outcomes[trajectory.agent].score
-        if score is None:
-            continue
-        seat = trajectory.agent
-        rewards[seat] = float(rewards.get(seat, 0.0)) + score
-        info = dict(infos.get(seat) or {})
-        components = dict(info.get("components") or {})
-        components[COMPONENT] = components.get(COMPONENT, 0.0) + score
-        info["components"] = components
-        infos[seat] = info
-        trajectory.components[COMPONENT] = trajectory.components.get(COMPONENT, 0.0) + score
-        trajectory.reward += score
-        if trajectory.turns:
-            trajectory.turns[-1].reward += score
-    last["rewards"], last["infos"] = rewards, infos
-    transcript[COMPONENT] = {seat: o.as_json() for seat, o in outcomes.items()}
-    transcript["returns"] = {t.agent: t.reward for t in record.trajectories}
-    scores = [o.score for o in outcomes.values() if o.score is not None]
+    """Credit each seat's verdict (see the module doc) and record every outcome."""
+    scores = {seat: o.score for seat, o in outcomes.items() if o.score is not None}
+    record.credit(COMPONENT, scores)
+    record.transcript[COMPONENT] = {seat: o.as_json() for seat, o in outcomes.items()}
     if scores:
-        record.metrics[COMPONENT] = sum(scores) / len(scores)
+        record.metrics[COMPONENT] = sum(scores.values()) / len(scores)
     record.metrics[f"{COMPONENT}_failed"] = 1.0 - len(scores) / len(outcomes)
 
 
@@ -445,7 +425,8 @@ def judge_from_spec(
         spec += ("&" if "?" in spec else "?") + "system_prompt=none"
     context = SeatContext(scenario=scenario, seat=COMPONENT, options=options)
     source = resolve_agent_spec(spec, context)
-    agent = source() if callable(source) else source
+    # An llm: source makes LLMAgents; their client, tokenizer and settings are the judge's.
+    agent: Any = source() if callable(source) else source
     client, tokenizer, config = agent.client, agent.tokenizer, agent.config
     return Judge(
         client,

@@ -14,6 +14,7 @@ Files (in ``RunConfig.out``; the schema is documented in ``arena/run/SCHEMA.md``
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -90,6 +91,33 @@ class EpisodeRecord:
     agents_s: float = 0.0
     """Wall-clock seconds spent waiting for agents' actions (the rest is the scenario and
     the runner's own bookkeeping); ``timings.jsonl`` only."""
+
+    def credit(self, component: str, values: Mapping[str, float]) -> None:
+        """Add ``values[seat]`` as reward ``component`` at the episode's last step, as a
+        scenario's final reward is: the step's ``rewards`` and ``infos[seat]["components"]``,
+        the seat's trajectory reward, components and last turn, and the ``returns``. For
+        rewards computed after play (a judge, a reward model); seats not in ``values`` get
+        nothing. Needs the transcript's steps (a run that keeps them)."""
+        transcript = self.transcript
+        last = transcript["steps"][-1]
+        rewards = dict(last.get("rewards") or {})
+        infos = dict(last.get("infos") or {})
+        for trajectory in self.trajectories:
+            seat = trajectory.agent
+            if seat not in values:
+                continue
+            value = float(values[seat])
+            rewards[seat] = float(rewards.get(seat, 0.0)) + value
+            info = dict(infos.get(seat) or {})
+            components = dict(info.get("components") or {})
+            components[component] = components.get(component, 0.0) + value
+            infos[seat] = {**info, "components": components}
+            trajectory.components[component] = trajectory.components.get(component, 0.0) + value
+            trajectory.reward += value
+            if trajectory.turns:
+                trajectory.turns[-1].reward += value
+        last["rewards"], last["infos"] = rewards, infos
+        transcript["returns"] = {t.agent: t.reward for t in self.trajectories}
 
 
 def _lines(record: EpisodeRecord) -> tuple[bytes, bytes, bytes]:
