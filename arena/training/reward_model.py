@@ -21,12 +21,16 @@ skipped (counted in :class:`RewardModelReport`). :func:`export_preferences` writ
 as TRL's DPO or RewardTrainer datasets (the same three columns, parley fields dropped).
 
 Length: a reward model learns whatever separates chosen from rejected, length included
-(Singhal et al. 2023). :func:`train_reward_model` measures the data's length bias (the share
-of pairs whose chosen is longer minus the share whose chosen is shorter, in tokens) and
-reports it, and by default trains against padding: a hinge term penalises any score a text
-gains from filler appended to it (:attr:`RewardModelConfig.padding_penalty`). Both are
-measured, not proven: ``tests/arena/training/test_reward_model.py`` checks that padded
-held-out replies score no higher on the tiny setup.
+(Singhal et al. 2023). Two guards:
+
+- Training and the ``rm`` component score texts in the LLM judge's canonical form
+  (:func:`~parley.arena.run.judge.canonical`): padding with whitespace or back-to-back
+  repeats gives the very same text, hence the very same score (proven by construction).
+- Against filler of other words, training adds a hinge term that penalises any score a
+  text gains from a run of its own words appended
+  (:attr:`RewardModelConfig.padding_penalty`), and reports the data's length bias (the
+  share of pairs whose chosen is longer minus the share whose chosen is shorter, in
+  tokens). This one is learned, so measured, not proven.
 
 As a reward: :class:`RewardModelReward` is the ``rm`` component, each seat's episode text
 scored at the episode's end (in-process, or by a reward model the pool serves).
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from parley.arena.inference.backends.scorer import load_reward_model, score_texts
+from parley.arena.run.judge import canonical
 from parley.protocols.errors import ConfigError, require
 
 __all__ = [
@@ -255,7 +260,8 @@ def _bradley_terry(
     """Mean Bradley-Terry loss of ``batch`` plus its regularisers, in one forward pass."""
     torch: Any = require("torch", "torch")
     b = len(batch)
-    texts = [p.prompt + p.chosen for p in batch] + [p.prompt + p.rejected for p in batch]
+    texts = [canonical(p.prompt + p.chosen) for p in batch]
+    texts += [canonical(p.prompt + p.rejected) for p in batch]
     if config.padding_penalty:
         texts += [_padded(text, rng) for text in texts]
     scores = score_texts(model, tokenizer, texts, max_length=config.max_length)  # (2B|4B,)
@@ -291,10 +297,16 @@ def pair_accuracy(
     with torch.no_grad():
         for batch in _batches(pairs, 16):
             chosen = score_texts(
-                model, tokenizer, [p.prompt + p.chosen for p in batch], max_length=max_length
+                model,
+                tokenizer,
+                [canonical(p.prompt + p.chosen) for p in batch],
+                max_length=max_length,
             )
             rejected = score_texts(
-                model, tokenizer, [p.prompt + p.rejected for p in batch], max_length=max_length
+                model,
+                tokenizer,
+                [canonical(p.prompt + p.rejected) for p in batch],
+                max_length=max_length,
             )
             wins += int((chosen > rejected).sum())
     return wins / len(pairs) if pairs else 0.0
@@ -364,8 +376,11 @@ def seat_text(transcript: Mapping[str, Any], seat: str) -> str:
 
 class RewardModelReward:
     """The ``rm`` reward component: at the end of an episode, each seat's
-    :func:`seat_text` scored by a reward model, times ``weight``, added to the seat's
-    reward at the last step (as the LLM judge's component is).
+    :func:`seat_text` in the judge's canonical form (whitespace runs one space, back-to-back
+    repeats kept once: :func:`~parley.arena.run.judge.canonical`, so padding a reply with
+    whitespace or repeats scores the very same text) scored by a reward model, times
+    ``weight``, added to the seat's reward at the last step (as the LLM judge's component
+    is).
 
     A scorer that fails leaves the component out (no reward, never a silent 0) and says
     why in ``transcript["rm"]["error"]`` and ``metrics["rm_failed"]``; a failed episode is
@@ -405,7 +420,7 @@ class RewardModelReward:
             return
         seats = [t.agent for t in record.trajectories]
         try:
-            scores = await self.score([seat_text(record.transcript, s) for s in seats])
+            scores = await self.score([canonical(seat_text(record.transcript, s)) for s in seats])
         except Exception as exc:  # the episode stands; the component is absent, with why
             record.transcript[COMPONENT] = {"error": f"{type(exc).__name__}: {exc}"}
             record.metrics[f"{COMPONENT}_failed"] = 1.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from parley.arena.cli import main
 from parley.arena.run.episode import EpisodeLog, EpisodePlan
+from parley.arena.run.judge import canonical
 from parley.arena.run.records import EpisodeRecord
 from parley.arena.training.reward_model import (
     Preference,
@@ -136,12 +138,13 @@ def test_export_writes_trl_dpo_and_rm_rows(tmp_path: Path) -> None:
         export_preferences(rows, tmp_path / "x", "ppo")
 
 
-def _record() -> EpisodeRecord:
-    """A finished two-seat episode of two steps, task reward 1 to alice at the end."""
+def _record(last: str = "deal?") -> EpisodeRecord:
+    """A finished two-seat episode of two steps, task reward 1 to alice at the end; alice's
+    last move is ``last``."""
     seats = ["alice", "bob"]
     plan = EpisodePlan(0, task=0, trial=0, seed=1, agent_seeds={"alice": 1, "bob": 2})
     log = EpisodeLog(plan, "negotiation/deal-or-no-deal-v0", seats, dict.fromkeys(seats, "llm"))
-    steps = [{"alice": "I offer the apple deal", "bob": "no"}, {"alice": "deal?", "bob": "yes"}]
+    steps = [{"alice": "I offer the apple deal", "bob": "no"}, {"alice": last, "bob": "yes"}]
     for turn, step in enumerate(steps):
         shown = {s: Observation(agent=s, text=f"turn {turn}") for s in step}
         acts = {s: Action(agent=s, text=text) for s, text in step.items()}
@@ -157,7 +160,7 @@ async def test_rm_component_credits_each_seat_its_score(reward_model_dir: Path) 
     record = _record()
     await component.apply(record)
     model, tokenizer = load_reward_model(reward_model_dir)
-    texts = [seat_text(record.transcript, s) for s in ("alice", "bob")]
+    texts = [canonical(seat_text(record.transcript, s)) for s in ("alice", "bob")]
     with torch.no_grad():
         expected = [0.5 * float(score_texts(model, tokenizer, [t])[0]) for t in texts]
     alice, bob = record.trajectories
@@ -168,6 +171,16 @@ async def test_rm_component_credits_each_seat_its_score(reward_model_dir: Path) 
     assert last["infos"]["bob"]["components"] == {"task": 0.0, "rm": bob.components["rm"]}
     assert record.transcript["returns"] == {"alice": alice.reward, "bob": bob.reward}
     assert record.metrics["rm_failed"] == 0.0
+
+
+@pytest.mark.timeout(60)
+async def test_padding_with_whitespace_or_repeats_leaves_the_rm_reward_as_it_was(
+    reward_model_dir: Path,
+) -> None:
+    component = RewardModelReward.from_dir(reward_model_dir)
+    plain, padded = _record("I take the deal?"), _record("I take   the deal?\n\n" + " deal?" * 40)
+    await asyncio.gather(component.apply(plain), component.apply(padded))
+    assert padded.trajectories[0].components["rm"] == plain.trajectories[0].components["rm"]
 
 
 async def test_a_failing_reward_model_leaves_the_component_out_with_why() -> None:
