@@ -120,15 +120,22 @@ def main(resources_url: str, policy_url: str, rows_path: str, out_path: str) -> 
         params.update(temperature=0.0, max_output_tokens=6)
 
     async def collect() -> list[dict]:
-        await _serve(model.setup_webserver(), model_port)
-        await _serve(agent.setup_webserver(), agent_port)
+        servers = [
+            await _serve(model.setup_webserver(), model_port),
+            await _serve(agent.setup_webserver(), agent_port),
+        ]
         results = []
-        for future in _Collection(client=client).run_examples(rows):
-            try:
-                row, result = await future
-                results.append({"seed": row["seed"], "ok": True, "result": result})
-            except Exception as error:  # a failed rollout is a result here
-                results.append({"ok": False, "error": f"{type(error).__name__}: {error}"})
+        try:
+            for future in _Collection(client=client).run_examples(rows):
+                try:
+                    row, result = await future
+                    results.append({"seed": row["seed"], "ok": True, "result": result})
+                except Exception as error:  # a failed rollout is a result here
+                    results.append({"ok": False, "error": f"{type(error).__name__}: {error}"})
+        finally:
+            for server in servers:  # stopped on their loop, before it closes
+                server.should_exit = True
+                await server.shutdown()
         return results
 
     results = asyncio.run(collect())
