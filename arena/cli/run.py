@@ -339,7 +339,8 @@ async def _run(config: RunConfig, console: Console) -> Any:
             # Check the pool once, before any episode waits for it (fails in seconds).
             from parley.arena.inference.llm_spec import check_llm_pools
 
-            await check_llm_pools(runner.specs, config.agent_options)
+            judge = {"judge": config.judge} if config.judge else {}  # (its policy too)
+            await check_llm_pools({**runner.specs, **judge}, config.agent_options)
         return await runner.run()
     except asyncio.CancelledError:
         if not stopped:

@@ -233,3 +233,21 @@ def test_config_refuses_a_judge_without_a_rubric_and_unknown_scopes() -> None:
         load_rubric({"rubric": "x", "json_schema": {"type": "object"}})
     with pytest.raises(ConfigError, match="finite number"):
         load_rubric({"rubric": "x", "verdicts": {"good": "high"}})
+
+
+@pytest.mark.timeout(60)
+def test_a_judge_on_an_absent_pool_stops_the_run_before_play(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from parley.arena.cli import main
+
+    status = main(
+        [
+            *("run", SCENARIO, "--episodes", "1", "--no-progress", "--out", str(tmp_path)),
+            *("--pool", "tcp://127.0.0.1:9", "--judge", f"llm:{tiny_model_dir}?policy=j"),
+            *("--judge-rubric", RUBRIC),
+        ]
+    )
+    assert status == 2
+    assert "no inference pool answers at tcp://127.0.0.1:9" in capsys.readouterr().err
+    assert not (tmp_path / "transcripts.jsonl").exists()
