@@ -25,7 +25,9 @@ verdict's number as the reward component ``judge``:
   ``max_judged_tokens`` gets the rubric's lowest score (``verdict: too_long``): padding
   never pays beyond it either.
 - **Cache**: verdicts are kept per (rubric digest, judged-text digest, policy); the same
-  text is never judged twice in a run.
+  text is never judged twice in a run (by one runner: each Ray worker has its own judge). A
+  judge must not be the policy being trained (its verdicts would move with the weights it
+  rewards, and cached ones go stale): serve it under a policy name of its own.
 - **Failures**: a judge that times out, fails or answers outside the verdicts (a JSON
   verdict cut by ``max_tokens``) adds no ``judge`` component to that seat (never a silent 0)
   and records why in the transcript's ``judge`` entry; the episode metric ``judge_failed``
