@@ -41,6 +41,7 @@ __all__ = [
     "COMPONENT",
     "REFERENCE_KEY",
     "EmbeddingSimilarity",
+    "Scorer",
     "SimilarityReward",
     "chrf",
     "similarity_scorer",
@@ -52,6 +53,7 @@ REFERENCE_KEY = "reference"
 """``infos[agent][REFERENCE_KEY]``: a scenario's reference text for the agent's response."""
 
 Scorer = Callable[[str, str], float]
+"""``(response, reference) -> score``."""
 
 
 def chrf(response: str, reference: str) -> float:
