@@ -66,7 +66,6 @@ __all__ = [
     "EXPORT_FORMATS",
     "COMPONENT",
     "RewardModelReward",
-    "credit_component",
     "seat_text",
 ]
 
@@ -426,34 +425,7 @@ class RewardModelReward:
             record.metrics[f"{COMPONENT}_failed"] = 1.0
             return
         credited = {seat: self.weight * s for seat, s in zip(seats, scores, strict=True)}
-        credit_component(record, COMPONENT, credited)
+        record.credit(COMPONENT, credited)
         record.transcript[COMPONENT] = {"scores": credited}
         record.metrics[COMPONENT] = sum(credited.values()) / len(credited)
         record.metrics[f"{COMPONENT}_failed"] = 0.0
-
-
-def credit_component(record: Any, name: str, rewards: Mapping[str, float]) -> None:
-    """Add ``rewards[seat]`` to each seat's reward as component ``name``, at the episode's
-    last step: the step's ``rewards`` and ``infos[seat]["components"]``, the trajectory's
-    reward, components and last turn, and ``transcript["returns"]``."""
-    transcript = record.transcript
-    last = transcript["steps"][-1]
-    step_rewards = dict(last.get("rewards") or {})
-    infos = dict(last.get("infos") or {})
-    for trajectory in record.trajectories:
-        seat = trajectory.agent
-        if seat not in rewards:
-            continue
-        value = rewards[seat]
-        step_rewards[seat] = float(step_rewards.get(seat, 0.0)) + value
-        info = dict(infos.get(seat) or {})
-        components = dict(info.get("components") or {})
-        components[name] = components.get(name, 0.0) + value
-        info["components"] = components
-        infos[seat] = info
-        trajectory.components[name] = trajectory.components.get(name, 0.0) + value
-        trajectory.reward += value
-        if trajectory.turns:
-            trajectory.turns[-1].reward += value
-    last["rewards"], last["infos"] = step_rewards, infos
-    transcript["returns"] = {t.agent: t.reward for t in record.trajectories}
