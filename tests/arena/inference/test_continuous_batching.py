@@ -24,6 +24,7 @@ from parley.protocols.messages import (  # noqa: E402
     GenerateRequest,
     GenerateResult,
     SamplingParams,
+    WeightUpdate,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -152,6 +153,52 @@ async def test_a_costly_client_delays_only_itself(
 async def test_batching_is_static_or_continuous(tiny_model_dir: Path) -> None:
     with pytest.raises(ConfigError, match="static' or 'continuous"):
         await load_backend("transformers", str(tiny_model_dir), batching="dynamic")
+
+
+async def test_weight_update_waits_for_live_rows_and_cancelled_rows_leave(
+    backends: tuple[TransformersBackend, TransformersBackend],
+) -> None:
+    """A weight update while a request decodes: the running request finishes on the old
+    weights (the static backend's tokens, version 0) and one submitted during the update
+    runs on the new (version 1). A cancelled request's rows leave the batch at the next
+    step, and the requests after it are answered."""
+    static, continuous = backends
+    long = request(static, "a long one", temperature=1.0, seed=7, max_tokens=40)
+    long.constraint = LONG
+    want = (await static.generate([long]))[0]
+    name, weight = next(
+        (k, v) for k, v in continuous.model.state_dict().items() if k.endswith("k_proj.weight")
+    )
+    update = WeightUpdate(policy="default", version=1, tensors={name: (weight * 1.5).numpy()})
+
+    started = asyncio.Event()
+    first = asyncio.ensure_future(continuous.generate([long], sinks=[after(3, started)]))
+    await asyncio.wait_for(started.wait(), 30)
+    updating = asyncio.ensure_future(continuous.update_weights(update))
+    await asyncio.sleep(0)  # the update has drained the scheduler: later requests wait
+    late = await continuous.generate([request(continuous, "after", max_tokens=4, seed=1)])
+    await updating
+    got = (await first)[0]
+    assert got.policy_version == 0
+    assert late[0].policy_version == 1
+    assert_same(got, want)
+
+    started, streamed = asyncio.Event(), []
+    endless = request(continuous, "a long one", temperature=1.0, seed=7, max_tokens=1000)
+    endless.constraint = LONG  # 1000 steps: the cancel reaches the thread long before
+    doomed = asyncio.ensure_future(
+        continuous.generate([endless], sinks=[lambda i, d: (streamed.append(d), started.set())])
+    )
+    await asyncio.wait_for(started.wait(), 30)
+    doomed.cancel()
+    short = request(continuous, "still here", max_tokens=4, seed=2, temperature=0)
+    assert len((await continuous.generate([short]))[0].completions[0].token_ids) <= 4
+    # Tasks run in order on the torch thread: this one once the scheduler's loop has ended.
+    await asyncio.get_running_loop().run_in_executor(continuous._executor, lambda: None)
+    sched = continuous._sched
+    assert sched is not None
+    assert sched._live == []
+    assert len(streamed) < 1000  # the cancelled row left before its 1000 tokens
 
 
 def test_bench_pool_measures_continuous_beside_static(
