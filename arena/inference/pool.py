@@ -12,7 +12,8 @@ Scheduling, per backend (a *lane*):
   arrives the lane waits up to :attr:`PoolConfig.max_wait` for more, then hands up to
   :attr:`PoolConfig.max_batch_size` requests to one ``generate`` call. Requests that arrive
   while a batch runs form the next batch, which starts as soon as the running one ends.
-- **Continuous batching** (``backend.continuous_batching``, vLLM): the engine schedules
+- **Continuous batching** (``backend.continuous_batching``: vLLM, and transformers with
+  ``batching="continuous"``): the engine schedules
   concurrent calls itself, so the pool submits every request at once as its own call (at
   most :attr:`PoolConfig.max_in_flight` at a time) and the engine batches them token by
   token.

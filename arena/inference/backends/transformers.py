@@ -24,6 +24,11 @@ Loads a checkpoint by path or hub id with ``AutoModelForCausalLM`` / ``AutoToken
 - with ``sinks`` (HTTP streaming) each row's new token goes to its sink after every
   decoding step (handed to the event loop thread-safely), while the batch keeps decoding.
 
+With ``batching="continuous"``, requests of every call join and leave one running batch
+at each decoding step instead
+(:mod:`~parley.arena.inference.backends.transformers_sched`), with the same tokens and
+logprobs as a static batch.
+
 Generation runs in one dedicated worker thread under a lock: the event loop stays free,
 weight updates happen between batches, and torch always computes on the same OS thread
 (each new thread would start another OpenMP team, whose warm-up and spinning cost
