@@ -11,7 +11,9 @@ whole model or a LoRA adapter on a shared base), :mod:`~parley.arena.training.pr
 and the pool load), :mod:`~parley.arena.training.sync` (weights back to the pool,
 in-process or over the bus), :mod:`~parley.arena.training.warmstart`,
 :mod:`~parley.arena.training.config` (``TrainConfig``, ``RunSeeds``),
-:mod:`~parley.arena.training.loop` (``run_training``), :mod:`~parley.arena.training.outputs`
+:mod:`~parley.arena.training.loop` (``run_training``), :mod:`~parley.arena.training.seats`
+(the LLM agents of its seats), :mod:`~parley.arena.training.population` (opponents drawn
+from snapshots and fixed members), :mod:`~parley.arena.training.outputs`
 (metrics, checkpoints, summary), :mod:`~parley.arena.training.evaluate` (checkpoints in the
 arena with the prompts they were trained on) and :mod:`~parley.arena.training.export`
 (trajectories for outside trainers).

@@ -38,7 +38,6 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,20 +65,17 @@ from parley.arena.training.outputs import (
     write_summary,
 )
 from parley.arena.training.pg import PolicyGradientTrainer
-from parley.arena.training.population import (
-    POPULATION_SPEC,
-    Population,
-    member_agents,
-    open_population,
-)
+from parley.arena.training.population import POPULATION_SPEC, Population, open_population
 from parley.arena.training.sampler import (
     AsyncSampler,
     Batch,
     ConstraintLog,
-    RecordingClient,
     SamplerError,
     samples_from_record,
 )
+from parley.arena.training.seats import llm_agent_config as llm_agent_config  # (re-exported)
+from parley.arena.training.seats import llm_factory as _llm_factory
+from parley.arena.training.seats import system_prompts as _system_prompts
 from parley.arena.training.sync import InProcessSync
 from parley.protocols.errors import ConfigError, require
 
@@ -120,45 +116,6 @@ def _prepare_run(config: TrainConfig, seeds: RunSeeds, out: Path) -> dict[str, P
 
 
 # ------------------------------------------------------------------------------ the loop
-
-
-def llm_agent_config(config: AgentConfig, policy: str) -> Any:
-    """The :class:`~parley.agents.llm.LLMAgentConfig` of a seat played by ``policy``."""
-    from parley.agents.llm import LLMAgentConfig
-
-    return LLMAgentConfig(
-        policy=policy,
-        temperature=config.temperature,
-        max_tokens=config.max_tokens,
-        max_prompt_tokens=config.max_prompt_tokens,
-        request_timeout=0.0,
-    )
-
-
-def _llm_factory(
-    pool: Any, policy: str, tokenizer: Any, system_prompt: str, config: AgentConfig, log: Any
-) -> Callable[[], Any]:
-    from parley.agents.llm import LLMAgent
-
-    agent_config = llm_agent_config(config, policy)
-    client = RecordingClient(pool, log)
-
-    def factory() -> Any:
-        return LLMAgent(client, tokenizer, system_prompt=system_prompt, config=agent_config)
-
-    return factory
-
-
-def _system_prompts(config: TrainConfig) -> dict[str, str]:
-    from parley.scenarios import make
-
-    env = make(config.scenario, **config.scenario_kwargs)
-    try:
-        env.reset(seed=0)
-        get = getattr(env, "system_prompt", None)
-        return {seat: (str(get(seat)) if callable(get) else "") for seat in env.possible_agents}
-    finally:
-        env.close()
 
 
 async def run_training(config: TrainConfig, *, progress: Any = None) -> TrainResult:
@@ -471,8 +428,8 @@ class _Run:
                     config=agent,
                     log=self.log,
                 )
-                members = member_agents(self.config.scenario, seat, llm)
-                agents[seat], specs[seat] = self.population.factory(seat, members), spec
+                agents[seat] = self.population.factory(seat, self.config.scenario, llm)
+                specs[seat] = spec
             else:
                 specs[seat] = spec
         run_config = RunConfig(

@@ -309,9 +309,13 @@ class Population:
         if changed:
             self.save()
 
-    def factory(self, seat: str, make: MemberFactory) -> Callable[[], Any]:
-        """The agent factory of a ``population`` seat: each agent plays the member drawn
-        at its reset."""
+    def factory(
+        self, seat: str, scenario: str, llm: Callable[[str], Callable[[], Any]]
+    ) -> Callable[[], Any]:
+        """The agent factory of a ``population`` seat of ``scenario``: each agent plays the
+        member drawn at its reset (snapshots and ``policy:NAME`` through ``llm(pool policy
+        name)``; :func:`member_agents`)."""
+        make = member_agents(scenario, seat, llm)
         made: dict[str, Callable[[], Any]] = {}
 
         def member_factory(member: Member) -> Callable[[], Any]:
