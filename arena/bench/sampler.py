@@ -64,10 +64,11 @@ async def _setup(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     from parley.arena.run.config import RunConfig
     from parley.arena.run.runner import Runner
     from parley.arena.training.config import RunSeeds, StageConfig, TrainConfig
-    from parley.arena.training.loop import AgentConfig, _llm_factory
+    from parley.arena.training.loop import AgentConfig
     from parley.arena.training.models import load_policies
     from parley.arena.training.pg import PGConfig, PolicyGradientTrainer
     from parley.arena.training.sampler import ConstraintLog
+    from parley.arena.training.seats import llm_factory
     from parley.arena.training.sync import InProcessSync
 
     # A training config only for what load_policies reads (batch rows, seed, device).
@@ -84,7 +85,7 @@ async def _setup(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     pool = await InferencePool(policies.served, PoolConfig(max_batch_size=256)).start()
     log = ConstraintLog()
     agent = AgentConfig(temperature=1.0, max_tokens=args.max_tokens, max_prompt_tokens=384)
-    base = _llm_factory(pool, "shared", policies.tokenizer, "", agent, log)
+    base = llm_factory(pool, "shared", policies.tokenizer, "", agent, log)
     rng = np.random.default_rng(0)
 
     def factory() -> Any:
