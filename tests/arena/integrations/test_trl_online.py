@@ -260,3 +260,20 @@ def test_grpo_trainer_learns_the_listener_seat_against_parleys_speaker(
     ]
     assert success[0] <= 0.45, success
     assert sum(success[-5:]) / 5 >= 0.8, success
+
+
+@pytest.mark.timeout(60)
+def test_a_prompt_that_names_no_seed_is_refused_with_what_to_do() -> None:
+    """TRL hands the rollout only prompts: one not made by ``dataset()`` (or naming another
+    scenario) is a ConfigError that says how to build the dataset, not a silent reset."""
+    from parley.arena.integrations.trl_env import ParleyRollout
+    from parley.protocols.errors import ConfigError
+
+    with ParleyRollout(REFERENTIAL, learner="listener") as rollout:
+        assert rollout.dataset([3])["prompt"] == [rollout.prompt(3)]
+        for prompt in (
+            [{"role": "user", "content": "Pick the object."}],
+            [{"role": "user", "content": "parley negotiation/simple-trade-v2 seed=3"}],
+        ):
+            with pytest.raises(ConfigError, match=r"ParleyRollout\.dataset"):
+                rollout([prompt], trainer=None)
