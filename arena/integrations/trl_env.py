@@ -303,12 +303,14 @@ class ParleyRollout:
         if self._backend is not None:
             await self._backend.close()
 
-    def _backend_for(self, model: Any, trainer: Any) -> Any:
+    async def _backend_for(self, model: Any, trainer: Any) -> Any:
         # One backend per model object: it shares the module TRL optimises.
         if self._backend is None or self._model is not model:
             from parley.arena.inference.backends.tokenizer import HFChatTokenizer
             from parley.arena.inference.backends.transformers import TransformersBackend
 
+            if self._backend is not None:  # the trainer's model was replaced
+                await self._backend.close()
             tokenizer = HFChatTokenizer(trainer.processing_class)
             self._backend = TransformersBackend(
                 model, tokenizer, seed=self.seed, prefix_cache_bytes=0
@@ -321,7 +323,7 @@ class ParleyRollout:
     ) -> list[RolloutSample]:
         """Play one episode per seed, the learner turns of all episodes decoded in lockstep
         batches (one ``generate`` call per round)."""
-        backend = self._backend_for(model, trainer)
+        backend = await self._backend_for(model, trainer)
         sessions = [self._arena.session() for _ in seeds]
         samples = [RolloutSample(seed=s) for s in seeds]
         try:
@@ -383,11 +385,8 @@ class ParleyRollout:
     @staticmethod
     def _finish(sample: RolloutSample, turn: LearnerTurn, backend: Any) -> None:
         """Copy the episode's end into ``sample``; keep TRL's shapes valid without tokens."""
-        if not sample.failed:
-            if turn.done:
-                sample.failed = turn.failed
-            else:  # stopped by max_turns (reason set) or never reached the end
-                sample.failed = sample.failed or "stopped: the episode did not end"
+        if not sample.failed:  # (max_turns set its own reason)
+            sample.failed = turn.failed if turn.done else "stopped: the episode did not end"
         if not sample.failed:
             sample.returns, sample.components = dict(turn.returns), dict(turn.components)
             sample.metrics = dict(turn.metrics)

@@ -277,3 +277,41 @@ def test_a_prompt_that_names_no_seed_is_refused_with_what_to_do() -> None:
         ):
             with pytest.raises(ConfigError, match=r"ParleyRollout\.dataset"):
                 rollout([prompt], trainer=None)
+
+
+@pytest.mark.timeout(300)
+def test_an_episode_past_max_turns_is_stopped_and_reported_failed(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """simple-trade lasts several learner turns; with ``max_turns=1`` an episode that has
+    not ended after the learner's first turn is stopped and reaches TRL failed (reason
+    ``max_turns``, unscored), its one turn's tokens still in the sample, its session freed."""
+    from parley.arena.integrations.trl_env import ParleyRollout
+
+    with ParleyRollout(
+        "negotiation/simple-trade-v2",
+        learner="player_0",
+        scenario_kwargs={"max_turns": 6},
+        max_tokens=4,
+        max_turns=1,
+    ) as rollout:
+        trainer, batches = _trainer(
+            tiny_model_dir,
+            tmp_path,
+            rollout,
+            max_steps=1,
+            per_device_train_batch_size=4,
+            num_generations=2,
+        )
+        trainer.train()
+        assert rollout._arena.sessions == 0  # every stopped episode freed its session
+    (batch,) = batches
+    stopped = 0
+    for example, (_, _, mask, _) in zip(batch["inputs"], _rows(batch), strict=True):
+        assert len(example["parley_turns"]) == 1
+        assert sum(mask) == len(example["parley_turns"][0]["token_ids"]) > 0
+        if example["parley_failed"]:  # (an episode may also end on its first turn)
+            stopped += 1
+            assert example["parley_failed"].startswith("max_turns")
+            assert example["parley_return"] is None
+    assert stopped >= 2
