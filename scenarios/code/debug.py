@@ -2,13 +2,12 @@
 
 The coder gets a small function with a bug, its description and its visible tests (33 bundled
 tasks, :mod:`parley.scenarios.code.debug_tasks`; v3: 373, most of them generated;
-``reset(seed=...)`` draws one, ``task`` pins one). It may run code and the visible tests in
-the sandbox (:mod:`parley.scenarios.tools.sandbox`: no network, no host files, CPU, memory,
-output and process limits) and submits a fixed module; the hidden tests run against it in
-the sandbox.
+``reset(seed=...)`` draws one, ``task`` pins one). It may run code and the visible tests in the
+sandbox (:mod:`parley.scenarios.tools.sandbox`: no network, no host files, CPU, memory, output and
+process limits) and submits a fixed module; the hidden tests run against it in the sandbox.
 
-Seats: ``coder``, and with ``reviewer=True`` also ``reviewer`` (collaboration: the reviewer
-can run the tests and comment; only the coder submits).
+Seats: ``coder``, and with ``reviewer=True`` also ``reviewer`` (collaboration: the reviewer can run
+the tests and comment; only the coder submits).
 
 Tools (both seats; results arrive in the caller's next observation):
 
@@ -24,39 +23,38 @@ Actions, one JSON object per turn (the syntax of :mod:`parley.scenarios.tools.to
 - reviewer: ``{"tool_calls": [...], "comment": "..."}``; the comment goes to the coder and
   passes the turn back; tool calls alone keep the turn.
 
-An object with none of these keys, or not JSON, is an invalid move. After ``max_steps``
-actions without a submission the episode ends with reward 0.
+An object with none of these keys, or not JSON, is an invalid move. After ``max_steps`` actions
+without a submission the episode ends with reward 0.
 
-Observations: the task (description, buggy code, visible tests) first, then tool results and
-the other seat's messages. ``infos[seat]["view"]``: ``name``, ``description``, ``code`` (the
-buggy module), ``visible`` (``[call, expected]`` pairs), ``reviewer`` (bool),
-``last_message``, ``tools``, ``tool_results``, ``hidden_problem`` (empty, or after the
-submission why the hidden tests gave no or partial results); ``infos[seat]["constraint"]``
-is a ``json`` constraint for structured output (the tool-call form or the seat's final
-form). Scripted oracles get the fix through the privileged ``oracle`` hook
-(``{"fixed": ...}``), which the runner gives only to in-process agents marked ``privileged``.
+Observations: the task (description, buggy code, visible tests) first, then tool results and the
+other seat's messages. ``infos[seat]["view"]``: ``name``, ``description``, ``code`` (the buggy
+module), ``visible`` (``[call, expected]`` pairs), ``reviewer`` (bool), ``last_message``,
+``tools``, ``tool_results``, ``hidden_problem`` (empty, or after the submission why the hidden
+tests gave no or partial results); ``infos[seat]["constraint"]`` is a ``json`` constraint for
+structured output (the tool-call form or the seat's final form). Scripted oracles get the fix
+through the privileged ``oracle`` hook (``{"fixed": ...}``), which the runner gives only to
+in-process agents marked ``privileged``.
 
-What "hidden" means: the hidden tests and the fix are in no observation, view or tool result;
-only the hidden calls enter the sandbox of the submission's run (its output is never shown:
-code that prints them is not heard). They are not secret from a policy that can read the installed
-package: the task table (:mod:`parley.scenarios.code.debug_tasks`) ships with it, and the
-view's ``name`` and buggy ``code`` identify the task as surely as an index would. Scores are
-honest for agents that see only their observations; for secrecy against code with access to
-the host, evaluate with a held-out task file that is not installed where the policy runs.
+What "hidden" means: the hidden tests and the fix are in no observation, view or tool result; only
+the hidden calls enter the sandbox of the submission's run (its output is never shown: code that
+prints them is not heard). They are not secret from a policy that can read the installed package:
+the task table (:mod:`parley.scenarios.code.debug_tasks`) ships with it, and the view's ``name``
+and buggy ``code`` identify the task as surely as an index would. Scores are honest for agents that
+see only their observations; for secrecy against code with access to the host, evaluate with a
+held-out task file that is not installed where the policy runs.
 
-Each sandbox run (a tool call, the hidden tests) takes about 0.1-0.2 s inside ``step``.
-The tool calls of one step share a wall-time budget of ``step_budget_s`` (4 s) of the runs'
-own time (waiting for a CPU on a loaded host is not charged; see the sandbox): each call
-runs with a wall limit of what is left (at most 8 s), and a call made after the budget is
-spent returns the error ``this turn's sandbox time budget (4 s) is spent`` without running;
-the next step has a fresh budget. The hidden-test run at submission keeps its own 8 s limit,
-so one ``step`` takes at most about ``step_budget_s`` + 8 s (``max_step_wall_s``) on an idle
-host (up to 5x that where its runs wait for a CPU). Because
-``step`` waits on subprocesses, the class sets ``metadata["blocking_step"] = True``.
-A sandbox failure (:class:`~parley.scenarios.tools.SandboxError`) in a tool call is that
+Each sandbox run (a tool call, the hidden tests) takes about 0.1-0.2 s inside ``step``. The tool
+calls of one step share a wall-time budget of ``step_budget_s`` (4 s) of the runs' own time
+(waiting for a CPU on a loaded host is not charged; see the sandbox): each call runs with a wall
+limit of what is left (at most 8 s), and a call made after the budget is spent returns the error
+``this turn's sandbox time budget (4 s) is spent`` without running; the next step has a fresh
+budget. The hidden-test run at submission keeps its own 8 s limit, so one ``step`` takes at most
+about ``step_budget_s`` + 8 s (``max_step_wall_s``) on an idle host (up to 5x that where its runs
+wait for a CPU). Because ``step`` waits on subprocesses, the class sets ``metadata["blocking_step"]
+= True``. A sandbox failure (:class:`~parley.scenarios.tools.SandboxError`) in a tool call is that
 call's error; at submission it means no results: score 0, the reason in ``view``'s
-``hidden_problem`` and the metric ``sandbox_failed`` 1 (in the weak mode the code itself can
-end the sandbox without a report, so this is not an infrastructure error of the episode).
+``hidden_problem`` and the metric ``sandbox_failed`` 1 (in the weak mode the code itself can end
+the sandbox without a report, so this is not an infrastructure error of the episode).
 
 Rewards (both seats, on submission or at the step limit):
 
@@ -69,76 +67,67 @@ task       fraction of the hidden tests the submission passes (0 without one); v
 invalid    -``invalid_penalty`` (0.05) per invalid move
 =========  ===================================================================
 
-Metrics: ``success`` (all hidden tests pass), ``hidden_pass_rate``, ``submitted``,
-``tool_calls``, ``sandbox_failed`` (the hidden-test run failed in the sandbox itself).
+Metrics: ``success`` (all hidden tests pass), ``hidden_pass_rate``, ``submitted``, ``tool_calls``,
+``sandbox_failed`` (the hidden-test run failed in the sandbox itself).
 
 The score depends only on what the submitted functions return
-(:mod:`parley.scenarios.code.harness`): the sandbox gets the submission and the test calls,
-never an expected value, the fix or a secret; it sends back each call's result as bounded
-plain data (``None``, ``bool``, ``int``, ``float``, ``str``, ``list``, ``tuple``, ``set``,
-``dict``) or the error it raised, and this process rebuilds those values and compares them
-with ``==`` to the expected ones. Whatever the code does to the harness in its own process
-(forged lines, patched builtins, exits, hostile objects) can at best claim results that an
-honest function could have returned; malformed, missing or extra results score 0 for their
-tests and never raise out of ``step``. ``tests/scenarios/test_debug_reward_hacking.py``
-attacks this with 14 exploit families.
+(:mod:`parley.scenarios.code.harness`): the sandbox gets the submission and the test calls, never
+an expected value, the fix or a secret; it sends back each call's result as bounded plain data
+(``None``, ``bool``, ``int``, ``float``, ``str``, ``list``, ``tuple``, ``set``, ``dict``) or the
+error it raised, and this process rebuilds those values and compares them with ``==`` to the
+expected ones. Whatever the code does to the harness in its own process (forged lines, patched
+builtins, exits, hostile objects) can at best claim results that an honest function could have
+returned; malformed, missing or extra results score 0 for their tests and never raise out of
+``step``. ``tests/scenarios/test_debug_reward_hacking.py`` attacks this with 14 exploit families.
 
 Arguments: ``task`` (None: drawn by the seed), ``reviewer`` (False), ``max_steps`` (12),
-``invalid_penalty``, ``max_cycles``, ``render_mode``, ``allow_weak_sandbox`` (False: refuse
-to run where the sandbox has no namespace isolation; also set by
-``PARLEY_SANDBOX_ALLOW_WEAK=1``), ``step_budget_s`` (4.0: wall seconds of sandbox time for
-the tool calls of one step); v3 only: ``difficulty`` (None; 0-3: each seed draws a generated
-task of ``difficulty + 1`` validated bugs injected together into one of the 50 bases,
-:mod:`parley.scenarios.code.debug_gen`; metrics then include ``difficulty``).
+``invalid_penalty``, ``max_cycles``, ``render_mode``, ``allow_weak_sandbox`` (False: refuse to run
+where the sandbox has no namespace isolation; also set by ``PARLEY_SANDBOX_ALLOW_WEAK=1``),
+``step_budget_s`` (4.0: wall seconds of sandbox time for the tool calls of one step); v3 only:
+``difficulty`` (None; 0-3: each seed draws a generated task of ``difficulty + 1`` validated bugs
+injected together into one of the 50 bases, :mod:`parley.scenarios.code.debug_gen`; metrics then
+include ``difficulty``).
 
     >>> env = make("code/debug-v0", reviewer=True)
 
-Version history: v0 — first version. The judge moved out of the sandbox (issue 10) without
-a version bump: for a submission whose functions return plain values, each test passes
-exactly when it passed before (same calls, same 1 s per call, same limits, same ``==``);
-only hacks lose, and ``run_tests`` shows a non-plain result as ``returned a T, not a plain
-built-in value`` instead of its ``repr``. Two corners differ: a result whose encoding
-exceeds 1,500 characters counts as failed (no expected value is within a tenth of that), and
-the results line, up to ~6 KB for four tests instead of ~1 KB, shares the 20,000-byte stdout
-cap with the code's own prints.
-v1 — a move the action space refuses (characters outside the charset, too long) uses
-up the seat's turn (:mod:`parley.scenarios.refusals`), so every episode ends within the
-scenario's limits; v0 is kept as it was.
-v3 — hidden tests drawn per episode, compared type-exact, paid all or nothing
-(issue 29). v2's four hidden calls were the same in every episode and reach the
-submission as its arguments, so the unfixed code with a learned answer per call was paid
-like a fix (per call, the unfixed output or one of ~20 trivial values: 0.43 on average,
-1.0 on 9 of 33 tasks), and ``True == 1`` passed. In v3 each episode draws 32 calls from the
-function's input generator (:mod:`parley.scenarios.code.inputs`, seeded by ``reset``) and
-takes their expected values from the reference fix, run in the scenario's process
-(:mod:`parley.scenarios.code.task_set`); results compare type-exact
-(:func:`~parley.scenarios.code.harness.same_value`: ``True`` is not ``1``, ``5.0`` is not
-``5``; floats within 1e-9); ``task`` is 1 only when all 32 pass. The tasks: the bundled ones
-but ``average`` (its bug is one input: a table of it is the fix), with the visible tests'
-expected values as the fix returns them (``c_to_f(100) == 212.0``), and 341 generated by
-injecting bugs into 51 correct functions (:mod:`parley.scenarios.code.generate`): 373 in
-all. ``tests/scenarios/test_debug_v3_hacking.py`` plays the programs a learning policy
-would settle on without implementing the function (constants, argument echoes, tables of
-the visible tests, the unfixed code with right answers for the likeliest inputs and its
-outputs remapped to trivial values) on every task: each earns at most 0.025 in
-expectation, the reference fix 1.0. The brief's code and tests are shown as ``| code`` and
-``- call == expected`` lines, and every line of a scenario notice or tool result that
-starts with white space or a seat's name gets ``| `` before it: a quoted message line
-(indented by two spaces) can no longer equal a line of the brief, as it could in v2. The
-hidden run's output cap is 64,000 bytes (32 results).
-v2 — the ``task`` reward is the improvement over the unfixed code:
-``max(0, (pass - pass_buggy) / (1 - pass_buggy))``, ``pass_buggy`` the hidden pass rate of
-the task's buggy module (measured in the sandbox once per task and process; the metric
-``buggy_pass_rate``). Submitting the code unchanged had paid 0.45 of the maximum on average
-over the 33 tasks (0.75 on 8 of them), and a constant return value 0.36: a policy could
-settle on copying. ``success`` and ``hidden_pass_rate`` are as in v1. ``quote_messages`` is
-on (the coder's and reviewer's messages cannot forge a line of the scenario's).
-Without a version bump (both versions): the per-step tool budget, the metric
-``sandbox_failed``, the view's ``hidden_problem``, and a sandbox failure at submission scoring
-0 instead of raising. Honest play is unaffected: a tool run takes 0.1-0.2 s, so even eight
-calls in one turn stay well within 4 s. What changes is code that runs for seconds: a
-script that ran 4-8 s now ends by timeout at 4 s, and a slow call uses up the turn's
-remaining calls (they ran before, for up to 8 s each).
+Version history: v0 — first version. The judge moved out of the sandbox (issue 10) without a
+version bump: for a submission whose functions return plain values, each test passes exactly when
+it passed before (same calls, same 1 s per call, same limits, same ``==``); only hacks lose, and
+``run_tests`` shows a non-plain result as ``returned a T, not a plain built-in value`` instead of
+its ``repr``. Two corners differ: a result whose encoding exceeds 1,500 characters counts as failed
+(no expected value is within a tenth of that), and the results line, up to ~6 KB for four tests
+instead of ~1 KB, shares the 20,000-byte stdout cap with the code's own prints.
+v1 — a move the action space refuses (outside the charset, too long) uses up the seat's turn
+(:mod:`parley.scenarios.refusals`): every episode ends within the scenario's limits; v0 is kept.
+v3 — hidden tests drawn per episode, compared type-exact, paid all or nothing (issue 29). v2's four
+hidden calls were the same in every episode and reach the submission as its arguments, so the
+unfixed code with a learned answer per call was paid like a fix (per call, the unfixed output or
+one of ~20 trivial values: 0.43 on average, 1.0 on 9 of 33 tasks), and ``True == 1`` passed. In v3
+each episode draws 32 calls from the function's input generator
+(:mod:`parley.scenarios.code.inputs`, seeded by ``reset``) and takes their expected values from the
+reference fix, run in the scenario's process (:mod:`parley.scenarios.code.task_set`); results
+compare type-exact (:func:`~parley.scenarios.code.harness.same_value`: ``True`` is not ``1``,
+``5.0`` is not ``5``; floats within 1e-9); ``task`` is 1 only when all 32 pass. The tasks: the
+bundled ones but ``average`` (its bug is one input: a table of it is the fix), with the visible
+tests' expected values as the fix returns them (``c_to_f(100) == 212.0``), and 341 generated by
+injecting bugs into 51 correct functions (:mod:`parley.scenarios.code.generate`): 373 in all.
+``tests/scenarios/test_debug_v3_hacking.py`` plays the programs a learning policy would settle on
+without implementing the function (constants, argument echoes, tables of the visible tests, the
+unfixed code with right answers for the likeliest inputs and its outputs remapped to trivial
+values) on every task: each earns at most 0.025 in expectation, the reference fix 1.0. The brief's
+code and tests are shown as ``| code`` and ``- call == expected`` lines, and every line of a
+scenario notice or tool result that starts with white space or a seat's name gets ``| `` before it:
+a quoted message line (indented by two spaces) can no longer equal a line of the brief, as it could
+in v2. The hidden run's output cap is 64,000 bytes (32 results).
+v2 — the ``task`` reward is the improvement over the unfixed code: ``max(0, (pass - pass_buggy) /
+(1 - pass_buggy))``, ``pass_buggy`` the hidden pass rate of the task's buggy module (measured in
+the sandbox once per task and process; the metric ``buggy_pass_rate``). Submitting the code
+unchanged had paid 0.45 of the maximum on average over the 33 tasks (0.75 on 8 of them), and a
+constant return value 0.36: a policy could settle on copying. ``success`` and ``hidden_pass_rate``
+are as in v1. ``quote_messages`` is on (the seats' messages cannot forge a line of the scenario's).
+Without a version bump (both): the per-step tool budget, ``sandbox_failed``, ``hidden_problem``,
+a sandbox failure at submission scoring 0 instead of raising. Honest calls (0.1-0.2 s) are
+unaffected; a 4-8 s script now times out at 4 s and uses up the turn's remaining calls.
 """
 
 from __future__ import annotations
