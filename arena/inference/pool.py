@@ -379,14 +379,14 @@ class InferencePool(PoolService):
         if self._closed:
             return
         self._closed = True
+        for batcher in self._scorers.values():
+            await batcher.close()
         for lane in self._lanes.values():
             await lane.close()
             while lane.queue:
                 item = lane.pop()
                 if not item.future.done():
                     item.future.set_exception(PoolError("closed", "the pool was closed"))
-        for batcher in self._scorers.values():
-            await batcher.close()
         if self.owns_backends:
             for backend in {id(b): b for b in self._backends.values()}.values():
                 await backend.close()
@@ -548,12 +548,15 @@ class InferencePool(PoolService):
         # asyncio.wait, not asyncio.timeout: the bus may run this handler inline, outside
         # a task (see generate).
         call = asyncio.ensure_future(batcher.score(texts))
+        done: set[asyncio.Future[list[float]]] = set()
         try:
-            await asyncio.wait({call}, timeout=timeout or None)
+            done, _ = await asyncio.wait({call}, timeout=timeout or None)
         finally:
             if not call.done():  # timed out, or the caller went away: drop the texts
                 call.cancel()
-        if call.cancelled():
+        if call not in done or call.cancelled():
+            if self._closed:
+                raise PoolError("closed", "the pool was closed")
             self.stats.timeouts += 1
             raise PoolError(
                 "timeout", f"no scores within {timeout:g} s (reward model {request.model!r})"

@@ -126,3 +126,26 @@ async def test_v1_score_answers_in_order(pool: InferencePool, scorer: SequenceSc
     scores = [d["score"] for d in answer["data"]]
     assert scores == pytest.approx([direct(scorer, "Reply: " + t) for t in TEXTS], abs=1e-4)
     assert answer["policy_version"] == 0
+
+
+async def test_score_times_out_and_close_answers_closed(
+    tiny_model_dir: Path, scorer: SequenceScorer
+) -> None:
+    """A batch that never starts: the request's timeout answers ``timeout``; a request
+    waiting when the pool closes is answered ``closed``."""
+    backend = await TransformersBackend.create(str(tiny_model_dir))
+    pool = InferencePool({"tiny": backend}, PoolConfig(max_wait=0.0))
+    await pool.start()
+    pool.add_scorer("rm", scorer)
+    batcher = pool._scorers["rm"]
+    batcher.max_wait = 3600.0  # the batch waits for more texts: nothing starts
+    batcher.max_batch_texts = 10**6
+    with pytest.raises(PoolError) as late:
+        await pool.score(ScoreRequest(model="rm", texts=["x"], timeout=0.2))
+    waiting = asyncio.ensure_future(pool.score(ScoreRequest(model="rm", texts=["y"])))
+    await asyncio.sleep(0)
+    await pool.close()
+    with pytest.raises(PoolError) as closed:
+        await waiting
+    assert late.value.code == "timeout"
+    assert closed.value.code == "closed"
