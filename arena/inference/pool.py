@@ -65,13 +65,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from parley.arena.inference.backends.errors import BackendError, RequestError
-from parley.arena.inference.gate import Gate
+from parley.arena.inference.lanes import Lane, Pending
 from parley.arena.inference.service import POOL_ACCEPTS, POOL_ENDPOINT, PoolError, PoolService
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.protocols.messages import (
@@ -159,177 +158,6 @@ class PoolStats:
         return self.batched_requests / self.batches if self.batches else 0.0
 
 
-@dataclass(eq=False)
-class _Pending:
-    """One request between receipt and answer."""
-
-    request: GenerateRequest
-    future: asyncio.Future[GenerateResult]
-    arrived: float
-    waiting: bool = True  # counted in the pool's queue (received, not started, not answered)
-    task: asyncio.Task[None] | None = None  # continuous lanes: the call running it
-    on_tokens: TokenSink | None = None  # streaming callers: receives tokens as generated
-
-
-class _Lane:
-    """The queue and the scheduler of one backend (shared by the policies it serves)."""
-
-    def __init__(self, backend: Backend, pool: InferencePool) -> None:
-        self.backend = backend
-        self.pool = pool
-        self.queue: deque[_Pending] = deque()
-        self.gate = Gate()
-        self._wake = asyncio.Event()
-        self._in_flight = asyncio.Semaphore(pool.config.max_in_flight)
-        self._calls: set[asyncio.Task[None]] = set()
-        self.worker: asyncio.Task[None] | None = None
-
-    @property
-    def continuous(self) -> bool:
-        return bool(getattr(self.backend, "continuous_batching", False))
-
-    def start(self) -> None:
-        if self.worker is None:
-            loop = self._static_loop() if not self.continuous else self._continuous_loop()
-            self.worker = asyncio.get_running_loop().create_task(loop)
-
-    def put(self, item: _Pending) -> None:
-        self.queue.append(item)
-        self._wake.set()
-
-    def pop(self) -> _Pending:
-        item = self.queue.popleft()
-        self.pool._unqueue(item)
-        return item
-
-    def discard(self, item: _Pending) -> None:
-        """Forget a request that was answered early (timeout, cancel); drop it if waiting."""
-        if item.waiting:
-            self.pool._unqueue(item)
-            with contextlib.suppress(ValueError):
-                self.queue.remove(item)
-        if item.task is not None and not item.task.done():
-            item.task.cancel()
-
-    async def _next_item(self) -> None:
-        while not self.queue:
-            self._wake.clear()
-            await self._wake.wait()
-
-    async def _static_loop(self) -> None:
-        cfg = self.pool.config
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._next_item()
-            # Wait for more requests until the batch is full or the oldest waited max_wait.
-            deadline = self.queue[0].arrived + cfg.max_wait
-            while len(self.queue) < cfg.max_batch_size and (left := deadline - loop.time()) > 0:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), left)
-            batch: list[_Pending] = []
-            while self.queue and len(batch) < cfg.max_batch_size:
-                item = self.pop()
-                if not item.future.done():  # answered already (timeout, cancel): drop it
-                    batch.append(item)
-            if batch:
-                await self._run(batch)
-
-    async def _continuous_loop(self) -> None:
-        while True:
-            await self._next_item()
-            await self._in_flight.acquire()
-            item = self.pop() if self.queue else None
-            if item is None or item.future.done():
-                self._in_flight.release()
-                continue
-            item.task = asyncio.get_running_loop().create_task(self._run_one(item))
-            self._calls.add(item.task)
-            item.task.add_done_callback(self._calls.discard)
-
-    async def _run_one(self, item: _Pending) -> None:
-        try:
-            await self._run([item])
-        finally:
-            self._in_flight.release()
-
-    async def _run(self, batch: list[_Pending]) -> None:
-        """One backend call for ``batch``; answers every future that is still open."""
-        pool = self.pool
-        pool.stats.backend_calls += 1
-        pool.stats.batches += 1
-        pool.stats.batched_requests += len(batch)
-        pool.stats.max_batch_size = max(pool.stats.max_batch_size, len(batch))
-        try:
-            async with self.gate.shared():
-                requests = [p.request for p in batch]
-                streams = bool(getattr(self.backend, "streams_tokens", False))
-                if streams and any(p.on_tokens for p in batch):
-                    sinks = [p.on_tokens for p in batch]
-                    generate: Any = self.backend.generate  # takes sinks= (streams_tokens)
-                    results = await generate(requests, sinks=sinks)
-                else:
-                    results = await self.backend.generate(requests)
-        except asyncio.CancelledError:
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(PoolError("cancelled", "the request was cancelled"))
-            raise
-        except Exception as exc:  # any backend failure becomes an answer
-            if len(batch) > 1:
-                # One request must never fail another: retry each member on its own, so
-                # only the request(s) that make the backend fail get the error.
-                pool.stats.isolated_batches += 1
-                for p in batch:
-                    if not p.future.done():
-                        # The retry is not streamed: its caller got tokens of the failed
-                        # run already and checks them against the final result.
-                        p.on_tokens = None
-                        await self._run([p])
-                return
-            if isinstance(exc, RequestError):  # the backend found the request bad itself
-                pool.stats.bad_requests += 1
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(PoolError("bad_request", str(exc), param=exc.field))
-                return
-            retryable = bool(getattr(exc, "retryable", False))
-            err = PoolError(
-                "backend_failed",
-                f"the {type(self.backend).__name__} backend failed on this request: "
-                f"{type(exc).__name__}: {exc}",
-                retryable=retryable,
-            )
-            pool.stats.failed += sum(not p.future.done() for p in batch)
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(err)
-            return
-        if len(results) != len(batch):
-            err = PoolError(
-                "backend_failed",
-                f"{type(self.backend).__name__} returned {len(results)} results for "
-                f"{len(batch)} requests (backend bug: list in, list out, same order)",
-            )
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(err)
-            return
-        for p, result in zip(batch, results, strict=True):
-            if not p.future.done():
-                pool.stats.completed += 1
-                pool.stats.generated_tokens += sum(len(c.token_ids) for c in result.completions)
-                p.future.set_result(result)
-
-    async def close(self) -> None:
-        tasks = [t for t in (self.worker, *self._calls) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-
-
 class InferencePool(PoolService):
     """Batches generate requests onto backends, one backend per policy name.
 
@@ -353,7 +181,7 @@ class InferencePool(PoolService):
         self.owns_backends = owns_backends
         self._backends: dict[str, Backend] = dict(backends)
         self._scorers: dict[str, ScoreBatcher] = {}
-        self._lanes: dict[int, _Lane] = {}
+        self._lanes: dict[int, Lane] = {}
         self._queued = 0
         self._closed = False
         self._started = False
@@ -460,10 +288,10 @@ class InferencePool(PoolService):
         """Reward model name -> its weights version."""
         return {name: int(b.scorer.version) for name, b in self._scorers.items()}
 
-    def _lane(self, backend: Backend) -> _Lane:
+    def _lane(self, backend: Backend) -> Lane:
         lane = self._lanes.get(id(backend))
         if lane is None:
-            lane = self._lanes[id(backend)] = _Lane(backend, self)
+            lane = self._lanes[id(backend)] = Lane(backend, self)
             lane.start()
         return lane
 
@@ -507,7 +335,7 @@ class InferencePool(PoolService):
             )
         lane = self._lane(backend)
         loop = asyncio.get_running_loop()
-        item = _Pending(request, loop.create_future(), loop.time(), on_tokens=on_tokens)
+        item = Pending(request, loop.create_future(), loop.time(), on_tokens=on_tokens)
         self._queued += 1
         lane.put(item)
         timeout = request.timeout or self.config.default_timeout
@@ -572,7 +400,7 @@ class InferencePool(PoolService):
         self.stats.completed += 1
         return ScoreResult(model=request.model, scores=scores, version=int(batcher.scorer.version))
 
-    def _expire(self, lane: _Lane, item: _Pending, timeout: float) -> None:
+    def _expire(self, lane: Lane, item: Pending, timeout: float) -> None:
         if item.future.done():
             return
         self.stats.timeouts += 1
@@ -585,7 +413,7 @@ class InferencePool(PoolService):
         )
         lane.discard(item)
 
-    def _unqueue(self, item: _Pending) -> None:
+    def _unqueue(self, item: Pending) -> None:
         if item.waiting:
             item.waiting = False
             self._queued -= 1
