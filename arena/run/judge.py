@@ -469,9 +469,11 @@ class ModelRewards:
         """True when a judge reads the episodes' steps (the runner must keep them)."""
         return self.judge is not None
 
-    def make_env(self) -> Any:
-        """A fresh scenario of the run, wrapped in :class:`SimilarityReward` when asked."""
-        env = make(self.config.scenario, **self.config.scenario_kwargs)
+    def make_env(self, config: RunConfig) -> Any:
+        """A fresh scenario of ``config`` (the runner's, as it is now: a curriculum changes
+        its ``scenario_kwargs`` between episodes), wrapped in :class:`SimilarityReward` when
+        asked."""
+        env = make(config.scenario, **config.scenario_kwargs)
         if self.similarity is None:
             return env
         return SimilarityReward(env, self.similarity, key=self.config.similarity_key)

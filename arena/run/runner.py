@@ -176,7 +176,7 @@ class Runner:
         self.on_listen = on_listen
         self.keep_records = keep_records
         self.rewards = ModelRewards(config)  # the judge and similarity components, if any
-        probe = self.rewards.make_env()
+        probe = self.rewards.make_env(self.config)
         self.seats: list[str] = list(probe.possible_agents)
         probe.close()
         self.bus_config = bus or bus_config_for(config, len(self.seats))
@@ -368,7 +368,7 @@ class Runner:
         played at the same time need distinct ``(task, trial)`` pairs (the episode id).
         """
         started = time.perf_counter()
-        env = self.rewards.make_env()
+        env = self.rewards.make_env(self.config)
         episode = EpisodeLog(plan, self.config.scenario, self.seats, self.specs)
         episode.copy_steps = type(env).step is not Scenario.step  # (Scenario's are fresh)
         episode.keep_steps = self.keep_steps

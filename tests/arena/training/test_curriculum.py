@@ -70,7 +70,10 @@ def test_a_short_run_raises_the_difficulty_and_logs_it(
         "sampler": {"batch_size": 4, "concurrency": 4},
         "stages": [
             {"name": "warm", "agents": {"solver": "scripted"}, "train": [], "max_updates": 4},
-            {"name": "climb", "agents": {"solver": "scripted"}, "train": [], "max_updates": 10},
+            # Room to spare: a raise voids the episodes in flight at the old level, how many
+            # depends on timing. (A runner that kept making episodes at the level it was
+            # built with stayed at 2, with success 1.0, whatever the updates.)
+            {"name": "climb", "agents": {"solver": "scripted"}, "train": [], "max_updates": 40},
         ],
         "curriculum": {"start": 0, "max": 6, "window": 4, "raise_at": 0.8},
         "out": str(out),
