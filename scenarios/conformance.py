@@ -19,7 +19,8 @@ the ansi text), and ``render_test`` runs unmodified.
 The hostile check (``hostile``) plays :data:`HOSTILE_TEXTS` and JSON built from
 :data:`HOSTILE_VALUES` (under every final key of the seat's ``json`` constraint and as every
 argument of every tool its view lists) and requires of each step: no exception, at most
-:data:`STEP_CPU_BUDGET_S` of CPU time in the stepping thread (and :data:`STEP_WALL_LIMIT_S` of
+:data:`STEP_CPU_BUDGET_S` of CPU time in the stepping thread (a ``blocking_step`` scenario:
+:data:`BLOCKING_STEP_CPU_BUDGET_S`; and :data:`STEP_WALL_LIMIT_S` of
 wall time, which also covers sandboxed runs), observations inside their space, ``infos`` that
 both JSON and the wire's MessagePack can encode.
 
@@ -152,6 +153,13 @@ HOSTILE_MAX_CALLS = 8
 
 STEP_CPU_BUDGET_S = 0.05
 """Most CPU time one ``step`` may take in the stepping thread, on any action."""
+BLOCKING_STEP_CPU_BUDGET_S = 0.25
+"""The same for a scenario whose ``step`` waits on child processes (``metadata
+["blocking_step"]``: code/debug's sandbox runs, up to its ``max_step_wall_s``): the waiting
+thread polls the children's run-queue counters every 0.25 s and looks them up in ``/proc`` at
+each deadline, so its CPU grows with the wait and the host's process count. A hostile
+submission that sleeps out its 8 s run took 13-19 ms here alone, and 58 ms once in a loaded
+fresh-clone ``make test`` (over the 50 ms budget; nothing else in that step had changed)."""
 STEP_WALL_LIMIT_S = 5.0
 """Most wall time one ``step`` may take (sandboxed tool runs wait on a child process),
 unless the scenario declares a larger bound as its ``max_step_wall_s`` attribute (code/debug:
@@ -356,6 +364,8 @@ def check_hostile(scenario_id: str) -> dict[str, float]:
     """
     env = make(scenario_id)
     wall_limit = float(getattr(env.unwrapped, "max_step_wall_s", STEP_WALL_LIMIT_S))
+    blocking = bool(getattr(env.unwrapped, "metadata", {}).get("blocking_step", False))
+    cpu_limit = BLOCKING_STEP_CPU_BUDGET_S if blocking else STEP_CPU_BUDGET_S
     worst = {"cpu_s": 0.0, "wall_s": 0.0}
     _, infos = env.reset(seed=0)
     queues = {seat: hostile_actions(infos[seat]) for seat in env.possible_agents}
@@ -381,7 +391,7 @@ def check_hostile(scenario_id: str) -> dict[str, float]:
                 gc.enable()
         worst = {"cpu_s": max(worst["cpu_s"], cpu), "wall_s": max(worst["wall_s"], wall)}
         shown_action = {a: v[:80] for a, v in actions.items() if v}
-        if cpu > STEP_CPU_BUDGET_S or wall > wall_limit:
+        if cpu > cpu_limit or wall > wall_limit:
             raise _fail(f"a step took {cpu:.3f} s CPU / {wall:.3f} s wall on {shown_action}")
         _check_step_output(env, observations, infos)
         for agent, info in infos.items():
