@@ -21,7 +21,7 @@ batch's :class:`SampleKey` s: by prompt (samples of the same scenario seed and s
 with each other), by context (the same model input: GRPO's group), by context where it
 repeats in the batch and by role where it does not, by role, or by (agent, turn) as in
 AT-GRPO. Variants are small functions
-picked from dicts (STYLE.md #11), not string flags tested inside one class.
+picked from dicts (docs/contributing.md), not string flags tested inside one class.
 """
 
 from __future__ import annotations

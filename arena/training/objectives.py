@@ -1,4 +1,4 @@
-"""Policy-gradient objectives as published, one small function each (STYLE.md #11).
+"""Policy-gradient objectives as published, one small function each, picked from a dict.
 
 Every objective maps one micro-batch of scored tokens to its share of the minibatch loss
 (micro-batch losses add up to the minibatch loss, so gradient accumulation is exact)::

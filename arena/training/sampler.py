@@ -14,8 +14,10 @@ has no such action, e.g. scripted seats). Versions older than the sampler's star
 ``version`` count as that version: the pool serves every policy's current weights when
 sampling starts, and a policy that was not trained before (tagged with the version of its
 last push) has not changed since. Every episode in a batch has ``age <= staleness`` (S) at
-the moment the batch is handed out: **drop at batch time** (the exact rule of
-REFERENCES.md). An episode older than S, when it finishes or while it waits in the buffer
+the moment the batch is handed out: **drop at batch time**. (AReaL's and SkyRL's cap on
+finished + in-flight samples, ``(S + version) x batch``, bounds how many episodes run, not how
+old a sample is: with long-tailed episode lengths, S = 1 gave samples 15-20 versions stale
+here.) An episode older than S, when it finishes or while it waits in the buffer
 after a newer version is published, is dropped, counted
 (:attr:`AsyncSampler.dropped_stale`, ``Batch.dropped_stale``) and replaced by a new episode
 (a fresh seed), generated under the newest weights. AReaL's alternative, interruptible

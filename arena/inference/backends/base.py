@@ -4,7 +4,7 @@ A :class:`Backend` serves one policy (one model, one set of weights). The infere
 collects :class:`~parley.protocols.messages.GenerateRequest` messages from every agent and
 hands them to :meth:`Backend.generate` in batches; the backend returns one
 :class:`~parley.protocols.messages.GenerateResult` per request, in the same order
-(STYLE.md #6: list in, list out, same order).
+(list in, list out, same order).
 
 Request semantics shared by every backend:
 
