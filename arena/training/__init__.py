@@ -11,7 +11,8 @@ whole model or a LoRA adapter on a shared base), :mod:`~parley.arena.training.pr
 and the pool load), :mod:`~parley.arena.training.sync` (weights back to the pool,
 in-process or over the bus), :mod:`~parley.arena.training.warmstart`,
 :mod:`~parley.arena.training.config` (``TrainConfig``, ``RunSeeds``),
-:mod:`~parley.arena.training.loop` (``run_training``), :mod:`~parley.arena.training.seats`
+:mod:`~parley.arena.training.loop` (``run_training``), :mod:`~parley.arena.training.stage_plan`
+(the order of stages and restarts, as a state machine), :mod:`~parley.arena.training.seats`
 (the LLM agents of its seats), :mod:`~parley.arena.training.population` (opponents drawn
 from snapshots and fixed members), :mod:`~parley.arena.training.outputs`
 (metrics, checkpoints, summary), :mod:`~parley.arena.training.evaluate` (checkpoints in the

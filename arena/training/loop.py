@@ -76,6 +76,7 @@ from parley.arena.training.sampler import (
 from parley.arena.training.seats import llm_agent_config as llm_agent_config  # (re-exported)
 from parley.arena.training.seats import llm_factory as _llm_factory
 from parley.arena.training.seats import system_prompts as _system_prompts
+from parley.arena.training.stage_plan import Done, Play, StagePlan
 from parley.arena.training.sync import InProcessSync
 from parley.protocols.errors import ConfigError, require
 
@@ -245,50 +246,40 @@ class _Run:
         return load_shaping(self.config.shaping)
 
     async def stages(self) -> None:
-        """The stages in order, each from the weights the previous one left. A stalled
-        stage whose ``restart`` rule fires sends the run back to ``restart.back_to``, every
-        policy's weights as they were when that stage began (kept in memory only for the
-        stages a rule names), each re-run stage drawing new episodes."""
+        """The stages in the order :class:`~parley.arena.training.stage_plan.StagePlan`
+        gives, each from the weights the previous one left. A restart restores every
+        policy's weights as they were when its ``back_to`` stage began (kept in memory only
+        for the stages a rule names) and re-runs the stages from there with new episodes."""
         stages = self.config.stages
-        names = [stage.name for stage in stages]
-
-        def back_index(i: int) -> int:
-            rule = stages[i].restart
-            back = rule.back_to if rule is not None and rule.back_to is not None else names[i]
-            return max(j for j in range(i + 1) if names[j] == back)
-
-        targets = {back_index(i) for i, stage in enumerate(stages) if stage.restart}
-        left = {i: stage.restart.max for i, stage in enumerate(stages) if stage.restart}
-        attempts = [0] * len(stages)
+        plan = StagePlan(stages)
         snapshots: dict[int, dict[str, list[Any]]] = {}
-        i = restarts = 0
-        while i < len(stages):
-            if i in targets:
-                snapshots[i] = {n: w.snapshot() for n, w in self.trainer.weights.items()}
-            if stages[i].kind == "reading":
-                await self.reading_stage(stages[i], i)
-                i += 1
+        step = plan.first()
+        while not isinstance(step, Done):
+            if isinstance(step, Play):
+                stage = stages[step.index]
+                if step.snapshot:
+                    snapshots[step.index] = {
+                        n: w.snapshot() for n, w in self.trainer.weights.items()
+                    }
+                if stage.kind == "reading":
+                    await self.reading_stage(stage, step.index)
+                    step = plan.played(restart=False)
+                    continue
+                stalled = await self.rl_stage(
+                    stage, step.index, step.attempt, may_restart=step.may_restart
+                )
+                step = plan.played(restart=stalled)
                 continue
-            if not await self.rl_stage(stages[i], i, attempts[i], may_restart=left.get(i, 0) > 0):
-                i += 1
-                continue
-            left[i] -= 1
-            back = back_index(i)
-            await asyncio.to_thread(self.trainer.restore, snapshots[back])
-            restarts += 1
-            rule = stages[i].restart
-            reinit = rule.reinit if rule is not None else []
-            fresh = await asyncio.to_thread(self._reinitialise, reinit, restarts)
+            await asyncio.to_thread(self.trainer.restore, snapshots[step.back_to])
+            fresh = await asyncio.to_thread(self._reinitialise, list(step.reinit), step.count)
             self.summaries[-1]["reinit"] = fresh  # policy -> its new initialisation seed
             self.trainer.version += 1  # the restored weights are a new version everywhere
             for name in self.trainer.weights:
                 tensors = self.trainer.state_tensors(name)
                 await self.sync.push(name, self.trainer.version, tensors)
-            for j in range(back, i + 1):
-                attempts[j] += 1
-            self.bar_total += sum(stage.max_updates for stage in stages[back : i + 1])
+            self.bar_total += sum(s.max_updates for s in stages[step.back_to : step.stage + 1])
             self.progress.update(self.bar, total=self.bar_total)
-            i = back
+            step = plan.restarted()
 
     def _reinitialise(self, names: list[str], restart: int) -> dict[str, int]:
         """Fresh random weights for the policies ``names`` (``RestartConfig.reinit``); the
