@@ -61,7 +61,7 @@ class RoutingConfig:
     policy: str = "cache_aware"
     """``cache_aware`` (prefix match and session affinity, load-capped) or ``least_busy``."""
     block_tokens: int = 16
-    """Tokens per hashed block (a text prompt: 4× as many bytes); a prompt shorter than
+    """Tokens per hashed block (a text prompt: 4 times as many bytes); a prompt shorter than
     one block matches nothing and is routed by load."""
     balance_abs_threshold: int = 2
     """The candidate is overloaded only when its requests in flight exceed the least busy

@@ -77,13 +77,15 @@ def test_memory_stays_bounded_over_10k_sessions_and_keeps_the_shared_prefix() ->
             replica = router.pick("p", turns(session, turn), [0, 1], [0, 0], session=str(session))
             router.record(replica, "p", turns(session, turn) + [7] * 8)
         blocks, sessions = router.size
-        assert blocks <= config.max_blocks and sessions <= config.max_sessions
+        assert blocks <= config.max_blocks
+        assert sessions <= config.max_sessions
     assert router.held(0) + router.held(1) == router.size[0]
     # The shared system prompt is refreshed by every session: it was never evicted, while
     # the first sessions' own blocks were.
     assert router.counts.by_session == 2 * 10_000  # every later turn found its replica
     assert router.pick("p", turns(10_001, 1), [0, 1], [0, 0]) in (0, 1)
     assert router.counts.by_prefix == 10_000  # every first turn: by the system prompt
+
     def held(session: int) -> int:  # blocks of the session's third turn on any replica
         return max(router._match(r, router._chain("p", turns(session, 3))) for r in (0, 1))
 
