@@ -95,6 +95,17 @@ def add_parser(sub: Any) -> None:
         "--judge-scope", choices=("seat", "episode"), help="a verdict per seat (default) or one"
     )
     p.add_argument(
+        "--reward-model",
+        metavar="DIR",
+        help="a reward model directory (parley train-rm): each finished episode gets the "
+        "reward component 'rm', its score of each seat's text (through --pool, where "
+        "parley serve --reward-model DIR serves it, or loaded here)",
+    )
+    p.add_argument("--rm-weight", type=float, help="the rm component is the score times this")
+    p.add_argument(
+        "--rm-scope", choices=("seat", "episode"), help="a score per seat (default) or one"
+    )
+    p.add_argument(
         "--similarity",
         metavar="chrf|MODEL_DIR",
         help="reward component 'similarity' against a reference: chrF, or embedding cosine "
@@ -210,6 +221,9 @@ def build_config(args: argparse.Namespace) -> RunConfig:
         "judge": args.judge,
         "judge_rubric": args.judge_rubric,
         "judge_scope": args.judge_scope,
+        "reward_model": args.reward_model,
+        "rm_weight": args.rm_weight,
+        "rm_scope": args.rm_scope,
         "similarity": args.similarity,
         "similarity_key": args.similarity_key,
         "max_failed_fraction": args.max_failed_fraction,

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,6 +121,17 @@ class RunConfig:
     message, given to every seat."""
     judge_max_tokens: int = 1024
     """Judged text (quoted, in tokens) over this gets the rubric's lowest score."""
+    reward_model: str = ""
+    """A reward model directory (``parley train-rm``; TRL RewardTrainer's format): each
+    finished episode gets the reward component ``rm``, its score of each seat's text
+    (:mod:`parley.arena.run.model_rewards`), scored through the pool at
+    ``agent_options["pool"]`` (served there under the directory's name: ``parley serve
+    --reward-model DIR``) or loaded in this process. "" = none."""
+    rm_weight: float = 1.0
+    """The ``rm`` component is the reward model's score times this."""
+    rm_scope: str = "seat"
+    """``seat``: each seat's own text scored; ``episode``: every seat's moves scored once,
+    given to every seat."""
     similarity: str = ""
     """The ``similarity`` reward component (:mod:`parley.scenarios.similarity`): ``chrf``,
     or a local model directory for embedding cosine; credited where a seat's ``infos`` carry
@@ -141,8 +153,11 @@ class RunConfig:
             raise ConfigError(
                 f"max_failed_fraction must be within 0..1, got {self.max_failed_fraction}"
             )
-        if self.judge_scope not in ("seat", "episode"):
-            raise ConfigError(f"judge_scope must be seat or episode, got {self.judge_scope!r}")
+        for name in ("judge_scope", "rm_scope"):
+            if getattr(self, name) not in ("seat", "episode"):
+                raise ConfigError(f"{name} must be seat or episode, got {getattr(self, name)!r}")
+        if not math.isfinite(self.rm_weight):
+            raise ConfigError(f"rm_weight must be a finite number, got {self.rm_weight}")
         if self.judge and not self.judge_rubric:
             raise ConfigError(
                 "a judge needs a rubric: give --judge-rubric FILE_OR_TEXT (or `judge_rubric:`)"

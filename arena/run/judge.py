@@ -41,7 +41,6 @@ shaping (``weights: {judge: 0.5}``), trainers, exports and the viewer see it as 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import hashlib
 import math
@@ -56,6 +55,14 @@ import yaml
 from parley.agents.llm import PoolClient, generate_with_retry
 from parley.arena.run.agent_specs import SeatContext, resolve_agent_spec
 from parley.arena.run.config import RunConfig
+from parley.arena.run.model_rewards import (
+    ModelComponent,
+    Outcome,
+    ScoredReward,
+    canonical,
+    reply_bound,
+    scored_reward_from_spec,
+)
 from parley.arena.run.records import EpisodeRecord
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.protocols.messages import Constraint, GenerateRequest, SamplingParams
@@ -68,21 +75,19 @@ __all__ = [
     "JudgeOutcome",
     "JudgePrompt",
     "Rubric",
+    "canonical",
     "judge_from_spec",
     "load_rubric",
     "ModelRewards",
 ]
 
 JudgeScope = Literal["seat", "episode"]
-SCOPES: tuple[str, ...] = ("seat", "episode")
 
 DEFAULT_VERDICTS: Mapping[str, float] = {"bad": 0.0, "fair": 0.5, "good": 1.0}
 """Verdicts of a rubric given as plain text."""
 
 COMPONENT = "judge"
 """Name of the reward component (and of the transcript entry and episode metric)."""
-
-_MAX_PERIOD = 32  # longest repeated word sequence collapsed (bounds the canonical pass)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,19 +203,9 @@ def load_rubric(source: str | Mapping[str, Any]) -> Rubric:
     return Rubric(data["rubric"], dict(verdicts), str(schema))
 
 
-@dataclasses.dataclass(frozen=True)
-class JudgeOutcome:
-    """One verdict: ``score`` is ``None`` when the judge failed (``reason`` says why)."""
-
-    score: float | None
-    verdict: str = ""
-    reason: str = ""
-
-    def as_json(self) -> dict[str, Any]:
-        """The transcript's ``judge`` entry of one seat."""
-        if self.score is None:
-            return {"failed": self.reason}
-        return {"score": self.score, "verdict": self.verdict}
+JudgeOutcome = Outcome
+"""One verdict (:class:`~parley.arena.run.model_rewards.Outcome`): ``score`` is ``None``
+when the judge failed (``reason`` says why)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,19 +216,6 @@ class JudgePrompt:
     quoted: slice
     digest: str
     """SHA-256 of the quoted ids (the cache key's second part)."""
-
-
-def canonical(text: str) -> str:
-    """``text`` with whitespace runs as one space and back-to-back repeats of a word
-    sequence (up to :data:`_MAX_PERIOD` words) kept once: the judged form of a message."""
-    out: list[str] = []
-    for word in text.split():
-        out.append(word)
-        for period in range(1, min(len(out) // 2, _MAX_PERIOD) + 1):
-            if out[-period:] == out[-2 * period : -period]:
-                del out[-period:]
-                break
-    return " ".join(out)
 
 
 def judged_lines(steps: Sequence[Mapping[str, Any]], seat: str | None) -> list[str]:
@@ -248,13 +230,16 @@ def judged_lines(steps: Sequence[Mapping[str, Any]], seat: str | None) -> list[s
     return lines
 
 
-class Judge:
+class Judge(ModelComponent):
     """Asks a judge policy for verdicts; see the module docstring.
 
     ``client`` answers generate requests (the pool, a bus client); ``tokenizer`` is the
     judge model's :class:`~parley.arena.inference.backends.tokenizer.HFChatTokenizer` (its
     ``hf`` is used to encode the pieces apart). ``timeout`` bounds one verdict (seconds).
+    The cache, :meth:`apply` and crediting are :class:`ModelComponent`'s.
     """
+
+    name = COMPONENT
 
     def __init__(
         self,
@@ -269,21 +254,12 @@ class Judge:
         max_judged_tokens: int = 1024,
         cache_size: int = 4096,
     ) -> None:
-        if scope not in SCOPES:
-            raise ConfigError(f"judge scope must be one of {list(SCOPES)}, got {scope!r}")
+        super().__init__(scope=scope, cache_size=cache_size)
         if max_judged_tokens < 1 or max_tokens < 1 or not timeout > 0:
             raise ConfigError("judge max_judged_tokens, max_tokens and timeout must be positive")
         self.client, self.tokenizer, self.rubric = client, tokenizer, rubric
-        self.policy, self.scope, self.max_tokens = policy, scope, max_tokens
+        self.policy, self.max_tokens = policy, max_tokens
         self.timeout, self.max_judged_tokens = timeout, max_judged_tokens
-        self._cache: collections.OrderedDict[tuple[str, str, str], JudgeOutcome] = (
-            collections.OrderedDict()
-        )
-        self._cache_size = cache_size
-        self.hits = 0
-        """Verdicts answered from the cache."""
-        self.requests = 0
-        """Verdicts asked of the pool."""
         self._head, self._tail = self._frame()
 
     # --- the prompt -----------------------------------------------------------------
@@ -341,24 +317,23 @@ class Judge:
 
     # --- verdicts -------------------------------------------------------------------
 
+    def unit(self, transcript: Mapping[str, Any], seat: str | None) -> list[str]:
+        """The judged lines of ``seat`` (``None``: of every seat)."""
+        return judged_lines(transcript.get("steps") or [], seat)
+
+    def prepare(self, unit: Sequence[str]) -> tuple[tuple[str, str, str], JudgePrompt]:
+        prompt = self.prompt(unit)
+        return (self.rubric.digest, prompt.digest, self.policy), prompt
+
+    async def compute(self, request: JudgePrompt) -> JudgeOutcome:
+        """The length rule, else the pool's verdict."""
+        if request.quoted.stop - request.quoted.start > self.max_judged_tokens:
+            return JudgeOutcome(self.rubric.lowest, "too_long")
+        return await self._ask(request)
+
     async def judge(self, lines: Sequence[str]) -> JudgeOutcome:
         """The verdict on ``lines``: from the cache, the length rule or the pool."""
-        prompt = self.prompt(lines)
-        key = (self.rubric.digest, prompt.digest, self.policy)
-        cached = self._cache.get(key)
-        if cached is not None:
-            self._cache.move_to_end(key)
-            self.hits += 1
-            return cached
-        if prompt.quoted.stop - prompt.quoted.start > self.max_judged_tokens:
-            outcome = JudgeOutcome(self.rubric.lowest, "too_long")
-        else:
-            outcome = await self._ask(prompt)
-        if outcome.score is not None:  # failures are asked again next time
-            self._cache[key] = outcome
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        return outcome
+        return await self.outcome(lines)
 
     async def _ask(self, prompt: JudgePrompt) -> JudgeOutcome:
         self.requests += 1
@@ -370,9 +345,8 @@ class Judge:
             timeout=self.timeout,
         )
         try:
-            # The pool's own timeout answers first; this bounds a pool that never answers.
-            bound = self.timeout + min(self.timeout, 5.0)
-            result = await asyncio.wait_for(generate_with_retry(self.client, request), bound)
+            asked = generate_with_retry(self.client, request)
+            result = await asyncio.wait_for(asked, reply_bound(self.timeout))
         except (TimeoutError, ParleyError) as exc:
             kind = "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
             return JudgeOutcome(None, reason=f"judge_failed: {kind}: {exc}".rstrip(": "))
@@ -382,31 +356,6 @@ class Judge:
         except ValueError as exc:
             return JudgeOutcome(None, reason=f"judge_failed: {exc}")
         return JudgeOutcome(score, completion.text.strip())
-
-    async def apply(self, record: EpisodeRecord) -> None:
-        """Judge a finished episode and credit each seat's verdict as the ``judge``
-        component (see the module docstring); a failed episode is left as it is."""
-        steps = record.transcript.get("steps") or []
-        if record.failed or not steps:
-            return
-        seats = [t.agent for t in record.trajectories]
-        if self.scope == "episode":
-            outcome = await self.judge(judged_lines(steps, None))
-            outcomes = dict.fromkeys(seats, outcome)
-        else:
-            found = await asyncio.gather(*(self.judge(judged_lines(steps, s)) for s in seats))
-            outcomes = dict(zip(seats, found, strict=True))
-        _credit(record, outcomes)
-
-
-def _credit(record: EpisodeRecord, outcomes: Mapping[str, JudgeOutcome]) -> None:
-    """Credit each seat's verdict (see the module doc) and record every outcome."""
-    scores = {seat: o.score for seat, o in outcomes.items() if o.score is not None}
-    record.credit(COMPONENT, scores)
-    record.transcript[COMPONENT] = {seat: o.as_json() for seat, o in outcomes.items()}
-    if scores:
-        record.metrics[COMPONENT] = sum(scores.values()) / len(scores)
-    record.metrics[f"{COMPONENT}_failed"] = 1.0 - len(scores) / len(outcomes)
 
 
 def judge_from_spec(
@@ -443,8 +392,8 @@ def judge_from_spec(
 
 
 class ModelRewards:
-    """The model-based reward components of a run (``RunConfig.similarity``, ``.judge``):
-    the scorer and judge are made once (a model loads once) and used per episode."""
+    """The model-based reward components of a run (``RunConfig.similarity``, ``.judge``,
+    ``.reward_model``): each is made once (a model loads once) and used per episode."""
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -463,11 +412,21 @@ class ModelRewards:
                 scope=config.judge_scope,
                 max_judged_tokens=config.judge_max_tokens,
             )
+        self.reward_model: ScoredReward | None = None
+        """The run's ``rm`` component, or None."""
+        if config.reward_model:
+            self.reward_model = scored_reward_from_spec(
+                config.reward_model,
+                config.agent_options,
+                weight=config.rm_weight,
+                scope=config.rm_scope,
+            )
 
     @property
     def judged(self) -> bool:
-        """True when a judge reads the episodes' steps (the runner must keep them)."""
-        return self.judge is not None
+        """True when a judge or reward model reads the episodes' steps (the runner must
+        keep them)."""
+        return self.judge is not None or self.reward_model is not None
 
     def make_env(self, config: RunConfig) -> Any:
         """A fresh scenario of ``config`` (the runner's, as it is now: a curriculum changes
@@ -479,7 +438,9 @@ class ModelRewards:
         return SimilarityReward(env, self.similarity, key=self.config.similarity_key)
 
     async def judged_record(self, record: EpisodeRecord) -> EpisodeRecord:
-        """``record`` after :meth:`Judge.apply` with the run's judge (as it is without one)."""
-        if self.judge is not None:
-            await self.judge.apply(record)
+        """``record`` after the run's judge, then its reward model (as it is without them;
+        one order, so the components of a transcript are always listed alike)."""
+        for component in (self.judge, self.reward_model):
+            if component is not None:
+                await component.apply(record)
         return record

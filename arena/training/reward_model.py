@@ -24,7 +24,7 @@ Length: a reward model learns whatever separates chosen from rejected, length in
 (Singhal et al. 2023). Two guards:
 
 - Training and the ``rm`` component score texts in the LLM judge's canonical form
-  (:func:`~parley.arena.run.judge.canonical`): padding with whitespace or back-to-back
+  (:func:`~parley.arena.run.model_rewards.canonical`): padding with whitespace or back-to-back
   repeats gives the very same text, hence the very same score (proven by construction).
 - Against filler of other words, training adds a hinge term that penalises any score a
   text gains from a run of its own words appended
@@ -44,13 +44,19 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from parley.arena.inference.backends.scorer import load_reward_model, score_texts
-from parley.arena.run.judge import canonical
+from parley.arena.run.model_rewards import (
+    ScoredReward,
+    canonical,
+    reward_model_name,
+    shown_items,
+    shown_text,
+)
 from parley.protocols.errors import ConfigError, require
 
 __all__ = [
@@ -351,45 +357,23 @@ def export_preferences(rows: Iterable[Preference], out: str | Path, format: str)
 
 # ------------------------------------------------------------------ reward component
 
-COMPONENT = "rm"
+COMPONENT = ScoredReward.name
 """The reward component's name in ``infos[seat]["components"]`` and the trajectories."""
-
-Score = Callable[[list[str]], Awaitable[list[float]]]
-"""Scores texts, list in, list out, same order (a batcher's or a pool's ``score``)."""
 
 
 def seat_text(transcript: Mapping[str, Any], seat: str) -> str:
-    """What a reward model scores of ``seat`` in an episode: each observation it got and
-    each move it made, one ``who: text`` line each (``who`` is ``scenario`` or the seat) —
-    the text ``parley view --rate --seat SEAT`` shows a rater, so a model trained on those
-    ratings scores what it was trained on."""
-    lines = []
-    for step in transcript.get("steps") or []:
-        seen, done = step.get("observations") or {}, step.get("actions") or {}
-        if isinstance(seen.get(seat), str):
-            lines.append(f"scenario: {seen[seat]}\n")
-        if isinstance(done.get(seat), str):
-            lines.append(f"{seat}: {done[seat]}\n")
-    return "".join(lines)
+    """What a reward model scores of ``seat`` in an episode (before :func:`canonical`):
+    each observation it got and each move it made, one ``who: text`` line each — the text
+    ``parley view --rate --seat SEAT`` shows a rater, so a model trained on those ratings
+    scores what it was trained on."""
+    return shown_text(shown_items(transcript, seat))
 
 
-class RewardModelReward:
-    """The ``rm`` reward component: at the end of an episode, each seat's
-    :func:`seat_text` in the judge's canonical form (whitespace runs one space, back-to-back
-    repeats kept once: :func:`~parley.arena.run.judge.canonical`, so padding a reply with
-    whitespace or repeats scores the very same text) scored by a reward model, times
-    ``weight``, added to the seat's reward at the last step (as the LLM judge's component
-    is).
-
-    A scorer that fails leaves the component out (no reward, never a silent 0) and says
-    why in ``transcript["rm"]["error"]`` and ``metrics["rm_failed"]``; a failed episode is
-    left as it is."""
-
-    def __init__(self, score: Score, *, weight: float = 1.0) -> None:
-        if not math.isfinite(weight):
-            raise ConfigError(f"the rm component's weight must be a finite number, got {weight}")
-        self.score = score
-        self.weight = weight
+class RewardModelReward(ScoredReward):
+    """The ``rm`` reward component
+    (:class:`~parley.arena.run.model_rewards.ScoredReward`: each seat's :func:`seat_text` in
+    canonical form scored, times ``weight``, credited at the last step; a scorer that fails
+    leaves the component out with why), made from a directory or a pool."""
 
     @classmethod
     def from_dir(cls, path: str | Path, *, device: str = "cpu", weight: float = 1.0) -> Any:
@@ -397,35 +381,14 @@ class RewardModelReward:
         running at once are scored in shared batches (blocking load)."""
         from parley.arena.inference.backends.scorer import ScoreBatcher, SequenceScorer
 
-        return cls(ScoreBatcher(SequenceScorer.load(path, device=device)).score, weight=weight)
+        batcher = ScoreBatcher(SequenceScorer.load(path, device=device))
+        return cls(batcher.score, model=reward_model_name(str(path)), weight=weight)
 
     @classmethod
     def from_pool(cls, pool: Any, model: str, *, weight: float = 1.0) -> Any:
         """The reward model ``model`` served by ``pool`` (an
         :class:`~parley.arena.inference.pool.InferencePool`, batched with its other score
         requests)."""
-        from parley.protocols.messages import ScoreRequest
+        from parley.arena.inference.backends.scorer import score_client
 
-        async def score(texts: list[str]) -> list[float]:
-            return list((await pool.score(ScoreRequest(model=model, texts=texts))).scores)
-
-        return cls(score, weight=weight)
-
-    async def apply(self, record: Any) -> None:
-        """Score a finished :class:`~parley.arena.run.records.EpisodeRecord`'s seats and
-        credit the ``rm`` component (see the class docstring)."""
-        steps = record.transcript.get("steps") or []
-        if record.failed or not steps:
-            return
-        seats = [t.agent for t in record.trajectories]
-        try:
-            scores = await self.score([canonical(seat_text(record.transcript, s)) for s in seats])
-        except Exception as exc:  # the episode stands; the component is absent, with why
-            record.transcript[COMPONENT] = {"error": f"{type(exc).__name__}: {exc}"}
-            record.metrics[f"{COMPONENT}_failed"] = 1.0
-            return
-        credited = {seat: self.weight * s for seat, s in zip(seats, scores, strict=True)}
-        record.credit(COMPONENT, credited)
-        record.transcript[COMPONENT] = {"scores": credited}
-        record.metrics[COMPONENT] = sum(credited.values()) / len(credited)
-        record.metrics[f"{COMPONENT}_failed"] = 0.0
+        return cls(score_client(model, {"pool": pool}), model=model, weight=weight)

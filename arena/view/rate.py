@@ -47,6 +47,7 @@ from typing import Any
 
 from aiohttp import web
 
+from parley.arena.run.model_rewards import shown_items, shown_text
 from parley.arena.view.data import EPISODE_ID, Source
 from parley.arena.view.html import Links, page
 from parley.arena.view.index import episode_rows, read_episode
@@ -76,35 +77,6 @@ _HEADERS = {"Cache-Control": "no-store"}
 
 Key = tuple[str, str, str | None]
 """A pair as rated: its two digests (sorted) and the seat."""
-
-
-def shown_items(transcript: Mapping[str, Any], seat: str | None) -> list[dict[str, str]]:
-    """What the page shows of one transcript, as ``{"who", "text"}`` items in order: with a
-    seat, each observation it got (``who`` = ``"scenario"``) and each move it made; without,
-    every seat's moves. Fields that are not what a transcript holds are left out."""
-    items: list[dict[str, str]] = []
-    steps = transcript.get("steps")
-    for step in steps if isinstance(steps, list) else []:
-        if not isinstance(step, dict):
-            continue
-        obs, acts = step.get("observations"), step.get("actions")
-        obs = obs if isinstance(obs, dict) else {}
-        acts = acts if isinstance(acts, dict) else {}
-        if seat is not None:
-            if isinstance(obs.get(seat), str):
-                items.append({"who": "scenario", "text": obs[seat]})
-            if isinstance(acts.get(seat), str):
-                items.append({"who": seat, "text": acts[seat]})
-            continue
-        for who, text in acts.items():
-            if isinstance(text, str):
-                items.append({"who": str(who), "text": text})
-    return items
-
-
-def shown_text(items: Sequence[Mapping[str, str]]) -> str:
-    """The items as one text, a line (or more) per item: ``who: text\\n``."""
-    return "".join(f"{item['who']}: {item['text']}\n" for item in items)
 
 
 def _digest(items: Sequence[Mapping[str, str]]) -> str:

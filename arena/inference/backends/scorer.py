@@ -8,6 +8,11 @@ episode's reward component, the bus and ``/v1/score``) into one forward pass of 
 
 Texts are content, never control: a text that spells one of the tokenizer's special tokens
 (``<|end|>``) is tokenized as ordinary characters.
+
+:func:`score_client` is how a run's ``rm`` reward component
+(:class:`~parley.arena.run.model_rewards.ScoredReward`) reaches its reward model: the pool at
+``--pool ADDRESS`` (a :class:`~parley.protocols.messages.ScoreRequest` on the bus), a pool
+object, or one loaded in this process and shared by the run's episodes.
 """
 
 from __future__ import annotations
@@ -15,14 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from parley.protocols.errors import ConfigError, require
 
-__all__ = ["SequenceScorer", "ScoreBatcher", "load_reward_model", "score_texts"]
+__all__ = ["SequenceScorer", "ScoreBatcher", "load_reward_model", "score_client", "score_texts"]
 
 
 def load_reward_model(path: str | Path, *, device: str = "cpu") -> tuple[Any, Any]:
@@ -62,6 +67,15 @@ def score_texts(model: Any, tokenizer: Any, texts: Sequence[str], *, max_length:
     return model(**batch).logits[:, 0]  # (B, 1) -> (B,)
 
 
+def check_reward_model_dir(path: str | Path) -> None:
+    """Raise :class:`ConfigError` with the fix when ``path`` holds no model."""
+    if not (Path(path) / "config.json").is_file():
+        raise ConfigError(
+            f"no reward model at {str(path)!r} (no config.json); train one with "
+            "`parley train-rm --data prefs.jsonl --model DIR --out DIR`"
+        )
+
+
 class SequenceScorer:
     """A reward model in memory: ``score(texts)`` -> one float per text.
 
@@ -80,11 +94,7 @@ class SequenceScorer:
     @classmethod
     def load(cls, path: str | Path, *, device: str = "cpu", max_length: int = 1024) -> Any:
         """The reward model saved in the directory ``path`` (blocking)."""
-        if not (Path(path) / "config.json").is_file():
-            raise ConfigError(
-                f"no reward model at {str(path)!r} (no config.json); train one with "
-                "`parley train-rm --data prefs.jsonl --model DIR --out DIR`"
-            )
+        check_reward_model_dir(path)
         model, tokenizer = load_reward_model(path, device=device)
         return cls(model, tokenizer, max_length=max_length)
 
@@ -188,3 +198,71 @@ class ScoreBatcher:
                 await self._worker
         while self._queue:
             self._queue.popleft().future.cancel()
+
+
+def score_client(
+    path: str,
+    options: Mapping[str, Any],
+    timeout: float = 60.0,
+) -> Callable[[list[str]], Awaitable[list[float]]]:
+    """The scoring function of the reward model directory ``path`` for a run whose
+    ``agent_options`` are ``options`` (``SCORE_CLIENT`` of :mod:`parley.arena.run.model_rewards`):
+
+    - ``options["pool"]`` a bus address: :class:`ScoreRequest` to the pool there (``parley
+      serve --reward-model DIR``), which serves it under the directory's name; the
+      connection is the ``llm:`` seats' (one per address and event loop);
+    - ``options["pool"]`` an object with ``async score(ScoreRequest)`` (an
+      :class:`~parley.arena.inference.pool.InferencePool`): that pool, the same name;
+    - otherwise the model is loaded here on first use (blocking load in a worker thread),
+      once per event loop, and every episode's calls go through one :class:`ScoreBatcher`
+      (closed by ``close_shared_pools``).
+
+    Each call gives one score per text or raises (the pool's error, a timeout)."""
+    from parley.agents.llm import BusPoolClient
+    from parley.arena.inference.llm_spec import CONNECT_TIMEOUT, pool_bus_config, shared_pool
+    from parley.arena.run.model_rewards import reward_model_name
+    from parley.protocols.messages import ScoreRequest, ScoreResult
+
+    name = reward_model_name(path)
+    pool = options.get("pool")
+    if isinstance(pool, str) and pool:
+        config = pool_bus_config(options)
+
+        async def start() -> BusPoolClient:
+            return await BusPoolClient.connect(pool, timeout=CONNECT_TIMEOUT, config=config)
+
+        async def over_bus(texts: list[str]) -> list[float]:
+            client = await shared_pool(("bus", pool), start)
+            asked = ScoreRequest(model=name, texts=texts, timeout=timeout)
+            reply = await client.endpoint.request(client.pool, asked, timeout=timeout + 5.0)
+            if not isinstance(reply, ScoreResult):
+                raise ConfigError(f"the pool at {pool} answered a score request with {reply!r}")
+            return list(reply.scores)
+
+        return over_bus
+    if pool is not None and not isinstance(pool, str):
+        if not callable(getattr(pool, "score", None)):
+            raise ConfigError(
+                f"agent_options['pool'] must be a bus address or a pool with async score() for "
+                f"a reward model; got {type(pool).__name__}"
+            )
+
+        async def in_pool(texts: list[str]) -> list[float]:
+            asked = ScoreRequest(model=name, texts=texts, timeout=timeout)
+            return list((await pool.score(asked)).scores)
+
+        return in_pool
+    check_reward_model_dir(path)  # named now, not at the first episode
+    device = str(options.get("device", "cpu"))
+
+    async def load() -> ScoreBatcher:
+        scorer = await asyncio.to_thread(SequenceScorer.load, path, device=device)
+        return ScoreBatcher(scorer)
+
+    key = ("scorer", str(Path(path).resolve()), device)
+
+    async def in_process(texts: list[str]) -> list[float]:
+        batcher: ScoreBatcher = await shared_pool(key, load)
+        return await batcher.score(texts)
+
+    return in_process

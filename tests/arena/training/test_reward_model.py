@@ -191,7 +191,8 @@ async def test_a_failing_reward_model_leaves_the_component_out_with_why() -> Non
     await RewardModelReward(broken).apply(record)
     assert "rm" not in record.trajectories[0].components
     assert record.trajectories[0].reward == 1.0
-    assert record.transcript["rm"] == {"error": "RuntimeError: reward model gone"}
+    failed = {"failed": "rm_failed: RuntimeError: reward model gone"}
+    assert record.transcript["rm"] == {"alice": failed, "bob": failed}
     assert record.metrics["rm_failed"] == 1.0
 
 
