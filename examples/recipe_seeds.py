@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None, *, config: Path | None = None,
         "--pass-at", type=float, default=pass_at, help=f"arena figure to pass ({pass_at:g})"
     )
     parser.add_argument("overrides", nargs="*", help="config overrides, key.sub=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides after the options too
     config_path: Path = config if config is not None else args.config
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
