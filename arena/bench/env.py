@@ -30,6 +30,13 @@ interleaved with a plain Python loop that steps the same env and awaits the same
   nothing;
 * the same with the suffix ``_simple_trade``: ``negotiation/simple-trade-v1`` with its
   scripted baselines (the workload issue 11 measured), one seat acting a step;
+* ``runner_out_ratio_vs_runner`` — the in-process runner writing its records (``--out``, to
+  a temporary directory) over the same runner without: agent steps per CPU second of the
+  thread running the event loop (the summary's ``play_loop_cpu_s``; target >= 0.8). The
+  records are encoded and written by :class:`~parley.arena.run.records.RecordWriter`'s own
+  thread; ``runner_out_process_cpu_ratio_vs_runner`` is the same over the whole process's
+  CPU, that thread included (the work moved, not removed: transcripts kept step by step
+  and their JSON still cost CPU, on a core the loop does not wait for);
 * beside each, the plain loop doing only what the runner cannot skip
   (:mod:`~parley.arena.bench.floors`): ``copy_floor_ratio_vs_plain_loop`` (every
   observation a bare msgpack round trip, CPU time: a ceiling for ``runner_ratio_*``) and
@@ -56,6 +63,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,6 +91,8 @@ TARGETS = {
     "remote_ratio_vs_plain_loop": (">=", 0.3),
     "runner_ratio_vs_plain_loop_simple_trade": (">=", 0.7),
     "remote_ratio_vs_plain_loop_simple_trade": (">=", 0.3),
+    "runner_out_ratio_vs_runner": (">=", 0.8),
+    "runner_out_ratio_vs_runner_simple_trade": (">=", 0.8),
     "simple_trade_v0_ratio_vs_textarena": (">=", 1.0),
     "simple_trade_v1_ratio_vs_textarena": (">=", 1.0),
     "simple_trade_v0_ratio_vs_textarena_distinct_moves": (">=", 1.0),
@@ -325,10 +335,11 @@ def _serve_agents(address: str, agents: dict[str, str]) -> None:
 
 
 def _runner_rates(
-    work: Workload, *, pipeline: bool, ipc: bool, concurrency: int = 1
-) -> tuple[float, float, float]:
+    work: Workload, *, pipeline: bool, ipc: bool, concurrency: int = 1, out: bool = False
+) -> tuple[float, float, float, float]:
     """Agent steps per second of round-trip time, per second of play, per CPU second of
-    play in this process."""
+    play in this process, per CPU second of play of its event loop's thread; with ``out``,
+    the runner writes its records (``--out``) to a temporary directory."""
     from parley.arena.run.agent_specs import AgentSource, RemoteSeat
     from parley.arena.run.config import RunConfig
     from parley.arena.run.runner import Runner
@@ -354,9 +365,11 @@ def _runner_rates(
     if ipc:
         agents = {seat: RemoteSeat(REMOTE_NAME) for seat in work.agents}
     try:
-        with ipc_address("arena") as address:
+        with ipc_address("arena") as address, tempfile.TemporaryDirectory() as records:
             if ipc:
                 config = config.replace(listen=address, join_timeout=120.0)
+            if out:
+                config = config.replace(out=records)
             runner = Runner(config, agents=agents, on_listen=spawn if ipc else None)
             result = asyncio.run(runner.run())
     finally:
@@ -370,7 +383,12 @@ def _runner_rates(
     # Play starts with the first episode: binding and joining are not play.
     steps = float(result.summary["agent_steps"])
     timing = result.summary["timing"]
-    return steps / timing["agents_s"], steps / timing["play_s"], steps / timing["play_cpu_s"]
+    return (
+        steps / timing["agents_s"],
+        steps / timing["play_s"],
+        steps / timing["play_cpu_s"],
+        steps / timing["play_loop_cpu_s"],
+    )
 
 
 def _pipelining(args: argparse.Namespace, work: Workload, results: dict[str, Any]) -> None:
@@ -378,7 +396,7 @@ def _pipelining(args: argparse.Namespace, work: Workload, results: dict[str, Any
     trip), over ipc and in-process."""
     for ipc in [True] if args.no_inproc else [True, False]:
         suffix = "" if ipc else "_inproc"
-        rates: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
+        rates: dict[bool, list[tuple[float, float, float, float]]] = {True: [], False: []}
         for _ in range(args.repeats):
             for pipeline in (True, False):
                 rates[pipeline].append(_runner_rates(work, pipeline=pipeline, ipc=ipc))
@@ -405,12 +423,19 @@ def _overhead(args: argparse.Namespace, work: Workload, results: dict[str, Any])
         "plain_loop": lambda: _plain_loop_steps_per_s(work)
     }
 
-    def play_rates(ipc: bool) -> tuple[float, float]:
-        _, wall, cpu = _runner_rates(work, pipeline=True, ipc=ipc, concurrency=args.concurrency)
+    loop_cpu: dict[str, float] = {}  # the runner's event-loop thread, per case
+
+    def play_rates(ipc: bool, out: bool = False) -> tuple[float, float]:
+        _, wall, cpu, loop = _runner_rates(
+            work, pipeline=True, ipc=ipc, concurrency=args.concurrency, out=out
+        )
+        name = "runner_out" if out else "runner"
+        loop_cpu[name] = max(loop_cpu.get(name, 0.0), loop)
         return cpu, wall
 
     if not args.no_inproc:
         cases["runner"] = lambda: play_rates(False)
+        cases["runner_out"] = lambda: play_rates(False, out=True)
         cases["copy_floor"] = lambda: _plain_loop_steps_per_s(work, copy=True)
     cases["remote"] = lambda: play_rates(True)
     cases["raw_pyzmq"] = lambda: raw_pyzmq_steps_per_s(work, args.concurrency)
@@ -421,12 +446,21 @@ def _overhead(args: argparse.Namespace, work: Workload, results: dict[str, Any])
     suffix = "" if work.name == "broadcast" else f"_{work.name}"
     for name, (cpu, wall) in best.items():
         results[f"agent_steps_per_s_{name}{suffix}"] = wall
-        if name in ("plain_loop", "runner", "copy_floor"):
+        if name in ("plain_loop", "runner", "runner_out", "copy_floor"):
             results[f"agent_steps_per_cpu_s_{name}{suffix}"] = cpu
+    for name, rate in loop_cpu.items():
+        if name.startswith("runner"):
+            results[f"agent_steps_per_loop_cpu_s_{name}{suffix}"] = rate
     plain_cpu, plain_wall = best["plain_loop"]
     if "runner" in best:
         results[f"runner_ratio_vs_plain_loop{suffix}"] = best["runner"][0] / plain_cpu
         results[f"copy_floor_ratio_vs_plain_loop{suffix}"] = best["copy_floor"][0] / plain_cpu
+        # --out: what the event loop's thread spends (the target: encoding and writing run
+        # on the records' writer thread) and what the whole process spends, writer included.
+        results[f"runner_out_ratio_vs_runner{suffix}"] = loop_cpu["runner_out"] / loop_cpu["runner"]
+        results[f"runner_out_process_cpu_ratio_vs_runner{suffix}"] = (
+            best["runner_out"][0] / best["runner"][0]
+        )
     results[f"remote_ratio_vs_plain_loop{suffix}"] = best["remote"][1] / plain_wall
     results[f"raw_pyzmq_ratio_vs_plain_loop{suffix}"] = best["raw_pyzmq"][1] / plain_wall
 
@@ -496,6 +530,7 @@ def run(args: argparse.Namespace) -> int:
         "round_trips_per_s_sequential_inproc": "round trips/s, one at a time (in-process)",
         "agent_steps_per_s_plain_loop": "agent steps/s, plain loop (no runner)",
         "agent_steps_per_s_runner": "agent steps/s, runner, in-process agents",
+        "agent_steps_per_loop_cpu_s_runner_out": "agent steps per loop CPU s, runner with --out",
         "agent_steps_per_s_remote": "agent steps/s, runner, agents over ipc",
         "agent_steps_per_s_raw_pyzmq": "agent steps/s, raw pyzmq loop, agents over ipc",
         "agent_steps_per_s_plain_loop_simple_trade": "simple-trade-v1: plain loop",

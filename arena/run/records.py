@@ -13,8 +13,10 @@ Files (in ``RunConfig.out``; the schema is documented in ``arena/run/SCHEMA.md``
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+import asyncio
+import queue
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -23,9 +25,10 @@ from typing import IO, Any
 import msgspec
 import numpy as np
 
+from parley.protocols.errors import ConfigError, ParleyError
 from parley.protocols.messages import Trajectory
 
-__all__ = ["EpisodeRecord", "RecordWriter", "encode_json"]
+__all__ = ["EpisodeRecord", "RecordWriter", "RecordsError", "encode_json"]
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -44,20 +47,11 @@ def _enc_hook(obj: Any) -> Any:
 _encoder = msgspec.json.Encoder(enc_hook=_enc_hook, order="sorted")
 
 
-def _json_safe(value: Any) -> Any:
-    """``value`` with non-finite floats replaced by ``None`` (JSON has no NaN/inf)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def encode_json(value: Any) -> bytes:
-    """Deterministic JSON: sorted keys, no whitespace, NaN/inf written as ``null``."""
-    return _encoder.encode(_json_safe(value) if not isinstance(value, msgspec.Struct) else value)
+    """Deterministic JSON: sorted keys, no whitespace, NaN/inf written as ``null`` (msgspec's
+    JSON encoder writes non-finite floats so, numpy's included: no pass over the value in
+    Python, which had cost more than the encoding itself)."""
+    return _encoder.encode(value)
 
 
 @dataclass
@@ -134,38 +128,145 @@ def _lines(record: EpisodeRecord) -> tuple[bytes, bytes, bytes]:
     )
 
 
-class RecordWriter:
-    """Appends episode records to the JSONL files in plan order.
+class RecordsError(ParleyError):
+    """The run's records could not be written (a failing disk, a value JSON cannot hold);
+    the message names the file and what to do."""
 
-    Concurrent episodes finish out of order; a record's encoded lines (not the record)
-    wait in a buffer until every earlier index has been written, so the files do not
-    depend on scheduling. Without ``out`` nothing is encoded or kept.
+
+DEFAULT_QUEUE_RECORDS = 64
+"""Records a :class:`RecordWriter` holds for its thread before :meth:`~RecordWriter.add`
+waits: back-pressure from a slow disk, with memory bounded by this many records."""
+
+_FILES = ("transcripts", "trajectories", "timings")
+_CLOSE = object()
+"""Queue sentinel: the writer thread ends once everything before it is written."""
+
+
+def _open_file(path: Path) -> IO[bytes]:
+    return path.open("wb")
+
+
+class RecordWriter:
+    """Appends episode records to the JSONL files in plan order, off the caller's thread.
+
+    :meth:`add` (from a coroutine, :meth:`put`) hands a record to a writer thread through
+    a queue of at most ``queue_records``; the thread encodes and writes it, so the event
+    loop playing the episodes spends no time on JSON or the disk. A full queue makes
+    :meth:`add` block and :meth:`put` wait (the event loop goes on) until the thread has
+    caught up: memory stays bounded however slow the disk. Concurrent episodes finish out of
+    order; a record's encoded lines (not the record) wait in the thread until every earlier
+    index has been written, so the files do not depend on scheduling.
+
+    The first failure (a write the OS refused, a record JSON cannot hold) is raised as
+    :class:`RecordsError`, naming the file, by the next :meth:`add`, :meth:`put` or by
+    :meth:`close`; nothing after it is written (records are still taken off the queue: no
+    caller waits for ever). :meth:`close` writes everything handed over before it, then
+    closes the files. A record handed over is read later by the thread: the caller no longer
+    changes it. Without ``out`` nothing is encoded, kept or started. ``opener`` opens each
+    file (tests hand in slow or failing ones).
     """
 
-    def __init__(self, out: str | Path | None) -> None:
+    def __init__(
+        self,
+        out: str | Path | None,
+        *,
+        queue_records: int = DEFAULT_QUEUE_RECORDS,
+        opener: Callable[[Path], IO[bytes]] = _open_file,
+    ) -> None:
+        if queue_records < 1:
+            raise ConfigError(f"queue_records must be at least 1, got {queue_records}")
         self._next = 0
         self._waiting: dict[int, tuple[bytes, bytes, bytes]] = {}
         self._files: dict[str, IO[bytes]] = {}
+        self._paths: dict[str, Path] = {}
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_records)
+        self._thread: threading.Thread | None = None
+        self._error: RecordsError | None = None
+        self._reported = False
         self.out = Path(out) if out is not None else None
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
-            for name in ("transcripts", "trajectories", "timings"):
-                self._files[name] = (self.out / f"{name}.jsonl").open("wb")
+            for name in _FILES:
+                self._paths[name] = self.out / f"{name}.jsonl"
+                self._files[name] = opener(self._paths[name])
+            # A daemon: a process that dies without close() is not kept alive by it.
+            self._thread = threading.Thread(target=self._drain, name="parley-records", daemon=True)
+            self._thread.start()
 
     def add(self, record: EpisodeRecord) -> None:
-        """Accept ``record``; writes it (and any it unblocks) once its turn comes."""
-        if not self._files:
-            return
-        self._waiting[record.index] = _lines(record)
-        while self._next in self._waiting:
-            self._write(self._waiting.pop(self._next))
-            self._next += 1
+        """Hand ``record`` to the writer thread (blocks while its queue is full)."""
+        if self._thread is not None:
+            self._raise_failure()
+            self._queue.put(record)
 
-    def _write(self, encoded: tuple[bytes, bytes, bytes]) -> None:
-        transcript, trajectories, timing = encoded
-        self._files["transcripts"].write(transcript)
-        self._files["trajectories"].write(trajectories)
-        self._files["timings"].write(timing)
+    async def put(self, record: EpisodeRecord) -> None:
+        """:meth:`add` for a coroutine: a full queue is waited for in a worker thread."""
+        if self._thread is not None:
+            self._raise_failure()
+            try:
+                self._queue.put_nowait(record)
+            except queue.Full:
+                await asyncio.to_thread(self._queue.put, record)
+
+    async def drain(self) -> None:
+        """Wait until every record handed over so far is written (or the writer failed:
+        then raise its failure); the event loop goes on meanwhile."""
+        if self._thread is not None:
+            await asyncio.to_thread(self._queue.join)
+            self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        """Raise the writer's first failure, once."""
+        if self._error is not None and not self._reported:
+            self._reported = True
+            raise self._error
+
+    def _drain(self) -> None:
+        """The writer thread: encode and write each record until the close sentinel."""
+        while (record := self._queue.get()) is not _CLOSE:
+            if self._error is None:
+                self._error = self._take(record)
+            self._queue.task_done()
+
+    def _take(self, record: EpisodeRecord) -> RecordsError | None:
+        """Encode ``record`` and write every record its arrival puts in turn."""
+        try:
+            self._waiting[record.index] = _lines(record)
+        except Exception as exc:  # (msgspec: TypeError, e.g. a dict key that is no string)
+            return RecordsError(
+                f"episode {record.episode} (index {record.index}) cannot be written to "
+                f"{self._paths['transcripts']}: {exc}; its scenario or agents put a value "
+                f"JSON cannot hold in the episode (arena/run/SCHEMA.md says what a record holds)"
+            )
+        while self._next in self._waiting:
+            failure = self._write(self._waiting.pop(self._next))
+            if failure is not None:
+                return failure
+            self._next += 1
+        return None
+
+    def _write(self, encoded: tuple[bytes, bytes, bytes]) -> RecordsError | None:
+        for name, data in zip(_FILES, encoded, strict=True):
+            try:
+                self._files[name].write(data)
+            except (OSError, ValueError) as exc:  # (ValueError: the file was closed)
+                return self._failed(name, exc)
+        return None
+
+    def _closed(self, name: str, f: IO[bytes]) -> RecordsError | None:
+        """Close ``f``; a buffered write the OS refuses surfaces here at the latest."""
+        try:
+            f.close()
+        except OSError as exc:
+            return self._failed(name, exc)
+        return None
+
+    def _failed(self, name: str, exc: Exception) -> RecordsError:
+        return RecordsError(
+            f"writing {self._paths[name]} failed: {exc}; it holds whole records up to episode "
+            f"index {self._next - 1} at most: free some space (or pick another --out) and "
+            f"run again"
+        )
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """Write ``summary.json`` (indented for people; keys sorted)."""
@@ -174,12 +275,24 @@ class RecordWriter:
             (self.out / "summary.json").write_bytes(data + b"\n")
 
     def close(self) -> None:
-        """Flush and close the files; records still waiting for a gap are written as-is."""
-        for index in sorted(self._waiting):
-            self._write(self._waiting.pop(index))
-        for f in self._files.values():
-            f.close()
-        self._files.clear()
+        """Write everything handed over (records still waiting for a gap as they are), close
+        the files, and raise the writer's failure if no call has raised it yet."""
+        if self._thread is None:
+            return
+        thread, self._thread = self._thread, None
+        try:
+            self._queue.put(_CLOSE)  # (the thread takes every record off: this cannot hang)
+            thread.join()
+            for index in sorted(self._waiting):
+                encoded = self._waiting.pop(index)
+                if self._error is None:
+                    self._error = self._write(encoded)
+        finally:
+            for name, f in self._files.items():
+                failure = self._closed(name, f)
+                self._error = self._error or failure
+            self._files.clear()
+        self._raise_failure()
 
     def __enter__(self) -> RecordWriter:
         return self

@@ -250,14 +250,17 @@ class Runner:
                         record = await self.play(plan)
                         clock.agents_s += record.agents_s
                         builder.add(record)
-                        writer.add(record)
+                        await writer.put(record)  # encoded and written by its thread
                         advance(record)
                         if kept is not None:
                             kept.append(record)
 
                 workers = min(self.config.concurrency, len(plans))
+                # The event loop's own CPU time (the records' writer thread is not in it).
+                loop_cpu = time.thread_time()
                 try:
                     await asyncio.gather(*(worker() for _ in range(workers)))
+                    await writer.drain()  # a run's time includes writing its records
                 except asyncio.CancelledError:  # SIGINT/SIGTERM: the files hold whole episodes
                     self.partial_summary = self._summary(
                         builder, time.perf_counter() - started, clock
@@ -266,14 +269,18 @@ class Runner:
                     writer.write_summary(self.partial_summary)
                     raise
                 wall = time.perf_counter() - started
-                summary = self._summary(builder, wall, clock)
+                summary = self._summary(builder, wall, clock, time.thread_time() - loop_cpu)
                 writer.write_summary(summary)
         if kept is not None:
             kept.sort(key=lambda r: r.index)
         return RunResult(summary, address, wall, self.config.out, kept_records=kept)
 
     def _summary(
-        self, builder: SummaryBuilder, wall: float, clock: PlayClock | None = None
+        self,
+        builder: SummaryBuilder,
+        wall: float,
+        clock: PlayClock | None = None,
+        loop_cpu_s: float | None = None,
     ) -> dict[str, Any]:
         summary: dict[str, Any] = builder.summary()
         summary["scenario"] = self.config.scenario
@@ -293,6 +300,8 @@ class Runner:
             summary["timing"]["play_s"] = round(clock.play_s(), 6)
             summary["timing"]["play_cpu_s"] = round(clock.play_cpu_s(), 6)
             summary["timing"]["agents_s"] = round(clock.agents_s, 6)
+        if loop_cpu_s is not None:
+            summary["timing"]["play_loop_cpu_s"] = round(loop_cpu_s, 6)
         return summary
 
     def _expected_peers(self) -> dict[str, bytes | None]:
