@@ -15,8 +15,14 @@ serving, the engine started with ``max_loras`` = the number of adapters and the 
 ``NAME`` replace that adapter only. Adapter directories are checked before the model
 loads: a missing or malformed one exits 2.
 
-The pool answers ``GenerateRequest`` and ``WeightUpdate`` on the bus under the endpoint
-name ``pool``; with ``--http HOST:PORT`` it also serves the OpenAI-compatible API
+With ``--reward-model [NAME=]DIR`` (repeatable; a reward model directory, ``parley train-rm``
+or TRL's RewardTrainer) the pool also scores texts with it: ``ScoreRequest`` on the bus and
+``POST /v1/score`` over HTTP name it ``NAME``, by default the directory's name (what ``parley
+run --pool ADDRESS --reward-model DIR`` asks for). Concurrent score requests run as one
+batch. A directory without a model exits 2 before anything loads.
+
+The pool answers ``GenerateRequest``, ``ScoreRequest`` and ``WeightUpdate`` on the bus
+under the endpoint name ``pool``; with ``--http HOST:PORT`` it also serves the OpenAI-compatible API
 (:mod:`parley.arena.inference.http`). It runs until interrupted (Ctrl-C / SIGTERM), then
 answers what is still waiting with ``closed`` and exits 0. If its backend fails for good
 (the vLLM engine process died) it answers the waiting requests, prints the reason and
@@ -97,6 +103,14 @@ def add_parser(sub: Any) -> None:
         help="also serve the PEFT LoRA adapter in DIR as policy NAME (transformers, vllm); "
         "repeatable",
     )
+    p.add_argument(
+        "--reward-model",
+        action="append",
+        default=[],
+        metavar="[NAME=]DIR",
+        help="also serve the reward model in DIR (parley train-rm) for score requests on the "
+        "bus and /v1/score, named NAME (default: the directory's name); repeatable",
+    )
     p.add_argument("--max-batch-size", type=int, default=32, help="requests per backend call")
     p.add_argument("--max-wait", type=float, default=0.005, help="seconds to fill a batch")
     p.add_argument("--max-queue", type=int, default=1024, help="waiting requests before 429")
@@ -162,6 +176,20 @@ class ServeOptions:
     peer_timeout: float = 60.0
     """Seconds a client whose connection is open may stay silent before the pool gives it up
     (``BusConfig.peer_timeout``; a client whose connection closed is gone within seconds)."""
+    reward_models: tuple[tuple[str, str], ...] = ()
+    """(name, reward model directory) pairs the pool scores texts with."""
+
+    def check_reward_models(self) -> None:
+        """Check the reward model options and directories (before any model loads)."""
+        from parley.arena.inference.backends.scorer import check_reward_model_dir
+
+        if self.reward_models and self.ray is not None:
+            raise ConfigError("--reward-model is not served with --ray yet: use one pool")
+        names = [name for name, _ in self.reward_models]
+        for name, path in self.reward_models:
+            if names.count(name) > 1:
+                raise ConfigError(f"two reward models named {name!r}: give one NAME=DIR")
+            check_reward_model_dir(path)
 
     def check_adapters(self) -> dict[str, Any]:
         """Check the adapter options and directories (before any model loads); return the
@@ -220,7 +248,7 @@ class ServeOptions:
             "curve_allowed_clients": tuple(load_public_key(k) for k in clients),
             "allow_insecure_tcp": self.insecure,
             # With CURVE, only --weights-key clients may change weights: without one, no one.
-            "accept": POOL_ACCEPTS if self.weights_keys else frozenset({"generate"}),
+            "accept": POOL_ACCEPTS if self.weights_keys else frozenset({"generate", "score"}),
         }
 
     def weights_from(self) -> frozenset[str] | None:
@@ -276,6 +304,7 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
         await pool.start()
         for name, path in options.adapters:
             await pool.add_adapter(name, options.policy, path)
+        await _add_reward_models(pool, options)
         pool.serve(endpoint, weights_keys=options.weights_from())
         address = await endpoint.bind(options.listen)
         url = ""
@@ -292,6 +321,16 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
         if runner is not None:
             await runner.cleanup()
         await endpoint.close()
+
+
+async def _add_reward_models(pool: Any, options: ServeOptions) -> None:
+    """Load each ``--reward-model`` (in a worker thread) and serve it by its name, on the
+    backend's ``device`` option (cpu without one)."""
+    from parley.arena.inference.backends.scorer import SequenceScorer
+
+    device = str(dict(options.backend_options).get("device") or "cpu")
+    for name, path in options.reward_models:
+        pool.add_scorer(name, await asyncio.to_thread(SequenceScorer.load, path, device=device))
 
 
 async def _serve(options: ServeOptions) -> None:
@@ -316,6 +355,8 @@ async def _serve(options: ServeOptions) -> None:
             )
             for name, path in options.adapters:
                 print(f"policy {name!r}: adapter {path} on {options.policy!r}", flush=True)
+            for name, path in options.reward_models:
+                print(f"reward model {name!r}: {path}", flush=True)
         watch = loop.create_task(_watch(pool, stop))
         await stop.wait()
         watch.cancel()
@@ -337,6 +378,17 @@ async def _watch(pool: Any, stop: asyncio.Event, every: float = 1.0) -> None:
             stop.set()
             return
         await asyncio.sleep(every)
+
+
+def _reward_model_option(text: str) -> tuple[str, str]:
+    """``NAME=DIR``, or ``DIR`` named by
+    :func:`~parley.arena.run.model_rewards.reward_model_name`."""
+    from parley.arena.run.model_rewards import reward_model_name
+
+    name, eq, path = text.partition("=")
+    if eq and name.strip() and path.strip() and "/" not in name:
+        return name.strip(), path.strip()
+    return reward_model_name(text.strip()), text.strip()
 
 
 def _adapter_option(text: str) -> tuple[str, str]:
@@ -372,10 +424,12 @@ def main(args: argparse.Namespace) -> int:
             replicas=args.replicas,
             adapters=tuple(_adapter_option(a) for a in args.adapter),
             peer_timeout=args.peer_timeout,
+            reward_models=tuple(_reward_model_option(r) for r in args.reward_model),
         )
         BusConfig(peer_timeout=options.peer_timeout)  # a bad --peer-timeout exits 2 here
         options.bus_security()  # bad keys are a configuration error, before any loading
         options.check_adapters()  # so are missing or malformed adapter directories
+        options.check_reward_models()  # and reward model directories without a model
         if options.http:  # an HTTP front off loopback needs --insecure, before any loading
             from parley.arena.inference.http_guard import check_http_bind
 

@@ -1,0 +1,152 @@
+"""The reward model as a run's reward component (``parley run --reward-model``), in-process
+and through a pool ``parley serve --reward-model`` started, on the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parley.arena.cli import main
+from parley.arena.run.model_rewards import canonical, shown_items, shown_text
+from parley.protocols.errors import ConfigError
+
+torch = pytest.importorskip("torch")
+from parley.arena.inference.backends.scorer import (  # noqa: E402
+    SequenceScorer,
+    load_reward_model,
+)
+
+SCENARIO = "negotiation/deal-or-no-deal-v0"
+RUN = ["--episodes", "2", "--no-progress", "-s", "max_turns=2"]
+
+
+@pytest.fixture(scope="module")
+def rm_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a seeded, untrained score head, saved as a reward model
+    (untrained is enough: the tests compare paths and scores, not quality)."""
+    out = tmp_path_factory.mktemp("rm") / "tiny-rm"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model, tokenizer = load_reward_model(tiny_model_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _expected(rm_dir: Path, transcript: dict[str, Any], seat: str) -> float:
+    """The reward model's own score of what the component scores for ``seat``."""
+    text = canonical(shown_text(shown_items(transcript, seat)))
+    return SequenceScorer.load(rm_dir).score([text])[0]
+
+
+def _read(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    transcripts = [json.loads(line) for line in (out / "transcripts.jsonl").open()]
+    trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").open()]
+    return transcripts, trajectories, json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.timeout(120)
+def test_parley_run_with_a_reward_model(rm_dir: Path, tmp_path: Path) -> None:
+    from parley.arena.view.episode import _cell
+
+    out = tmp_path / "out"
+    args = ["run", SCENARIO, *RUN, "--out", str(out), "--reward-model", str(rm_dir)]
+    assert main([*args, "--rm-weight", "0.5"]) == 0
+    transcripts, trajectories, summary = _read(out)
+    for transcript in transcripts:
+        last = transcript["steps"][-1]
+        for seat, entry in transcript["rm"].items():
+            assert entry["score"] == pytest.approx(
+                0.5 * _expected(rm_dir, transcript, seat), abs=1e-4
+            )
+            assert last["infos"][seat]["components"]["rm"] == entry["score"]
+            assert "rm" in _cell(seat, last)  # the viewer shows it with the components
+    for trajectory in trajectories:  # what exports and trainers read
+        assert "rm" in trajectory["components"]
+        assert trajectory["reward"] == pytest.approx(sum(trajectory["components"].values()))
+    assert summary["metrics"]["rm_failed"]["mean"] == 0.0
+    assert "rm" in summary["metrics"]
+
+
+@pytest.fixture
+def served(tiny_model_dir: Path, rm_dir: Path) -> Iterator[str]:
+    """A pool (``parley serve``'s :func:`serving`) with the reward model, in a thread of
+    its own; yields its bus address."""
+    from parley.arena.cli.serve import ServeOptions, serving
+
+    options = ServeOptions(
+        model=str(tiny_model_dir),
+        listen="tcp://127.0.0.1:0",
+        policy="tiny",
+        reward_models=(("graded", str(rm_dir)),),
+    )
+    address: list[str] = []
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def serve() -> None:
+        try:
+            async with serving(options) as (bound, _, _):
+                address.append(bound)
+                ready.set()
+                await stop.wait()
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(60)
+        assert address, "the pool did not start"
+        yield address[0]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_scores_through_the_pool_parley_serve_started(
+    served: str, rm_dir: Path, tmp_path: Path
+) -> None:
+    """``parley serve --reward-model NAME=DIR`` serves the score bus kind; a run naming a
+    directory called NAME is scored there (the same numbers as the model's own); a run
+    naming a reward model the pool lacks gets no component, with the pool's reason."""
+    named = tmp_path / "graded"
+    named.symlink_to(rm_dir)
+    out = tmp_path / "out"
+    args = ["run", SCENARIO, *RUN, "--pool", served]
+    assert main([*args, "--out", str(out), "--reward-model", str(named)]) == 0
+    transcripts, _, _ = _read(out)
+    for transcript in transcripts:
+        for seat, entry in transcript["rm"].items():
+            assert entry["score"] == pytest.approx(_expected(rm_dir, transcript, seat), abs=1e-4)
+    other = tmp_path / "other"
+    assert main([*args, "--out", str(other), "--reward-model", str(rm_dir)]) == 0
+    transcripts, trajectories, summary = _read(other)
+    for transcript in transcripts:
+        for entry in transcript["rm"].values():
+            assert "unknown_policy" in entry["failed"], entry  # no silent 0
+    assert all("rm" not in t["components"] for t in trajectories)
+    assert summary["metrics"]["rm_failed"]["mean"] == 1.0
+
+
+def test_reward_model_options_are_checked_before_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from parley.arena.run.config import RunConfig
+
+    assert main(["serve", "--model", "x", "--reward-model", str(tmp_path)]) == 2
+    assert "no reward model at" in capsys.readouterr().err
+    assert main(["run", SCENARIO, *RUN, "--reward-model", str(tmp_path)]) == 2
+    assert "parley train-rm" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="rm_scope"):
+        RunConfig(SCENARIO, rm_scope="team")
+    with pytest.raises(ConfigError, match="rm_weight"):
+        RunConfig(SCENARIO, rm_weight=float("nan"))
