@@ -47,6 +47,8 @@ TRAIN_FILES = ("metrics.jsonl",)
 """A folder holding this is a ``parley train`` output."""
 LEAGUE_FILES = ("league.json",)
 """A folder holding this is a ``parley tournament`` output (its matches are runs below it)."""
+EVAL_FILES = ("report.json",)
+"""A folder holding this is a ``parley eval`` output (its entries are runs below it)."""
 MAX_DEPTH = 4
 """How deep below each given folder runs are looked for."""
 _ID_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -59,7 +61,7 @@ class Source:
     """One run folder: its id (the only thing a URL names), kind and location."""
 
     id: str
-    kind: str  # "run" or "train"
+    kind: str  # "run", "train", "league" or "eval"
     path: Path
     root: Path  # the folder it was found under; nothing outside it is read
 
@@ -100,6 +102,7 @@ def discover(roots: Sequence[Path]) -> dict[str, Source]:
             names = set(filenames)
             kind = "train" if names & set(TRAIN_FILES) else "run" if names & set(RUN_FILES) else ""
             kind = kind or ("league" if names & set(LEAGUE_FILES) else "")
+            kind = kind or ("eval" if names & set(EVAL_FILES) else "")
             if not kind:
                 continue
             rel = here.relative_to(root).as_posix()

@@ -141,6 +141,9 @@ class Links:
     def league(self, lid: str) -> str:
         return self._file("league", lid) if self.static else f"/league/{self._q(lid)}"
 
+    def eval(self, eid: str) -> str:
+        return self._file("eval", eid) if self.static else f"/eval/{self._q(eid)}"
+
 
 def page(title: str, body: str, links: Links, *, scripts: tuple[str, ...] = ()) -> str:
     """A whole HTML document: ``title`` is escaped here, ``body`` must already be HTML."""

@@ -146,6 +146,13 @@ def index_page(sources: Mapping[str, Source], links: Links) -> str:
             for s in leagues
         )
         parts.append(f"<h2>Tournaments ({len(leagues)})</h2><ul id=leagues>{items}</ul>")
+    evals = [s for s in sources.values() if s.kind == "eval"]
+    if evals:
+        items = "".join(
+            f'<li><a class=eval-link href="{esc(links.eval(s.id))}">{esc(s.id)}</a></li>'
+            for s in evals
+        )
+        parts.append(f"<h2>Evaluations ({len(evals)})</h2><ul id=evals>{items}</ul>")
     return page("runs", "".join(parts), links)
 
 

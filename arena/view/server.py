@@ -42,6 +42,7 @@ from parley.arena.view.data import (
     load_jsonl,
 )
 from parley.arena.view.episode import episode_page
+from parley.arena.view.evals import eval_page
 from parley.arena.view.html import CSP, Links
 from parley.arena.view.index import episode_rows, iter_episodes, read_episode
 from parley.arena.view.league import league_page
@@ -197,6 +198,10 @@ def make_app(
         src = state.get(request.match_info["lid"], "league")
         return _html(await asyncio.to_thread(league_page, src, state.sources, links))
 
+    async def evaluation(request: web.Request) -> web.Response:
+        src = state.get(request.match_info["eid"], "eval")
+        return _html(await asyncio.to_thread(eval_page, src, state.sources, links))
+
     async def events(request: web.Request) -> web.StreamResponse:
         return await _train_events(request, state.get(request.match_info["tid"], "train"))
 
@@ -214,6 +219,7 @@ def make_app(
     app.router.add_get("/train/{tid}", train)
     app.router.add_get("/train/{tid}/events", events)
     app.router.add_get("/league/{lid}", league)
+    app.router.add_get("/eval/{eid}", evaluation)
     app.router.add_get("/static/{name}", static)
     if rating is not None:
         rating.add_routes(app, lambda: state.sources)
@@ -323,6 +329,8 @@ def export_static(roots: Sequence[Path], out: Path) -> list[Path]:
             write(links.train(src.id), train_page, src, links, rows=rows)
         elif src.kind == "league":
             write(links.league(src.id), league_page, src, sources, links)
+        elif src.kind == "eval":
+            write(links.eval(src.id), eval_page, src, sources, links)
     return written
 
 
