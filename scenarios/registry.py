@@ -2,6 +2,12 @@
 
 Importing this module imports no scenario module: a spec names its class and its baseline
 agents as strings, resolved only by :func:`make` (and by the runner, for baselines).
+
+A version of a scenario is a class named ``<Game>V<n>`` whose ``metadata["name"]`` is its id,
+registered beside it by the :func:`registered` decorator (its baselines and its one-line
+description). The built-in ones are listed without importing their modules from
+``catalog.json``, which ``python -m parley.scenarios.catalog`` writes from those decorators
+(tests/scenarios/test_registry.py fails while it is stale).
 Third-party packages add scenarios through the ``parley.scenarios`` entry-point group; each
 entry point resolves to a :class:`ScenarioSpec`, a list of them, or a callable that returns
 them (or calls :func:`register` itself). Entry points are loaded the first time the registry
@@ -23,12 +29,15 @@ import dataclasses
 import difflib
 import importlib
 import importlib.metadata
+import json
+import pkgutil
 import re
 import sys
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from parley.protocols.errors import ConfigError
 from parley.scenarios.from_file import is_file_ref, load_file_attr
@@ -37,6 +46,8 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "ScenarioSpec",
     "register",
+    "registered",
+    "spec_of",
     "make",
     "spec",
     "registry",
@@ -115,7 +126,15 @@ class ScenarioSpec:
         """Build the scenario with this spec's kwargs, overridden by ``kwargs``."""
         cls = _CLASSES.get(self.entry_point)
         if cls is None:  # resolved once per entry point (a runner makes one env per episode)
-            cls = _CLASSES[self.entry_point] = load_attr(self.entry_point)
+            cls = load_attr(self.entry_point)
+            declared = vars(cls).get(_DECLARED) if isinstance(cls, type) else None
+            if declared is not None and declared.id == self.id and declared != self:
+                raise ConfigError(
+                    f"{self.id} is registered otherwise than its class declares "
+                    f"({self.entry_point}); for a built-in scenario, run "
+                    "`python -m parley.scenarios.catalog` to rewrite the catalog"
+                )
+            _CLASSES[self.entry_point] = cls
         if "quote_messages" in kwargs or "quote_messages" in self.kwargs:
             merged = {**self.kwargs, **kwargs}
             quote = merged.pop("quote_messages")
@@ -133,6 +152,16 @@ class ScenarioSpec:
 _REGISTRY: dict[str, ScenarioSpec] = {}
 _CLASSES: dict[str, Any] = {}  # entry point -> what it names, once loaded
 _entry_points_loaded = False
+_DECLARED = "_registered_spec"  # the class attribute where @registered keeps its spec
+
+CATALOG = Path(__file__).with_name("catalog.json")
+"""The built-in scenarios' specs, written from their decorators by
+``python -m parley.scenarios.catalog``."""
+
+BUILTIN_FAMILIES = ("negotiation", "collaboration", "tool_use", "code")
+"""The subpackages of :mod:`parley.scenarios` whose modules hold built-in scenarios."""
+
+_Class = TypeVar("_Class", bound=type)
 
 
 def register(
@@ -148,6 +177,84 @@ def register(
     new = ScenarioSpec(id, entry_point, kwargs or {}, baselines or {}, description)
     _add(new, override=override)
     return new
+
+
+def registered(
+    *,
+    baselines: Mapping[str, str],
+    description: str,
+    kwargs: Mapping[str, Any] | None = None,
+) -> Callable[[_Class], _Class]:
+    """Class decorator: declare, beside the class, the spec it is registered with.
+
+    The spec's id is the class's ``metadata["name"]``, its entry point the class itself
+    (``"module:Class"``); ``baselines``, ``description`` and ``kwargs`` are those of
+    :func:`register`. Declaring registers nothing, so importing the module has no effect on
+    the registry: the built-in scenarios are registered from :data:`CATALOG`, a package's
+    through its entry point (which returns :func:`spec_of` of each version), a file's
+    (``parley run game.py:GameV0``) under its reference with the declared baselines. The
+    class's ``__doc__`` becomes its module's docstring, so ``help(env)`` shows the scenario's
+    page.
+    """
+
+    def decorate(cls: _Class) -> _Class:
+        declared = ScenarioSpec(
+            cls.metadata["name"],  # type: ignore[attr-defined]
+            f"{cls.__module__}:{cls.__qualname__}",
+            kwargs or {},
+            baselines,
+            description,
+        )
+        setattr(cls, _DECLARED, declared)
+        cls.__doc__ = sys.modules[cls.__module__].__doc__
+        return cls
+
+    return decorate
+
+
+def spec_of(cls: type) -> ScenarioSpec:
+    """The spec declared by :func:`registered` on ``cls`` itself (not on a base class)."""
+    declared = vars(cls).get(_DECLARED)
+    if not isinstance(declared, ScenarioSpec):
+        raise ConfigError(
+            f"{cls.__qualname__} declares no spec; decorate it with "
+            "@parley.scenarios.registered(baselines=..., description=...)"
+        )
+    return declared
+
+
+def builtin_specs() -> list[ScenarioSpec]:
+    """The specs the built-in scenario classes declare (:func:`registered`), sorted by id.
+
+    Imports every module of :data:`BUILTIN_FAMILIES`: for writing and checking
+    :data:`CATALOG`, not for listing (:func:`registry` reads the catalog).
+    """
+    found: dict[str, ScenarioSpec] = {}
+    for family in BUILTIN_FAMILIES:
+        package = importlib.import_module(f"{__package__}.{family}")
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            for value in vars(module).values():
+                declared = vars(value).get(_DECLARED) if isinstance(value, type) else None
+                if declared is not None and value.__module__ == module.__name__:
+                    found[declared.id] = declared
+    return [found[i] for i in sorted(found)]
+
+
+def catalog_entry(found: ScenarioSpec) -> dict[str, Any]:
+    """``found`` as one entry of :data:`CATALOG` (the arguments of :class:`ScenarioSpec`)."""
+    return {
+        "id": found.id,
+        "entry_point": found.entry_point,
+        "kwargs": dict(found.kwargs),
+        "baselines": dict(found.baselines),
+        "description": found.description,
+    }
+
+
+def _load_catalog() -> None:
+    for entry in json.loads(CATALOG.read_text(encoding="utf-8")):
+        _add(ScenarioSpec(**entry))
 
 
 def _add(new: ScenarioSpec, *, override: bool = False) -> None:
@@ -246,15 +353,21 @@ _FILE_SPECS: dict[str, ScenarioSpec] = {}  # kept apart: registry() lists instal
 
 def _file_spec(ref: str) -> ScenarioSpec:
     """The spec of the scenario class of a file (:mod:`parley.scenarios.from_file`), made on
-    first use; baselines from the class's ``baselines`` mapping, if it has one."""
+    first use; baselines and description those the class declares (:func:`registered`), else
+    its ``baselines`` mapping, if it has one, and its docstring's first line."""
     found = _FILE_SPECS.get(ref)
     if found is None:
         cls = load_file_attr(ref)
-        baselines = getattr(cls, "baselines", None)
-        found = _FILE_SPECS[ref] = ScenarioSpec(
-            ref, ref, baselines=dict(baselines) if isinstance(baselines, Mapping) else {},
-            description=(cls.__doc__ or "").strip().split("\n", 1)[0],
-        )  # fmt: skip
+        declared = vars(cls).get(_DECLARED) if isinstance(cls, type) else None
+        if declared is not None:
+            found = dataclasses.replace(declared, id=ref, entry_point=ref)
+        else:
+            baselines = getattr(cls, "baselines", None)
+            found = ScenarioSpec(
+                ref, ref, baselines=dict(baselines) if isinstance(baselines, Mapping) else {},
+                description=(cls.__doc__ or "").strip().split("\n", 1)[0],
+            )  # fmt: skip
+        _FILE_SPECS[ref] = found
     return found
 
 
@@ -289,214 +402,4 @@ def load_attr(ref: str) -> Any:
     return obj
 
 
-# --- built-in scenarios -----------------------------------------------------------------
-
-_NEG = "parley.scenarios.negotiation"
-_COL = "parley.scenarios.collaboration"
-_SCRIPTED_NEG = "parley.agents.scripted.negotiation"
-_SCRIPTED_COL = "parley.agents.scripted.collaboration"
-
-register(
-    "negotiation/deal-or-no-deal-v0",
-    f"{_NEG}.deal_or_no_deal:DealOrNoDeal",
-    baselines={
-        "player_0": f"{_SCRIPTED_NEG}:DealNegotiator",
-        "player_1": f"{_SCRIPTED_NEG}:DealNegotiator",
-    },
-    description="Lewis et al. 2017: divide books, hats and balls valued privately; "
-    "agreement only when both claims add up.",
-)
-
-register(
-    "negotiation/deal-or-no-deal-v1",
-    f"{_NEG}.deal_or_no_deal:DealOrNoDealV1",
-    baselines={
-        "player_0": f"{_SCRIPTED_NEG}:DealNegotiator",
-        "player_1": f"{_SCRIPTED_NEG}:DealNegotiator",
-    },
-    description="Lewis et al. 2017 with the published context distribution; a claim whose "
-    "halves do not add up to the counts is invalid.",
-)
-
-register(
-    "negotiation/deal-or-no-deal-v2",
-    f"{_NEG}.deal_or_no_deal:DealOrNoDealV2",
-    baselines={
-        "player_0": f"{_SCRIPTED_NEG}:DealNegotiator",
-        "player_1": f"{_SCRIPTED_NEG}:DealNegotiator",
-    },
-    description="deal-or-no-deal-v1 with moves='proposals': offered proposals, a 'deal' "
-    "claim and short prompts, for small models trained by RL (default: as v1).",
-)
-
-_TOOL = "parley.scenarios.tool_use"
-_SCRIPTED_TOOL = "parley.agents.scripted.tool_use"
-
-register(
-    "tool_use/calc-chain-v0",
-    f"{_TOOL}.calc_chain:CalcChain",
-    baselines={"solver": f"{_SCRIPTED_TOOL}:CalcOracle"},
-    description="Multi-step word problems with unit conversions; exact answers need the "
-    "calculator and convert tools.",
-)
-
-register(
-    "negotiation/simple-trade-v0",
-    f"{_NEG}.simple_trade:SimpleTrade",
-    baselines={"player_0": f"{_SCRIPTED_NEG}:Trader", "player_1": f"{_SCRIPTED_NEG}:Trader"},
-    description="SPIRAL's SimpleNegotiation: trade Wood and Gold; the larger gain in "
-    "inventory value wins (zero-sum).",
-)
-register(
-    "negotiation/simple-trade-v1",
-    f"{_NEG}.simple_trade_v1:SimpleNegotiation",
-    baselines={
-        "player_0": f"{_SCRIPTED_NEG}:SpiralTrader",
-        "player_1": f"{_SCRIPTED_NEG}:SpiralTrader",
-    },
-    description="SPIRAL's SimpleNegotiation rule for rule ([Offer: 3 Wood -> 2 Gold], offers "
-    "persist, the first invalid move loses); randomize=True varies values and stocks.",
-)
-register(
-    "negotiation/split-the-pie-v0",
-    f"{_NEG}.split_the_pie:SplitThePie",
-    baselines={
-        **{f"player_{i}": f"{_SCRIPTED_NEG}:PieBargainer" for i in range(3)},
-        "*": f"{_SCRIPTED_NEG}:PieBargainer",
-    },
-    description="Baron-Ferejohn majority-rule bargaining, 3-7 players; random proposer, "
-    "everyone votes, the pie shrinks by delta each round.",
-)
-register(
-    "collaboration/referential-v0",
-    f"{_COL}.referential:Referential",
-    baselines={
-        "speaker": f"{_SCRIPTED_COL}:CodeSpeaker",
-        "listener": f"{_SCRIPTED_COL}:CodeListener",
-    },
-    description="Lazaridou et al. 2017: a speaker names the target among K candidates with "
-    "a short code; the listener picks it. Shared reward; chance 1/K.",
-)
-register(
-    "collaboration/hidden-profile-v0",
-    f"{_COL}.hidden_profile:HiddenProfile",
-    baselines={
-        **{f"agent_{i}": f"{_SCRIPTED_COL}:FactSharer" for i in range(3)},
-        "*": f"{_SCRIPTED_COL}:FactSharer",
-    },
-    description="2-5 agents each hold part of the facts; the best option shows only when "
-    "they are pooled. Team reward, small cost per message.",
-)
-
-register(
-    "collaboration/hidden-profile-v1",
-    f"{_COL}.hidden_profile:HiddenProfileV1",
-    baselines={
-        **{f"agent_{i}": f"{_SCRIPTED_COL}:FactSharer" for i in range(3)},
-        "*": f"{_SCRIPTED_COL}:FactSharer",
-    },
-    description="hidden-profile with a 'share' move and a per-agent notebook of known facts "
-    "(options; the defaults play as v0).",
-)
-
-register(
-    "tool_use/retail-desk-v0",
-    f"{_TOOL}.retail_desk:RetailDesk",
-    baselines={
-        "user": f"{_SCRIPTED_TOOL}:RetailUser",
-        "assistant": f"{_SCRIPTED_TOOL}:RetailOracle",
-    },
-    description="tau-bench-style customer service over SQLite: a user with a hidden goal, "
-    "an assistant with tools; reward = final database and stated facts match the reference.",
-)
-
-register(
-    "code/debug-v0",
-    "parley.scenarios.code.debug:CodeDebug",
-    baselines={
-        "coder": "parley.agents.scripted.code:DebugOracle",
-        "reviewer": "parley.agents.scripted.code:DebugReviewer",
-    },
-    description="Fix a buggy Python function with a sandboxed test runner; reward = share "
-    "of hidden tests passed. Optional reviewer seat.",
-)
-
-# v1 of the scenarios whose v0 left a refused move's turn unused (an agent writing only
-# non-ASCII never ended its episode): same seats, baselines and arguments; the refused move
-# uses up the turn (parley.scenarios.refusals). Each v0 stays registered as it was.
-for _v0, _v1_class in (
-    ("collaboration/referential-v0", f"{_COL}.referential:ReferentialV1"),
-    ("negotiation/split-the-pie-v0", f"{_NEG}.split_the_pie:SplitThePieV1"),
-    ("tool_use/calc-chain-v0", f"{_TOOL}.calc_chain:CalcChainV1"),
-    ("tool_use/retail-desk-v0", f"{_TOOL}.retail_desk:RetailDeskV1"),
-    ("code/debug-v0", "parley.scenarios.code.debug:CodeDebugV1"),
-):
-    _first = _REGISTRY[_v0]
-    register(
-        _v0[: -len("v0")] + "v1",
-        _v1_class,
-        kwargs=_first.kwargs,
-        baselines=_first.baselines,
-        description=f"{_first.description} v1: a refused move uses up the turn.",
-    )
-
-# The next versions of the scenarios whose seats write free text to each other: the same
-# game with quote_messages on (a multi-line message cannot forge a line of the scenario's
-# or of another seat's in the others' observations). Each earlier version stays as it was.
-for _before, _after, _class in (
-    ("negotiation/simple-trade-v1", "negotiation/simple-trade-v2",
-     f"{_NEG}.simple_trade_v1:SimpleNegotiationV2"),
-    ("negotiation/deal-or-no-deal-v2", "negotiation/deal-or-no-deal-v3",
-     f"{_NEG}.deal_or_no_deal:DealOrNoDealV3"),
-    ("collaboration/hidden-profile-v1", "collaboration/hidden-profile-v2",
-     f"{_COL}.hidden_profile:HiddenProfileV2"),
-    ("tool_use/retail-desk-v1", "tool_use/retail-desk-v2",
-     f"{_TOOL}.retail_desk:RetailDeskV2"),
-):  # fmt: skip
-    _spec = _REGISTRY[_before]
-    register(
-        _after,
-        _class,
-        kwargs=_spec.kwargs,
-        baselines=_spec.baselines,
-        description=f"{_before} with quote_messages on: a message cannot forge a line.",
-    )
-
-register(
-    "tool_use/retail-desk-v3",
-    f"{_TOOL}.retail_desk_v3:RetailDeskV3",
-    baselines={
-        "user": f"{_SCRIPTED_TOOL}:RetailUser",
-        "assistant": f"{_SCRIPTED_TOOL}:RetailAnswerer",
-    },
-    description="retail-desk-v2 where the assistant commits to the facts in a structured "
-    "answer (a message listing every candidate scored 1.0) and acts for the customer it "
-    "serves only (another account is refused and penalised).",
-)
-
-register(
-    "tool_use/research-team-v0",
-    f"{_TOOL}.research_team:ResearchTeam",
-    baselines={
-        "biographer": "parley.agents.scripted.research:Researcher",
-        "geographer": "parley.agents.scripted.research:Researcher",
-    },
-    description="Two seats search different halves of a generated encyclopedia (SQLite "
-    "FTS5 BM25) and answer a two-hop question together; F1 reward per seat and team.",
-)
-
-register(
-    "code/debug-v2",
-    "parley.scenarios.code.debug:CodeDebugV2",
-    baselines=_REGISTRY["code/debug-v1"].baselines,
-    description="code/debug-v1 whose reward is the improvement over the unfixed code's "
-    "share of hidden tests (submitting it unchanged paid 0.45 on average).",
-)
-
-register(
-    "code/debug-v3",
-    "parley.scenarios.code.debug:CodeDebugV3",
-    baselines=_REGISTRY["code/debug-v2"].baselines,
-    description="code/debug with 373 tasks (341 generated by bug injection), 32 hidden calls "
-    "drawn per episode, type-exact; reward 1 only when all pass.",
-)
+_load_catalog()

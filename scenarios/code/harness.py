@@ -337,3 +337,19 @@ def run_tests(
     elif problem and hidden:  # (the count of a forged results line is the code's to choose)
         problem = "the results line was malformed or incomplete"
     return TestRun(results, problem)
+
+
+_HIDDEN_PASS_RATES: dict[tuple[str, str], float] = {}
+
+
+def hidden_pass_rate(
+    sandbox: Sandbox, name: str, code: str, tests: Sequence[tuple[str, str]]
+) -> float:
+    """The share of the hidden ``tests`` that ``code`` passes (:func:`run_tests`), measured once
+    per ``(name, code)`` and process; a :class:`~parley.scenarios.tools.SandboxError`
+    propagates and is not cached."""
+    key = (name, code)
+    if key not in _HIDDEN_PASS_RATES:
+        run = run_tests(sandbox, code, tests, hidden=True)
+        _HIDDEN_PASS_RATES[key] = run.passed / len(run.results)
+    return _HIDDEN_PASS_RATES[key]

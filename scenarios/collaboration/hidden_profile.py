@@ -85,11 +85,12 @@ import numpy as np
 
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario, split_address
+from parley.scenarios.registry import registered
 
 __all__ = [
     "FACT",
     "Fact",
-    "HiddenProfile",
+    "HiddenProfileV0",
     "HiddenProfileV1",
     "HiddenProfileV2",
     "ProfileState",
@@ -170,7 +171,19 @@ class ProfileState:
     phase: str = "talk"  # talk -> vote -> done
 
 
-class HiddenProfile(Scenario):
+_SCRIPTED = "parley.agents.scripted.collaboration"
+_BASELINES = {
+    **{f"agent_{i}": f"{_SCRIPTED}:FactSharer" for i in range(3)},
+    "*": f"{_SCRIPTED}:FactSharer",
+}
+
+
+@registered(
+    baselines=_BASELINES,
+    description="2-5 agents each hold part of the facts; the best option shows only "
+    "when they are pooled. Team reward, small cost per message.",
+)
+class HiddenProfileV0(Scenario):
     """A hidden-profile team decision; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -325,11 +338,16 @@ TALK_MODES = ("text", "share")
 SHARE = "share"
 
 
-class HiddenProfileV1(HiddenProfile):
+@registered(
+    baselines=_BASELINES,
+    description="hidden-profile with a 'share' move and a per-agent notebook of known "
+    "facts (options; the defaults play as v0).",
+)
+class HiddenProfileV1(HiddenProfileV0):
     """v1: hidden-profile with the ``talk`` and ``notebook`` arguments; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
-        **HiddenProfile.metadata,
+        **HiddenProfileV0.metadata,
         "name": "collaboration/hidden-profile-v1",
     }
 
@@ -434,17 +452,20 @@ class HiddenProfileV1(HiddenProfile):
         return text
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
+@registered(
+    baselines=_BASELINES,
+    description="collaboration/hidden-profile-v1 with quote_messages on: "
+    "a message cannot forge a line.",
+)
 class HiddenProfileV2(HiddenProfileV1):
     """v2: v1 with ``quote_messages`` on; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
-        **HiddenProfile.metadata,
+        **HiddenProfileV0.metadata,
         "name": "collaboration/hidden-profile-v2",
     }
     quote_messages = True
 
 
-HiddenProfile.__doc__ = __doc__
-HiddenProfileV1.__doc__ = __doc__
-HiddenProfileV2.__doc__ = __doc__
+# Deprecated: the name before the <Game>V<n> convention, for imports written against it.
+HiddenProfile = HiddenProfileV0

@@ -78,8 +78,9 @@ import numpy as np
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
 from parley.scenarios.refusals import RefusedMoveTakesTurn
+from parley.scenarios.registry import registered
 
-__all__ = ["ATTRIBUTES", "Referential", "RefState", "describe", "messages"]
+__all__ = ["ATTRIBUTES", "ReferentialV0", "RefState", "describe", "messages"]
 
 ATTRIBUTES: tuple[tuple[str, ...], ...] = (
     ("red", "blue", "green", "yellow", "purple", "orange", "black", "white"),
@@ -115,7 +116,16 @@ class RefState:
     phase: str = "speak"  # speak -> listen -> done
 
 
-class Referential(Scenario):
+_SCRIPTED = "parley.agents.scripted.collaboration"
+_BASELINES = {"speaker": f"{_SCRIPTED}:CodeSpeaker", "listener": f"{_SCRIPTED}:CodeListener"}
+_ABOUT = (
+    "Lazaridou et al. 2017: a speaker names the target among K candidates "
+    "with a short code; the listener picks it. Shared reward; chance 1/K."
+)
+
+
+@registered(baselines=_BASELINES, description=_ABOUT)
+class ReferentialV0(Scenario):
     """Lazaridou et al.'s referential game; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -258,15 +268,15 @@ class Referential(Scenario):
         return {"success": float(self.s.pick == self.s.target), "chance": 1.0 / self.k}
 
 
-class ReferentialV1(RefusedMoveTakesTurn, Referential):
+@registered(baselines=_BASELINES, description=_ABOUT + " v1: a refused move uses up the turn.")
+class ReferentialV1(RefusedMoveTakesTurn, ReferentialV0):
     """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
 
     metadata: ClassVar[dict[str, Any]] = {
-        **Referential.metadata,
+        **ReferentialV0.metadata,
         "name": "collaboration/referential-v1",
     }
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
-Referential.__doc__ = __doc__
-ReferentialV1.__doc__ = __doc__
+# Deprecated: the name before the <Game>V<n> convention, for imports written against it.
+Referential = ReferentialV0

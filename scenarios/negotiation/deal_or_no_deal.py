@@ -103,11 +103,12 @@ import numpy as np
 
 from parley.scenarios.base import Scenario
 from parley.scenarios.refusals import RefusedMoveTakesTurn
+from parley.scenarios.registry import registered
 
 __all__ = [
     "ITEMS",
     "DealState",
-    "DealOrNoDeal",
+    "DealOrNoDealV0",
     "agreement",
     "divisions",
     "generate_context",
@@ -273,7 +274,19 @@ class DealState:
     scores: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-class DealOrNoDeal(Scenario):
+_SCRIPTED = "parley.agents.scripted.negotiation"
+_BASELINES = {
+    "player_0": f"{_SCRIPTED}:DealNegotiator",
+    "player_1": f"{_SCRIPTED}:DealNegotiator",
+}
+
+
+@registered(
+    baselines=_BASELINES,
+    description="Lewis et al. 2017: divide books, hats and balls valued privately; "
+    "agreement only when both claims add up.",
+)
+class DealOrNoDealV0(Scenario):
     """Lewis et al. (2017) multi-issue bargaining; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -439,11 +452,16 @@ class DealOrNoDeal(Scenario):
         return out
 
 
-class DealOrNoDealV1(RefusedMoveTakesTurn, DealOrNoDeal):
+@registered(
+    baselines=_BASELINES,
+    description="Lewis et al. 2017 with the published context distribution; a claim "
+    "whose halves do not add up to the counts is invalid.",
+)
+class DealOrNoDealV1(RefusedMoveTakesTurn, DealOrNoDealV0):
     """v1: contexts uniform over the valid ones, and claims must be complete divisions."""
 
     metadata: ClassVar[dict[str, Any]] = {
-        **DealOrNoDeal.metadata,
+        **DealOrNoDealV0.metadata,
         "name": "negotiation/deal-or-no-deal-v1",
     }
     complete_claims = True
@@ -468,11 +486,16 @@ def claim_text(take: Counts, counts: Counts) -> str:
     return "book={} hat={} ball={} / book={} hat={} ball={}".format(*take, *rest)
 
 
+@registered(
+    baselines=_BASELINES,
+    description="deal-or-no-deal-v1 with moves='proposals': offered proposals, a 'deal' "
+    "claim and short prompts, for small models trained by RL (default: as v1).",
+)
 class DealOrNoDealV2(DealOrNoDealV1):
     """v2: v1 plus ``moves="proposals"`` (offered proposals, a ``deal`` claim, short prompts)."""
 
     metadata: ClassVar[dict[str, Any]] = {
-        **DealOrNoDeal.metadata,
+        **DealOrNoDealV0.metadata,
         "name": "negotiation/deal-or-no-deal-v2",
     }
 
@@ -542,18 +565,20 @@ class DealOrNoDealV2(DealOrNoDealV1):
         return {"type": "choice", "choices": [*map(proposal_text, takes), SELECTION]}
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
+@registered(
+    baselines=_BASELINES,
+    description="negotiation/deal-or-no-deal-v2 with quote_messages on: "
+    "a message cannot forge a line.",
+)
 class DealOrNoDealV3(DealOrNoDealV2):
     """v3: v2 with ``quote_messages`` on; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
-        **DealOrNoDeal.metadata,
+        **DealOrNoDealV0.metadata,
         "name": "negotiation/deal-or-no-deal-v3",
     }
     quote_messages = True
 
 
-DealOrNoDeal.__doc__ = __doc__
-DealOrNoDealV1.__doc__ = __doc__
-DealOrNoDealV2.__doc__ = __doc__
-DealOrNoDealV3.__doc__ = __doc__
+# Deprecated: the name before the <Game>V<n> convention, for imports written against it.
+DealOrNoDeal = DealOrNoDealV0

@@ -57,8 +57,9 @@ import numpy as np
 
 from parley.scenarios.base import Scenario
 from parley.scenarios.helpers import TextMemo
+from parley.scenarios.registry import registered
 
-__all__ = ["RESOURCES", "SimpleTrade", "TradeState", "parse_move", "inventory_value"]
+__all__ = ["RESOURCES", "SimpleTradeV0", "TradeState", "parse_move", "inventory_value"]
 
 RESOURCES = ("Wood", "Gold")
 SEATS = ("player_0", "player_1")
@@ -200,7 +201,16 @@ class TradeState:
     outcome: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-class SimpleTrade(Scenario):
+_SCRIPTED = "parley.agents.scripted.negotiation"
+_BASELINES = {"player_0": f"{_SCRIPTED}:Trader", "player_1": f"{_SCRIPTED}:Trader"}
+
+
+@registered(
+    baselines=_BASELINES,
+    description="SPIRAL's SimpleNegotiation: trade Wood and Gold; the larger gain in "
+    "inventory value wins (zero-sum).",
+)
+class SimpleTradeV0(Scenario):
     """SPIRAL's SimpleNegotiation; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -332,5 +342,5 @@ class SimpleTrade(Scenario):
         return out
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
-SimpleTrade.__doc__ = __doc__
+# Deprecated: the name before the <Game>V<n> convention, for imports written against it.
+SimpleTrade = SimpleTradeV0

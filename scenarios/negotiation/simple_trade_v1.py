@@ -92,10 +92,11 @@ from parley.scenarios.negotiation.simple_trade import (
     trade_view,
     transfer,
 )
+from parley.scenarios.registry import registered
 
 __all__ = [
-    "SimpleNegotiation",
-    "SimpleNegotiationV2",
+    "SimpleTradeV1",
+    "SimpleTradeV2",
     "NegotiationState",
     "find_offer",
     "parse_offer",
@@ -244,7 +245,20 @@ class NegotiationState:
     outcome: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-class SimpleNegotiation(Scenario):
+_SCRIPTED = "parley.agents.scripted.negotiation"
+_BASELINES = {
+    "player_0": f"{_SCRIPTED}:SpiralTrader",
+    "player_1": f"{_SCRIPTED}:SpiralTrader",
+}
+
+
+@registered(
+    baselines=_BASELINES,
+    description="SPIRAL's SimpleNegotiation rule for rule ([Offer: 3 Wood -> 2 Gold], "
+    "offers persist, the first invalid move loses); randomize=True varies "
+    "values and stocks.",
+)
+class SimpleTradeV1(Scenario):
     """SPIRAL's SimpleNegotiation, exactly; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -434,16 +448,21 @@ def _random_values(rng: np.random.Generator) -> dict[str, Bundle]:
             return values
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
-class SimpleNegotiationV2(SimpleNegotiation):
+@registered(
+    baselines=_BASELINES,
+    description="negotiation/simple-trade-v1 with quote_messages on: "
+    "a message cannot forge a line.",
+)
+class SimpleTradeV2(SimpleTradeV1):
     """v2: v1 with ``quote_messages`` on; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
-        **SimpleNegotiation.metadata,
+        **SimpleTradeV1.metadata,
         "name": "negotiation/simple-trade-v2",
     }
     quote_messages = True
 
 
-SimpleNegotiation.__doc__ = __doc__
-SimpleNegotiationV2.__doc__ = __doc__
+# Deprecated: the names before the <Game>V<n> convention, for imports written against them.
+SimpleNegotiation = SimpleTradeV1
+SimpleNegotiationV2 = SimpleTradeV2

@@ -64,8 +64,9 @@ import numpy as np
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
 from parley.scenarios.refusals import RefusedMoveTakesTurn
+from parley.scenarios.registry import registered
 
-__all__ = ["SplitThePie", "PieState", "parse_proposal", "quota", "spe_shares"]
+__all__ = ["SplitThePieV0", "PieState", "parse_proposal", "quota", "spe_shares"]
 
 _PREFIX = re.compile(r"^\s*propose\s*:?", re.IGNORECASE)
 _NUMBER = re.compile(r"\d+(\.\d+)?|\.\d+")
@@ -117,7 +118,19 @@ class PieState:
     agreed: bool = False
 
 
-class SplitThePie(Scenario):
+_SCRIPTED = "parley.agents.scripted.negotiation"
+_BASELINES = {
+    **{f"player_{i}": f"{_SCRIPTED}:PieBargainer" for i in range(3)},
+    "*": f"{_SCRIPTED}:PieBargainer",
+}
+_ABOUT = (
+    "Baron-Ferejohn majority-rule bargaining, 3-7 players; random proposer, "
+    "everyone votes, the pie shrinks by delta each round."
+)
+
+
+@registered(baselines=_BASELINES, description=_ABOUT)
+class SplitThePieV0(Scenario):
     """Baron-Ferejohn closed-rule bargaining; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -265,15 +278,15 @@ class SplitThePie(Scenario):
         return out
 
 
-class SplitThePieV1(RefusedMoveTakesTurn, SplitThePie):
+@registered(baselines=_BASELINES, description=_ABOUT + " v1: a refused move uses up the turn.")
+class SplitThePieV1(RefusedMoveTakesTurn, SplitThePieV0):
     """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
 
     metadata: ClassVar[dict[str, Any]] = {
-        **SplitThePie.metadata,
+        **SplitThePieV0.metadata,
         "name": "negotiation/split-the-pie-v1",
     }
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
-SplitThePie.__doc__ = __doc__
-SplitThePieV1.__doc__ = __doc__
+# Deprecated: the name before the <Game>V<n> convention, for imports written against it.
+SplitThePie = SplitThePieV0

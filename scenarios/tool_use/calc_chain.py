@@ -87,6 +87,7 @@ from parley.protocols.messages import ToolCall
 from parley.scenarios.base import Scenario
 from parley.scenarios.difficulty import check_difficulty
 from parley.scenarios.refusals import RefusedMoveTakesTurn
+from parley.scenarios.registry import registered
 from parley.scenarios.tool_use.calc_chain_gen import (
     CHAIN,
     MAX_DIFFICULTY,
@@ -114,7 +115,7 @@ from parley.scenarios.tools.tool import (
 __all__ = [
     "SEAT",
     "TEMPLATES",
-    "CalcChain",
+    "CalcChainV0",
     "Problem",
     "Step",
     "accepted_answers",
@@ -329,7 +330,16 @@ class CalcState:
     last_results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
-class CalcChain(Scenario):
+_SCRIPTED = "parley.agents.scripted.tool_use"
+_BASELINES = {"solver": f"{_SCRIPTED}:CalcOracle"}
+_ABOUT = (
+    "Multi-step word problems with unit conversions; exact answers need the "
+    "calculator and convert tools."
+)
+
+
+@registered(baselines=_BASELINES, description=_ABOUT)
+class CalcChainV0(Scenario):
     """Word problems solved with calculator tools; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -456,12 +466,12 @@ class CalcChain(Scenario):
         return self.s.answer is not None or self.s.turns_left <= 0
 
 
-class CalcChainV1(RefusedMoveTakesTurn, CalcChain):
+@registered(baselines=_BASELINES, description=_ABOUT + " v1: a refused move uses up the turn.")
+class CalcChainV1(RefusedMoveTakesTurn, CalcChainV0):
     """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
 
-    metadata: ClassVar[dict[str, Any]] = {**CalcChain.metadata, "name": "tool_use/calc-chain-v1"}
+    metadata: ClassVar[dict[str, Any]] = {**CalcChainV0.metadata, "name": "tool_use/calc-chain-v1"}
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
-CalcChain.__doc__ = __doc__
-CalcChainV1.__doc__ = __doc__
+# Deprecated: the name before the <Game>V<n> convention, for imports written against it.
+CalcChain = CalcChainV0

@@ -31,7 +31,7 @@ messages. ``infos[seat]["view"]``: ``question``, ``template``, ``subject``, ``ch
 relations to follow from the subject), ``shard``, ``turns_left``, ``tools`` (OpenAI function
 specs), ``tool_results`` (this seat's last results as ToolResult dicts) and ``messages`` (what
 the other seat sent in the last step). Nothing in ``infos`` holds the answer; the privileged
-:meth:`ResearchTeam.oracle` hook gives it to in-process oracles only.
+:meth:`ResearchTeamV0.oracle` hook gives it to in-process oracles only.
 
 Rewards (on the last step; SQuAD-style normalisation: lower case, no punctuation or articles):
 
@@ -67,6 +67,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parley.scenarios.base import Scenario
+from parley.scenarios.registry import registered
 from parley.scenarios.tools.corpus import (
     Document,
     World,
@@ -83,7 +84,7 @@ from parley.scenarios.tools.tool import (
     result_dicts,
 )
 
-__all__ = ["SEATS", "SHARDS", "TEMPLATES", "ResearchTeam", "answer_f1", "grade", "normalize"]
+__all__ = ["SEATS", "SHARDS", "TEMPLATES", "ResearchTeamV0", "answer_f1", "grade", "normalize"]
 
 SEATS = ("biographer", "geographer")
 SHARDS: dict[str, tuple[str, ...]] = {
@@ -167,7 +168,20 @@ class ResearchState:
     scores: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-class ResearchTeam(Scenario):
+_SCRIPTED = "parley.agents.scripted.research"
+_BASELINES = {
+    "biographer": f"{_SCRIPTED}:Researcher",
+    "geographer": f"{_SCRIPTED}:Researcher",
+}
+
+
+@registered(
+    baselines=_BASELINES,
+    description="Two seats search different halves of a generated encyclopedia (SQLite "
+    "FTS5 BM25) and answer a two-hop question together; F1 reward per seat "
+    "and team.",
+)
+class ResearchTeamV0(Scenario):
     """Two seats, two search engines, one multi-hop question; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -385,5 +399,5 @@ class ResearchTeam(Scenario):
         self._indexes.clear()
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
-ResearchTeam.__doc__ = __doc__
+# Deprecated: the name before the <Game>V<n> convention, for imports written against it.
+ResearchTeam = ResearchTeamV0

@@ -35,7 +35,7 @@ assistant sees the user's messages and its tool results. ``infos[seat]["view"]``
 assistant ``last_message``, ``tools`` (OpenAI function specs) and ``tool_results`` (this turn's
 results as ToolResult dicts). Nothing in the assistant's infos names the task: the task tables
 are public, so an index would hand any agent the user's goal and the reference actions.
-Scripted oracles get the reference through the privileged :meth:`RetailDesk.oracle` hook
+Scripted oracles get the reference through the privileged :meth:`RetailDeskV0.oracle` hook
 (``email``, ``actions``, ``facts``), which the runner gives only to in-process agents marked
 ``privileged``. The
 assistant's ``infos["assistant"]["constraint"]`` is a ``json`` constraint for structured
@@ -83,6 +83,7 @@ import numpy as np
 from parley.protocols.messages import ToolCall
 from parley.scenarios.base import Scenario, printable
 from parley.scenarios.refusals import RefusedMoveTakesTurn
+from parley.scenarios.registry import registered
 from parley.scenarios.tool_use.retail_db import RetailDB, dollars
 from parley.scenarios.tools.tool import (
     ToolBox,
@@ -97,7 +98,7 @@ from parley.scenarios.tools.tool import (
 __all__ = [
     "SEATS",
     "STOP",
-    "RetailDesk",
+    "RetailDeskV0",
     "RetailDeskV1",
     "RetailDeskV2",
     "Task",
@@ -241,7 +242,17 @@ class DeskState:
     ended: bool = False
 
 
-class RetailDesk(Scenario):
+_SCRIPTED = "parley.agents.scripted.tool_use"
+_BASELINES = {"user": f"{_SCRIPTED}:RetailUser", "assistant": f"{_SCRIPTED}:RetailOracle"}
+_ABOUT = (
+    "tau-bench-style customer service over SQLite: a user with a hidden "
+    "goal, an assistant with tools; reward = final database and stated "
+    "facts match the reference."
+)
+
+
+@registered(baselines=_BASELINES, description=_ABOUT)
+class RetailDeskV0(Scenario):
     """Customer service with tools over SQLite; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -451,20 +462,29 @@ class RetailDesk(Scenario):
         }
 
 
-class RetailDeskV1(RefusedMoveTakesTurn, RetailDesk):
+@registered(baselines=_BASELINES, description=_ABOUT + " v1: a refused move uses up the turn.")
+class RetailDeskV1(RefusedMoveTakesTurn, RetailDeskV0):
     """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
 
-    metadata: ClassVar[dict[str, Any]] = {**RetailDesk.metadata, "name": "tool_use/retail-desk-v1"}
+    metadata: ClassVar[dict[str, Any]] = {
+        **RetailDeskV0.metadata,
+        "name": "tool_use/retail-desk-v1",
+    }
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
+@registered(
+    baselines=_BASELINES,
+    description="tool_use/retail-desk-v1 with quote_messages on: a message cannot forge a line.",
+)
 class RetailDeskV2(RetailDeskV1):
     """v2: v1 with ``quote_messages`` on; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {**RetailDesk.metadata, "name": "tool_use/retail-desk-v2"}
+    metadata: ClassVar[dict[str, Any]] = {
+        **RetailDeskV0.metadata,
+        "name": "tool_use/retail-desk-v2",
+    }
     quote_messages = True
 
 
-RetailDesk.__doc__ = __doc__
-RetailDeskV1.__doc__ = __doc__
-RetailDeskV2.__doc__ = __doc__
+# Deprecated: the name before the <Game>V<n> convention, for imports written against it.
+RetailDesk = RetailDeskV0

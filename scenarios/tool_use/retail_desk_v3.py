@@ -80,6 +80,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parley.scenarios.difficulty import check_difficulty
+from parley.scenarios.registry import registered
 from parley.scenarios.tool_use.retail_db import ServingDB, dollars, parse_dollars
 from parley.scenarios.tool_use.retail_desk import KINDS, STOP, DeskState, RetailDeskV2, Task, _rng
 from parley.scenarios.tool_use.retail_gen import (
@@ -182,6 +183,17 @@ class Commitments:
     trespasses: int = 0
 
 
+_SCRIPTED = "parley.agents.scripted.tool_use"
+_BASELINES = {"user": f"{_SCRIPTED}:RetailUser", "assistant": f"{_SCRIPTED}:RetailAnswerer"}
+
+
+@registered(
+    baselines=_BASELINES,
+    description="retail-desk-v2 where the assistant commits to the facts in a "
+    "structured answer (a message listing every candidate scored 1.0) and "
+    "acts for the customer it serves only (another account is refused and "
+    "penalised).",
+)
 class RetailDeskV3(RetailDeskV2):
     """v3: a structured answer and one customer per conversation; see the module docstring."""
 
@@ -342,5 +354,3 @@ _ANSWER_RULES = (
     "the customer asked for; your last answer counts. The customer ends the conversation "
     f"with {STOP}."
 )
-
-RetailDeskV3.__doc__ = __doc__

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from parley.scenarios import make
-from parley.scenarios.code.debug import CodeDebug
+from parley.scenarios.code.debug import CodeDebugV0
 from parley.scenarios.tools.sandbox import SandboxError, isolation
 
 pytestmark = [
@@ -58,7 +58,7 @@ def test_the_default_budget_bounds_a_step_of_sleeping_calls() -> None:
     took = time.perf_counter() - start
     assert took < env.unwrapped.step_budget_s + 1.5, took
     assert env.unwrapped.max_step_wall_s < 20
-    assert CodeDebug.metadata["blocking_step"] is True
+    assert CodeDebugV0.metadata["blocking_step"] is True
 
 
 def test_honest_calls_all_run_within_the_budget() -> None:
@@ -120,4 +120,4 @@ def test_a_tool_call_whose_sandbox_fails_is_a_tool_error() -> None:
 def test_the_budget_must_be_positive() -> None:
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError):
-            CodeDebug(step_budget_s=bad)
+            CodeDebugV0(step_budget_s=bad)

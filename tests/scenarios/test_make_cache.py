@@ -11,8 +11,8 @@ import pytest
 
 from parley.protocols.errors import ConfigError
 from parley.scenarios import make, register
-from parley.scenarios.negotiation.simple_trade import SimpleTrade
-from parley.scenarios.negotiation.split_the_pie import SplitThePie
+from parley.scenarios.negotiation.simple_trade import SimpleTradeV0
+from parley.scenarios.negotiation.split_the_pie import SplitThePieV0
 
 # (the module: parley.scenarios.registry the attribute is the registry() function)
 reg = importlib.import_module("parley.scenarios.registry")
@@ -20,20 +20,20 @@ reg = importlib.import_module("parley.scenarios.registry")
 
 def test_make_follows_re_registration_and_kwargs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reg, "_REGISTRY", dict(reg._REGISTRY))
-    register("test/cached-v0", "parley.scenarios.negotiation.simple_trade:SimpleTrade")
+    register("test/cached-v0", "parley.scenarios.negotiation.simple_trade:SimpleTradeV0")
     first, second = make("test/cached-v0"), make("test/cached-v0", max_turns=4)
-    assert type(first) is SimpleTrade
+    assert type(first) is SimpleTradeV0
     assert first is not second
     assert (first.max_turns, second.max_turns) == (10, 4)
     register(
         "test/cached-v0",
-        "parley.scenarios.negotiation.split_the_pie:SplitThePie",
+        "parley.scenarios.negotiation.split_the_pie:SplitThePieV0",
         override=True,
     )
-    assert type(make("test/cached-v0")) is SplitThePie
+    assert type(make("test/cached-v0")) is SplitThePieV0
     register(
         "test/cached-v0",
-        "parley.scenarios.negotiation.simple_trade:SimpleTrade",
+        "parley.scenarios.negotiation.simple_trade:SimpleTradeV0",
         kwargs={"max_turns": 6},
         override=True,
     )

@@ -16,8 +16,8 @@ from parley.scenarios.conformance import (
     check_noninterference,
     play_episode,
 )
-from parley.scenarios.negotiation.deal_or_no_deal import DealOrNoDeal
-from parley.scenarios.tool_use.retail_desk import RetailDesk
+from parley.scenarios.negotiation.deal_or_no_deal import DealOrNoDealV0
+from parley.scenarios.tool_use.retail_desk import RetailDeskV0
 
 NOTHING_HIDDEN = {
     *("tool_use/calc-chain-v0", "negotiation/split-the-pie-v0"),
@@ -26,14 +26,14 @@ NOTHING_HIDDEN = {
 BUILT_IN = sorted(i for i, s in registry().items() if s.entry_point.startswith("parley."))
 
 
-class IndexInView(RetailDesk):
+class IndexInView(RetailDeskV0):
     """v0's leak: the task index in the assistant's view (public tables map it to the goal)."""
 
     def view(self, agent: str) -> dict[str, Any]:
         return {**super().view(agent), "task": self.s.task.index}
 
 
-class TellsPartnerValues(DealOrNoDeal):
+class TellsPartnerValues(DealOrNoDealV0):
     """Announces both players' values once the talk has started."""
 
     def play(self, agent: str, action: str) -> str | None:
@@ -42,7 +42,7 @@ class TellsPartnerValues(DealOrNoDeal):
         return super().play(agent, action)
 
 
-class BriefsPartnerValues(DealOrNoDeal):
+class BriefsPartnerValues(DealOrNoDealV0):
     """Tells each player both value vectors in its first observation."""
 
     def brief(self) -> None:
@@ -51,7 +51,7 @@ class BriefsPartnerValues(DealOrNoDeal):
             self.tell(agent, f"Partner values: {self.s.values[self.partner(agent)]}")
 
 
-class PartnerValuesInInfos(DealOrNoDeal):
+class PartnerValuesInInfos(DealOrNoDealV0):
     def view(self, agent: str) -> dict[str, Any]:
         return {**super().view(agent), "partner": list(self.s.values[self.partner(agent)])}
 

@@ -25,11 +25,64 @@ def test_importing_the_registry_imports_no_scenario_module() -> None:
         "import sys, parley.scenarios\n"
         "parley.scenarios.registry()\n"
         "print([m for m in sys.modules if m.startswith(('parley.scenarios.negotiation',"
-        " 'parley.scenarios.collaboration', 'parley.agents'))])"
+        " 'parley.scenarios.collaboration', 'parley.scenarios.tool_use', 'parley.scenarios.code',"
+        " 'parley.agents'))])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_catalog_is_what_the_decorated_classes_declare() -> None:
+    from parley.scenarios.catalog import render
+
+    assert reg.CATALOG.read_text(encoding="utf-8") == render(), (
+        "catalog.json is stale: run python -m parley.scenarios.catalog"
+    )
+
+
+def test_every_builtin_version_is_a_class_game_vn_registered_beside_it() -> None:
+    """One convention (issue 34 s3): a class per version named <Game>V<n>, its id only in
+    its metadata, registered by the decorator in its own module (none in registry.py)."""
+    games: dict[str, set[str]] = {}
+    for found in reg.builtin_specs():
+        cls = reg.load_attr(found.entry_point)
+        game, _, version = cls.__name__.rpartition("V")
+        assert version == str(found.version), found.entry_point
+        assert cls.metadata["name"] == found.id
+        assert found.entry_point == f"{cls.__module__}:{cls.__name__}"
+        games.setdefault(found.game, set()).add(game)
+    assert all(len(names) == 1 for names in games.values()), games
+    builtin = [s for s in registry().values() if s.entry_point.startswith("parley.scenarios.")]
+    assert [s.id for s in reg.builtin_specs()] == [s.id for s in builtin]
+    assert "register(" not in Path(reg.__file__).read_text().split("def load_attr")[1]
+
+
+def test_a_class_registered_otherwise_than_it_declares_says_to_rewrite_the_catalog(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from parley.scenarios.negotiation.split_the_pie import SplitThePieV0
+
+    declared = reg.spec_of(SplitThePieV0)
+    assert spec("negotiation/split-the-pie-v0") == declared
+    monkeypatch.setattr(reg, "_REGISTRY", dict(reg._REGISTRY))
+    monkeypatch.setattr(reg, "_CLASSES", {})
+    register(declared.id, declared.entry_point, description="a stale catalog's", override=True)
+    with pytest.raises(ConfigError, match=r"python -m parley\.scenarios\.catalog"):
+        make(declared.id)
+
+
+def test_declaring_registers_nothing_and_a_base_class_declaration_is_not_inherited() -> None:
+    from parley.scenarios.negotiation.split_the_pie import SplitThePieV0
+
+    meta = {**SplitThePieV0.metadata, "name": "test/declared-v0"}
+    cls = type("Declared", (SplitThePieV0,), {"__module__": __name__, "metadata": meta})
+    with pytest.raises(ConfigError, match="declares no spec"):
+        reg.spec_of(cls)
+    cls = reg.registered(baselines={}, description="declared only")(cls)
+    assert reg.spec_of(cls).entry_point == f"{__name__}:Declared"
+    assert cls.__doc__ == sys.modules[__name__].__doc__
+    assert "test/declared-v0" not in registry()
 
 
 def test_builtin_scenarios_are_registered_with_baselines() -> None:
@@ -67,9 +120,9 @@ def test_ids_must_be_family_name_version(bad: str) -> None:
 
 def test_reregistering_needs_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reg, "_REGISTRY", dict(reg._REGISTRY))
-    register("test/thing-v0", "parley.scenarios.negotiation.simple_trade:SimpleTrade")
+    register("test/thing-v0", "parley.scenarios.negotiation.simple_trade:SimpleTradeV0")
     with pytest.raises(ConfigError, match="already registered"):
-        register("test/thing-v0", "parley.scenarios.negotiation.split_the_pie:SplitThePie")
+        register("test/thing-v0", "parley.scenarios.negotiation.split_the_pie:SplitThePieV0")
     register("test/thing-v0", "parley.scenarios.base:Scenario", override=True)
     assert spec("test/thing-v0").entry_point == "parley.scenarios.base:Scenario"
 
@@ -84,7 +137,7 @@ def test_third_party_scenarios_come_through_entry_points(
 
             SPECS = [ScenarioSpec(
                 "thirdparty/echo-v0",
-                "parley.scenarios.negotiation.simple_trade:SimpleTrade",
+                "parley.scenarios.negotiation.simple_trade:SimpleTradeV0",
                 description="a third-party game",
             )]
             """

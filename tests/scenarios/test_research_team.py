@@ -17,7 +17,7 @@ from parley.scenarios.tool_use.research_team import (
     MAX_MESSAGE_CHARS,
     SEATS,
     SHARDS,
-    ResearchTeam,
+    ResearchTeamV0,
     answer_f1,
 )
 
@@ -45,7 +45,7 @@ def _answer_both(seed: int, answers: dict[str, str]) -> dict[str, dict[str, floa
     return {seat: infos[seat]["components"] for seat in SEATS}
 
 
-def _places(env: ResearchTeam) -> list[str]:
+def _places(env: ResearchTeamV0) -> list[str]:
     return [e.name for e in env.s.world.of_kind("place")]
 
 
@@ -163,7 +163,7 @@ def test_hostile_actions_are_tool_errors_or_invalid_moves(action: str, outcome: 
         assert env.observation_space(seat).contains(observations[seat])
 
 
-def _observe(env: ResearchTeam, seat: str, obs: dict[str, str], infos: dict[str, Any]) -> Any:
+def _observe(env: ResearchTeamV0, seat: str, obs: dict[str, str], infos: dict[str, Any]) -> Any:
     return Observation(agent=seat, text=obs[seat], scenario=ID, info=infos[seat])
 
 

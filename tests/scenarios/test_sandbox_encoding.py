@@ -18,13 +18,13 @@ ASCII_LOCALE = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLO
 SCRIPT = r"""
 import json, locale
 from parley.scenarios.tools.sandbox import Sandbox
-from parley.scenarios.code.debug import CodeDebug
+from parley.scenarios.code.debug import CodeDebugV0
 encoding = locale.getpreferredencoding(False).lower()
 assert encoding in ("ascii", "ansi_x3.4-1968"), encoding
 code = 'print(len("caf\u00e9 \u2603" + open("data.txt", encoding="utf-8").read()))'
 run = Sandbox(allow_weak=True).run(code, files={"data.txt": "\u00e9t\u00e9"})
 assert run.ok and run.stdout.strip() == "9", run
-env = CodeDebug(task=0, allow_weak_sandbox=True)
+env = CodeDebugV0(task=0, allow_weak_sandbox=True)
 env.reset(seed=0)
 # \u escapes keep the move ASCII on the wire; the submission itself is not ASCII.
 env.step({"coder": json.dumps({"submit": "# caf\u00e9\nx = '\u00e9'\n"})})
