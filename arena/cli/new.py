@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {root}/ ({args.what}{'' if args.what == 'agent' else ', ' + args.kind})")
     print(f"  cd {root} && pytest            # the conformance suite, passing as generated")
     if args.what == "scenario":
-        module = f"{values['PACKAGE']}/scenario.py:{values['CLASS']}"
+        module = f"{values['PACKAGE']}/scenario.py:{values['CLASS']}V0"
         print(f"  cd {root} && PYTHONPATH=. parley run {module}   # play it, not installed")
         print(f"  pip install -e {root} && parley list --family {args.family}")
     else:

@@ -1,7 +1,8 @@
 """The file templates of ``parley new`` (:mod:`parley.arena.cli.new`).
 
 Placeholders are ``<<NAME>>`` (``my-game``), ``<<PACKAGE>>`` (``my_game``), ``<<CLASS>>``
-(``MyGame``) and ``<<ID>>`` (``custom/my-game-v0``). The tool-use game is in
+(``MyGame``; a scenario's class is ``<<CLASS>>V0``, one class per version) and ``<<ID>>``
+(``custom/my-game-v0``). The tool-use game is in
 :mod:`parley.arena.cli.new_tool_use`. Every generated package passes its own
 tests as generated; ``tests/arena/cli/test_new.py`` runs them.
 """
@@ -35,27 +36,21 @@ testpaths = ["tests"]
 """
 
 SCENARIO_INIT = '''\
-"""<<ID>> (made by `parley new scenario`): the spec parley registers through the
-``parley.scenarios`` entry point. Bump the version (a new spec, a new class) for any change of
-the rules; keep the old version registered as it was."""
+"""<<ID>> (made by `parley new scenario`): the specs parley registers through the
+``parley.scenarios`` entry point. Any change of the rules is a new version: a subclass
+``<<CLASS>>V1`` with its id in ``metadata["name"]`` and its own ``@registered``, added to
+``VERSIONS``; keep the old version registered as it was."""
 
-from parley.scenarios.registry import ScenarioSpec
+from parley.scenarios.registry import ScenarioSpec, spec_of
 
-from <<PACKAGE>>.scenario import <<CLASS>>
+from <<PACKAGE>>.scenario import <<CLASS>>V0
 
-SPECS = [
-    ScenarioSpec(
-        "<<ID>>",
-        "<<PACKAGE>>.scenario:<<CLASS>>",
-        baselines=<<CLASS>>.baselines,
-        description="<<NAME>>: describe the game in one line.",
-    )
-]
+VERSIONS = [<<CLASS>>V0]
 
 
 def specs() -> list[ScenarioSpec]:
-    """The entry point: every scenario of this package."""
-    return SPECS
+    """The entry point: the spec each version declares beside its class."""
+    return [spec_of(version) for version in VERSIONS]
 '''
 
 SCENARIO_TEST = '''\
@@ -68,9 +63,9 @@ import pytest
 from parley.scenarios import register, registry
 from parley.scenarios.conformance import CHECKS, NotApplicable, play_episode
 
-from <<PACKAGE>> import SPECS
+from <<PACKAGE>> import specs
 
-for _spec in SPECS:  # once installed, the entry point has registered them already
+for _spec in specs():  # once installed, the entry point has registered them already
     if _spec.id not in registry():
         register(_spec.id, _spec.entry_point, baselines=dict(_spec.baselines),
                  description=_spec.description)
@@ -124,6 +119,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parley.scenarios.base import Scenario
+from parley.scenarios.registry import registered
 
 SEATS = ("first", "second")
 TARGET = 21
@@ -143,7 +139,11 @@ class State:
     winner: str | None = None
 
 
-class <<CLASS>>(Scenario):
+@registered(
+    baselines={"*": "<<PACKAGE>>.agents:<<CLASS>>Baseline"},  # the scripted agent of every seat
+    description="<<NAME>>: describe the game in one line.",
+)
+class <<CLASS>>V0(Scenario):
     """Race to 21; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -151,8 +151,6 @@ class <<CLASS>>(Scenario):
         "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
-    baselines: ClassVar[dict[str, str]] = {"*": "<<PACKAGE>>.agents:<<CLASS>>Baseline"}
-    """The scripted agent of every seat (the spec's; ``parley run scenario.py:<<CLASS>>`` too)."""
     default_invalid_penalty = 0.1
     refused_move_takes_turn: ClassVar[bool] = True
     new_episode_draws = False  # nothing is random: reset needs no generator
@@ -223,8 +221,6 @@ class <<CLASS>>(Scenario):
         return {"first_won": float(self.s.winner == "first"), "total": float(self.s.total)}
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
-<<CLASS>>.__doc__ = __doc__
 '''
 
 TURN_BASED_AGENT = '''\
@@ -280,6 +276,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parley.scenarios.base import Scenario
+from parley.scenarios.registry import registered
 
 SEATS = ("player_0", "player_1")
 MOVES = ("rock", "paper", "scissors")
@@ -303,7 +300,11 @@ class State:
     draws: int = 0
 
 
-class <<CLASS>>(Scenario):
+@registered(
+    baselines={"*": "<<PACKAGE>>.agents:<<CLASS>>Baseline"},  # the scripted agent of every seat
+    description="<<NAME>>: describe the game in one line.",
+)
+class <<CLASS>>V0(Scenario):
     """Rock-paper-scissors; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -311,8 +312,6 @@ class <<CLASS>>(Scenario):
         "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
-    baselines: ClassVar[dict[str, str]] = {"*": "<<PACKAGE>>.agents:<<CLASS>>Baseline"}
-    """The scripted agent of every seat (the spec's; ``parley run scenario.py:<<CLASS>>`` too)."""
     default_invalid_penalty = 0.1
     refused_move_takes_turn: ClassVar[bool] = True
     new_episode_draws = False
@@ -384,8 +383,6 @@ class <<CLASS>>(Scenario):
         return {"score_0": float(self.s.score[SEATS[0]]), "draws": float(self.s.draws)}
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
-<<CLASS>>.__doc__ = __doc__
 '''
 
 SIMULTANEOUS_AGENT = '''\

@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parley.scenarios.base import Scenario
+from parley.scenarios.registry import registered
 from parley.scenarios.tools.tool import (
     ToolBox,
     ToolFailure,
@@ -98,7 +99,11 @@ class State:
     last_results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
-class <<CLASS>>(Scenario):
+@registered(
+    baselines={"*": "<<PACKAGE>>.agents:<<CLASS>>Baseline"},  # the scripted agent of every seat
+    description="<<NAME>>: describe the game in one line.",
+)
+class <<CLASS>>V0(Scenario):
     """Arithmetic with tools; see the module docstring."""
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -106,8 +111,6 @@ class <<CLASS>>(Scenario):
         "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
-    baselines: ClassVar[dict[str, str]] = {"*": "<<PACKAGE>>.agents:<<CLASS>>Baseline"}
-    """The scripted agent of every seat (the spec's; ``parley run scenario.py:<<CLASS>>`` too)."""
     default_invalid_penalty = 0.1
     refused_move_takes_turn: ClassVar[bool] = True
     s: State
@@ -192,8 +195,6 @@ class <<CLASS>>(Scenario):
         return {"success": float(self.s.correct), "tool_calls": float(self.s.tool_calls)}
 
 
-# help(env) shows the scenario's documentation page (this module's docstring).
-<<CLASS>>.__doc__ = __doc__
 '''
 
 TOOL_USE_AGENT = '''\

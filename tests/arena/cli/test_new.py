@@ -62,7 +62,7 @@ def test_a_generated_scenario_runs_from_its_file_without_installing(tmp_path: Pa
     root = _generate(tmp_path, "scenario", "race")
     env = {**os.environ, "PYTHONPATH": str(root)}
     done = subprocess.run(
-        [sys.executable, "-m", "parley.arena.cli", "run", "race/scenario.py:Race",
+        [sys.executable, "-m", "parley.arena.cli", "run", "race/scenario.py:RaceV0",
          "--episodes", "2", "--no-progress", "--json"],
         cwd=root, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
