@@ -12,6 +12,7 @@ BENCHES: dict[str, str] = {
     "sandbox": "parley.arena.bench.sandbox",
     "sampler": "parley.arena.bench.sampler",
     "ray": "parley.arena.bench.ray_scale",
+    "routing": "parley.arena.bench.routing",
     "llm-episodes": "parley.arena.bench.llm_episodes",
     "env-server": "parley.arena.integrations.bench",
 }

@@ -8,8 +8,14 @@ nodes where it can. The front answers the same calls as a pool (:meth:`generate`
 :meth:`update_weights`, :meth:`serve` on a bus endpoint), so agents and the trainer do not
 know the difference.
 
-- Balancing and routing: a request goes to the live replica serving its policy with the
-  fewest requests in flight (each replica batches what it gets, as one pool does).
+- Routing (:mod:`~parley.arena.inference.routing`, ``routing=``): among the live replicas
+  serving a request's policy, ``cache_aware`` (the default) sends it to the replica that
+  holds the longest prefix of its prompt (what the front sent each replica, as block hashes;
+  so a session's later turns land where its KV cache is) or, over the bus, to the replica
+  its session (the envelope's sender and episode, when the episode is set) went to before,
+  unless that replica is overloaded next to the least busy; then, and with ``least_busy``,
+  the replica with the fewest requests in flight. Each replica batches what it gets, as one
+  pool does; :meth:`prefix_stats` sums the replicas' own prefix-cache counters.
 - A replica that dies (``RayActorError``) is dropped; its requests in flight are sent again
   to another replica (generation has no side effects), and the request fails only when
   no replica serving its policy is left (``closed``). A new actor then takes the dead one's
@@ -55,8 +61,10 @@ from parley.arena.inference.pool import (
     PoolService,
     PoolStats,
 )
+from parley.arena.inference.routing import Router, RoutingConfig
 from parley.protocols.errors import ConfigError
 from parley.protocols.messages import (
+    Envelope,
     Error,
     GenerateRequest,
     GenerateResult,
@@ -166,9 +174,34 @@ class PoolReplica:
         """Requests this replica's pool has received."""
         return self.pool.stats.requests if self.pool is not None else 0
 
+    def prefix_stats(self) -> dict[str, int]:
+        """Prompt tokens of the decoded rows and those prefilled (not taken from a prefix
+        cache), summed over this replica's backends (one without such counters: 0, 0)."""
+        totals = {"prompt_tokens": 0, "prefilled_tokens": 0}
+        for backend in self.pool.backends if self.pool is not None else []:
+            cache = getattr(backend, "prefix_cache", None)  # transformers
+            stats = getattr(backend, "prefix_stats", None) or getattr(cache, "stats", None)
+            for name in totals:
+                totals[name] += int(getattr(stats, name, 0))
+        return totals
+
     async def close(self) -> None:
         if self.pool is not None:
             await self.pool.close()
+
+
+def _routed(request: GenerateRequest) -> list[int] | bytes:
+    """What the router matches of a request: its token ids, else its text's bytes."""
+    return list(request.prompt_token_ids) or request.prompt.encode()
+
+
+def _served(request: GenerateRequest, result: GenerateResult) -> list[int] | bytes:
+    """What a replica's cache holds once it answered ``request``: the prompt and the first
+    completion, in the units :func:`_routed` used for the request."""
+    first = result.completions[0]
+    if request.prompt_token_ids:
+        return [*request.prompt_token_ids, *first.token_ids]
+    return (request.prompt + first.text).encode()
 
 
 class RayPool(PoolService):
@@ -182,6 +215,7 @@ class RayPool(PoolService):
         cpus_per_replica: float = 1.0,
         gpus_per_replica: float | None = None,
         max_replacements: int | None = None,
+        routing: str | RoutingConfig = "cache_aware",
     ) -> None:
         if replicas < 1:
             raise ConfigError(f"--replicas must be at least 1, got {replicas}")
@@ -189,6 +223,10 @@ class RayPool(PoolService):
             raise ConfigError(f"max_replacements must be 0 or more, got {max_replacements}")
         self.spec = spec
         self.replicas = replicas
+        self.router = Router(
+            routing if isinstance(routing, RoutingConfig) else RoutingConfig(policy=routing)
+        )
+        """Picks the replica of each request (:mod:`~parley.arena.inference.routing`)."""
         self.cpus = cpus_per_replica
         self.gpus = gpus_per_replica
         self.actors: list[Any] = []
@@ -270,6 +308,7 @@ class RayPool(PoolService):
         if index in self.dead:
             return
         self.dead.add(index)
+        self.router.remove(index)  # (a replacement starts with cold caches)
         log.warning("pool replica %d dropped: %s", index, why)
         if self.replaced + len(self._replacing) < self.max_replacements and self.actors:
             self._replacing[index] = asyncio.ensure_future(self._replace(index))
@@ -363,17 +402,32 @@ class RayPool(PoolService):
                 self._running -= 1
                 self._changed.notify_all()
 
-    def _pick(self, policy: str) -> int:
+    def _pick(self, policy: str, request: GenerateRequest | None = None, session: str = "") -> int:
+        """The replica to send ``request`` (of ``policy``) to, by :attr:`router`."""
         live = [i for i in range(len(self.actors)) if i not in self.dead]
         serving = [i for i in live if policy in self.versions[i]]
         if not serving:
             if live:
                 raise PoolError("unknown_policy", f"no replica serves policy {policy!r}")
             raise PoolError("closed", f"every one of the {self.replicas} pool replicas died")
-        return min(serving, key=lambda i: self.busy[i])
+        prompt = _routed(request) if request is not None else b""
+        return self.router.pick(policy, prompt, serving, self.busy, session=session)
 
-    async def generate(self, request: GenerateRequest, **_: Any) -> GenerateResult:
-        """Answer ``request`` on the least-busy live replica serving its policy."""
+    async def _on_generate(self, env: Envelope) -> GenerateResult | Error:
+        """As a pool answers over the bus, with the envelope's sender and episode (when
+        set) as the request's session key."""
+        assert isinstance(env.body, GenerateRequest)  # the bus dispatches by body type
+        session = f"{env.sender}/{env.episode}" if env.episode else ""
+        try:
+            return await self.generate(env.body, session=session)
+        except PoolError as exc:
+            return exc.to_message()
+
+    async def generate(
+        self, request: GenerateRequest, *, session: str = "", **_: Any
+    ) -> GenerateResult:
+        """Answer ``request`` on the live replica serving its policy that :attr:`router`
+        picks (``session``: a key naming the conversation, for affinity; may be "")."""
         from ray.exceptions import RayActorError
 
         await self.start()
@@ -383,7 +437,7 @@ class RayPool(PoolService):
                 # Outside the request slot: a replacement joins when no request is in one.
                 await self.settled()
             async with self._request_slot():
-                index = self._pick(request.policy)
+                index = self._pick(request.policy, request, session)
                 self.busy[index] += 1
                 self.sent[index] += 1
                 try:
@@ -398,6 +452,8 @@ class RayPool(PoolService):
                 self.stats.failed += 1
                 raise PoolError(answer.code, answer.message, retryable=answer.retryable)
             result: GenerateResult = answer
+            if result.completions and index not in self.dead:  # what its cache now holds
+                self.router.record(index, request.policy, _served(request, result))
             self.stats.completed += 1
             self.stats.generated_tokens += sum(len(c.token_ids) for c in result.completions)
             return result
@@ -428,6 +484,7 @@ class RayPool(PoolService):
                     self._drop(index, f"its weight update failed: {answer!r}")
             self._served[update.policy] = max(applied)
             self._latest[update.policy] = shared  # what a replacement will be given
+            self.router.clear()  # every replica dropped the caches these weights change
             self.stats.weight_updates += 1
             await self._refresh_stats()
             return max(applied)
@@ -495,7 +552,20 @@ class RayPool(PoolService):
             "requests": list(self.sent),
             "versions": [dict(v) for v in self.versions],
             "actors": list(self.names),
+            "routing": {"policy": self.router.config.policy, **self.router.counts.as_dict()},
         }
+
+    async def prefix_stats(self) -> dict[str, Any]:
+        """The live replicas' prefix-cache counters (:meth:`PoolReplica.prefix_stats`),
+        summed, and ``hit_rate``: the share of prompt tokens taken from a cache."""
+        answers = await self._ask_each(lambda actor: actor.prefix_stats.remote())
+        totals = {"prompt_tokens": 0, "prefilled_tokens": 0}
+        for answer in answers:
+            for name in totals:
+                totals[name] += answer[name] if answer else 0
+        prompt = totals["prompt_tokens"]
+        hit = 1 - totals["prefilled_tokens"] / prompt if prompt else 0.0
+        return {**totals, "hit_rate": round(hit, 4)}
 
     async def requests_per_replica(self) -> list[int]:
         """Requests each live replica's actor has received (dead ones: -1); a replacement

@@ -68,8 +68,8 @@ def _watch_pushes(monkeypatch: Any, kill_after: int | None = None) -> list[dict[
                        "prints": prints, "pushed": weights_digest(update.tensors)})  # fmt: skip
         return version
 
-    def pick_and_kill(self: RayPool, policy: str) -> int:
-        index: int = pick(self, policy)
+    def pick_and_kill(self: RayPool, policy: str, *args: Any) -> int:
+        index: int = pick(self, policy, *args)
         if kill_after is not None and len(pushes) >= kill_after and index == 1 and not killed:
             killed.append(index)
             ray.kill(self.actors[1], no_restart=True)
