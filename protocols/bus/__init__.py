@@ -87,19 +87,39 @@ socket's descriptor turns readable; ``receive.py`` says why. ZeroMQ's descriptor
 edge-triggered and a send can consume the edge, so a send made outside the loop queues one
 more drain for the end of the current event-loop round.
 
-Layout
-------
-One module per role; each layer of :class:`Endpoint` may use only the layers before it:
+Parts
+-----
+An :class:`Endpoint` is composed of parts that it holds, each with a narrow public surface;
+a module imports only the modules before it in this table:
 
 ====================  ====================================================================
 ``config.py``         :class:`BusConfig` (timing, bounds, keys) and :class:`BusStats`
-``core.py``           the endpoint's state, connections (``_Link``, ``_Sock``), link death
-``send.py``           sending: non-blocking sends, back-off when a queue is full, replies
-``links.py``          the handshake, heartbeats and liveness of peers
-``receive.py``        the receive loop, dispatch, handlers run eagerly, bad messages
+``core.py``           what every part shares: ``Link`` (a connection to a named peer),
+                      ``Sock`` (a socket and its receive-loop flags), ``Routes`` (the
+                      handlers), ``Shared`` (name, config, stats, codec, loop, clock, tasks)
+``registry.py``       ``Registry``: the sockets and the links by peer name; declares a peer
+                      dead and fails its pending requests
+``send.py``           ``Sender``: non-blocking sends, back-off when a queue is full, replies
+``requests.py``       ``Requests``: request ids, the futures awaiting replies, deadlines
+``links.py``          ``Liveness``: the handshake, admission, heartbeats, goodbyes
+``refuse.py``         ``RefusalPolicy``: what a peer should not have sent (strangers, floods,
+                      undecodable messages), refused without costing the loop
+``receive.py``        ``ReceiveLoop``: drains each socket, routes replies to their futures,
+                      session messages to ``Liveness``, the rest to the handlers (eagerly)
 ``auth.py``           CURVE socket options and the ZAP handler that admits client keys
-``endpoint.py``       :class:`Endpoint`, the public API
+``endpoint.py``       :class:`Endpoint`: the public API; makes, registers and closes sockets
 ====================  ====================================================================
+
+How a request flows: ``Endpoint.request`` finds the live link in the ``Registry`` and hands
+it to ``Requests.request``, which takes a fresh id, encodes the envelope (``Sender.encode``),
+puts a future in the link's ``pending`` table, arms its deadline and sends
+(``Sender.send_now``, or ``send_later`` while the queue is full). On the peer, the socket's
+``ReceiveLoop.drain`` reads the frames, decodes them and starts the handler registered for
+the body's type; its result goes back by ``Sender.reply``. Back here, ``drain`` pops the
+future by ``reply_to`` and resolves it (an ``Error`` body raises :class:`RemoteError`). If
+the deadline comes first, ``Requests`` fails it with :class:`RequestTimeout`; if the peer
+dies first (``Liveness``'s ticker, a ``Bye``, ``EHOSTUNREACH``), ``Registry.peer_died``
+fails it with :class:`PeerDead`.
 """
 
 from parley.protocols.bus.config import BusConfig, BusStats

@@ -1,37 +1,34 @@
-"""The state every layer of :class:`~parley.protocols.bus.Endpoint` shares.
+"""What every part of an endpoint shares: connections, routes, and the endpoint's facts.
 
-A connection to a named peer is a :class:`_Link`; a ZeroMQ socket with its receive-loop
-flags is a :class:`_Sock` (a bound ROUTER holds many links, a connecting DEALER one).
-:class:`_Core` holds the endpoint's tables and the few operations every layer needs: find a
-live link, declare one dead (failing its pending requests), expire a request, start a task.
-The layers build on it in this order: ``send`` ← ``links`` ← ``receive`` ← ``endpoint``.
+A connection to a named peer is a :class:`Link`; a ZeroMQ socket with its receive-loop
+flags is a :class:`Sock` (a bound ROUTER holds many links, a connecting DEALER one).
+:class:`Routes` holds the handlers registered with ``on`` and ``subscribe``. :class:`Shared`
+holds the facts every part reads: the endpoint's name, config, stats and codec, its event
+loop and the clock of the current receive round, whether it is closed, and its background
+tasks. These hold state and a few one-line operations on it; the behaviour lives in the
+parts that :class:`~parley.protocols.bus.Endpoint` composes (the package docstring lists
+them).
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
-import heapq
-import itertools
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import zmq
-import zmq.backend as _zmq_backend
+import zmq.backend as zmq_backend
 
 from parley.protocols.bus.config import BusConfig, BusStats
 from parley.protocols.codec import Codec
-from parley.protocols.errors import BusError, ConfigError, PeerDead, RequestTimeout
-from parley.protocols.messages import AnyBody, Body, Envelope
+from parley.protocols.messages import AnyBody, Body, Envelope, kind_of
 
 log = logging.getLogger("parley.protocols.bus")
-_LOG_PERIOD = 1.0  # seconds between two warnings of one kind about bad peers
-_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
-
+LOG_PERIOD = 1.0
+"""Seconds between two warnings of one kind about bad peers."""
 
 MAX_PREFIX_CHARS = 256
 """Longest broadcast prefix a peer may subscribe to."""
@@ -51,7 +48,7 @@ def subscriptions_problem(prefixes: list[str], limit: int) -> str | None:
     return None
 
 
-def _any(body: Body) -> AnyBody:
+def any_body(body: Body) -> AnyBody:
     """``body`` as the envelope's union type, for the type checker.
 
     The public API takes any :class:`Body`; a subclass outside the protocol's union still
@@ -71,17 +68,17 @@ with, ``None`` without CURVE. A reason refuses it with ``Error(not_admitted, rea
 
 # The hot path calls pyzmq's Cython socket methods directly with plain-int options: the
 # Python wrappers and enum conversions cost about as much again as the calls themselves.
-_send = _zmq_backend.Socket.send
-_recv = _zmq_backend.Socket.recv
-_NOBLOCK = int(zmq.NOBLOCK)
-_NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+zmq_send = zmq_backend.Socket.send
+zmq_recv = zmq_backend.Socket.recv
+NOBLOCK = int(zmq.NOBLOCK)
+NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 
 
 @dataclass(eq=False)
-class _Link:
+class Link:
     """One live (or dead, for a connecting socket) connection to a named peer."""
 
-    sock: _Sock
+    sock: Sock
     rid: bytes | None
     name: str = ""
     alive: bool = False
@@ -94,184 +91,114 @@ class _Link:
     user: str | None = None  # the CURVE client key (Z85) its Hello came with
     replies_waiting: int = 0  # replies waiting for room in its full queue (send.py)
     probed_at: float = -1.0  # when a duplicate Hello last made us probe it (links.py)
-    unwanted: int = 0  # large messages in a row nobody asked for (receive.py)
+    unwanted: int = 0  # large messages in a row nobody asked for (refuse.py)
     bad: int = 0  # messages in a row that did not decode (refuse.py)
     farewell: str | None = None  # the reason of its last Bye, if it said one (links.py)
 
 
-class _Sock:
-    """A ZeroMQ socket plus its receive loop state."""
+class Sock:
+    """A ZeroMQ socket plus its receive loop state.
 
-    def __init__(self, z: zmq.Socket[bytes], address: str, *, router: bool) -> None:
+    ``drain`` is the socket's receive loop (:meth:`ReceiveLoop.drain
+    <parley.protocols.bus.receive.ReceiveLoop.drain>`); :meth:`wake` queues a run of it.
+    """
+
+    def __init__(
+        self,
+        z: zmq.Socket[bytes],
+        address: str,
+        *,
+        router: bool,
+        loop: asyncio.AbstractEventLoop,
+        drain: Callable[[Sock], None],
+    ) -> None:
         self.z = z
         self.address = address
         self.router = router
+        self.loop = loop
+        self.drain = drain
         self.inproc = address.startswith("inproc://")  # peers in this process
         self.curve = False  # a CURVE server: every message carries its client's key
         self.user: str | None = None  # that key, for the message being handled
         self.fd: int = int(z.getsockopt(zmq.FD))
-        self.links: dict[bytes, _Link] = {}  # ROUTER: routing id -> link
-        self.shunned: dict[bytes, None] = {}  # ROUTER: connections read no more (receive.py)
-        self.link: _Link | None = None  # DEALER: the one remote peer
+        self.links: dict[bytes, Link] = {}  # ROUTER: routing id -> link
+        self.shunned: dict[bytes, None] = {}  # ROUTER: connections read no more (refuse.py)
+        self.link: Link | None = None  # DEALER: the one remote peer
         self.reading = False  # registered with the event loop
         self.draining = False  # inside the receive loop right now
         self.scheduled = False  # a drain is queued with call_soon
 
+    def all_links(self) -> list[Link]:
+        """Every link of this socket (a ROUTER's many, a DEALER's one)."""
+        if self.router:
+            return list(self.links.values())
+        return [] if self.link is None else [self.link]
 
-class _Core(abc.ABC):
-    """The endpoint's state, shared by every layer (see the module docstring)."""
+    def wake(self) -> None:
+        """Queue a drain of this socket (a no-op if one is queued already)."""
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self.drain, self)
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        config: BusConfig | None = None,
-        context: zmq.Context[Any] | None = None,
-    ) -> None:
-        if not valid_name(name):
-            raise ConfigError(f"endpoint name must be 1-200 bytes without NUL, got {name!r}")
+
+class Routes:
+    """Where received messages go: a handler per body type, handlers per broadcast prefix."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[type[Body], Handler] = {}
+        self.subs: list[tuple[str, Handler]] = []
+
+    def takes(self, kind: str) -> bool:
+        """Whether a handler is registered for the body kind ``kind``."""
+        return any(kind_of(cls) == kind for cls in self.handlers)
+
+    def subscribed(self, channel: str) -> bool:
+        """Whether a broadcast on ``channel`` has a handler."""
+        return any(channel.startswith(prefix) for prefix, _ in self.subs)
+
+    def prefixes(self) -> set[str]:
+        """The broadcast prefixes subscribed to."""
+        return {prefix for prefix, _ in self.subs}
+
+
+class Shared:
+    """The endpoint's facts every part reads (see the module docstring).
+
+    ``loop`` is set when the endpoint is first used in an event loop; ``now`` is that loop's
+    clock, read once per receive round and tick; ``closed`` once ``close`` began.
+    """
+
+    def __init__(self, name: str, config: BusConfig, codec: Codec) -> None:
         self.name = name
-        self.config = config or BusConfig()
+        self.config = config
+        self.codec = codec
         self.stats = BusStats()
-        self._own_context = context is None
-        self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
-        self._codec = Codec(
-            max_message_bytes=self.config.max_message_bytes, accept=self.config.accept
-        )
-        self._socks: list[_Sock] = []
-        self._links: dict[str, _Link] = {}
-        self._handlers: dict[type[Body], Handler] = {}
-        self._subs: list[tuple[str, Handler]] = []
-        self._ids = itertools.count(1)
-        self._n_pending = 0
-        self._n_handlers = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._ticker: asyncio.Task[None] | None = None
-        self._peer_change: asyncio.Future[None] | None = None
-        self._auth: Any = None  # the ZapHandler of a CURVE bind
-        self._admission: Admission | None = None
-        self._closed = False
-        self._now = 0.0  # event-loop clock, read once per receive round and tick
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.now = 0.0
+        self.closed = False
+        self.tasks: set[asyncio.Task[Any]] = set()
         self._log_gate: dict[str, tuple[float, int]] = {}  # kind -> (last logged, suppressed)
-        # Request deadlines: a heap of (when, request id, link, limit) and one timer (_arm).
-        self._deadlines: list[tuple[float, int, _Link, float]] = []
-        self._deadline_timer: asyncio.TimerHandle | None = None
-        self._deadline_at = math.inf
 
-    def _log_limited(self, kind: str, message: str, *args: Any, exc_info: bool = False) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``coro`` as a task that ``close`` cancels."""
+        assert self.loop is not None
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def log_limited(self, kind: str, message: str, *args: Any, exc_info: bool = False) -> None:
         """Log a warning about a bad peer at most once per second per ``kind``.
 
         A hostile or broken peer can make every message it sends go wrong; logging each one
         (with a traceback) would let it fill the disk and slow the receive loop.
         """
         now = time.monotonic()
-        last, suppressed = self._log_gate.get(kind, (-_LOG_PERIOD, 0))
-        if now - last < _LOG_PERIOD:
+        last, suppressed = self._log_gate.get(kind, (-LOG_PERIOD, 0))
+        if now - last < LOG_PERIOD:
             self._log_gate[kind] = (last, suppressed + 1)
             return
         self._log_gate[kind] = (now, 0)
         if suppressed:
             message += f" ({suppressed} more like it in the last {now - last:.0f} s not logged)"
         log.warning(message, *args, exc_info=exc_info)
-
-    def _live_link(self, peer: str) -> _Link:
-        link = self._links.get(peer)
-        if link is None:
-            alive = sorted(name for name, other in self._links.items() if other.alive)
-            raise BusError(
-                f"{self.name} has no peer named {peer!r} (peers: {alive}); "
-                "connect to it or wait_for_peer first"
-            )
-        if not link.alive:
-            raise PeerDead(f"peer {peer!r} is dead (no heartbeat or said goodbye)")
-        return link
-
-    def _peer_died(self, link: _Link, reason: str) -> None:
-        if not link.alive:
-            return
-        link.alive = False
-        self.stats.dead_peers += 1
-        log.info("%s: peer %s is dead: %s", self.name, link.name, reason)
-        self._fail_link(link, PeerDead(f"peer {link.name!r} is dead: {reason}"))
-        if link.rid is not None:
-            link.sock.links.pop(link.rid, None)
-            if self._links.get(link.name) is link:
-                del self._links[link.name]
-        self._peers_changed()
-
-    def _fail_link(self, link: _Link, exc: BusError) -> None:
-        pending, link.pending = link.pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(type(exc)(*exc.args))
-
-    def _arm(self, link: _Link, rid: int, limit: float) -> None:
-        """Expire request ``rid`` on ``link`` after ``limit`` seconds unless it is answered.
-
-        Every request's deadline waits in one heap of plain tuples, under one event-loop
-        timer set for the earliest: a ``call_later`` per request cost ~5 µs to schedule and
-        cancel (the loop orders its timers with a Python ``__lt__``), as much as sending
-        the request. An answered request leaves its entry behind (it is skipped, and the
-        heap is swept when such entries outnumber the live ones).
-        """
-        assert self._loop is not None
-        when = self._loop.time() + limit
-        heap = self._deadlines
-        heapq.heappush(heap, (when, rid, link, limit))  # rids are unique: links never compared
-        if when < self._deadline_at:
-            if self._deadline_timer is not None:
-                self._deadline_timer.cancel()
-            self._deadline_timer = self._loop.call_at(when, self._expire_due)
-            self._deadline_at = when
-        elif len(heap) > 2 * self._n_pending + 256:
-            heap[:] = [entry for entry in heap if entry[1] in entry[2].pending]
-            heapq.heapify(heap)
-
-    def _expire_due(self) -> None:
-        """The deadline timer: expire every request that is due, then wait for the next."""
-        assert self._loop is not None
-        self._deadline_timer, self._deadline_at = None, math.inf
-        heap = self._deadlines
-        due = self._loop.time() + _CLOCK_RESOLUTION  # as the event loop decides "due"
-        while heap and (heap[0][0] <= due or heap[0][1] not in heap[0][2].pending):
-            _, rid, link, limit = heapq.heappop(heap)
-            self._expire(link, rid, limit)
-        if heap:
-            self._deadline_at = heap[0][0]
-            self._deadline_timer = self._loop.call_at(self._deadline_at, self._expire_due)
-
-    def _disarm(self) -> None:
-        """Drop every deadline (the endpoint is closing)."""
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
-        self._deadline_timer, self._deadline_at = None, math.inf
-        self._deadlines.clear()
-
-    def _expire(self, link: _Link, rid: int, limit: float) -> None:
-        fut = link.pending.pop(rid, None)
-        if fut is not None and not fut.done():
-            fut.set_exception(
-                RequestTimeout(f"no reply from {link.name!r} within {limit:g} s (request {rid})")
-            )
-
-    def _peers_changed(self) -> None:
-        if self._peer_change is not None and self._loop is not None:
-            fut, self._peer_change = self._peer_change, self._loop.create_future()
-            fut.set_result(None)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        assert self._loop is not None
-        task = self._loop.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _wake(self, sock: _Sock) -> None:
-        """Queue a drain of ``sock`` (a no-op if one is queued already)."""
-        if not sock.scheduled and self._loop is not None:
-            sock.scheduled = True
-            self._loop.call_soon(self._drain, sock)
-
-    @abc.abstractmethod
-    def _drain(self, sock: _Sock) -> None:
-        """The receive loop of ``sock``, provided by the receive layer."""

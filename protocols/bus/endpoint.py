@@ -8,22 +8,31 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Self
+from typing import Any, Self
 
 import zmq
 
 from parley.protocols.bus.auth import ZapHandler, curve_client, curve_server, is_loopback
+from parley.protocols.bus.config import BusConfig, BusStats
 from parley.protocols.bus.core import (
     Admission,
     Handler,
-    _any,
-    _Link,
-    _Sock,
+    Link,
+    Routes,
+    Shared,
+    Sock,
+    any_body,
     log,
     subscriptions_problem,
+    valid_name,
 )
-from parley.protocols.bus.receive import _in_task, _Receiver
-from parley.protocols.codec import DEFAULT_MAX_MESSAGE_BYTES
+from parley.protocols.bus.links import Liveness
+from parley.protocols.bus.receive import ReceiveLoop, in_task
+from parley.protocols.bus.refuse import RefusalPolicy
+from parley.protocols.bus.registry import Registry
+from parley.protocols.bus.requests import Requests
+from parley.protocols.bus.send import Sender
+from parley.protocols.codec import DEFAULT_MAX_MESSAGE_BYTES, Codec
 from parley.protocols.errors import BusError, ConfigError, PeerDead, RequestTimeout
 from parley.protocols.messages import Body, Bye, Envelope, Heartbeat, Hello, Subscribe, kind_of
 
@@ -32,27 +41,78 @@ GOODBYE_LINGER_MS = 200
 a ``Bye`` whose acknowledgement did not come in time."""
 
 
-class Endpoint(_Receiver):
+class Endpoint:
     """A named participant on the bus; see the package docstring for the contracts.
 
     ``Endpoint(name, *, config=None, context=None)``: ``context`` is the ZeroMQ context to
     create sockets in; endpoints that talk over ``inproc://`` must share one. Without it the
     endpoint makes (and later terminates) its own. All methods must be called from the event
     loop that first used the endpoint.
+
+    It holds its parts (the package docstring says what each does) and owns the sockets:
+    it makes them, registers them with the event loop and closes them.
     """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        config: BusConfig | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        if not valid_name(name):
+            raise ConfigError(f"endpoint name must be 1-200 bytes without NUL, got {name!r}")
+        self.name = name
+        config = config or BusConfig()
+        codec = Codec(max_message_bytes=config.max_message_bytes, accept=config.accept)
+        self._shared = shared = Shared(name, config, codec)
+        self._own_context = context is None
+        self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
+        self._auth: ZapHandler | None = None  # the ZAP handler of a CURVE bind
+        self._ticker: asyncio.Task[None] | None = None
+        self._routes = routes = Routes()
+        self._registry = registry = Registry(shared)
+        self._sender = sender = Sender(shared, registry)
+        self._requests = requests = Requests(shared, sender)
+        self._liveness = liveness = Liveness(shared, registry, sender, requests, routes)
+        refusals = RefusalPolicy(shared, registry, sender, routes)
+        self._receiver = ReceiveLoop(shared, routes, registry, sender, liveness, refusals)
 
     # --- public API ------------------------------------------------------------------
 
     @property
+    def config(self) -> BusConfig:
+        """Timing, bounds and keys. Replacing it changes them for what happens next (its
+        message size limit and accepted kinds stay those the endpoint was made with)."""
+        return self._shared.config
+
+    @config.setter
+    def config(self, config: BusConfig) -> None:
+        self._shared.config = config
+
+    @property
+    def stats(self) -> BusStats:
+        """Counters of what this endpoint sent, received, refused and dropped."""
+        return self._shared.stats
+
+    @property
     def peers(self) -> list[str]:
         """Names of the peers currently connected and alive."""
-        return [name for name, link in self._links.items() if link.alive]
+        return self._registry.alive()
+
+    def farewell(self, peer: str) -> str | None:
+        """The reason ``peer`` gave in the last ``Bye`` it sent this endpoint (``""`` for
+        none given), or ``None`` when it never said goodbye (it is connected, was lost to a
+        closed connection or silence, or was never known). It stays said when the peer comes
+        back. Only for peers this endpoint connected to: a bound side forgets its dead
+        peers."""
+        return self._registry.farewell(peer)
 
     def peer_key(self, name: str) -> str | None:
         """The CURVE public key (Z85) the peer ``name`` said Hello with; ``None`` when it
         has none (no CURVE on its connection) or is not connected. A handler asks it with
         ``env.sender``, which the bus sets to the name the connection said Hello with."""
-        link = self._links.get(name)
+        link = self._registry.links.get(name)
         return None if link is None else link.user
 
     def on(self, body_type: type[Body], handler: Handler, *, task: bool = False) -> None:
@@ -72,7 +132,7 @@ class Endpoint(_Receiver):
                 f"this endpoint's BusConfig.accept ({sorted(accept)}) leaves out "
                 f"{kind_of(body_type)!r}: its messages would be refused unread; add it"
             )
-        self._handlers[body_type] = _in_task(handler) if task else handler
+        self._routes.handlers[body_type] = in_task(handler) if task else handler
 
     async def bind(self, address: str) -> str:
         """Listen on ``address`` (``tcp://127.0.0.1:0`` picks a port); returns the address.
@@ -115,7 +175,7 @@ class Endpoint(_Receiver):
             z.close(0)
             raise BusError(f"cannot bind {address}: {exc}; is another endpoint there?") from exc
         resolved = z.getsockopt_string(zmq.LAST_ENDPOINT)
-        sock = _Sock(z, resolved, router=True)
+        sock = self._new_sock(z, resolved, router=True)
         sock.curve = curve
         self._add_sock(sock)
         return resolved
@@ -128,7 +188,7 @@ class Endpoint(_Receiver):
         ``None`` on a socket without CURVE; every later message of that connection is
         checked against it, so a name, once admitted, cannot be used from another key.
         """
-        self._admission = policy
+        self._liveness.admission = policy
 
     async def connect(
         self,
@@ -162,13 +222,13 @@ class Endpoint(_Receiver):
         except zmq.ZMQError as exc:
             z.close(0)
             raise BusError(f"cannot connect to {address}: {exc}") from exc
-        sock = _Sock(z, address, router=False)
-        link = _Link(sock, None)
+        sock = self._new_sock(z, address, router=False)
+        link = Link(sock, None)
         sock.link = link
         self._add_sock(sock)
         limit = self.config.connect_timeout if timeout is None else timeout
         try:
-            return await asyncio.wait_for(self._handshake(link), limit)
+            return await asyncio.wait_for(self._liveness.handshake(link), limit)
         except TimeoutError:
             self._close_sock(sock)
             raise RequestTimeout(
@@ -189,63 +249,32 @@ class Endpoint(_Receiver):
         turn: int = 0,
     ) -> Body:
         """Send ``body`` to ``peer`` and return its reply body (see the module contracts)."""
-        link = self._live_link(peer)
-        if self._n_pending >= self.config.max_pending:
-            raise BusError(
-                f"{self._n_pending} requests already pending (max_pending); await earlier "
-                "replies before sending more or raise BusConfig.max_pending"
-            )
-        loop = self._loop
-        assert loop is not None  # _live_link found a link, so the endpoint is started
-        rid = next(self._ids)
-        env = Envelope(
-            body=_any(body),
-            sender=self.name,
-            id=rid,
-            expects_reply=True,
-            episode=episode,
-            turn=turn,
-        )
-        frames = self._encode(env)
-        fut: asyncio.Future[Body] = loop.create_future()
-        link.pending[rid] = fut
-        self._n_pending += 1
-        limit = self.config.request_timeout if timeout is None else timeout
-        self._arm(link, rid, limit)
-        try:
-            if not self._send_now(link, frames):
-                await self._send_later(link, frames, limit)
-            return await fut
-        finally:
-            link.pending.pop(rid, None)
-            self._n_pending -= 1
-            if fut.done() and not fut.cancelled():
-                # The peer died while the send waited for room: its death failed this
-                # future too, and nobody awaits it. Seen, or asyncio prints "Future
-                # exception was never retrieved" when it is collected.
-                fut.exception()
+        link = self._registry.live(peer)
+        return await self._requests.request(link, body, timeout=timeout, episode=episode, turn=turn)
 
     async def send(self, peer: str, body: Body, *, episode: str = "", turn: int = 0) -> None:
         """Send ``body`` to ``peer`` without waiting for an answer (order kept per peer)."""
-        link = self._live_link(peer)
-        frames = self._encode(
-            Envelope(body=_any(body), sender=self.name, episode=episode, turn=turn)
+        link = self._registry.live(peer)
+        sender = self._sender
+        frames = sender.encode(
+            Envelope(body=any_body(body), sender=self.name, episode=episode, turn=turn)
         )
-        if not self._send_now(link, frames):
-            await self._send_later(link, frames, self.config.request_timeout)
+        if not sender.send_now(link, frames):
+            await sender.send_later(link, frames, self.config.request_timeout)
 
     async def publish(self, channel: str, body: Body, *, episode: str = "", turn: int = 0) -> int:
         """Send ``body`` on ``channel`` to every peer subscribed to it; returns how many."""
         env = Envelope(
-            body=_any(body), sender=self.name, channel=channel, episode=episode, turn=turn
+            body=any_body(body), sender=self.name, channel=channel, episode=episode, turn=turn
         )
-        frames = self._encode(env)
+        sender = self._sender
+        frames = sender.encode(env)
         count = 0
-        for link in list(self._links.values()):
-            if link.alive and any(channel.startswith(p) for p in link.subscriptions):
+        for link in self._registry.alive_links():
+            if any(channel.startswith(p) for p in link.subscriptions):
                 try:
-                    if not self._send_now(link, frames):
-                        await self._send_later(link, frames, self.config.request_timeout)
+                    if not sender.send_now(link, frames):
+                        await sender.send_later(link, frames, self.config.request_timeout)
                 except PeerDead:
                     continue  # a dead subscriber is not the publisher's failure
                 count += 1
@@ -261,11 +290,11 @@ class Endpoint(_Receiver):
         is as for :meth:`on`.
         """
         self._start()
-        known = {prefix for prefix, _ in self._subs}
+        known = self._routes.prefixes()
         problem = subscriptions_problem(sorted(known | {channel}), self.config.max_subscriptions)
         if problem is not None:  # (peers would refuse it: BusConfig.max_subscriptions)
             raise ConfigError(f"cannot subscribe to {channel[:100]!r}: {problem}")
-        self._subs.append((channel, _in_task(handler) if task else handler))
+        self._routes.subs.append((channel, in_task(handler) if task else handler))
         if channel in known:
             return self._done_future()
         return self._announce(Subscribe(channels=[channel]))
@@ -273,40 +302,36 @@ class Endpoint(_Receiver):
     def unsubscribe(self, channel: str) -> asyncio.Future[None]:
         """Stop receiving broadcasts for the prefix ``channel`` (all its handlers)."""
         self._start()
-        self._subs = [(p, h) for p, h in self._subs if p != channel]
+        self._routes.subs = [(p, h) for p, h in self._routes.subs if p != channel]
         return self._announce(Subscribe(channels=[channel], unsubscribe=True))
 
     async def wait_for_peer(self, name: str, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Return once ``name`` is a live peer; raise :class:`RequestTimeout` after ``timeout``."""
         self._start()
 
-        async def wait() -> None:
-            while name not in self._links or not self._links[name].alive:
-                assert self._peer_change is not None
-                await asyncio.shield(self._peer_change)
-
         try:
-            await asyncio.wait_for(wait(), timeout)
+            await asyncio.wait_for(self._registry.wait_for(name), timeout)
         except TimeoutError:
             raise RequestTimeout(f"peer {name!r} did not connect within {timeout} s") from None
 
     async def close(self) -> None:
         """Say ``Bye`` to every peer, fail pending requests, close the sockets. Idempotent."""
-        if self._closed:
+        if self._shared.closed:
             return
-        self._closed = True
-        await asyncio.gather(*(self._goodbye(link) for link in self._links.values() if link.alive))
-        for link in list(self._links.values()):
-            self._fail_link(link, BusError(f"endpoint {self.name} closed"))
-        self._disarm()
+        self._shared.closed = True
+        registry = self._registry
+        await asyncio.gather(*(self._liveness.goodbye(link) for link in registry.alive_links()))
+        for link in list(registry.links.values()):
+            registry.fail(link, BusError(f"endpoint {self.name} closed"))
+        self._requests.close()
         current = asyncio.current_task()
-        tasks = [t for t in self._tasks if t is not current]
+        tasks = [t for t in self._shared.tasks if t is not current]
         if self._ticker is not None:
             tasks.append(self._ticker)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for sock in list(self._socks):
+        for sock in list(registry.socks):
             self._close_sock(sock, linger_ms=GOODBYE_LINGER_MS)
         if self._auth is not None:
             self._auth.close()
@@ -324,12 +349,12 @@ class Endpoint(_Receiver):
     # --- setup -----------------------------------------------------------------------
 
     def _start(self) -> None:
-        if self._closed:
+        if self._shared.closed:
             raise BusError(f"endpoint {self.name} is closed; make a new one")
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-            self._peer_change = self._loop.create_future()
-            self._ticker = self._loop.create_task(self._tick())
+        if self._shared.loop is None:
+            loop = self._shared.loop = asyncio.get_running_loop()
+            self._registry.start(loop)
+            self._ticker = loop.create_task(self._liveness.tick())
 
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         z: zmq.Socket[bytes] = zmq.Socket(self._ctx, kind)
@@ -343,29 +368,28 @@ class Endpoint(_Receiver):
         z.setsockopt(zmq.MAXMSGSIZE, largest + 1024)
         return z
 
-    def _add_sock(self, sock: _Sock) -> None:
-        assert self._loop is not None
-        self._socks.append(sock)
-        self._loop.add_reader(sock.fd, self._drain, sock)
-        sock.reading = True
-        self._wake(sock)  # messages may have queued before the reader was registered
+    def _new_sock(self, z: zmq.Socket[bytes], address: str, *, router: bool) -> Sock:
+        assert self._shared.loop is not None
+        drain = self._receiver.drain
+        return Sock(z, address, router=router, loop=self._shared.loop, drain=drain)
 
-    def _close_sock(self, sock: _Sock, linger_ms: int = 0) -> None:
-        for link in [*sock.links.values(), *([sock.link] if sock.link else [])]:
-            self._fail_link(link, BusError(f"socket {sock.address} closed"))
-            if self._links.get(link.name) is link:
-                del self._links[link.name]
-        if sock in self._socks:
-            self._socks.remove(sock)
-        if sock.reading and self._loop is not None:
-            self._loop.remove_reader(sock.fd)
+    def _add_sock(self, sock: Sock) -> None:
+        self._registry.socks.append(sock)
+        sock.loop.add_reader(sock.fd, sock.drain, sock)
+        sock.reading = True
+        sock.wake()  # messages may have queued before the reader was registered
+
+    def _close_sock(self, sock: Sock, linger_ms: int = 0) -> None:
+        self._registry.forget_sock(sock)
+        if sock.reading:
+            sock.loop.remove_reader(sock.fd)
             sock.reading = False
         sock.z.close(linger_ms)
 
     # --- subscriptions ---------------------------------------------------------------
 
     def _announce(self, body: Subscribe) -> asyncio.Future[None]:
-        links = [link.name for link in self._links.values() if link.alive]
+        links = self._registry.alive()
         if not links:
             return self._done_future()
 
@@ -377,13 +401,10 @@ class Endpoint(_Receiver):
                 if isinstance(result, BaseException) and not isinstance(result, PeerDead):
                     log.warning("%s: %s did not take subscription: %r", self.name, name, result)
 
-        task = asyncio.ensure_future(tell_all())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._shared.spawn(tell_all())
 
     def _done_future(self) -> asyncio.Future[None]:
-        assert self._loop is not None
-        fut: asyncio.Future[None] = self._loop.create_future()
+        assert self._shared.loop is not None
+        fut: asyncio.Future[None] = self._shared.loop.create_future()
         fut.set_result(None)
         return fut

@@ -1,6 +1,6 @@
 """The receive loop: drain each socket, decode, dispatch, run handlers eagerly.
 
-Each socket has one receive loop, :meth:`_Receiver._drain`. The event loop runs it when the
+Each socket has one receive loop, :meth:`ReceiveLoop.drain`. The event loop runs it when the
 socket's ZeroMQ descriptor turns readable (``loop.add_reader``); it then drains every queued
 message with non-blocking ``recv`` calls, resolving reply futures and starting handlers in
 place. A per-message ``await recv()`` costs ~11x more, and a task that awaits a poll costs an
@@ -19,15 +19,20 @@ from typing import Any
 import zmq
 
 from parley.protocols.bus.core import (
-    _NOBLOCK,
+    NOBLOCK,
     Handler,
-    _Link,
-    _recv,
-    _Sock,
+    Link,
+    Routes,
+    Shared,
+    Sock,
     log,
     subscriptions_problem,
+    zmq_recv,
 )
-from parley.protocols.bus.refuse import MAX_FRAMES, PEEK_BYTES, STRANGER_ROUND, _Refusals
+from parley.protocols.bus.links import Liveness
+from parley.protocols.bus.refuse import MAX_FRAMES, PEEK_BYTES, STRANGER_ROUND, RefusalPolicy
+from parley.protocols.bus.registry import Registry
+from parley.protocols.bus.send import Sender
 from parley.protocols.errors import ProtocolError, RemoteError
 from parley.protocols.messages import (
     Body,
@@ -65,14 +70,37 @@ def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any,
                 return stop.value
 
 
-class _Receiver(_Refusals):
-    """The receiving layer of an endpoint."""
+class ReceiveLoop:
+    """Reads each socket, decodes, and routes every message: replies to their futures,
+    session messages to :class:`~parley.protocols.bus.links.Liveness`, requests and one-way
+    sends to their handlers (run eagerly), what should not have come to the
+    :class:`~parley.protocols.bus.refuse.RefusalPolicy`."""
 
-    def _drain(self, sock: _Sock) -> None:
+    def __init__(
+        self,
+        shared: Shared,
+        routes: Routes,
+        registry: Registry,
+        sender: Sender,
+        liveness: Liveness,
+        refusals: RefusalPolicy,
+    ) -> None:
+        self._shared = shared
+        self._registry = registry
+        self._stats = shared.stats
+        self._codec = shared.codec
+        self._routes = routes
+        self._sender = sender
+        self._liveness = liveness
+        self._refusals = refusals
+        self.handlers_running = 0  # bounded by BusConfig.max_handlers
+        self._strangers = 0  # messages from strangers handled in this receive round
+
+    def drain(self, sock: Sock) -> None:
         """The one receive loop of ``sock``: drain it with non-blocking reads.
 
         The event loop calls this when the socket's descriptor turns readable (and
-        :meth:`_wake` when a send may have swallowed that signal). Running as a reader
+        :meth:`Sock.wake` when a send may have swallowed that signal). Running as a reader
         callback rather than a task that awaits a poll saves one event-loop round per wake,
         which is most of a round trip's Python overhead. At most ``_BATCH`` messages (of
         them at most ``STRANGER_ROUND`` from strangers) are read per call so a flood cannot
@@ -82,14 +110,13 @@ class _Receiver(_Refusals):
         if sock.draining or not sock.reading:
             return
         sock.draining = True
-        assert self._loop is not None
-        self._now = self._loop.time()  # one clock read per round, not per message
+        self._shared.now = sock.loop.time()  # one clock read per round, not per message
         # Parts are read one by one as zmq.Frame objects, whose ``more`` flag is a cheap
         # C call: recv_multipart, or bytes plus getsockopt(RCVMORE), cost ~1.5x as much.
         # A multipart message arrives whole or not at all, so only the first read may fail.
         z = sock.z
-        recv_bytes: Callable[[], bytes] = functools.partial(_recv, z, _NOBLOCK)
-        recv_frame: Callable[[], zmq.Frame] = functools.partial(_recv, z, _NOBLOCK, False)  # type: ignore[assignment]
+        recv_bytes: Callable[[], bytes] = functools.partial(zmq_recv, z, NOBLOCK)
+        recv_frame: Callable[[], zmq.Frame] = functools.partial(zmq_recv, z, NOBLOCK, False)  # type: ignore[assignment]
         router = sock.router
         curve = sock.curve
         on_frames = self._on_frames
@@ -113,172 +140,185 @@ class _Receiver(_Refusals):
                     part = recv_frame()
                     frames.append(part.bytes)
                     if len(frames) > MAX_FRAMES:
-                        self._too_many_frames(sock, rid, frames[0], recv_frame, part)
+                        self._refusals.too_many_frames(sock, rid, frames[0], recv_frame, part)
                         break
                 else:
                     on_frames(sock, rid, frames)
                 budget -= len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
                 if budget <= 0 or self._strangers >= STRANGER_ROUND:
                     break
-            self._wake(sock)  # more may be waiting: continue after other callbacks ran
+            sock.wake()  # more may be waiting: continue after other callbacks ran
         except zmq.ZMQError as exc:
-            log.warning("%s: receive on %s failed: %s", self.name, sock.address, exc)
+            log.warning("%s: receive on %s failed: %s", self._shared.name, sock.address, exc)
         finally:
             sock.draining = False
 
-    def _on_frames(self, sock: _Sock, rid: bytes | None, frames: list[bytes]) -> None:
+    def _on_frames(self, sock: Sock, rid: bytes | None, frames: list[bytes]) -> None:
         """Handle one received message; never raises (a bad peer must not stop the loop)."""
-        self.stats.received += 1
+        self._stats.received += 1
         link = sock.link if rid is None else sock.links.get(rid)
         if sock.curve and link is not None and link.user != sock.user:
             # The routing id of a link that said Hello with another key: its connection
             # is gone and a new one reuses the id. The old peer is dead; this one is new.
-            self._peer_died(link, f"{link.name}'s routing id came back with another key")
+            self._registry.peer_died(link, f"{link.name}'s routing id came back with another key")
             link = None
         if link is None and rid is not None:  # a connection that has not said Hello
+            self._strangers += 1  # (counted towards STRANGER_ROUND)
             if rid in sock.shunned:  # (declared dead for flooding: its messages go unread)
-                self.stats.unhandled += 1
-                self._strangers += 1
+                self._stats.unhandled += 1
                 return
-            self._on_stranger(sock, rid, frames)
+            env: Envelope | None = self._refusals.stranger(sock, rid, frames)
+            if env is None:
+                return
+        elif (
+            link is not None
+            and len(frames[0]) >= PEEK_BYTES
+            and self._refusals.unwanted(link, frames[0])
+        ):
             return
-        if link is not None and len(frames[0]) >= PEEK_BYTES and self._unwanted(link, frames[0]):
-            return
-        try:
-            env = self._codec.decode(frames)
-        except ProtocolError as exc:
+        else:
             try:
-                self._bad_message(sock, rid, link, frames, exc)
-            except Exception:  # answering a bad message must not end the receive loop
-                self._log_limited("bad_message_reply", "%s: could not answer a bad message",
-                                  self.name, exc_info=True)  # fmt: skip
-            return
-        if link is not None and link.bad:
-            link.bad = 0  # ("in a row": a good message in between starts the count again)
+                env = self._codec.decode(frames)
+            except ProtocolError as exc:
+                try:
+                    self._refusals.bad_message(sock, rid, link, frames, exc)
+                except Exception:  # answering a bad message must not end the receive loop
+                    self._shared.log_limited(
+                        "bad_message_reply",
+                        "%s: could not answer a bad message",
+                        self._shared.name,
+                        exc_info=True,
+                    )
+                return
+            if link is not None and link.bad:
+                link.bad = 0  # ("in a row": a good message in between starts the count again)
         try:
             self._dispatch(sock, rid, link, env)
         except Exception:  # a bug in dispatch must not end the receive loop
-            self._log_limited(
+            self._shared.log_limited(
                 "dispatch",
                 "%s: failed to dispatch a %s from %s",
-                self.name,
+                self._shared.name,
                 env.kind,
-                env.sender,
+                env.sender if link is not None else "a new connection",
                 exc_info=True,
             )
 
-    def _dispatch(self, sock: _Sock, rid: bytes | None, link: _Link | None, env: Envelope) -> None:
+    def _dispatch(self, sock: Sock, rid: bytes | None, link: Link | None, env: Envelope) -> None:
         body = env.body
         kind = type(body)
         if link is None:  # a ROUTER peer that has not said Hello (yet, or since it died)
             if kind is Hello:
-                self._accept_hello(sock, rid, env)
+                self._liveness.accept_hello(sock, rid, env)
             elif kind is not Bye and (env.expects_reply or kind is Heartbeat):
-                message = f"say Hello first: {self.name} does not know this connection"
-                self._answer(sock, rid, env, Error(code="hello_required", message=message))
+                message = f"say Hello first: {self._shared.name} does not know this connection"
+                self._sender.answer(sock, rid, env, Error(code="hello_required", message=message))
             return
-        assert self._loop is not None
-        link.last_heard = self._now
+        link.last_heard = self._shared.now
         if env.sender != link.name and link.name:  # the name it said Hello with, not a claim
             env.sender = link.name
         if not link.alive and not sock.router and link.name:
-            self._start_rehello(link)
+            self._liveness.start_rehello(link)
         if env.reply_to:
             fut = link.pending.pop(env.reply_to, None)
             if fut is None or fut.done():
-                self.stats.late_replies += 1
+                self._stats.late_replies += 1
             elif isinstance(body, Error):
                 error = RemoteError(
                     body.code, body.message, peer=link.name, retryable=body.retryable
                 )
                 fut.set_exception(error)
                 if body.code == "hello_required" and not sock.router and link.name:
-                    self._start_rehello(link)  # the bound side forgot us: introduce again
+                    self._liveness.start_rehello(link)  # the bound side forgot us: introduce again
             else:
                 fut.set_result(body)
                 link.unwanted = 0  # ("in a row": an answer in between starts the count again)
             return
         if kind is Heartbeat:
             if env.expects_reply:
-                self._reply(link, env, Ok())
+                self._sender.reply(link, env, Ok())
             return
         if env.channel:
             if env.expects_reply:  # (a broadcast is answered by nobody: refused whole)
                 refusal = "a broadcast (channel set) cannot expect a reply"
-                self._reply(link, env, Error(code="bad_message", message=refusal))
+                self._sender.reply(link, env, Error(code="bad_message", message=refusal))
                 return
             self._deliver_broadcast(env)
             return
         if kind is Hello or kind is Subscribe or kind is Bye or kind is Error:
             self._control(sock, rid, link, env)
             return
-        handler = self._handlers.get(kind)
+        handler = self._routes.handlers.get(kind)
         if env.expects_reply:
             self._run_request(link, env, handler)
         elif handler is None:
-            self.stats.unhandled += 1
-            log.debug("%s: no handler for one-way %s from %s", self.name, env.kind, link.name)
+            self._stats.unhandled += 1
+            log.debug("%s: no handler for one-way %s from %s", self._shared.name, env.kind,
+                      link.name)  # fmt: skip
         else:
             self._run_oneway(handler, env)
 
-    def _control(self, sock: _Sock, rid: bytes | None, link: _Link, env: Envelope) -> None:
+    def _control(self, sock: Sock, rid: bytes | None, link: Link, env: Envelope) -> None:
         body = env.body
+        sender = self._sender
         if isinstance(body, Hello):
             if sock.router:
-                self._accept_hello(sock, rid, env)
+                self._liveness.accept_hello(sock, rid, env)
         elif isinstance(body, Subscribe):
             if body.unsubscribe:
                 link.subscriptions.difference_update(body.channels)
             else:
                 wanted = sorted(link.subscriptions.union(body.channels))
-                problem = subscriptions_problem(wanted, self.config.max_subscriptions)
+                problem = subscriptions_problem(wanted, self._shared.config.max_subscriptions)
                 if problem is not None:
                     if env.expects_reply:
                         error = Error(code="too_many_subscriptions", message=problem)
-                        self._answer(sock, rid, env, error)
+                        sender.answer(sock, rid, env, error)
                     return
                 link.subscriptions.update(body.channels)
             if env.expects_reply:
-                self._answer(sock, rid, env, Ok())
+                sender.answer(sock, rid, env, Ok())
         elif isinstance(body, Bye):
             if env.expects_reply:
-                self._reply(link, env, Ok())
-            self._said_goodbye(link, body.reason)
+                sender.reply(link, env, Ok())
+            self._liveness.said_goodbye(link, body.reason)
         elif isinstance(body, Error):
             if env.expects_reply:
                 refusal = "an error is a reply or a one-way notice, never a request"
-                self._reply(link, env, Error(code="bad_message", message=refusal))
+                sender.reply(link, env, Error(code="bad_message", message=refusal))
             if body.code == "hello_required" and not sock.router and link.name:
-                self._start_rehello(link)
+                self._liveness.start_rehello(link)
             else:  # (rate-limited and cut short: a peer could send these without end)
-                self._log_limited("peer_error", "%s: %s sent error %s: %s", self.name,
-                                  link.name, body.code[:100], body.message[:300])  # fmt: skip
+                self._shared.log_limited("peer_error", "%s: %s sent error %s: %s",
+                                         self._shared.name, link.name, body.code[:100],
+                                         body.message[:300])  # fmt: skip
 
     # --- handlers --------------------------------------------------------------------
 
-    def _run_request(self, link: _Link, env: Envelope, handler: Handler | None) -> None:
+    def _run_request(self, link: Link, env: Envelope, handler: Handler | None) -> None:
+        name = self._shared.name
         if handler is None:
-            message = f"{self.name} has no handler for {env.kind!r}"
-            self._reply(link, env, Error(code="no_handler", message=message))
+            message = f"{name} has no handler for {env.kind!r}"
+            self._sender.reply(link, env, Error(code="no_handler", message=message))
             return
-        if self._n_handlers >= self.config.max_handlers:
-            message = f"{self.name} is running {self._n_handlers} handlers; retry later"
-            self._reply(link, env, Error(code="overloaded", message=message, retryable=True))
+        if self.handlers_running >= self._shared.config.max_handlers:
+            message = f"{name} is running {self.handlers_running} handlers; retry later"
+            self._sender.reply(link, env, Error(code="overloaded", message=message, retryable=True))
             return
         try:
             coro = handler(env)
             yielded = coro.send(None) if isinstance(coro, types.CoroutineType) else None
         except StopIteration as stop:
-            self._reply(link, env, stop.value)
+            self._sender.reply(link, env, stop.value)
             return
         except Exception as exc:
-            self._reply(link, env, self._handler_failed(env, exc))
+            self._sender.reply(link, env, self._handler_failed(env, exc))
             return
-        self._n_handlers += 1  # counted from now: the bound covers tasks not yet started
-        self._spawn(self._finish_request(link, env, coro, yielded))
+        self.handlers_running += 1  # counted from now: the bound covers tasks not yet started
+        self._shared.spawn(self._finish_request(link, env, coro, yielded))
 
     async def _finish_request(
-        self, link: _Link, env: Envelope, coro: Awaitable[Any], yielded: Any
+        self, link: Link, env: Envelope, coro: Awaitable[Any], yielded: Any
     ) -> None:
         try:
             if isinstance(coro, types.CoroutineType):
@@ -288,9 +328,9 @@ class _Receiver(_Refusals):
         except Exception as exc:
             result = self._handler_failed(env, exc)
         finally:
-            self._n_handlers -= 1
+            self.handlers_running -= 1
         if link.alive:
-            self._reply(link, env, result)
+            self._sender.reply(link, env, result)
 
     def _run_oneway(self, handler: Handler, env: Envelope) -> None:
         try:
@@ -301,7 +341,7 @@ class _Receiver(_Refusals):
         except Exception as exc:
             self._handler_failed(env, exc)
             return
-        self._spawn(self._finish_oneway(env, coro, yielded))
+        self._shared.spawn(self._finish_oneway(env, coro, yielded))
 
     async def _finish_oneway(self, env: Envelope, coro: Awaitable[Any], yielded: Any) -> None:
         try:
@@ -313,28 +353,32 @@ class _Receiver(_Refusals):
             self._handler_failed(env, exc)
 
     def _handler_failed(self, env: Envelope, exc: Exception) -> Error:
-        self.stats.handler_errors += 1
+        self._stats.handler_errors += 1
         message = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, RuntimeError) and "inside a task" in str(exc):
             message += (
                 " (this handler needs a task before its first await: register it with task=True)"
             )
         log.warning(
-            "%s: handler for %s from %s failed: %s", self.name, env.kind, env.sender, message
+            "%s: handler for %s from %s failed: %s",
+            self._shared.name,
+            env.kind,
+            env.sender,
+            message,
         )
         return Error(code="handler_failed", message=message)
 
     def _deliver_broadcast(self, env: Envelope) -> None:
         delivered = False
-        for prefix, handler in self._subs:
+        for prefix, handler in self._routes.subs:
             if env.channel.startswith(prefix):
                 delivered = True
                 self._run_oneway(handler, env)
         if not delivered:
-            self.stats.unhandled += 1
+            self._stats.unhandled += 1
 
 
-def _in_task(handler: Handler) -> Handler:
+def in_task(handler: Handler) -> Handler:
     """``handler``, made to suspend at once so that all of its body runs inside a task."""
 
     async def in_task(env: Envelope) -> Body | None:

@@ -1,23 +1,24 @@
 """Refusing what a peer should not have sent, without letting it cost the loop.
 
-The receive loop (:mod:`parley.protocols.bus.receive`) hands these cases here: a message of
-too many parts, a large message nobody asked for (peeked at, dropped unread), a message from
-a connection that has not said Hello, and a message that does not decode (answered
-``Error`` with the request id salvaged where possible, and counted).
+The receive loop (:mod:`parley.protocols.bus.receive`) hands these cases to the
+:class:`RefusalPolicy`: a message of too many parts, a large message nobody asked for
+(peeked at, dropped unread), a message from a connection that has not said Hello, and a
+message that does not decode (answered ``Error`` with the request id salvaged where
+possible, and counted).
 """
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Callable, Sequence
 
 import zmq
 
-from parley.protocols.bus.core import _Link, _Sock
-from parley.protocols.bus.links import _Links
+from parley.protocols.bus.core import Link, Routes, Shared, Sock
+from parley.protocols.bus.registry import Registry
+from parley.protocols.bus.send import Sender
 from parley.protocols.codec import SESSION_KINDS, Frame, Head, NestedTooDeep, salvage_head
 from parley.protocols.errors import ProtocolError, RemoteError
-from parley.protocols.messages import Envelope, Error, Ok, kind_of
+from parley.protocols.messages import Envelope, Error, Ok
 
 PEEK_BYTES = 64 * 1024
 """From this size on, a message's envelope is peeked at before its body is decoded: a reply
@@ -50,34 +51,36 @@ least ``zero_copy_bytes``; a model's weights inline have a few hundred). A messa
 is read to its end without being kept and refused ``bad_message``."""
 
 
-class _Refusals(_Links):
-    """The refusing layer of an endpoint (between links and the receive loop)."""
+class RefusalPolicy:
+    """Refuses, drops or shuns what a peer should not have sent (see the module docstring)."""
 
-    _strangers = 0  # messages from strangers handled in this receive round
+    def __init__(self, shared: Shared, registry: Registry, sender: Sender, routes: Routes) -> None:
+        self._shared = shared
+        self._registry = registry
+        self._sender = sender
+        self._routes = routes
 
-    @abc.abstractmethod
-    def _dispatch(self, sock: _Sock, rid: bytes | None, link: _Link | None, env: Envelope) -> None:
-        """Handle a decoded message (the receive loop's, :mod:`~parley.protocols.bus.receive`)."""
-
-    def _too_many_frames(self, sock: _Sock, rid: bytes | None, head: bytes,
-                         recv_frame: Callable[[], zmq.Frame], part: zmq.Frame) -> None:  # fmt: skip
+    def too_many_frames(self, sock: Sock, rid: bytes | None, head: bytes,
+                        recv_frame: Callable[[], zmq.Frame], part: zmq.Frame) -> None:  # fmt: skip
         """Read the rest of a message of over :data:`MAX_FRAMES` parts unkept and refuse it
         (empty parts count nothing towards ``max_message_bytes``: millions of them held as
         a list stalled the loop for seconds)."""
-        self.stats.received += 1
+        self._shared.stats.received += 1
         count = MAX_FRAMES + 1
         while part.more:
             part = recv_frame()
             count += 1
         link = sock.link if rid is None else sock.links.get(rid)
         reason = f"a message of {count} frames; at most {MAX_FRAMES} (the envelope, then arrays)"
-        self._bad_message(sock, rid, link, [head], ProtocolError(reason))
+        self.bad_message(sock, rid, link, [head], ProtocolError(reason))
 
-    def _unwanted(self, link: _Link, head: bytes) -> bool:
+    def unwanted(self, link: Link, head: bytes) -> bool:
         """Whether a large message from ``link`` is dropped unread (see :data:`PEEK_BYTES`):
         a reply to no pending request, a broadcast on no subscribed channel, a body no
         handler takes (a request for one is answered ``no_handler``)."""
-        peek = self._codec.peek(head)
+        codec = self._shared.codec
+        stats = self._shared.stats
+        peek = codec.peek(head)
         if peek is None:
             return False  # decoding it names the problem
         if peek.reply_to:
@@ -85,30 +88,30 @@ class _Refusals(_Links):
             if fut is not None and not fut.done():
                 link.unwanted = 0
                 return False
-            self.stats.late_replies += 1
+            stats.late_replies += 1
         elif peek.channel:
-            if any(peek.channel.startswith(prefix) for prefix, _ in self._subs):
+            if self._routes.subscribed(peek.channel):
                 return False
-            self.stats.unhandled += 1
+            stats.unhandled += 1
         else:
             kind = peek.body.kind
-            accept = self._codec.accept
+            accept = codec.accept
             if accept is not None and kind not in accept:
                 return False  # refused unread by decode, as unexpected_kind
-            if kind in SESSION_KINDS or any(kind_of(cls) == kind for cls in self._handlers):
+            if kind in SESSION_KINDS or self._routes.takes(kind):
                 link.unwanted = 0
                 return False
-            self.stats.unhandled += 1
+            stats.unhandled += 1
             if peek.expects_reply:
-                message = f"{self.name} has no handler for {kind[:100]!r}"
+                message = f"{self._shared.name} has no handler for {kind[:100]!r}"
                 request = Envelope(body=Ok(), id=peek.id, expects_reply=True, episode=peek.episode)
-                self._reply(link, request, Error(code="no_handler", message=message))
+                self._sender.reply(link, request, Error(code="no_handler", message=message))
         link.unwanted += 1
         if link.unwanted >= MAX_UNWANTED:
             self._shun(link, f"it sent {link.unwanted} large messages nobody asked for")
         return True
 
-    def _shun(self, link: _Link, reason: str) -> None:
+    def _shun(self, link: Link, reason: str) -> None:
         """Declare a ``ROUTER`` peer dead for flooding and read its connection no more."""
         if link.rid is None:
             return  # (the bound side: a connecting socket has no other to trust)
@@ -116,57 +119,55 @@ class _Refusals(_Links):
         shunned[link.rid] = None
         if len(shunned) > MAX_SHUNNED:
             del shunned[next(iter(shunned))]
-        self._peer_died(link, reason)
+        self._registry.peer_died(link, reason)
 
-    def _on_stranger(self, sock: _Sock, rid: bytes, frames: list[bytes]) -> None:
+    def stranger(self, sock: Sock, rid: bytes, frames: list[bytes]) -> Envelope | None:
         """A message from a connection that has not said Hello: only a small ``Hello``,
-        ``Heartbeat`` or ``Bye`` is decoded (:meth:`Codec.decode_stranger`); a request of
-        any other kind is answered ``hello_required`` (its id read without decoding its
-        body), a one-way message dropped."""
-        self._strangers += 1  # (counted towards STRANGER_ROUND by the receive loop)
+        ``Heartbeat`` or ``Bye`` is decoded (:meth:`Codec.decode_stranger`) and returned
+        for dispatch; a request of any other kind is answered ``hello_required`` (its id
+        read without decoding its body), a one-way message dropped (``None``)."""
+        codec = self._shared.codec
         try:
-            env = self._codec.decode_stranger(frames)
+            return codec.decode_stranger(frames)
         except ProtocolError as exc:
             if exc.code != "hello_required":  # (a Hello of another schema version)
-                self._bad_message(sock, rid, None, frames, exc)
-                return
-            self.stats.hello_required += 1
+                self.bad_message(sock, rid, None, frames, exc)
+                return None
+            self._shared.stats.hello_required += 1
             nested = isinstance(exc, NestedTooDeep)
             head = salvage_head(frames[0], nested=nested) if frames else Head()
             if head.expects_reply:
                 message = (
-                    f"say Hello first: {self.name} does not know this connection "
+                    f"say Hello first: {self._shared.name} does not know this connection "
                     f"({exc.reason[:300]})"
                 )
                 error = Error(code="hello_required", message=message)
-                reply = Envelope(body=error, sender=self.name, reply_to=head.id)
-                self._raw_send(sock, rid, self._codec.encode(reply))
-            return
-        try:
-            self._dispatch(sock, rid, None, env)
-        except Exception:  # a bug in dispatch must not end the receive loop
-            self._log_limited("dispatch", "%s: failed to dispatch a %s from a new connection",
-                              self.name, env.kind, exc_info=True)  # fmt: skip
+                reply = Envelope(body=error, sender=self._shared.name, reply_to=head.id)
+                self._sender.raw_send(sock, rid, codec.encode(reply))
+            return None
 
-    def _bad_message(
+    def bad_message(
         self,
-        sock: _Sock,
+        sock: Sock,
         rid: bytes | None,
-        link: _Link | None,
+        link: Link | None,
         frames: Sequence[Frame],
         exc: ProtocolError,
     ) -> None:
-        self.stats.bad_messages += 1
+        """Count and log a message that does not decode, fail the request it answers or
+        answer it ``Error``; shun a peer after :data:`MAX_BAD` in a row."""
+        stats = self._shared.stats
+        stats.bad_messages += 1
         if link is not None:
             link.bad += 1
             if link.bad >= MAX_BAD:
                 self._shun(link, f"it sent {link.bad} malformed messages in a row")
         who = link.name if link is not None else repr(rid)
-        self._log_limited(
+        self._shared.log_limited(
             "bad_message",
             "%s: bad message #%d from %s: %s",
-            self.name,
-            self.stats.bad_messages,
+            self._shared.name,
+            stats.bad_messages,
             who,
             exc.reason[:500],
         )
@@ -181,7 +182,7 @@ class _Refusals(_Links):
             return
         error = Envelope(
             body=Error(code=exc.code, message=exc.reason[:1000]),
-            sender=self.name,
+            sender=self._shared.name,
             reply_to=head.id if head.expects_reply else 0,
         )
-        self._raw_send(sock, rid, self._codec.encode(error))
+        self._sender.raw_send(sock, rid, self._shared.codec.encode(error))

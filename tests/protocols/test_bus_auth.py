@@ -184,7 +184,7 @@ async def test_a_stolen_routing_id_takes_nothing_over(arena: Arena) -> None:
     refused by ZeroMQ; once the agent is gone, a connection reusing its id is a new,
     unknown peer that must say Hello (and cannot, under that name)."""
     agent = await _legit_agent(arena)
-    rid = agent._socks[0].z.getsockopt(zmq.ROUTING_ID)
+    rid = agent._registry.socks[0].z.getsockopt(zmq.ROUTING_ID)
     ctx: zmq.Context[Any] = zmq.Context()
     thief = _raw_curve_dealer(ctx, arena.address, arena.other, arena.keys)
     thief.routing_id = rid
@@ -225,7 +225,7 @@ async def test_a_stolen_routing_id_over_ipc_is_refused_while_the_peer_lives(tmp_
     try:
         address = await server.bind(f"ipc://{tmp_path}/arena")
         await agent.connect(address)
-        thief.routing_id = agent._socks[0].z.getsockopt(zmq.ROUTING_ID)
+        thief.routing_id = agent._registry.socks[0].z.getsockopt(zmq.ROUTING_ID)
         thief.connect(address)
         action = {"body": {"kind": "action", "agent": "listener", "text": "thief"}}
         for _ in range(20):

@@ -86,7 +86,7 @@ async def test_the_deadlines_of_answered_requests_do_not_pile_up(
     server.on(Observation, _answer_unless_silent)
     for _ in range(3000):  # answered long before their 30 s limit
         await client.request("arena", Observation(agent="a", text="x"))
-    assert len(client._deadlines) <= 2 * client._n_pending + 256 + 1
+    assert len(client._requests.deadlines) <= 2 * client._requests.pending + 256 + 1
 
 
 @pytest.mark.timeout(20)
@@ -102,5 +102,5 @@ async def test_closing_fails_pending_requests_and_drops_the_timer(
     await client.close()
     with pytest.raises(BusError, match="closed"):
         await task
-    assert client._deadline_timer is None
-    assert client._deadlines == []
+    assert client._requests.timer is None
+    assert client._requests.deadlines == []

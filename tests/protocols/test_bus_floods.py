@@ -141,7 +141,7 @@ async def test_a_peer_that_never_reads_its_replies_cannot_grow_the_endpoints_tas
                       for i in range(2, n + 2)]  # fmt: skip
             await asyncio.to_thread(lambda: [raw.send(f) for f in frames])
             await _until(lambda: server.stats.received >= n)
-            tasks = len(server._tasks)
+            tasks = len(server._shared.tasks)
             stats = server.stats
     finally:
         await server.close()

@@ -284,7 +284,7 @@ async def test_a_peer_holds_a_bounded_set_of_subscriptions_and_a_bounded_name() 
             ("error", "too_many_subscriptions"),
             ("ok", ""),
         ]
-        assert server._links["raw"].subscriptions == {"a", "b", "c", "d", "0"}
+        assert server._registry.links["raw"].subscriptions == {"a", "b", "c", "d", "0"}
         listener = Endpoint("listener", config=config)
         try:
             for i in range(8):
@@ -324,4 +324,4 @@ async def test_no_announced_heartbeat_interval_makes_a_silent_peer_immortal(
     async with _arena() as (server, _, raw):
         hello = {"kind": "hello", "name": "raw", "heartbeat_interval": interval}
         assert (await asyncio.to_thread(_request, raw, hello, 1))["body"]["kind"] == "hello"
-        assert server._links["raw"].timeout <= 2.5 * 60.0
+        assert server._registry.links["raw"].timeout <= 2.5 * 60.0

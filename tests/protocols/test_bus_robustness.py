@@ -293,8 +293,8 @@ async def test_dead_server_detected_and_reconnected(tmp_path: Any) -> None:
         pending = asyncio.create_task(client.request("arena", Observation(agent="a", text="")))
         await asyncio.sleep(0.05)
         # Vanish without a Bye, as a killed process would.
-        first._closed = True
-        for sock in list(first._socks):
+        first._shared.closed = True
+        for sock in list(first._registry.socks):
             first._close_sock(sock)
         first._ctx.term()
         with pytest.raises(PeerDead):
