@@ -12,6 +12,8 @@ id                     library                                     adapter
 ``textarena:ENV_ID``   TextArena (``textarena``)                   :mod:`.textarena`
 ``pettingzoo:classic/  PettingZoo's classic games (AEC envs)       :mod:`.pettingzoo`
 NAME``
+``nemogym:SERVER@      a NeMo Gym resources server running at      :mod:`.nemo_gym`
+HOST:PORT``            HOST:PORT (a solver and a checker share it)
 =====================  ==========================================  =======================
 
 Install the libraries with ``pip install -e ".[games]"``. Every adapter follows the same
@@ -39,6 +41,7 @@ PREFIXES: dict[str, str] = {
     "openspiel": "parley.scenarios.imported.openspiel",
     "textarena": "parley.scenarios.imported.textarena",
     "pettingzoo": "parley.scenarios.imported.pettingzoo",
+    "nemogym": "parley.scenarios.imported.nemo_gym",
 }
 """Id prefix -> adapter module (each defines ``spec_for(name)`` and ``catalog()``)."""
 

@@ -1,0 +1,214 @@
+"""NeMo Gym's resources servers as parley scenarios (parley.scenarios.imported.nemo_gym).
+
+The real part: NeMo Gym's own ``example_multi_step`` server (its code, unchanged, started by
+:mod:`parley.arena.integrations.nemo_gym_resources` under the Python of an environment with
+nemo-gym installed; the tests skip where there is none). The hostile-server tests need a
+server that stalls, dies or floods, which NeMo Gym's servers do not do on request: a small
+stdlib HTTP server on a real loopback socket plays those parts.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from parley.arena.integrations.nemo_gym_resources import (
+    NemoGymUnavailable,
+    ResourcesServer,
+    resources_server,
+)
+from parley.protocols.errors import ConfigError
+from parley.scenarios import make
+from parley.scenarios.conformance import check_scenario
+from parley.scenarios.imported.nemo_gym import NemoGymServerError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[ResourcesServer]:
+    try:
+        with resources_server("example_multi_step") as server:
+            yield server
+    except NemoGymUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def _solve(env: Any, values: list[int] | None = None) -> dict[str, str]:
+    """The solver looks up the row's synonyms and reports ``values`` (default: right)."""
+    row = env.oracle("solver")
+    calls = [
+        {"name": "get_synonym_value", "arguments": {"synonym": word}}
+        for word in row["expected_synonyms"]
+    ]
+    env.step({"solver": json.dumps({"tool_calls": calls})})
+    report = row["expected_synonym_values"] if values is None else values
+    extract = {"name": "extract_synonym_values", "arguments": {"synonym_values": report}}
+    observations, *_ = env.step({"solver": json.dumps({"tool_calls": [extract], "submit": True})})
+    return dict(observations)
+
+
+def test_nemo_gyms_verify_scores_both_seats(served: ResourcesServer) -> None:
+    env = make(served.id)
+    observations, _ = env.reset(seed=4)
+    assert "extract_synonym_values(synonym_values: list[integer])" in observations["solver"]
+    observations = _solve(env)
+    assert "solver called [call_4] extract_synonym_values" in observations["checker"]
+    _, rewards, done, _, infos = env.step({"checker": '{"verdict": "accept"}'})
+    assert all(done.values())
+    assert infos["solver"]["components"] == {"task": 1.0}
+    assert infos["checker"]["components"] == {"task": 1.0, "verdict": 0.5}
+    assert rewards == {"solver": 1.0, "checker": 1.5}
+    metrics = env.episode_metrics()
+    assert metrics["verify_accuracy"] == 1.0
+    assert metrics["tool_calls"] == 3.0
+
+    env.reset(seed=4)  # wrong values, accepted: NeMo Gym scores 0, the checker pays
+    _solve(env, values=[1, 2])
+    _, rewards, *_ = env.step({"checker": '{"verdict": "accept"}'})
+    assert rewards == {"solver": 0.0, "checker": -0.5}
+
+
+def test_a_rejection_hands_back_and_the_checker_can_correct(served: ResourcesServer) -> None:
+    env = make(served.id, solver_turns=3)
+    env.reset(seed=1)
+    right = env.oracle("checker")["expected_synonym_values"]
+    _solve(env, values=right[::-1])  # the right values in the wrong order
+    observations, *_ = env.step({"checker": '{"verdict": "reject", "message": "order!"}'})
+    assert "checker (private to solver): order!" in observations["solver"]
+    assert "rejected" in observations["solver"]
+    env.step({"solver": '{"submit": true}'})  # the solver's last turn: unchanged
+    fix = {"name": "extract_synonym_values", "arguments": {"synonym_values": right}}
+    env.step({"checker": json.dumps({"tool_calls": [fix]})})
+    _, rewards, done, _, _ = env.step({"checker": '{"verdict": "accept"}'})
+    assert all(done.values())
+    assert rewards["solver"] == 1.0
+    assert env.episode_metrics()["rejections"] == 1.0
+
+
+def test_bad_tool_calls_are_invalid_moves_and_never_reach_the_server(
+    served: ResourcesServer,
+) -> None:
+    env = make(served.id)
+    env.reset(seed=0)
+    huge = "x" * 5000  # over the action limit: refused whole
+    bad_type = {"name": "get_synonym_value", "arguments": {"synonym": 7}}
+    unknown = {"name": "verify", "arguments": {}}  # a NeMo Gym route that is not a tool
+    moves = [
+        json.dumps({"tool_calls": [{"name": "get_synonym_value", "arguments": {"x": huge}}]}),
+        json.dumps({"tool_calls": [bad_type]}),
+        json.dumps({"tool_calls": [unknown]}),
+        '{"tool_calls": [{"name": "get_synonym_value", "arguments": "{not json"}]}',
+        '{"tool_calls": "all of them"}',
+    ]
+    reasons = []
+    for move in moves:
+        *_, infos = env.step({"solver": move})
+        reasons.append(infos["solver"].get("invalid", ""))
+    assert "characters" in reasons[0]
+    assert "must be string" in reasons[1]
+    assert "unknown tool 'verify'" in reasons[2]
+    assert "not JSON" in reasons[3]
+    assert "must be a list" in reasons[4]
+    assert env.s.output == []  # nothing was sent: the response holds what the server saw
+    assert env.s.phase == "solver"
+    assert env.s.turns_left["solver"] == 1
+
+
+@pytest.mark.timeout(300)
+def test_the_scenario_passes_the_conformance_suite(served: ResourcesServer) -> None:
+    report = check_scenario(served.id)
+    assert all(r == "passed" or r.startswith("n/a") for r in report.values()), report
+
+
+def test_the_scenario_needs_a_server_address() -> None:
+    with pytest.raises(ConfigError, match="nemo_gym_resources example_multi_step"):
+        make("nemogym:example_multi_step")
+    with pytest.raises(ConfigError, match="resources server name"):
+        make("nemogym:../etc@127.0.0.1:1")
+
+
+# -- hostile servers ------------------------------------------------------------------------
+
+ROW = {
+    "responses_create_params": {
+        "input": [{"role": "user", "content": "Call ping."}],
+        "tools": [{"type": "function", "name": "ping", "parameters": {"type": "object"}}],
+    },
+}
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """Serves the rows and /seed_session; ``/ping`` does what ``server.mode`` says."""
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _send(self, body: bytes, status: int = 200) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Set-Cookie", "session=abc; HttpOnly")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._send(json.dumps(ROW).encode() + b"\n")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        mode = getattr(self.server, "mode", "")
+        if self.path != "/ping":
+            self._send(b"{}")
+        elif mode == "stall":
+            self.server.release.wait(30)  # type: ignore[attr-defined]
+        elif mode == "flood":
+            self._send(b"[" + b"0," * 1_000_000 + b"0]")
+        elif mode == "hang_up":
+            self.close_connection = True  # no answer at all
+        else:
+            self._send(b'{"error": "no"}', status=422)
+
+
+@pytest.fixture
+def hostile() -> Iterator[Any]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    server.release = threading.Event()  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.release.set()  # type: ignore[attr-defined]
+        server.shutdown()
+        server.server_close()
+
+
+PING = '{"tool_calls": [{"name": "ping", "arguments": {}}]}'
+
+
+@pytest.mark.parametrize("mode", ["stall", "flood", "hang_up"])
+def test_a_failing_server_fails_the_episode_instead_of_hanging(hostile: Any, mode: str) -> None:
+    env = make(f"nemogym:ping@127.0.0.1:{hostile.server_port}", call_timeout=1.0)
+    env.reset(seed=0)
+    hostile.mode = mode
+    with pytest.raises(NemoGymServerError, match="/ping"):
+        env.step({"solver": PING})
+
+
+def test_an_http_error_is_the_calls_result_and_a_dead_server_the_episodes(hostile: Any) -> None:
+    env = make(f"nemogym:ping@127.0.0.1:{hostile.server_port}", call_timeout=1.0)
+    observations, _ = env.reset(seed=0)
+    assert "Call ping." in observations["solver"]
+    observations, *_, infos = env.step({"solver": PING})
+    assert '-> ERROR: HTTP 422: {"error": "no"}' in observations["solver"]
+    assert "invalid" not in infos["solver"]  # the server refused: the model's lesson, no penalty
+    assert env.s.cookies == {"session": "abc"}
+    hostile.shutdown()
+    hostile.server_close()
+    with pytest.raises(NemoGymServerError, match="check that it runs"):
+        env.step({"solver": PING})
