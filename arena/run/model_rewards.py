@@ -15,7 +15,12 @@ Both hold the same guarantees, from the same code:
 
 - **Canonical text** (:func:`canonical`): whitespace runs are one space and a word sequence
   repeated back to back is kept once, so padding a message with whitespace or repeats gives
-  the very same input, hence the very same reward (and a cache hit).
+  the very same input, hence the very same reward (and a cache hit). A reward model reads
+  more: :func:`scored_text` also keeps each word of a message once and at most
+  :data:`MAX_SCORED_WORDS` words of it, so filler of the message's own words, in any order,
+  cannot change its score either (the judge has its length rule instead). New words are
+  new content: no form can hide them without hiding content, so past the cap they are not
+  read, and below it the trained hinge (``parley train-rm --padding-penalty``) is the guard.
 - **Cache**: one outcome per (kind's key, text digest); the same text is never asked twice
   by one runner (least recently used out past ``cache_size``); failures are asked again.
 - **Failures**: a model that fails, times out or answers outside its contract adds no
@@ -54,6 +59,7 @@ __all__ = [
     "credit",
     "reply_bound",
     "reward_model_name",
+    "scored_text",
     "scored_reward_from_spec",
     "shown_items",
     "shown_text",
@@ -89,6 +95,28 @@ def canonical(text: str) -> str:
                 del out[-period:]
                 break
     return " ".join(out)
+
+
+MAX_SCORED_WORDS = 256
+"""Words of one line a reward model reads at most (the rest never reaches it)."""
+
+
+def scored_text(text: str) -> str:
+    """What a reward model reads of ``text``: each line in :func:`canonical` form with every
+    word kept at its first occurrence in the line only, and at most
+    :data:`MAX_SCORED_WORDS` words (empty lines left out). Padding a line with whitespace,
+    repeats or filler of its own words, in any order and amount, gives the very same text;
+    new words past the cap too."""
+    lines = []
+    for line in text.splitlines():
+        seen: dict[str, None] = {}
+        for word in canonical(line).split():
+            seen.setdefault(word)
+            if len(seen) == MAX_SCORED_WORDS:
+                break
+        if seen:
+            lines.append(" ".join(seen))
+    return "\n".join(lines)
 
 
 def shown_items(transcript: Mapping[str, Any], seat: str | None) -> list[dict[str, str]]:
@@ -217,8 +245,8 @@ def _digest(text: str) -> str:
 class ScoredReward(ModelComponent):
     """The ``rm`` component: a reward model's score of each seat's text (scope ``seat``:
     what ``parley view --rate --seat SEAT`` shows a rater, so a model trained on those
-    ratings scores what it was trained on; ``episode``: every seat's moves), in
-    :func:`canonical` form, times ``weight``.
+    ratings scores what it was trained on; ``episode``: every seat's moves) as
+    :func:`scored_text`, times ``weight``.
 
     ``score`` scores texts (the pool's score request, a batcher's ``score``); ``model``
     names the reward model in the cache key; ``timeout`` bounds one call (seconds)."""
@@ -243,8 +271,10 @@ class ScoredReward(ModelComponent):
         self.score, self.model, self.weight, self.timeout = score, model, weight, timeout
 
     def unit(self, transcript: Mapping[str, Any], seat: str | None) -> str:
-        """The canonical text scored for ``seat`` (``None``: the episode)."""
-        return canonical(shown_text(shown_items(transcript, seat)))
+        """The :func:`scored_text` of ``seat`` (``None``: of the episode), each message on
+        one line (so that a message's own words are its line's)."""
+        items = shown_items(transcript, seat)
+        return scored_text(shown_text([{**i, "text": canonical(i["text"])} for i in items]))
 
     def prepare(self, unit: str) -> tuple[Hashable, str]:
         return (self.model, self.weight, _digest(unit)), unit

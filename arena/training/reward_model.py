@@ -23,11 +23,13 @@ as TRL's DPO or RewardTrainer datasets (the same three columns, parley fields dr
 Length: a reward model learns whatever separates chosen from rejected, length included
 (Singhal et al. 2023). Two guards:
 
-- Training and the ``rm`` component score texts in the LLM judge's canonical form
-  (:func:`~parley.arena.run.model_rewards.canonical`): padding with whitespace or back-to-back
-  repeats gives the very same text, hence the very same score (proven by construction).
-- Against filler of other words, training adds a hinge term that penalises any score a
-  text gains from a run of its own words appended
+- Training and the ``rm`` component score texts in their
+  :func:`~parley.arena.run.model_rewards.scored_text` form (the LLM judge's canonical form,
+  each word once per line, at most ``MAX_SCORED_WORDS`` words a line): padding a line with
+  whitespace, back-to-back repeats or its own words, in any order and amount, gives the
+  very same text, hence the very same score (proven by construction).
+- Against filler of other words (from the text's other lines), training adds a hinge term
+  that penalises any score a text gains from a run of them appended
   (:attr:`RewardModelConfig.padding_penalty`), and reports the data's length bias (the
   share of pairs whose chosen is longer minus the share whose chosen is shorter, in
   tokens). This one is learned, so measured, not proven.
@@ -52,8 +54,8 @@ from typing import Any
 from parley.arena.inference.backends.scorer import load_reward_model, score_texts
 from parley.arena.run.model_rewards import (
     ScoredReward,
-    canonical,
     reward_model_name,
+    scored_text,
     shown_items,
     shown_text,
 )
@@ -265,10 +267,10 @@ def _bradley_terry(
     """Mean Bradley-Terry loss of ``batch`` plus its regularisers, in one forward pass."""
     torch: Any = require("torch", "torch")
     b = len(batch)
-    texts = [canonical(p.prompt + p.chosen) for p in batch]
-    texts += [canonical(p.prompt + p.rejected) for p in batch]
+    texts = [scored_text(p.prompt + p.chosen) for p in batch]
+    texts += [scored_text(p.prompt + p.rejected) for p in batch]
     if config.padding_penalty:
-        texts += [_padded(text, rng) for text in texts]
+        texts += [scored_text(_padded(text, rng)) for text in texts]
     scores = score_texts(model, tokenizer, texts, max_length=config.max_length)  # (2B|4B,)
     chosen, rejected = scores[:b], scores[b : 2 * b]  # (B,), (B,)
     loss = -torch.nn.functional.logsigmoid(chosen - rejected).mean()
@@ -285,9 +287,13 @@ _PADDING_MARGIN = 0.1
 
 
 def _padded(text: str, rng: random.Random) -> str:
-    """``text`` with 1-64 of its own words appended, drawn at random or one repeated
-    (filler that says nothing new)."""
-    words = text.split() or ["."]
+    """``text`` with 1-64 of its own words appended to its last line, drawn at random or
+    one repeated (filler that says nothing new): words of its other lines, which
+    :func:`scored_text` cannot fold away (the last line's own words it folds: no gain to
+    learn there)."""
+    *before, last = text.splitlines() or [""]
+    words = sorted({w for line in before for w in line.split()} - set(last.split()))
+    words = words or text.split() or ["."]
     count = rng.randint(1, 64)
     filler = rng.choices(words, k=count) if rng.random() < 0.5 else [rng.choice(words)] * count
     return text + " " + " ".join(filler)
@@ -304,13 +310,13 @@ def pair_accuracy(
             chosen = score_texts(
                 model,
                 tokenizer,
-                [canonical(p.prompt + p.chosen) for p in batch],
+                [scored_text(p.prompt + p.chosen) for p in batch],
                 max_length=max_length,
             )
             rejected = score_texts(
                 model,
                 tokenizer,
-                [canonical(p.prompt + p.rejected) for p in batch],
+                [scored_text(p.prompt + p.rejected) for p in batch],
                 max_length=max_length,
             )
             wins += int((chosen > rejected).sum())
@@ -362,7 +368,7 @@ COMPONENT = ScoredReward.name
 
 
 def seat_text(transcript: Mapping[str, Any], seat: str) -> str:
-    """What a reward model scores of ``seat`` in an episode (before :func:`canonical`):
+    """What a reward model scores of ``seat`` in an episode (before :func:`scored_text`):
     each observation it got and each move it made, one ``who: text`` line each — the text
     ``parley view --rate --seat SEAT`` shows a rater, so a model trained on those ratings
     scores what it was trained on."""
@@ -371,8 +377,8 @@ def seat_text(transcript: Mapping[str, Any], seat: str) -> str:
 
 class RewardModelReward(ScoredReward):
     """The ``rm`` reward component
-    (:class:`~parley.arena.run.model_rewards.ScoredReward`: each seat's :func:`seat_text` in
-    canonical form scored, times ``weight``, credited at the last step; a scorer that fails
+    (:class:`~parley.arena.run.model_rewards.ScoredReward`: each seat's :func:`seat_text` as
+    ``scored_text`` scored, times ``weight``, credited at the last step; a scorer that fails
     leaves the component out with why), made from a directory or a pool."""
 
     @classmethod

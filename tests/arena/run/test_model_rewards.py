@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from parley.arena.cli import main
-from parley.arena.run.model_rewards import canonical, shown_items, shown_text
+from parley.arena.run.model_rewards import canonical, scored_text, shown_items, shown_text
 from parley.protocols.errors import ConfigError
 
 torch = pytest.importorskip("torch")
@@ -41,8 +41,8 @@ def rm_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 def _expected(rm_dir: Path, transcript: dict[str, Any], seat: str) -> float:
     """The reward model's own score of what the component scores for ``seat``."""
-    text = canonical(shown_text(shown_items(transcript, seat)))
-    return SequenceScorer.load(rm_dir).score([text])[0]
+    items = [{**i, "text": canonical(i["text"])} for i in shown_items(transcript, seat)]
+    return SequenceScorer.load(rm_dir).score([scored_text(shown_text(items))])[0]
 
 
 def _read(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:

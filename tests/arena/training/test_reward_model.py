@@ -12,7 +12,7 @@ import pytest
 
 from parley.arena.cli import main
 from parley.arena.run.episode import EpisodeLog, EpisodePlan
-from parley.arena.run.judge import canonical
+from parley.arena.run.model_rewards import MAX_SCORED_WORDS
 from parley.arena.run.records import EpisodeRecord
 from parley.arena.training.reward_model import (
     Preference,
@@ -160,7 +160,7 @@ async def test_rm_component_credits_each_seat_its_score(reward_model_dir: Path) 
     record = _record()
     await component.apply(record)
     model, tokenizer = load_reward_model(reward_model_dir)
-    texts = [canonical(seat_text(record.transcript, s)) for s in ("alice", "bob")]
+    texts = [component.unit(record.transcript, s) for s in ("alice", "bob")]
     with torch.no_grad():
         expected = [0.5 * float(score_texts(model, tokenizer, [t])[0]) for t in texts]
     alice, bob = record.trajectories
@@ -173,14 +173,49 @@ async def test_rm_component_credits_each_seat_its_score(reward_model_dir: Path) 
     assert record.metrics["rm_failed"] == 0.0
 
 
+def paddings(reply: str, seed: int = 0) -> list[str]:
+    """60 paddings of ``reply``: 15 each of whitespace, back-to-back repeats, 1-64 of its
+    own words in random order, and all three mixed."""
+    rng = random.Random(seed)
+    words = reply.split()
+    spaces = [" ", "  ", "\n", "\t", "\n\n", " \u00a0", "\r\n", "\u2028", "\u3000", "\x0b"]
+    out = []
+    for n in range(15):
+        out.append(reply.replace(" ", rng.choice(spaces) * (n + 1)) + rng.choice(spaces) * n)
+    for n in range(15):
+        cut = rng.randrange(len(words))
+        out.append(reply + (" " + " ".join(words[cut:])) * (n + 2))
+    own = [" ".join(rng.choices(words, k=rng.randint(1, 64))) for _ in range(30)]
+    out += [f"{reply} {filler}" for filler in own[:15]]
+    for n, filler in enumerate(own[15:]):
+        tail = " ".join(words[-2:])
+        out.append(f"{reply}{spaces[n % len(spaces)]}{filler} {tail} {tail}\n")
+    return out
+
+
 @pytest.mark.timeout(60)
-async def test_padding_with_whitespace_or_repeats_leaves_the_rm_reward_as_it_was(
-    reward_model_dir: Path,
-) -> None:
+async def test_padding_a_reply_never_changes_its_rm_reward(reward_model_dir: Path) -> None:
+    """60 paddings of a reply (whitespace, repeats, its own words in any order, all mixed)
+    and 10 of a reply at the word cap with new words: each scores exactly the plain
+    reply's reward (the reward model reads scored_text; canonical alone let own-word
+    filler through)."""
     component = RewardModelReward.from_dir(reward_model_dir)
-    plain, padded = _record("I take the deal?"), _record("I take   the deal?\n\n" + " deal?" * 40)
-    await asyncio.gather(component.apply(plain), component.apply(padded))
-    assert padded.trajectories[0].components["rm"] == plain.trajectories[0].components["rm"]
+    reply = "I take the deal if you give me the hat and two books?"
+    plain = _record(reply)
+    await component.apply(plain)
+    padded = [_record(text) for text in paddings(reply)]
+    long_reply = " ".join(f"w{i}" for i in range(MAX_SCORED_WORDS))
+    long_plain = _record(long_reply)
+    await component.apply(long_plain)
+    padded_long = [_record(f"{long_reply} new{i} words{i} here") for i in range(10)]
+    await asyncio.gather(*(component.apply(r) for r in padded + padded_long))
+    expected = plain.trajectories[0].components["rm"]
+    assert [r.trajectories[0].components["rm"] for r in padded] == [expected] * 60
+    expected = long_plain.trajectories[0].components["rm"]
+    assert [r.trajectories[0].components["rm"] for r in padded_long] == [expected] * 10
+    # Every padding read the very text of its plain reply: the only texts asked are the
+    # plain reply's seats (alice, bob) and the long reply's alice (bob says the same).
+    assert component.requests == 3
 
 
 async def test_a_failing_reward_model_leaves_the_component_out_with_why() -> None:
