@@ -13,7 +13,10 @@ scenario's steps: without it the episodes move in lockstep, and least-busy routi
 each one to the same replica every turn by accident of the order). Requests
 carry no session key unless ``--session-keys`` (agents over the bus do not set one today):
 routing then has only the prompts to go by. Each repeat uses fresh episode contents, so no
-run finds the previous run's sessions in a cache.
+run finds the previous run's sessions in a cache. ``--prefix-cache-mb`` bounds each
+replica's prefix cache (the transformers backend's ``prefix_cache_bytes``): where KV memory
+is short, as on a GPU serving many sessions, a replica that sees every session (least-busy)
+evicts what one that sees its own sessions (cache-aware) keeps.
 
 Keys of ``--json``, per routing ``R`` in ``cache_aware`` / ``least_busy``:
 
@@ -21,6 +24,11 @@ Keys of ``--json``, per routing ``R`` in ``cache_aware`` / ``least_busy``:
   (the backends' own counters, summed over the replicas and every repeat);
 * ``R_tokens_per_s`` — generated tokens/s from the first request to the last answer (best
   repeat); ``R_requests_per_replica`` — how the requests spread;
+* ``R_prefilled_tokens`` — prompt tokens the replicas ran through the model (the rest came
+  from a cache), over every repeat; ``prefill_ratio_least_busy_vs_cache_aware`` — least-busy's
+  over cache-aware's (a session that moves to the other replica loses only the turns that
+  replica has not seen: its cache still holds the session's older turns, so this, not the
+  hit rate, shows the difference);
 * ``hit_rate_ratio_vs_least_busy`` and ``tokens_per_s_ratio_vs_least_busy`` — cache-aware
   over least-busy; ``cache_aware_routing`` — how its router decided (by prefix, by load,
   overloaded); ``load_avg`` — the machine's 1-minute load average at the start and the end.
@@ -39,10 +47,11 @@ from typing import Any
 import numpy as np
 
 TARGETS = {
-    "hit_rate_ratio_vs_least_busy": (">=", 1.2),
+    "prefill_ratio_least_busy_vs_cache_aware": (">=", 1.2),
     "tokens_per_s_ratio_vs_least_busy": (">=", 1.0),
 }
-"""Ours (issue 33 sets none for this): more of each prompt from cache, no slower."""
+"""Ours (issue 33 sets none for this): least-busy prefills at least 1.2 times the tokens
+cache-aware does, and cache-aware is no slower."""
 
 POLICIES = ("cache_aware", "least_busy")
 
@@ -66,6 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per replica")
     parser.add_argument(
         "--session-keys", action="store_true", help="requests carry their episode as a key"
+    )
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=0.0,
+        help="each replica's prefix-cache budget (0: the backend's default, 256 MB)",
     )
 
 
@@ -116,10 +131,12 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     from parley.arena.inference.ray_pool import RayPool, ReplicaSpec
 
     model = args.model or await asyncio.to_thread(model_for_size, args.model_size)
+    budget = int(args.prefix_cache_mb * (1 << 20))
+    cache = (("prefix_cache_bytes", budget),) if budget else ()
     spec = ReplicaSpec(
         backend="transformers",
         model=str(model),
-        options=(("num_threads", args.threads),),
+        options=(("num_threads", args.threads), *cache),
         config=PoolConfig(max_batch_size=max(1, args.episodes)),
     )
     pools = {p: RayPool(spec, args.replicas, cpus_per_replica=0.0, routing=p) for p in POLICIES}
@@ -145,17 +162,23 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "turns": args.turns,
         "max_tokens": args.max_tokens,
         "session_keys": args.session_keys,
+        "prefix_cache_mb": args.prefix_cache_mb or 256,
     }
     for policy in POLICIES:
         prompt = sum(r["prompt_tokens"] for r in runs[policy])
         prefilled = sum(r["prefilled_tokens"] for r in runs[policy])
         result[f"{policy}_hit_rate"] = round(1 - prefilled / prompt, 4) if prompt else 0.0
+        result[f"{policy}_prefilled_tokens"] = prefilled
         best = max(r["tokens"] / r["seconds"] for r in runs[policy])
         result[f"{policy}_tokens_per_s"] = round(best, 1)
         result[f"{policy}_requests_per_replica"] = figures[policy]["requests"]
     plain = result["least_busy_hit_rate"]
     result["hit_rate_ratio_vs_least_busy"] = (
         round(result["cache_aware_hit_rate"] / plain, 3) if plain else float("inf")
+    )
+    aware = result["cache_aware_prefilled_tokens"]
+    result["prefill_ratio_least_busy_vs_cache_aware"] = (
+        round(result["least_busy_prefilled_tokens"] / aware, 3) if aware else float("inf")
     )
     result["tokens_per_s_ratio_vs_least_busy"] = round(
         result["cache_aware_tokens_per_s"] / result["least_busy_tokens_per_s"], 3
@@ -191,12 +214,13 @@ def run(args: argparse.Namespace) -> int:
         title=f"routing over {args.replicas} replicas, {args.episodes} episodes x "
         f"{args.turns} turns (load {result['load_avg'][0]}-{result['load_avg'][1]})"
     )
-    for column in ("routing", "prefix hit rate", "tokens/s", "requests per replica"):
+    for column in ("routing", "prefix hit rate", "prefilled", "tokens/s", "requests/replica"):
         table.add_column(column, justify="right")
     for policy in POLICIES:
         table.add_row(
             policy,
             f"{result[f'{policy}_hit_rate']:.3f}",
+            f"{result[f'{policy}_prefilled_tokens']:,}",
             f"{result[f'{policy}_tokens_per_s']:,.0f}",
             str(result[f"{policy}_requests_per_replica"]),
         )
