@@ -54,17 +54,17 @@ A whole scenario, to show the hooks (register it with :func:`parley.scenarios.re
         def acting(self):
             return [("a", "b")[self.s["turn"] % 2]]          # turn-taking
 
-        def play(self, agent, action):
+        def play(self, seat, action):
             if not action.strip():
                 return "say something"                       # an invalid move, not an error
-            self.say(agent, action)                          # to the other seat's next obs
+            self.say(seat, action)                           # to the other seat's next obs
             self.s["turn"] += 1
             if self.s["turn"] == 4:
                 self.reward("a", "task", 1.0)
                 self.finish()
             return None
 
-        def system_prompt(self, agent):
+        def system_prompt(self, seat):
             return "Take turns saying something."
 """
 
@@ -219,7 +219,7 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         """The seats asked to act in the coming step (a subset of ``self.agents``)."""
 
     @abstractmethod
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         """Apply one action (already checked against the action space, stripped of nothing).
 
         Return ``None`` when the move is legal, or the reason it is not (the machinery records
@@ -238,27 +238,27 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
     def resolve(self) -> None:
         """Called once after every acting seat's :meth:`play` in a step (simultaneous moves)."""
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         """The last line of an acting seat's observation: what to do now and how."""
         return _DEFAULT_PROMPT
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         """Structured-output constraint for an LLM in this seat now (Constraint fields)."""
         return None
 
-    def view(self, agent: str) -> dict[str, Any]:
+    def view(self, seat: str) -> dict[str, Any]:
         """What this seat knows, structured (plain JSON types), for scripted agents."""
         return {}
 
     @abstractmethod
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         """What an LLM in this seat is told once: the rules and the action syntax."""
 
     def metrics(self) -> dict[str, float]:
         """Scenario metrics of the finished episode; leave out a metric that is undefined."""
         return {}
 
-    def oracle(self, agent: str) -> dict[str, Any]:
+    def oracle(self, seat: str) -> dict[str, Any]:
         """Privileged: what a scripted oracle in this seat needs and the seat may not know
         (plain JSON; ``{}`` if none). Never in ``infos`` (see the module docstring)."""
         return {}
@@ -293,9 +293,9 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._events = value
 
     @final
-    def tell(self, agent: str, text: str) -> None:
-        """Add a line to ``agent``'s next observation (private notice from the scenario)."""
-        self._inbox[agent].append(printable(text))
+    def tell(self, seat: str, text: str) -> None:
+        """Add a line to ``seat``'s next observation (private notice from the scenario)."""
+        self._inbox[seat].append(printable(text))
 
     @final
     def announce(self, text: str) -> None:
@@ -326,11 +326,11 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
                 inbox[agent].append(line)
 
     @final
-    def reward(self, agent: str, component: str, value: float) -> None:
-        """Credit ``value`` to ``agent``'s reward component ``component`` in this step."""
-        comps = self._step_components.setdefault(agent, {})
+    def reward(self, seat: str, component: str, value: float) -> None:
+        """Credit ``value`` to ``seat``'s reward component ``component`` in this step."""
+        comps = self._step_components.setdefault(seat, {})
         comps[component] = comps.get(component, 0.0) + float(value)
-        totals = self._totals[agent]
+        totals = self._totals[seat]
         totals[component] = totals.get(component, 0.0) + float(value)
 
     @final
@@ -339,9 +339,9 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._done = True
 
     @final
-    def totals(self, agent: str) -> dict[str, float]:
-        """``agent``'s reward components summed over the episode so far."""
-        return dict(self._totals.get(agent, {}))
+    def totals(self, seat: str) -> dict[str, float]:
+        """``seat``'s reward components summed over the episode so far."""
+        return dict(self._totals.get(seat, {}))
 
     @final
     def invalid_moves(self) -> int:
@@ -532,7 +532,7 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         return metrics
 
     # ------------------------------------------------------------------ internals
-    def _check(self, agent: str, action: Any) -> str | None:
+    def _check(self, seat: str, action: Any) -> str | None:
         # Equivalent to ``not action_space.contains(action)`` (CHARSET is fixed), at C speed.
         if not isinstance(action, str):
             return f"action must be a string, got {type(action).__name__}"
@@ -544,13 +544,13 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         shown = "".join(bad[:10]).encode("ascii", "backslashreplace").decode("ascii")
         return f"action uses characters outside printable ASCII and newline: {shown!r}"
 
-    def _record_invalid(self, agent: str, reason: str) -> None:
+    def _record_invalid(self, seat: str, reason: str) -> None:
         reason = printable(reason)
-        self._invalid[agent] = reason
+        self._invalid[seat] = reason
         self._invalid_count += 1
-        self._raw_events.append((self.turn, "invalid", agent, reason, (agent,)))
-        self._inbox[agent].append(f"Invalid move: {reason}")
-        self.reward(agent, "invalid", -self.invalid_penalty)
+        self._raw_events.append((self.turn, "invalid", seat, reason, (seat,)))
+        self._inbox[seat].append(f"Invalid move: {reason}")
+        self.reward(seat, "invalid", -self.invalid_penalty)
 
     def _observe(
         self, acting: Collection[str], ended: bool

@@ -136,10 +136,10 @@ class SimilarityReward(BaseParallelWrapper):  # type: ignore[misc]
             raise ConfigError(f"similarity weight must be a finite number, got {weight!r}")
         self.scorer, self.key, self.weight = scorer, key, weight
 
-    def _reference(self, agent: str, info: Mapping[str, Any]) -> str | None:
+    def _reference(self, seat: str, info: Mapping[str, Any]) -> str | None:
         reference = info.get(REFERENCE_KEY)
         if reference is None and self.key:
-            reference = (self.env.oracle(agent) or {}).get(self.key)
+            reference = (self.env.oracle(seat) or {}).get(self.key)
         return reference if isinstance(reference, str) else None
 
     def step(self, actions: dict[str, Any]) -> tuple[Any, ...]:

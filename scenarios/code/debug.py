@@ -339,21 +339,21 @@ class CodeDebugV0(Scenario):
     def acting(self) -> list[str]:
         return [self.s.speaker]
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         self.s.steps += 1
         self._budget_left = self.step_budget_s
-        reason = self._play(agent, action)
+        reason = self._play(seat, action)
         if not self.s.ended and self.s.steps >= self.max_steps:
             self.announce("Step limit reached without a submission.")
             self._end(None)
         return reason
 
-    def _play(self, agent: str, action: str) -> str | None:
+    def _play(self, seat: str, action: str) -> str | None:
         parsed = parse_turn(action, turn=self.turn)
-        self.s.last_results[agent] = []
+        self.s.last_results[seat] = []
         if isinstance(parsed, str):
             return parsed
-        keys = {"coder": ("submit", "message"), "reviewer": ("comment",)}[agent]
+        keys = {"coder": ("submit", "message"), "reviewer": ("comment",)}[seat]
         if not self.has_reviewer:
             keys = ("submit",)
         unknown = set(parsed.fields) - set(keys)
@@ -361,9 +361,9 @@ class CodeDebugV0(Scenario):
             return f"use tool_calls and/or {' / '.join(keys)} (string values)"
         results = [self.tools.call(call) for call in parsed.calls]
         self.s.tool_calls += len(results)
-        self.s.last_results[agent] = result_dicts(results)
+        self.s.last_results[seat] = result_dicts(results)
         for result in results:
-            self.tell(agent, self.scenario_text(ascii_text(render_result(result))))
+            self.tell(seat, self.scenario_text(ascii_text(render_result(result))))
         text = next((parsed.fields[k] for k in keys if k in parsed.fields), None)
         if text is None:
             return None
@@ -372,8 +372,8 @@ class CodeDebugV0(Scenario):
         if "submit" in parsed.fields:
             self._end(text)
         else:
-            other = "reviewer" if agent == "coder" else "coder"
-            self.say(agent, ascii_text(text, limit=4000))
+            other = "reviewer" if seat == "coder" else "coder"
+            self.say(seat, ascii_text(text, limit=4000))
             self.s.last_message[other] = text
             self.s.speaker = other
         return None
@@ -410,16 +410,16 @@ class CodeDebugV0(Scenario):
         """A scenario notice as shown (v3 marks its lines apart from the seats')."""
         return text
 
-    def prompt(self, agent: str) -> str:
-        if agent == "reviewer":
+    def prompt(self, seat: str) -> str:
+        if seat == "reviewer":
             return 'Your move: {"tool_calls": [...], "comment": "..."} (JSON).'
         finals = '"submit": "<module>"' + (' or "message": "..."' if self.has_reviewer else "")
         return f'Your move: {{"tool_calls": [...]}} and/or {{{finals}}} (JSON).'
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
-        return dict(self._constraints[agent])
+    def constraint(self, seat: str) -> dict[str, Any] | None:
+        return dict(self._constraints[seat])
 
-    def view(self, agent: str) -> dict[str, Any]:
+    def view(self, seat: str) -> dict[str, Any]:
         task = self.s.task
         return {
             "name": task.name,
@@ -427,15 +427,15 @@ class CodeDebugV0(Scenario):
             "code": task.buggy,
             "visible": [list(t) for t in task.visible],
             "reviewer": self.has_reviewer,
-            "last_message": printable(self.s.last_message.get(agent, "")),
+            "last_message": printable(self.s.last_message.get(seat, "")),
             "tools": self.tools.specs(),
-            "tool_results": self.s.last_results.get(agent, []),
+            "tool_results": self.s.last_results.get(seat, []),
             "hidden_problem": printable(self.s.hidden_problem),
         }
 
-    def oracle(self, agent: str) -> dict[str, Any]:
+    def oracle(self, seat: str) -> dict[str, Any]:
         """Privileged (see :meth:`Scenario.oracle`): the reference fix, for the coder."""
-        return {"fixed": self.s.task.fixed} if agent == "coder" else {}
+        return {"fixed": self.s.task.fixed} if seat == "coder" else {}
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The hidden tests, the fix and the task's index (both seats see the same task)."""
@@ -445,14 +445,14 @@ class CodeDebugV0(Scenario):
         self.s.index = index
         return True
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         common = (
             "Tools run Python in a sandbox (no network, no files outside its directory). Each "
             "turn reply with one JSON object. Tool calls: "
             '{"tool_calls": [{"name": "run_tests", "arguments": {"code": "..."}}]}; results '
             "arrive next turn.\nTools:\n" + str(self.tools.describe())
         )
-        if agent == "reviewer":
+        if seat == "reviewer":
             return (
                 "You review a coder's fix of a buggy Python function. Run the tests, then "
                 'send a comment with {"comment": "..."}. The coder decides what to submit. '

@@ -236,21 +236,21 @@ class HiddenProfileV0(Scenario):
             return list(self.possible_agents)
         return [a for a in self.possible_agents if a not in self.s.votes]
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         text = action.strip()
         if self.s.phase == "vote":
             word = text.upper().removeprefix("VOTE").strip(" :.")
             valid = len(word) == 1 and word in self.options
-            self.s.votes[agent] = word if valid else None
+            self.s.votes[seat] = word if valid else None
             return None if valid else f"vote with one option letter from {self.options}"
         if not text or text.lower() == "pass":
             return None
         to, body = split_address(text, self.possible_agents)
         if not body:
             return "an empty message; write something or 'pass'"
-        self.say(agent, body, to)
+        self.say(seat, body, to)
         self.s.messages += 1
-        self.reward(agent, "message_cost", -self.message_cost)
+        self.reward(seat, "message_cost", -self.message_cost)
         return None
 
     def resolve(self) -> None:
@@ -273,24 +273,24 @@ class HiddenProfileV0(Scenario):
         self.announce(f"The team chose {self.s.choice}; the best option was {self.s.best}.")
         self.finish()
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         if self.s.phase == "vote":
             return f"Vote for one option ({', '.join(self.options)}):"
         left = self.rounds - self.s.round
         return f"Talk ({left} rounds left): a message, '@seat: message', or 'pass'."
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         if self.s.phase == "vote":
             return {"type": "choice", "choices": list(self.options)}
         return None
 
-    def view(self, agent: str) -> dict[str, Any]:
+    def view(self, seat: str) -> dict[str, Any]:
         return {
-            "seat": agent,
+            "seat": seat,
             "phase": self.s.phase,
             "options": self.options,
             "round": self.s.round,
-            "facts": self._facts_view[agent],
+            "facts": self._facts_view[seat],
         }
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
@@ -316,7 +316,7 @@ class HiddenProfileV0(Scenario):
         self.s.best = max(self.options, key=lambda option: worth[option])
         return bool(fresh)
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return (
             f"Your team picks one option ({', '.join(self.options)}). Each fact gives an option "
             "+1; the best option has the most distinct pros over ALL the team's facts, and each "
@@ -389,23 +389,23 @@ class HiddenProfileV1(HiddenProfileV0):
         if not self.notebook:
             super().brief()
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         text = action.strip()
         if self.s.phase == "talk" and self.talk == SHARE and text.lower() == SHARE:
-            own = sorted(self.s.held[agent], key=lambda f: f.id)
+            own = sorted(self.s.held[seat], key=lambda f: f.id)
             # With a notebook what it shared shows there (and in the state), not in the text.
             body = SHARE if self.notebook else "My facts: " + " ".join(f.line() for f in own)
-            self.say(agent, body)
-            self._learn(agent, own, None)
+            self.say(seat, body)
+            self._learn(seat, own, None)
             self.s.messages += 1
-            self.reward(agent, "message_cost", -self.message_cost)
+            self.reward(seat, "message_cost", -self.message_cost)
             return None
-        reason = super().play(agent, action)
+        reason = super().play(seat, action)
         if self.s.phase == "talk" and reason is None and text and text.lower() != "pass":
             to, body = split_address(text, self.possible_agents)
             # Only facts the sender knows: the notebook must not confirm a guessed line.
-            known = self.known[agent]
-            self._learn(agent, [f for f in parse_facts(body) if f in known], to)
+            known = self.known[seat]
+            self._learn(seat, [f for f in parse_facts(body) if f in known], to)
         return reason
 
     def _learn(self, sender: str, facts: list[Fact], to: list[str] | None) -> None:
@@ -417,36 +417,36 @@ class HiddenProfileV1(HiddenProfileV0):
             if seat != sender and seat in self.known:
                 self.known[seat].update(deal[f] for f in facts)
 
-    def notebook_line(self, agent: str) -> str:
-        """``Known:C,A,C,B`` - the option of each distinct fact ``agent`` knows, by fact id.
+    def notebook_line(self, seat: str) -> str:
+        """``Known:C,A,C,B`` - the option of each distinct fact ``seat`` knows, by fact id.
 
         No spaces: each letter is then the same token as the vote that names it (with a
         space before it, a BPE vocabulary reads another token), which a small model with
         tied embeddings can copy."""
-        return "Known:" + ",".join(f.option for f in sorted(self.known[agent], key=lambda f: f.id))
+        return "Known:" + ",".join(f.option for f in sorted(self.known[seat], key=lambda f: f.id))
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         if not self.notebook:
             if self.s.phase == "talk" and self.talk == SHARE:
                 left = self.rounds - self.s.round
                 return f"Talk ({left} rounds left): 'share' (all your facts), a message, or 'pass'."
-            return super().prompt(agent)
+            return super().prompt(seat)
         what = "Vote:" if self.s.phase == "vote" else "Share or pass:"
-        return f"{self.notebook_line(agent)}\n{what}"
+        return f"{self.notebook_line(seat)}\n{what}"
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         if self.s.phase == "talk" and self.talk == SHARE:
             return {"type": "choice", "choices": [SHARE, "pass"]}
-        return super().constraint(agent)
+        return super().constraint(seat)
 
-    def view(self, agent: str) -> dict[str, Any]:
-        view = super().view(agent)
+    def view(self, seat: str) -> dict[str, Any]:
+        view = super().view(seat)
         if self.notebook:
-            view["known"] = [f.as_dict() for f in sorted(self.known[agent], key=lambda f: f.id)]
+            view["known"] = [f.as_dict() for f in sorted(self.known[seat], key=lambda f: f.id)]
         return view
 
-    def system_prompt(self, agent: str) -> str:
-        text = super().system_prompt(agent)
+    def system_prompt(self, seat: str) -> str:
+        text = super().system_prompt(seat)
         if self.notebook:
             text += " 'Known' lists the option of each distinct fact you know."
         return text

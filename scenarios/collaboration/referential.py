@@ -181,9 +181,9 @@ class ReferentialV0(Scenario):
     def acting(self) -> list[str]:
         return {"speak": ["speaker"], "listen": ["listener"]}.get(self.s.phase, [])
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         text = action.strip()
-        if agent == "speaker":
+        if seat == "speaker":
             valid = len(text) == self.message_length and all(ch in self.vocab for ch in text)
             self.s.message, self.s.phase = (text if valid else "-"), "listen"
             self.tell("listener", f"Message: {self.s.message}")
@@ -199,8 +199,8 @@ class ReferentialV0(Scenario):
         pick = self._parse_pick(text)
         self.s.pick, self.s.phase = pick, "done"
         success = float(pick == self.s.target)
-        for seat in SEATS:
-            self.reward(seat, "task", success)
+        for member in SEATS:
+            self.reward(member, "task", success)
         self.finish()
         if pick is not None:
             return None
@@ -215,13 +215,13 @@ class ReferentialV0(Scenario):
             return names.index(text) if text in names else None
         return int(text) - 1 if text.isdigit() and 1 <= int(text) <= self.k else None
 
-    def prompt(self, agent: str) -> str:
-        if agent == "speaker":
+    def prompt(self, seat: str) -> str:
+        if seat == "speaker":
             return f"Message ({self.message_length} letters from {self.vocab}):"
         return "Pick one:" if self.answer == "name" else f"Pick 1-{self.k}:"
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
-        if agent == "listener":
+    def constraint(self, seat: str) -> dict[str, Any] | None:
+        if seat == "listener":
             if self.answer == "name":
                 return {"type": "choice", "choices": [describe(c) for c in self.s.candidates]}
             return {"type": "choice", "choices": [str(i) for i in range(1, self.k + 1)]}
@@ -229,10 +229,10 @@ class ReferentialV0(Scenario):
             return {"type": "choice", "choices": messages(self.vocab, self.message_length)}
         return {"type": "regex", "pattern": f"[{self.vocab}]{{{self.message_length}}}"}
 
-    def view(self, agent: str) -> dict[str, Any]:
+    def view(self, seat: str) -> dict[str, Any]:
         common = {"vocab": self.vocab, "message_length": self.message_length}
         common["n_values"], common["answer"] = self.n_values, self.answer
-        if agent == "speaker":
+        if seat == "speaker":
             target = self.s.candidates[self.s.target]
             others = [list(c) for i, c in enumerate(self.s.candidates) if i != self.s.target]
             return {**common, "target": list(target), "others": others}
@@ -254,8 +254,8 @@ class ReferentialV0(Scenario):
         self.s.candidates.insert(self.s.target, target)
         return True
 
-    def system_prompt(self, agent: str) -> str:
-        if agent == "speaker":
+    def system_prompt(self, seat: str) -> str:
+        if seat == "speaker":
             return (
                 "You see a target object. Send a short code so your partner can pick the "
                 "target among the candidates."

@@ -161,10 +161,10 @@ class PettingZooGame(Scenario):
     def acting(self) -> list[str]:
         return [self.env.agent_selection] if self._moves is not None else []
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         assert self._moves is not None  # (acting() names a seat only when moves are set)
-        chosen, reason, self._misses[agent] = choose(
-            self._moves, action, self._misses[agent], self.invalid_tries, self.rng
+        chosen, reason, self._misses[seat] = choose(
+            self._moves, action, self._misses[seat], self.invalid_tries, self.rng
         )
         if chosen is None:
             return reason
@@ -173,20 +173,20 @@ class PettingZooGame(Scenario):
         self._next()
         return reason
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         listed = self._moves.listed() if self._moves is not None else ""
-        return f"Your move as {agent}. Answer with one legal move: {listed}"
+        return f"Your move as {seat}. Answer with one legal move: {listed}"
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         return {"type": "choice", "choices": list(self._moves.shown)} if self._moves else None
 
-    def view(self, agent: str) -> dict[str, Any]:
-        acting = self._moves is not None and agent == self.env.agent_selection
+    def view(self, seat: str) -> dict[str, Any]:
+        acting = self._moves is not None and seat == self.env.agent_selection
         return {"legal": list(self._moves.shown) if acting and self._moves else []}
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return (
-            f"You play the PettingZoo classic game {self.game} as {agent}. On your turn you "
+            f"You play the PettingZoo classic game {self.game} as {seat}. On your turn you "
             "see your observation and the legal moves; answer with exactly one legal move, "
             "written as listed. Your score is the game's reward for you."
         )

@@ -19,10 +19,10 @@ so a seat's ``task`` total is the library's for the same moves; ``invalid`` is
 ``-invalid_penalty`` per refused move (default 0).
 
 Randomness: TextArena draws from Python's global ``random`` module, seeded by its
-``reset(seed=...)``. The adapter gives each episode its own ``random`` state (swapped in
-around every call into TextArena and out again afterwards), with the library seed drawn
-from ``reset(seed=...)``'s generator: episodes in one process do not draw from each other's
-stream, and the caller's ``random`` state is left as it was.
+``reset(seed=...)``. The adapter gives each episode its own generator behind ``random``'s
+functions (swapped in around every call into TextArena and out again afterwards), with the
+library seed drawn from ``reset(seed=...)``'s generator: episodes in one process do not draw
+from each other's stream, and the caller's ``random`` state is left as it was.
 
 Arguments: ``num_players``, ``invalid_penalty``, ``max_cycles``, ``render_mode``.
 
@@ -40,6 +40,7 @@ import contextlib
 import io
 import random
 import socket
+import sys
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -74,20 +75,55 @@ def _registry() -> dict[str, Any]:
     return dict(ENV_REGISTRY)
 
 
-@contextlib.contextmanager
-def _own_random(state: list[Any]) -> Iterator[None]:
-    """Run with ``state[0]`` as Python's global ``random`` state, kept in ``state[0]``
-    afterwards; the caller's state is put back. What the library prints (some games print
-    their puzzles) is dropped: stdout belongs to the command (``parley run --json``)."""
-    outer = random.getstate()
-    if state[0] is not None:
-        random.setstate(state[0])
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        state[0] = random.getstate()
-        random.setstate(outer)
+_SHARED = random.random.__self__  # type: ignore[attr-defined]  # (behind the functions)
+_FUNCTIONS = tuple(
+    name for name, value in vars(random).items() if getattr(value, "__self__", None) is _SHARED
+)
+"""The names of ``random``'s functions (``random.choice``, ``random.seed``, ...): the bound
+methods of its one shared instance, which is what TextArena calls."""
+
+
+class _Sink(io.TextIOBase):
+    """stdout while TextArena runs: what the library prints is dropped."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+_SINK = _Sink()
+
+
+class _OwnRandom:
+    """``with own:`` runs TextArena with an episode's own generator behind ``random``'s
+    functions, and with stdout dropped (some games print their puzzles; stdout belongs to
+    the command: ``parley run --json``); both are put back afterwards.
+
+    The generator starts, at the first ``with``, as a copy of the caller's state (TextArena
+    then seeds it in ``reset``) and keeps its state between calls; the shared instance is
+    never touched, so the caller's ``random`` state stays as it was. Swapping the module's
+    functions for the generator's bound methods costs two dict updates per call, where
+    ``random.getstate``/``setstate`` copy 625 words each time: it was ~60 % of an episode.
+    """
+
+    def __init__(self) -> None:
+        self.random: random.Random | None = None
+        self._functions: dict[str, Any] = {}
+        self._saved: dict[str, Any] = {}
+        self._stdout: Any = None
+
+    def __enter__(self) -> None:
+        if self.random is None:
+            self.random = random.Random()
+            self.random.setstate(random.getstate())
+            self._functions = {name: getattr(self.random, name) for name in _FUNCTIONS}
+        module = vars(random)
+        self._saved = {name: module[name] for name in _FUNCTIONS}
+        module.update(self._functions)
+        self._stdout, sys.stdout = sys.stdout, _SINK
+
+    def __exit__(self, *exc: object) -> None:
+        sys.stdout = self._stdout
+        vars(random).update(self._saved)
 
 
 def _raw(env_id: str) -> str:
@@ -102,9 +138,8 @@ def _first_count(env_id: str) -> int:
     observation; :class:`ConfigError` with TextArena's reason when none does."""
     ta, why = _ta(), ""
     for count in _PLAYER_COUNTS:
-        state: list[Any] = [None]
         try:
-            with _own_random(state), _no_network():
+            with _OwnRandom(), _no_network():
                 env = ta.make(_raw(env_id))
                 env.reset(num_players=count, seed=0)
                 env.get_observation()
@@ -200,7 +235,7 @@ class TextArenaGame(Scenario):
         super().__init__(
             seats, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
-        self._random: list[Any] = [None]
+        self._random = _OwnRandom()
         self.env: Any = None
         self.library_seed = 0
         """The seed this episode's TextArena ``reset`` got (drawn from ``reset(seed=...)``)."""
@@ -211,9 +246,9 @@ class TextArenaGame(Scenario):
 
     def new_episode(self, rng: np.random.Generator) -> None:
         self.library_seed = int(rng.integers(2**31 - 1))
-        self._random = [None]
+        self._random = _OwnRandom()
         self.library_error = False
-        with _own_random(self._random):
+        with self._random:
             self.env = self.ta.make(_raw(self.env_id))
             self.env.reset(num_players=self.num_players, seed=self.library_seed)
         self._pull()
@@ -221,12 +256,12 @@ class TextArenaGame(Scenario):
     def acting(self) -> list[str]:
         return [self._current] if self._current else []
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         state = self.env.state
-        pid = int(agent.rsplit("_", 1)[1])
+        pid = int(seat.rsplit("_", 1)[1])
         errors = getattr(state, "error_count", 0)
         try:
-            with _own_random(self._random):
+            with self._random:
                 done, _ = self.env.step(action=action)
             refused = getattr(state, "error_count", 0) > errors or bool(
                 state.game_info.get(pid, {}).get("invalid_move")
@@ -246,9 +281,9 @@ class TextArenaGame(Scenario):
             return f"TextArena refused the move{': ' + reason if reason else ''}"
         return None
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return (
-            f"You play the TextArena game {self.env_id} as {agent}, one of "
+            f"You play the TextArena game {self.env_id} as {seat}, one of "
             f"{self.num_players} player(s). Each turn you see the game's messages to you; "
             "answer with your move in the format the game asks for."
         )
@@ -263,14 +298,14 @@ class TextArenaGame(Scenario):
 
     def _pull(self) -> None:
         """Tell the player TextArena asks next what it has been sent since its last turn."""
-        with _own_random(self._random):
+        with self._random:
             pid, messages = self.env.get_observation()
         self._current = self.possible_agents[int(pid)]
         self.tell(self._current, _format(messages))
 
     def _end(self) -> None:
         self._current = ""
-        with _own_random(self._random):
+        with self._random:
             rewards, game_info = self.env.close()
         paid = {seat: _number(rewards.get(pid)) for pid, seat in enumerate(self.possible_agents)}
         if None in paid.values():  # (ThreeCardMonte returns its message as the reward)

@@ -314,8 +314,8 @@ class DealOrNoDealV0(Scenario):
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
 
-    def partner(self, agent: str) -> str:
-        return SEATS[1 - SEATS.index(agent)]
+    def partner(self, seat: str) -> str:
+        return SEATS[1 - SEATS.index(seat)]
 
     def new_episode(self, rng: np.random.Generator) -> None:
         counts, values_a, values_b = self.draw_context(rng)
@@ -338,23 +338,23 @@ class DealOrNoDealV0(Scenario):
             return [self.s.speaker]
         return [a for a in SEATS if a not in self.s.claims] if self.s.phase == "choose" else []
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         if self.s.phase == "choose":
             take, reason = parse_claim(action, self.s.counts, complete=self.complete_claims)
-            self.s.claims[agent] = take
+            self.s.claims[seat] = take
             return reason
         text = action.strip()
         reason = None
         if text.lower() == SELECTION:
-            self.s.phase, self.s.selector = "choose", agent
-            self.announce(f"{agent} chose {SELECTION}. Both now state the division.")
+            self.s.phase, self.s.selector = "choose", seat
+            self.announce(f"{seat} chose {SELECTION}. Both now state the division.")
         elif not text:
             reason = f"empty message; write a message or {SELECTION}"
         else:
-            self.say(agent, text)
-            self.s.dialogue.append((agent, text))
+            self.say(seat, text)
+            self.s.dialogue.append((seat, text))
         self.s.talk_turns += 1
-        self.s.speaker = self.partner(agent)
+        self.s.speaker = self.partner(seat)
         if self.s.phase == "talk" and self.s.talk_turns >= self.max_turns:
             self.s.phase = "choose"
             self.announce("The talk is over (turn limit). Both now state the division.")
@@ -376,7 +376,7 @@ class DealOrNoDealV0(Scenario):
         self.announce(f"{outcome}: {self.s.scores[SEATS[0]]} / {self.s.scores[SEATS[1]]} points.")
         self.finish()
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         if self.s.phase == "choose":
             return (
                 "State the division: book=_ hat=_ ball=_ / book=_ hat=_ ball=_ "
@@ -385,20 +385,20 @@ class DealOrNoDealV0(Scenario):
         left = self.max_turns - self.s.talk_turns
         return f"Your turn ({left} messages left): write to your partner, or {SELECTION}."
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         if self.s.phase != "choose":
             return None
         take = " ".join(f"{item}=[0-{c}]" for item, c in zip(ITEMS, self.s.counts, strict=True))
         return {"type": "regex", "pattern": f"({take} / {take})|{NO_AGREEMENT}"}
 
-    def view(self, agent: str) -> dict[str, Any]:
-        partner = self.partner(agent)
+    def view(self, seat: str) -> dict[str, Any]:
+        partner = self.partner(seat)
         heard = [text for who, text in self.s.dialogue if who == partner]
         return {
-            "seat": agent,
+            "seat": seat,
             "phase": self.s.phase,
             "counts": list(self.s.counts),
-            "values": list(self.s.values[agent]),
+            "values": list(self.s.values[seat]),
             "turns_left": self.max_turns - self.s.talk_turns,
             "last_message": heard[-1] if heard else "",
             "selector": self.s.selector,
@@ -419,7 +419,7 @@ class DealOrNoDealV0(Scenario):
         self.s.values[partner] = choices[int(rng.integers(len(choices)))]
         return True
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return (
             "You negotiate how to divide books, hats and balls with a partner. You each value "
             "the items differently and privately; the items are worth 10 points in total to "
@@ -518,8 +518,8 @@ class DealOrNoDealV2(DealOrNoDealV1):
         )
         self.proposals = moves == "proposals"
 
-    def last_proposal(self, agent: str) -> Counts | None:
-        """What ``agent`` takes under the last proposal in the dialogue (None: there is none)."""
+    def last_proposal(self, seat: str) -> Counts | None:
+        """What ``seat`` takes under the last proposal in the dialogue (None: there is none)."""
         for who, text in reversed(self.s.dialogue):
             match = PROPOSAL.search(text)
             if match is None:
@@ -527,7 +527,7 @@ class DealOrNoDealV2(DealOrNoDealV1):
             take: Counts = tuple(int(g) for g in match.groups())  # type: ignore[assignment]
             if any(t > c for t, c in zip(take, self.s.counts, strict=True)):
                 continue  # not a division of these items
-            if who == agent:
+            if who == seat:
                 return take
             return tuple(c - t for c, t in zip(self.s.counts, take, strict=True))  # type: ignore[return-value]
         return None
@@ -543,21 +543,21 @@ class DealOrNoDealV2(DealOrNoDealV1):
             )
             self.tell(agent, f"Items: {items}")
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         if self.proposals and self.s.phase == "choose" and action.strip().lower() == DEAL:
-            take = self.last_proposal(agent)
-            self.s.claims[agent] = take
+            take = self.last_proposal(seat)
+            self.s.claims[seat] = take
             return None if take is not None else "no proposal in the dialogue to claim"
-        return super().play(agent, action)
+        return super().play(seat, action)
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         if not self.proposals:
-            return super().prompt(agent)
+            return super().prompt(seat)
         return "Claim:" if self.s.phase == "choose" else f"Propose or {SELECTION}:"
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         if not self.proposals:
-            return super().constraint(agent)
+            return super().constraint(seat)
         takes = divisions(self.s.counts)
         if self.s.phase == "choose":
             claims = [claim_text(t, self.s.counts) for t in takes]

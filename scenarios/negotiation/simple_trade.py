@@ -169,25 +169,25 @@ def transfer(inventory: dict[str, Bundle], offer: dict[str, Any], taker: str) ->
         inventory[offerer][resource] += n
 
 
-def pending_view(offer: dict[str, Any] | None, agent: str) -> dict[str, Bundle] | None:
-    """The pending ``offer`` as ``agent`` sees it: what it gives and gets if it goes through."""
+def pending_view(offer: dict[str, Any] | None, seat: str) -> dict[str, Bundle] | None:
+    """The pending ``offer`` as ``seat`` sees it: what it gives and gets if it goes through."""
     if offer is None:
         return None
-    if offer["from"] == agent:
+    if offer["from"] == seat:
         return {"give": dict(offer["give"]), "get": dict(offer["get"])}
     return {"give": dict(offer["get"]), "get": dict(offer["give"])}
 
 
 def trade_view(
-    agent: str, inventory: Bundle, values: Bundle, offer: dict[str, Any] | None, turns_left: int
+    seat: str, inventory: Bundle, values: Bundle, offer: dict[str, Any] | None, turns_left: int
 ) -> dict[str, Any]:
     """``Scenario.view`` of both versions: the seat's own state and the pending offer."""
     return {
-        "seat": agent,
+        "seat": seat,
         "inventory": dict(inventory),
         "values": dict(values),
-        "pending": pending_view(offer, agent),
-        "pending_from_partner": bool(offer and offer["from"] != agent),
+        "pending": pending_view(offer, seat),
+        "pending_from_partner": bool(offer and offer["from"] != seat),
         "turns_left": turns_left,
     }
 
@@ -251,20 +251,20 @@ class SimpleTradeV0(Scenario):
     def acting(self) -> list[str]:
         return [SEATS[self.s.turn_index % 2]]
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         if action.strip():
-            self.say(agent, action.strip())
+            self.say(seat, action.strip())
         kind, payload, reason = _parse_cached(action)
-        pending = self.s.pending if self.s.pending and self.s.pending["from"] != agent else None
+        pending = self.s.pending if self.s.pending and self.s.pending["from"] != seat else None
         if reason is None and kind in ("accept", "deny") and pending is None:
             reason = f"there is no offer to {kind}"
-        if reason is None and kind == "offer" and not covers(self.s.inventory[agent], payload[0]):
+        if reason is None and kind == "offer" and not covers(self.s.inventory[seat], payload[0]):
             reason = "you cannot give more than you hold"
         if reason is None and kind == "accept" and pending is not None:
-            reason = self._execute(agent, pending)
+            reason = self._execute(seat, pending)
         if reason is None and kind == "offer":
             give, get = payload
-            self.s.pending = {"from": agent, "give": give, "get": get}
+            self.s.pending = {"from": seat, "give": give, "get": get}
         elif pending is not None:
             self.s.pending = None  # anything but an offer of one's own lets the offer lapse
         self.s.turn_index += 1
@@ -272,13 +272,13 @@ class SimpleTradeV0(Scenario):
             self._score()
         return reason
 
-    def _execute(self, agent: str, offer: dict[str, Any]) -> str | None:
+    def _execute(self, seat: str, offer: dict[str, Any]) -> str | None:
         offerer = offer["from"]
         if not covers(self.s.inventory[offerer], offer["give"]) or not covers(
-            self.s.inventory[agent], offer["get"]
+            self.s.inventory[seat], offer["get"]
         ):
             return "the trade can no longer be covered"
-        transfer(self.s.inventory, offer, agent)
+        transfer(self.s.inventory, offer, seat)
         self.s.trades += 1
         self.announce(f"Trade done: {offerer} gave {show(offer['give'])} for {show(offer['get'])}.")
         return None
@@ -300,23 +300,23 @@ class SimpleTradeV0(Scenario):
         self.announce(f"Game over. Gains: {gains[SEATS[0]]} / {gains[SEATS[1]]}.")
         self.finish()
 
-    def pending_for(self, agent: str) -> dict[str, Bundle] | None:
-        return pending_view(self.s.pending, agent)
+    def pending_for(self, seat: str) -> dict[str, Bundle] | None:
+        return pending_view(self.s.pending, seat)
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         left = self.max_turns - self.s.turn_index
         offer = self.s.pending
-        held = f"You hold {show_cached(self.s.inventory[agent])}. {left} turns left. "
-        if offer is None or offer["from"] == agent:
+        held = f"You hold {show_cached(self.s.inventory[seat])}. {left} turns left. "
+        if offer is None or offer["from"] == seat:
             return held + _MOVES
         return (
             f"Pending offer to you: you give {show_cached(offer['get'])}, "
             f"you get {show_cached(offer['give'])}. {held}{_MOVES}"
         )
 
-    def view(self, agent: str) -> dict[str, Any]:
+    def view(self, seat: str) -> dict[str, Any]:
         left = self.max_turns - self.s.turn_index
-        return trade_view(agent, self.s.inventory[agent], self.values[agent], self.s.pending, left)
+        return trade_view(seat, self.s.inventory[seat], self.values[seat], self.s.pending, left)
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The partner's values (each player knows only its own)."""
@@ -324,7 +324,7 @@ class SimpleTradeV0(Scenario):
         self.values[partner] = {r: int(rng.integers(1, 21)) for r in RESOURCES}
         return True
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return (
             "You trade Wood and Gold with one partner. You each start with 10 Wood and 10 Gold "
             "and value them differently (you know only your own values). On your turn write "

@@ -306,60 +306,60 @@ class SimpleTradeV1(Scenario):
     def acting(self) -> list[str]:
         return [SEATS[self.s.turn_index % 2]]
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         message = action.strip()
         if message:
-            self.say(agent, message)
+            self.say(seat, message)
         accept, deny, parsed = _read(action)
-        reason = self._answer_pending(agent, accept, deny)
+        reason = self._answer_pending(seat, accept, deny)
         if reason is None:
-            reason = self._new_offer(agent, parsed)
+            reason = self._new_offer(seat, parsed)
         return reason
 
-    def _answer_pending(self, agent: str, accept: bool, deny: bool) -> str | None:
+    def _answer_pending(self, seat: str, accept: bool, deny: bool) -> str | None:
         offer = self.s.pending
         if offer is None:
             return None  # accept/deny with nothing pending: ignored
-        if offer["from"] == agent:
+        if offer["from"] == seat:
             if accept:
                 return "you cannot accept your own offer"
             return None
         if accept:
-            return self._execute(agent, offer)
+            return self._execute(seat, offer)
         if deny:
             self.s.pending = None
-            self.announce(f"{agent} denied the offer from {offer['from']}.")
+            self.announce(f"{seat} denied the offer from {offer['from']}.")
         return None
 
-    def _execute(self, agent: str, offer: dict[str, Any]) -> str | None:
+    def _execute(self, seat: str, offer: dict[str, Any]) -> str | None:
         offerer = offer["from"]
         offerer_ok = covers(self.s.inventory[offerer], offer["give"])
-        taker_ok = covers(self.s.inventory[agent], offer["get"])
+        taker_ok = covers(self.s.inventory[seat], offer["get"])
         if offerer_ok and not taker_ok:
             return "you accepted a trade without holding what it asks of you"
         self.s.pending = None
         if not offerer_ok:
             self.announce(f"Trade cancelled: {offerer} no longer holds what it offered.")
             return None
-        transfer(self.s.inventory, offer, agent)
+        transfer(self.s.inventory, offer, seat)
         self.s.trades += 1
-        self.announce(f"{agent} accepted the offer from {offerer}.")
+        self.announce(f"{seat} accepted the offer from {offerer}.")
         return None
 
-    def _new_offer(self, agent: str, parsed: tuple[Bundle, Bundle] | str | None) -> str | None:
+    def _new_offer(self, seat: str, parsed: tuple[Bundle, Bundle] | str | None) -> str | None:
         if parsed is None:
             return None
         if isinstance(parsed, str):  # ("": malformed)
             return "an offer looks like [Offer: 3 Wood -> 2 Gold] (quantities > 0)"
         give, get = parsed  # (shared with _read's cache: read, never changed)
-        if not covers(self.s.inventory[agent], give):
+        if not covers(self.s.inventory[seat], give):
             return "you offered more than you hold"
         previous = self.s.pending
-        if previous is not None and previous["from"] != agent:
-            self.announce(f"{agent} implicitly denied the offer from {previous['from']}.")
-        self.s.pending = {"from": agent, "give": give, "get": get}
-        partner = SEATS[1 - SEATS.index(agent)]
-        self.announce(f"{agent} offers {partner}: {show_cached(give)} -> {show_cached(get)}.")
+        if previous is not None and previous["from"] != seat:
+            self.announce(f"{seat} implicitly denied the offer from {previous['from']}.")
+        self.s.pending = {"from": seat, "give": give, "get": get}
+        partner = SEATS[1 - SEATS.index(seat)]
+        self.announce(f"{seat} offers {partner}: {show_cached(give)} -> {show_cached(get)}.")
         return None
 
     def resolve(self) -> None:
@@ -395,23 +395,23 @@ class SimpleTradeV1(Scenario):
             for seat in SEATS
         }
 
-    def pending_for(self, agent: str) -> dict[str, Bundle] | None:
-        return pending_view(self.s.pending, agent)
+    def pending_for(self, seat: str) -> dict[str, Bundle] | None:
+        return pending_view(self.s.pending, seat)
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         left = self.max_turns - self.s.turn_index
         offer = self.s.pending
         status = ""
-        if offer is not None and offer["from"] != agent:
+        if offer is not None and offer["from"] != seat:
             give, get = show_cached(offer["get"]), show_cached(offer["give"])
             status = f"Pending offer to you: you give {give}, you get {get}. "
         return (
-            f"{status}You hold {show_cached(self.s.inventory[agent])}. {left} turns left. {_MOVES}"
+            f"{status}You hold {show_cached(self.s.inventory[seat])}. {left} turns left. {_MOVES}"
         )
 
-    def view(self, agent: str) -> dict[str, Any]:
+    def view(self, seat: str) -> dict[str, Any]:
         s, left = self.s, self.max_turns - self.s.turn_index
-        return trade_view(agent, s.inventory[agent], s.values[agent], s.pending, left)
+        return trade_view(seat, s.inventory[seat], s.values[seat], s.pending, left)
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The partner's values (its stock decides which trades go through, which both see)."""
@@ -419,7 +419,7 @@ class SimpleTradeV1(Scenario):
         self.s.values[partner] = {r: int(rng.integers(1, 21)) for r in RESOURCES}
         return True
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return (
             "You trade Wood and Gold with one partner; you know only your own stock and values. "
             "Each turn write a message; it may hold [Offer: 3 Wood -> 2 Gold] (you give -> you "

@@ -184,19 +184,19 @@ class SplitThePieV0(Scenario):
             return [self.s.proposer]
         return [seat for seat in self.possible_agents if seat not in self.s.votes]
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         if self.s.phase == "propose":
             shares, reason = parse_proposal(action, self.n)
             if shares is None:
                 self.s.failed = True
-                self.announce(f"{agent} made no valid proposal; the round fails.")
+                self.announce(f"{seat} made no valid proposal; the round fails.")
                 return reason
             self.s.proposal, self.s.phase = shares, "vote"
             listed = " ".join(f"{share:.6f}" for share in shares)
-            self.announce(f"{agent} proposes shares {listed} (in seat order). Vote yes or no.")
+            self.announce(f"{seat} proposes shares {listed} (in seat order). Vote yes or no.")
             return None
         vote = parse_vote(action)
-        self.s.votes[agent] = bool(vote)
+        self.s.votes[seat] = bool(vote)
         return None if vote is not None else "vote 'yes' or 'no' (counted as no)"
 
     def resolve(self) -> None:
@@ -228,21 +228,21 @@ class SplitThePieV0(Scenario):
             self.reward(seat, "task", self.s.payoffs[seat])
         self.finish()
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         if self.s.phase == "propose":
             return f"Propose {self.n} shares in seat order: propose: s0 s1 ... (sum <= 1)."
         return "Vote: yes or no."
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         if self.s.phase == "propose":
             number = r"(0(\.[0-9]{1,6})?|1(\.0{1,6})?)"
             return {"type": "regex", "pattern": f"propose:( {number}){{{self.n}}}"}
         return {"type": "choice", "choices": ["yes", "no"]}
 
-    def view(self, agent: str) -> dict[str, Any]:
+    def view(self, seat: str) -> dict[str, Any]:
         return {
-            "seat": agent,
-            "index": self.possible_agents.index(agent),
+            "seat": seat,
+            "index": self.possible_agents.index(seat),
             "n": self.n,
             "delta": self.delta,
             "quota": quota(self.n),
@@ -257,7 +257,7 @@ class SplitThePieV0(Scenario):
         """Nothing is private: proposals and votes are public, proposers drawn as play goes."""
         return False
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return (
             f"{self.n} players split a pie by majority vote. Each round a random proposer "
             "writes 'propose: s0 s1 ...' (one share of the current pie per player, in seat "

@@ -383,7 +383,7 @@ class CalcChainV0(Scenario):
     def acting(self) -> list[str]:
         return [SEAT]
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         self.s.turns_left -= 1
         parsed = parse_turn(action, turn=self.turn)
         reason = parsed if isinstance(parsed, str) else None
@@ -417,16 +417,16 @@ class CalcChainV0(Scenario):
         self.announce(f"Answer {answer!r}: {verdict}.")
         self.finish()
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         return (
             f"Your move ({self.s.turns_left} turns left): a JSON object with tool_calls "
             "and/or answer."
         )
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         return dict(self._constraint)
 
-    def view(self, agent: str) -> dict[str, Any]:
+    def view(self, seat: str) -> dict[str, Any]:
         return {
             "template": self.s.problem.template,
             "quantities": list(self.s.problem.quantities),
@@ -440,7 +440,7 @@ class CalcChainV0(Scenario):
         """Nothing is hidden: the answer follows from the problem the solver is shown."""
         return False
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return (
             "You solve a word problem with tools. Each turn, reply with one JSON object: "
             '{"tool_calls": [{"name": "calculate", "arguments": {"expression": "..."}}]} to '

@@ -261,9 +261,9 @@ class ResearchTeamV0(Scenario):
         s = self.s
         return [a for a in SEATS if s.answers[a] is None and s.turns_left[a] > 0]
 
-    def play(self, agent: str, action: str) -> str | None:
-        self.s.turns_left[agent] -= 1
-        self.s.last_results[agent] = []
+    def play(self, seat: str, action: str) -> str | None:
+        self.s.turns_left[seat] -= 1
+        self.s.last_results[seat] = []
         parsed = parse_turn(action, turn=self.turn)
         if isinstance(parsed, str):
             return parsed
@@ -277,18 +277,18 @@ class ResearchTeamV0(Scenario):
         message = fields.get("message")
         if message is not None and len(message) > MAX_MESSAGE_CHARS:
             return f"the message has {len(message)} characters; at most {MAX_MESSAGE_CHARS}"
-        results = [self._tools[agent].call(call) for call in parsed.calls]
+        results = [self._tools[seat].call(call) for call in parsed.calls]
         self.s.tool_calls += len(results)
-        self.s.last_results[agent] = result_dicts(results)
+        self.s.last_results[seat] = result_dicts(results)
         for result in results:
-            self.tell(agent, render_result(result))
+            self.tell(seat, render_result(result))
         if message:
-            other = SEATS[1 - SEATS.index(agent)]
-            self.say(agent, message, to=[other])
+            other = SEATS[1 - SEATS.index(seat)]
+            self.say(seat, message, to=[other])
             self.s.inbox.setdefault(other, []).append(message)
             self.s.messages += 1
         if "answer" in fields:
-            self.s.answers[agent] = fields["answer"].strip()
+            self.s.answers[seat] = fields["answer"].strip()
         return None
 
     def resolve(self) -> None:
@@ -315,30 +315,30 @@ class ResearchTeamV0(Scenario):
     def _shard(self, seat: str) -> str:
         return {"biographer": "people", "geographer": "places, organisations and events"}[seat]
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         return (
-            f"Your move ({self.s.turns_left[agent]} turns left): a JSON object with "
+            f"Your move ({self.s.turns_left[seat]} turns left): a JSON object with "
             "tool_calls, message and/or answer."
         )
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         return dict(self._constraint)
 
-    def view(self, agent: str) -> dict[str, Any]:
+    def view(self, seat: str) -> dict[str, Any]:
         s = self.s
         return {
             "question": self.question,
             "template": s.template,
             "subject": s.subject,
             "chain": list(TEMPLATES[s.template][2]),
-            "shard": self._shard(agent),
-            "turns_left": s.turns_left[agent],
-            "tools": self._tools[agent].specs(),
-            "tool_results": s.last_results.get(agent, []),
-            "messages": list(s.delivered.get(agent, [])),
+            "shard": self._shard(seat),
+            "turns_left": s.turns_left[seat],
+            "tools": self._tools[seat].specs(),
+            "tool_results": s.last_results.get(seat, []),
+            "messages": list(s.delivered.get(seat, [])),
         }
 
-    def oracle(self, agent: str) -> dict[str, Any]:
+    def oracle(self, seat: str) -> dict[str, Any]:
         return {"answer": self.reference()}
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
@@ -365,10 +365,10 @@ class ResearchTeamV0(Scenario):
                     )
         return True
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return (
-            f"You are the {agent} of a research team of two. You can search only the "
-            f"{self._shard(agent)} of an encyclopedia; your teammate searches the rest. "
+            f"You are the {seat} of a research team of two. You can search only the "
+            f"{self._shard(seat)} of an encyclopedia; your teammate searches the rest. "
             "Answer the question together: "
             "each turn reply with one JSON object with any of "
             '"tool_calls" (e.g. [{"name": "search", "arguments": {"query": "..."}}], results '

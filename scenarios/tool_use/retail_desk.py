@@ -312,9 +312,9 @@ class RetailDeskV0(Scenario):
     def acting(self) -> list[str]:
         return [self.s.speaker]
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         self.s.steps += 1
-        reason = self._play_user(action) if agent == "user" else self._play_assistant(action)
+        reason = self._play_user(action) if seat == "user" else self._play_assistant(action)
         if not self.s.ended and self.s.steps >= self.max_steps:
             self.announce("The conversation reached its step limit.")
             self._end()
@@ -393,17 +393,17 @@ class RetailDeskV0(Scenario):
         self.announce(f"Episode over: {'success' if success else 'failure'}.")
         self.finish()
 
-    def prompt(self, agent: str) -> str:
-        if agent == "user":
+    def prompt(self, seat: str) -> str:
+        if seat == "user":
             return f"Your message to the assistant (or {STOP} when done):"
         return 'Your move: {"tool_calls": [...], "message": "..."} (JSON).'
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
-        return dict(self._constraint) if agent == "assistant" else None
+    def constraint(self, seat: str) -> dict[str, Any] | None:
+        return dict(self._constraint) if seat == "assistant" else None
 
-    def view(self, agent: str) -> dict[str, Any]:
-        last = printable(self.s.last_message.get(agent, ""))
-        if agent == "user":
+    def view(self, seat: str) -> dict[str, Any]:
+        last = printable(self.s.last_message.get(seat, ""))
+        if seat == "user":
             return {"goal": self.s.task.goal, "opening": self.s.task.opening, "last_message": last}
         return {
             "last_message": last,
@@ -411,9 +411,9 @@ class RetailDeskV0(Scenario):
             "tool_results": self.s.last_results,
         }
 
-    def oracle(self, agent: str) -> dict[str, Any]:
+    def oracle(self, seat: str) -> dict[str, Any]:
         """Privileged (see :meth:`Scenario.oracle`): the assistant's reference solution."""
-        if agent != "assistant":
+        if seat != "assistant":
             return {}
         task = self.s.task
         actions = [[name, dict(args)] for name, args in task.actions]
@@ -429,8 +429,8 @@ class RetailDeskV0(Scenario):
             self._open_store(other, self.s.task)
         return True
 
-    def system_prompt(self, agent: str) -> str:
-        if agent == "user":
+    def system_prompt(self, seat: str) -> str:
+        if seat == "user":
             return (
                 "You play a customer of an online store talking to its support assistant. "
                 "Pursue the goal you are given, one step at a time; give your email when "

@@ -314,14 +314,14 @@ class RetailDeskV3(RetailDeskV2):
             figures["difficulty"] = float(self.difficulty)
         return figures
 
-    def prompt(self, agent: str) -> str:
-        if agent == "user":
-            return super().prompt(agent)
+    def prompt(self, seat: str) -> str:
+        if seat == "user":
+            return super().prompt(seat)
         return 'Your move: {"tool_calls": [...], "message": "...", "answer": {...}} (JSON).'
 
-    def system_prompt(self, agent: str) -> str:
-        if agent == "user":
-            return super().system_prompt(agent)
+    def system_prompt(self, seat: str) -> str:
+        if seat == "user":
+            return super().system_prompt(seat)
         return (
             "You are an online store's support assistant. Authenticate the customer you are "
             "talking to with find_customer and the email they give before touching orders; "
@@ -335,10 +335,10 @@ class RetailDeskV3(RetailDeskV2):
             + str(self.tools.describe())
         )
 
-    def oracle(self, agent: str) -> dict[str, Any]:
+    def oracle(self, seat: str) -> dict[str, Any]:
         """Privileged: v2's reference plus ``ask`` (the answer's fields) and ``about``."""
-        reference = super().oracle(agent)
-        if agent == "assistant":
+        reference = super().oracle(seat)
+        if seat == "assistant":
             task = self.s.task
             reference.update(ask=list(answer_key(task)), about=asked_order(task))
         return reference
