@@ -7,8 +7,10 @@ process holds a :class:`~parley.arena.inference.ray_pool.RayPool` instead: N
 trainer's pool would (built by :class:`ServedModels` from the run's initial checkpoints, in
 the run's ``precision``; LoRA adapters added on every replica), behind one front. The
 front is served on the same authenticated ``tcp://`` listener as the trainer's pool, so
-workers do not know the difference, and it balances their requests by policy and by
-requests in flight.
+workers do not know the difference, and it routes their requests by policy and, among the
+replicas serving it, cache-aware (:mod:`~parley.arena.inference.routing`): an episode's
+later turns go to the replica holding its earlier ones, unless that one is overloaded next
+to the least busy.
 
 Weights: every push after an update (:class:`~parley.arena.training.sync.InProcessSync`
 calls the front's ``update_weights``) drains the front, reaches every live replica, and
