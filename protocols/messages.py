@@ -22,6 +22,7 @@ import numpy as np
 __all__ = [
     "SCHEMA_VERSION",
     "Action",
+    "ActionBatch",
     "Body",
     "Bye",
     "Chat",
@@ -34,6 +35,7 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "Observation",
+    "ObservationBatch",
     "Ok",
     "SamplingParams",
     "ScoreRequest",
@@ -166,6 +168,24 @@ class Action(Body, tag="action"):
     agent: str
     text: str
     tokens: list[TokenRecord] = msgspec.field(default_factory=list)
+
+
+class ObservationBatch(Body, tag="observations"):
+    """Several :class:`Observation` requests in one message, for the seats one agent process
+    hosts, across the episodes in flight (opt-in: ``RunConfig.batch_frames``); a request
+    answered with an :class:`ActionBatch` of as many results, in the same order.
+    ``episodes[i]`` is the episode of ``observations[i]`` (what ``Envelope.episode`` says of a
+    single observation)."""
+
+    observations: Annotated[list[Observation], msgspec.Meta(max_length=MAX_LIST_ITEMS)]
+    episodes: _Texts
+
+
+class ActionBatch(Body, tag="actions"):
+    """The reply to an :class:`ObservationBatch`: ``results[i]`` answers its observation
+    ``i``, an :class:`Action`, or the :class:`Error` a single observation would have got."""
+
+    results: Annotated[list[Action | Error], msgspec.Meta(max_length=MAX_LIST_ITEMS)]
 
 
 class Chat(Body, tag="chat"):
@@ -331,6 +351,8 @@ BODY_TYPES: tuple[type[Body], ...] = (
     Trajectory,
     ScoreRequest,
     ScoreResult,
+    ObservationBatch,
+    ActionBatch,
 )
 """Every body kind the codec accepts, in a fixed order."""
 
@@ -352,6 +374,8 @@ AnyBody = (
     | Trajectory
     | ScoreRequest
     | ScoreResult
+    | ObservationBatch
+    | ActionBatch
 )
 
 

@@ -30,6 +30,10 @@ interleaved with a plain Python loop that steps the same env and awaits the same
   nothing;
 * the same with the suffix ``_simple_trade``: ``negotiation/simple-trade-v1`` with its
   scripted baselines (the workload issue 11 measured), one seat acting a step;
+* ``remote_batched_ratio_vs_plain_loop`` — ``remote_ratio_vs_plain_loop`` with batched
+  frames (``RunConfig.batch_frames``: one message to the agents' process carries every
+  episode's observations for its seats, one message comes back; target >= 0.5 on the
+  broadcast);
 * ``runner_out_ratio_vs_runner`` — the in-process runner writing its records (``--out``, to
   a temporary directory) over the same runner without: agent steps per CPU second of the
   thread running the event loop (the summary's ``play_loop_cpu_s``; target >= 0.8). The
@@ -92,6 +96,7 @@ TARGETS = {
     "runner_ratio_vs_plain_loop_simple_trade": (">=", 0.7),
     "remote_ratio_vs_plain_loop_simple_trade": (">=", 0.3),
     "runner_out_ratio_vs_runner": (">=", 0.8),
+    "remote_batched_ratio_vs_plain_loop": (">=", 0.5),
     "runner_out_ratio_vs_runner_simple_trade": (">=", 0.8),
     "simple_trade_v0_ratio_vs_textarena": (">=", 1.0),
     "simple_trade_v1_ratio_vs_textarena": (">=", 1.0),
@@ -104,6 +109,7 @@ TARGETS = {
 REFERENCES = {
     "runner_ratio_vs_plain_loop": "copy_floor_ratio_vs_plain_loop",
     "remote_ratio_vs_plain_loop": "raw_pyzmq_ratio_vs_plain_loop",
+    "remote_batched_ratio_vs_plain_loop": "raw_pyzmq_ratio_vs_plain_loop",
 }
 
 
@@ -335,11 +341,18 @@ def _serve_agents(address: str, agents: dict[str, str]) -> None:
 
 
 def _runner_rates(
-    work: Workload, *, pipeline: bool, ipc: bool, concurrency: int = 1, out: bool = False
+    work: Workload,
+    *,
+    pipeline: bool,
+    ipc: bool,
+    concurrency: int = 1,
+    out: bool = False,
+    batch: bool = False,
 ) -> tuple[float, float, float, float]:
     """Agent steps per second of round-trip time, per second of play, per CPU second of
     play in this process, per CPU second of play of its event loop's thread; with ``out``,
-    the runner writes its records (``--out``) to a temporary directory."""
+    the runner writes its records (``--out``) to a temporary directory; with ``batch``, it
+    asks the agents' process in batched frames (``RunConfig.batch_frames``)."""
     from parley.arena.run.agent_specs import AgentSource, RemoteSeat
     from parley.arena.run.config import RunConfig
     from parley.arena.run.runner import Runner
@@ -351,6 +364,7 @@ def _runner_rates(
         concurrency=concurrency,
         pipeline=pipeline,
         progress=False,
+        batch_frames=batch,
     )
     agents: dict[str, AgentSource] = work.factories()
     procs: list[Any] = []
@@ -425,9 +439,9 @@ def _overhead(args: argparse.Namespace, work: Workload, results: dict[str, Any])
 
     loop_cpu: dict[str, float] = {}  # the runner's event-loop thread, per case
 
-    def play_rates(ipc: bool, out: bool = False) -> tuple[float, float]:
+    def play_rates(ipc: bool, out: bool = False, batch: bool = False) -> tuple[float, float]:
         _, wall, cpu, loop = _runner_rates(
-            work, pipeline=True, ipc=ipc, concurrency=args.concurrency, out=out
+            work, pipeline=True, ipc=ipc, concurrency=args.concurrency, out=out, batch=batch
         )
         name = "runner_out" if out else "runner"
         loop_cpu[name] = max(loop_cpu.get(name, 0.0), loop)
@@ -438,6 +452,7 @@ def _overhead(args: argparse.Namespace, work: Workload, results: dict[str, Any])
         cases["runner_out"] = lambda: play_rates(False, out=True)
         cases["copy_floor"] = lambda: _plain_loop_steps_per_s(work, copy=True)
     cases["remote"] = lambda: play_rates(True)
+    cases["remote_batched"] = lambda: play_rates(True, batch=True)
     cases["raw_pyzmq"] = lambda: raw_pyzmq_steps_per_s(work, args.concurrency)
     best = {name: [0.0, 0.0] for name in cases}  # (per CPU second, per wall second)
     for _ in range(args.repeats):
@@ -462,6 +477,7 @@ def _overhead(args: argparse.Namespace, work: Workload, results: dict[str, Any])
             best["runner_out"][0] / best["runner"][0]
         )
     results[f"remote_ratio_vs_plain_loop{suffix}"] = best["remote"][1] / plain_wall
+    results[f"remote_batched_ratio_vs_plain_loop{suffix}"] = best["remote_batched"][1] / plain_wall
     results[f"raw_pyzmq_ratio_vs_plain_loop{suffix}"] = best["raw_pyzmq"][1] / plain_wall
 
 
@@ -532,6 +548,7 @@ def run(args: argparse.Namespace) -> int:
         "agent_steps_per_s_runner": "agent steps/s, runner, in-process agents",
         "agent_steps_per_loop_cpu_s_runner_out": "agent steps per loop CPU s, runner with --out",
         "agent_steps_per_s_remote": "agent steps/s, runner, agents over ipc",
+        "agent_steps_per_s_remote_batched": "agent steps/s, runner, agents over ipc, batched",
         "agent_steps_per_s_raw_pyzmq": "agent steps/s, raw pyzmq loop, agents over ipc",
         "agent_steps_per_s_plain_loop_simple_trade": "simple-trade-v1: plain loop",
         "agent_steps_per_s_runner_simple_trade": "simple-trade-v1: runner, in-process",

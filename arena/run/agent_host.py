@@ -10,6 +10,11 @@ concurrent episodes: it keeps one agent instance per ``(episode id, seat)``, cre
 first observation of that pair and reset with the seed the runner put in
 ``Observation.info["agent_seed"]``.
 
+Batched frames (``RunConfig.batch_frames``): an ``ObservationBatch`` carries observations of
+several episodes for the seats this host plays; each is answered as if it had come alone
+(the same agent per episode and seat, the same ``Error`` for an agent that raises), all
+together in one ``ActionBatch``. A host always takes both kinds of request.
+
 Episode end: the arena sends each seat it asked anything a one-way ``Observation`` with
 ``terminated`` (or ``truncated``) set; the host then closes the agent and forgets it.
 ``info["failed"]`` holds the reason when the episode failed. An ``act`` still running then
@@ -30,9 +35,18 @@ import zmq
 
 from parley.agents.base import Agent
 from parley.arena.run.agent_specs import AgentFactory, remote_peer_name
+from parley.arena.run.gather import send_all_then_gather
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.errors import BusError, ConfigError
-from parley.protocols.messages import Action, Body, Envelope, Observation
+from parley.protocols.messages import (
+    Action,
+    ActionBatch,
+    Body,
+    Envelope,
+    Error,
+    Observation,
+    ObservationBatch,
+)
 
 __all__ = ["AgentHost", "AGENT_ACCEPTS", "AGENT_SEED_KEY", "ArenaLost", "FAILED_KEY", "join_arena"]
 
@@ -59,6 +73,7 @@ class AgentHost:
         self._agents: dict[tuple[str, str], Agent] = {}
         if endpoint is not None:
             endpoint.on(Observation, self._on_observation)
+            endpoint.on(ObservationBatch, self._on_batch)
 
     @property
     def seats(self) -> list[str]:
@@ -78,6 +93,33 @@ class AgentHost:
             await self._end((envelope.episode, obs.agent))
             return None
         return await self.answer(envelope.episode, obs)
+
+    async def _on_batch(self, envelope: Envelope) -> ActionBatch:
+        batch = envelope.body
+        if not isinstance(batch, ObservationBatch):  # (as _on_observation)
+            raise TypeError(f"expected an observation batch, got {type(batch).__name__}")
+        if len(batch.episodes) != len(batch.observations):
+            raise ValueError(
+                f"an observation batch needs one episode per observation, got "
+                f"{len(batch.episodes)} for {len(batch.observations)}"
+            )
+        # Every act runs to its first suspension before any is awaited (no task each), as
+        # the bus starts the handlers of single observations as they arrive.
+        pairs = zip(batch.episodes, batch.observations, strict=True)
+        results = await send_all_then_gather([self.answer(ep, obs) for ep, obs in pairs])
+        return ActionBatch(results=[self._result(r, envelope) for r in results])
+
+    @staticmethod
+    def _result(result: Body | BaseException, envelope: Envelope) -> Action | Error:
+        """One item of an ``ActionBatch``: the action, or the ``Error`` the bus answers a
+        single observation with when its handler raised (the same code and message)."""
+        if isinstance(result, Action):
+            return result
+        if not isinstance(result, Exception):  # (send_all_then_gather gives only these)
+            raise TypeError(f"unexpected result of an agent: {type(result).__name__}")
+        message = f"{type(result).__name__}: {result}"
+        log.warning("handler for observations from %s failed: %s", envelope.sender, message)
+        return Error(code="handler_failed", message=message)
 
     async def answer(self, episode: str, obs: Observation) -> Action:
         """The action of ``obs.agent``'s agent in ``episode`` (made on first use)."""
@@ -136,7 +178,7 @@ class AgentHost:
             await self._end(key)
 
 
-AGENT_ACCEPTS = frozenset({"observation"})
+AGENT_ACCEPTS = frozenset({"observation", "observations"})
 """What an agent host's endpoint decodes from the arena besides the session kinds."""
 
 

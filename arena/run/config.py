@@ -85,6 +85,12 @@ class RunConfig:
     pipeline: bool = True
     """Send every acting agent's observation of a step before gathering the actions.
     False asks one agent at a time (only useful to measure what pipelining buys)."""
+    batch_frames: bool = False
+    """Ask remote agents in batched frames: one ``observations`` message carries what the
+    arena has ready, across the episodes in flight, for the seats one agent process hosts,
+    and one ``actions`` message comes back (``parley agent`` answers both kinds). The same
+    actions, transcripts and failure reasons as one ``observation`` per request (the default,
+    its frames unchanged), in fewer messages. In-process seats are not affected."""
     agent_options: dict[str, Any] = field(default_factory=dict)
     """Free-form options handed to agent-spec resolvers (e.g. the inference pool address
     for ``llm:`` agents)."""

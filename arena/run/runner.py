@@ -55,6 +55,7 @@ from parley.arena.run.backpressure import backoff, bus_config_for, failure_reaso
 from parley.arena.run.config import RunConfig
 from parley.arena.run.direct import DirectAgents
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, derive_seed, plan_episodes
+from parley.arena.run.frames import FrameBatcher
 from parley.arena.run.gather import send_all_then_gather
 from parley.arena.run.judge import ModelRewards
 from parley.arena.run.peers import AbsentPeers
@@ -62,6 +63,7 @@ from parley.arena.run.process import PlayClock, frozen_heap
 from parley.arena.run.progress import progress_bar
 from parley.arena.run.records import EpisodeRecord, RecordWriter
 from parley.arena.run.security import (
+    ARENA_ACCEPTS,
     SeatKeys,
     admission_policy,
     arena_bus_config,
@@ -218,6 +220,7 @@ class Runner:
         self.bus_config = arena_bus_config(self.bus_config, self._keys, insecure=config.insecure)
         self._absent = AbsentPeers(config.join_timeout, self.console)
         self._arena: Endpoint | None = None
+        self._frames: FrameBatcher | None = None  # remote seats' requests, batched frames
         self.keep_steps = True
         """Records hold every step (transcript, trajectories' turns); :meth:`run` turns it
         off while no step is read (no ``out``, no ``keep_records``): only the summary is."""
@@ -321,7 +324,10 @@ class Runner:
         """Bind the arena, host the in-process agents, wait for remote ones; yield the
         address agents connect to. :meth:`play` works only inside this context."""
         context = zmq.asyncio.Context()
-        arena = Endpoint(ARENA_NAME, config=arena_endpoint_config(self.bus_config), context=context)
+        arena_bus = self.bus_config
+        if self.config.batch_frames:  # the replies to batched frames come as `actions`
+            arena_bus = arena_bus.accepting(ARENA_ACCEPTS | {"actions"})
+        arena = Endpoint(ARENA_NAME, config=arena_endpoint_config(arena_bus), context=context)
         host_endpoint: Endpoint | None = None
         host: AgentHost | None = None
         heap = frozen_heap()
@@ -331,6 +337,8 @@ class Runner:
             # is bound: no remote peer can race them for their name.
             inproc = await arena.bind(f"inproc://parley-arena-{uuid.uuid4().hex}")
             self._arena = arena
+            if self.config.batch_frames and self._remote():
+                self._frames = FrameBatcher(arena)
             local = {
                 seat: source
                 for seat, source in self.sources.items()
@@ -357,7 +365,10 @@ class Runner:
             yield address
         finally:
             heap.close()
+            if self._frames is not None:
+                await self._frames.close()
             self._arena, self._direct, self._direct_only = None, None, False
+            self._frames = None
             if host is not None:
                 await host.close()
             if host_endpoint is not None:
@@ -521,7 +532,7 @@ class Runner:
     ) -> list[Body | BaseException]:
         """The replies (or errors) of ``seats``' requests, in order; one at a time without
         ``pipeline``, stopping at the first request that brought no action."""
-        peers, direct = self._peers, self._direct
+        peers, direct, frames = self._peers, self._direct, self._frames
         if self.config.pipeline and direct is not None and self._direct_seats.issuperset(seats):
             # Only in-process seats (the usual case): asked together, without the bus.
             observations = [requests[seat] for seat in seats]
@@ -533,6 +544,8 @@ class Runner:
             if direct is not None and seat in self._direct_seats:
                 obs = requests[seat]
                 return direct.request(obs, timeout=timeout, episode=episode, sender=ARENA_NAME)
+            if frames is not None:  # (only remote seats reach here)
+                return frames.request(peers[seat], requests[seat], timeout=timeout, episode=episode)
             return arena.request(
                 peers[seat], requests[seat], timeout=timeout, episode=episode, turn=turn
             )

@@ -31,7 +31,9 @@ def test_bench_env_json_reports_the_runner_ratios(
                 "copy_floor_ratio_vs_plain_loop_simple_trade",
                 "raw_pyzmq_ratio_vs_plain_loop_simple_trade",
                 "runner_out_ratio_vs_runner", "runner_out_ratio_vs_runner_simple_trade",
-                "runner_out_process_cpu_ratio_vs_runner"):  # fmt: skip
+                "runner_out_process_cpu_ratio_vs_runner",
+                "remote_batched_ratio_vs_plain_loop",
+                "remote_batched_ratio_vs_plain_loop_simple_trade"):  # fmt: skip
         assert results[key] > 0, key
     # TextArena is not a dependency: without it the comparison says how to install it.
     if "textarena_skipped" in results:

@@ -1,0 +1,132 @@
+"""Batched remote frames (``RunConfig.batch_frames``): one ``observations`` message per agent
+process and event-loop turn, the same episodes and failures as one ``observation`` each.
+
+The remote side is a real second process (``parley agent`` or ``join_arena``), as in
+``test_remote``; each test plays the same seeds both ways and compares.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parley.arena.run import frames
+from parley.protocols.bus import BusConfig
+from parley.protocols.codec import Codec
+from parley.protocols.messages import (
+    Action,
+    ActionBatch,
+    Envelope,
+    Error,
+    Observation,
+    ObservationBatch,
+)
+from tests.arena.run.test_remote import KILL_BUS, _join_argv, _remote_run
+from tests.arena.run.test_runner import HERE, TargetAgent
+
+
+class RaisingAgent(TargetAgent):
+    """Raises on its first action where its agent seed is a multiple of 3 (in this run's
+    4 episodes: the last two)."""
+
+    async def act(self, observation: Observation) -> Action:
+        seed = observation.info["agent_seed"]
+        if seed % 3 == 0:
+            raise ValueError(f"agent seed {seed} is unlucky")
+        return await super().act(observation)
+
+
+def _batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every batch the runner sends (recorded as it goes)."""
+    sizes: list[int] = []
+    ask = frames.FrameBatcher._ask
+
+    async def recording(self: frames.FrameBatcher, peer: str, items: list[Any]) -> None:
+        sizes.append(len(items))
+        await ask(self, peer, items)
+
+    monkeypatch.setattr(frames.FrameBatcher, "_ask", recording)
+    return sizes
+
+
+def _both_ways(
+    tmp_path: Path, argv: list[str], **kw: Any
+) -> tuple[dict[bool, Any], dict[bool, bytes]]:
+    results, transcripts = {}, {}
+    for batch in (False, True):
+        out = tmp_path / f"batch-{batch}"
+        listen = f"ipc://{tmp_path}/arena-{batch}.sock"
+        results[batch], _ = _remote_run(out, listen, argv, batch_frames=batch, **kw)
+        transcripts[batch] = (out / "transcripts.jsonl").read_bytes()
+    return results, transcripts
+
+
+@pytest.mark.timeout(90)
+def test_batched_frames_play_the_same_episodes_with_the_parley_agent_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes = _batches(monkeypatch)
+    argv = [sys.executable, "-m", "parley.arena.cli", "agent", "--connect", "ADDRESS",
+            "--seat", "b", "--agent", f"{HERE}:TargetAgent", "--wait", "30"]  # fmt: skip
+    results, transcripts = _both_ways(tmp_path, argv, concurrency=4)
+    assert results[True].summary["episodes"] == {"total": 4, "ok": 4, "failed": 0}
+    assert transcripts[True] == transcripts[False]
+    # Seat b acts 3 times an episode: every request went in a batch, several per message.
+    assert sum(sizes) == 4 * 3
+    assert max(sizes) > 1
+
+
+@pytest.mark.timeout(90)
+def test_an_agent_that_raises_in_a_batch_fails_its_own_episode_with_the_same_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes = _batches(monkeypatch)
+    argv = _join_argv("tests.arena.run.test_batch_frames:RaisingAgent", BusConfig())
+    results, transcripts = _both_ways(tmp_path, argv, concurrency=4)
+    failed = {batch: [r.failed for r in results[batch].records] for batch in (False, True)}
+    assert failed[True] == failed[False]
+    assert [bool(f) for f in failed[True]] == [
+        False,
+        False,
+        True,
+        True,
+    ]  # its batch's others played on
+    assert all(f.startswith("b: agent_error: ValueError: agent seed") for f in failed[True] if f)
+    assert transcripts[True] == transcripts[False]
+    assert max(sizes) > 1
+
+
+@pytest.mark.long
+@pytest.mark.timeout(120)
+def test_a_dead_agent_process_fails_its_seat_as_without_batching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _batches(monkeypatch)
+    argv = _join_argv("tests.arena.run.test_remote:DyingAgent", KILL_BUS)
+    runs = {}
+    for batch in (False, True):
+        runs[batch], proc = _remote_run(
+            tmp_path / f"batch-{batch}", f"ipc://{tmp_path}/a-{batch}.sock", argv,
+            concurrency=1, bus=KILL_BUS, act_timeout=20.0, join_timeout=6.0, batch_frames=batch,
+        )  # fmt: skip
+        assert proc.returncode == -signal.SIGKILL
+    statuses = {b: [r.failed.split(": ")[:2] for r in runs[b].records] for b in runs}
+    assert statuses[True] == statuses[False]
+    assert statuses[True] == [[""], ["b", "peer_dead"], ["b", "not_joined"], ["b", "not_joined"]]
+
+
+def test_the_batch_messages_round_trip_through_the_codec() -> None:
+    codec = Codec()
+    batch = ObservationBatch(
+        observations=[Observation(agent="a", text="x"), Observation(agent="b", text="y")],
+        episodes=["t00000-r00", "t00001-r00"],
+    )
+    reply = ActionBatch(
+        results=[Action(agent="a", text="1"), Error(code="handler_failed", message="no")]
+    )
+    for body in (batch, reply):
+        assert codec.decode(codec.encode(Envelope(body=body))).body == body
