@@ -9,6 +9,8 @@ Files (in ``RunConfig.out``; the schema is documented in ``arena/run/SCHEMA.md``
   episode, same order.
 - ``timings.jsonl`` — wall-clock durations per episode (kept apart because they vary).
 - ``summary.json`` — aggregate metrics (see :mod:`parley.arena.run.summary`).
+
+:class:`RunResult` is what a run returns: the summary and, when asked for, the records.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.protocols.messages import Trajectory
 
-__all__ = ["EpisodeRecord", "RecordWriter", "RecordsError", "encode_json"]
+__all__ = ["EpisodeRecord", "RecordWriter", "RecordsError", "RunResult", "encode_json"]
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -112,6 +114,36 @@ class EpisodeRecord:
                 trajectory.turns[-1].reward += value
         last["rewards"], last["infos"] = rewards, infos
         transcript["returns"] = {t.agent: t.reward for t in self.trajectories}
+
+
+@dataclass
+class RunResult:
+    """What :meth:`Runner.run` returns: the summary mapping and, when kept, the records."""
+
+    summary: dict[str, Any]
+    endpoint: str
+    wall_s: float
+    out: str | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    kept_records: list[EpisodeRecord] | None = field(default=None, repr=False)
+    """Every episode record in plan order, with ``Runner(..., keep_records=True)``."""
+
+    @property
+    def records(self) -> list[EpisodeRecord]:
+        """Every episode record in plan order; only when the runner was asked to keep them
+        (they grow with the run: read ``transcripts.jsonl`` or use the summary instead)."""
+        if self.kept_records is None:
+            raise ConfigError(
+                "this run kept no records (memory stays flat without them): pass "
+                "keep_records=True to Runner or run(), or read the summary or --out files"
+            )
+        return self.kept_records
+
+    @property
+    def failed_fraction(self) -> float:
+        """Failed episodes over all episodes (0.0 for an empty run)."""
+        episodes = self.summary["episodes"]
+        return episodes["failed"] / episodes["total"] if episodes["total"] else 0.0
 
 
 def _lines(record: EpisodeRecord) -> tuple[bytes, bytes, bytes]:

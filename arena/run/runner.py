@@ -37,7 +37,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import Any
 
 import zmq.asyncio
@@ -61,7 +61,7 @@ from parley.arena.run.judge import ModelRewards
 from parley.arena.run.peers import AbsentPeers
 from parley.arena.run.process import PlayClock, frozen_heap
 from parley.arena.run.progress import progress_bar
-from parley.arena.run.records import EpisodeRecord, RecordWriter
+from parley.arena.run.records import EpisodeRecord, RecordWriter, RunResult
 from parley.arena.run.security import (
     ARENA_ACCEPTS,
     SeatKeys,
@@ -74,7 +74,6 @@ from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.codec import Codec
 from parley.protocols.errors import (
     BusError,
-    ConfigError,
     ProtocolError,
     RequestTimeout,
 )
@@ -96,36 +95,6 @@ ARENA_NAME = "arena"
 """Bus name of the runner's endpoint."""
 LOCAL_HOST_NAME = "arena-agents"
 """Bus name of the endpoint hosting the run's in-process agents."""
-
-
-@dataclass
-class RunResult:
-    """What :meth:`Runner.run` returns: the summary mapping and, when kept, the records."""
-
-    summary: dict[str, Any]
-    endpoint: str
-    wall_s: float
-    out: str | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
-    kept_records: list[EpisodeRecord] | None = field(default=None, repr=False)
-    """Every episode record in plan order, with ``Runner(..., keep_records=True)``."""
-
-    @property
-    def records(self) -> list[EpisodeRecord]:
-        """Every episode record in plan order; only when the runner was asked to keep them
-        (they grow with the run: read ``transcripts.jsonl`` or use the summary instead)."""
-        if self.kept_records is None:
-            raise ConfigError(
-                "this run kept no records (memory stays flat without them): pass "
-                "keep_records=True to Runner or run(), or read the summary or --out files"
-            )
-        return self.kept_records
-
-    @property
-    def failed_fraction(self) -> float:
-        """Failed episodes over all episodes (0.0 for an empty run)."""
-        episodes = self.summary["episodes"]
-        return episodes["failed"] / episodes["total"] if episodes["total"] else 0.0
 
 
 _NO_INFO: Mapping[str, Any] = {}
