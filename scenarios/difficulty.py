@@ -10,6 +10,8 @@ finished episode for the level it was played at.
 
 from __future__ import annotations
 
+from parley.protocols.errors import ConfigError
+
 __all__ = ["check_difficulty"]
 
 
@@ -18,6 +20,6 @@ def check_difficulty(difficulty: int | None, maximum: int) -> None:
     if difficulty is None:
         return
     if isinstance(difficulty, bool) or not isinstance(difficulty, int):
-        raise ValueError(f"difficulty must be an integer or None, got {difficulty!r}")
+        raise ConfigError(f"difficulty must be an integer or None, got {difficulty!r}")
     if not 0 <= difficulty <= maximum:
-        raise ValueError(f"difficulty must be between 0 and {maximum}, got {difficulty}")
+        raise ConfigError(f"difficulty must be between 0 and {maximum}, got {difficulty}")

@@ -130,6 +130,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario, printable
 from parley.scenarios.code.debug_gen import MAX_DIFFICULTY, draw_generated
 from parley.scenarios.code.debug_tasks import TASKS, DebugTask
@@ -225,11 +226,11 @@ class CodeDebugV0(Scenario):
         )
         count = len(self.task_list())
         if task is not None and not 0 <= task < count:
-            raise ValueError(f"task must be in 0..{count - 1}, got {task}")
+            raise ConfigError(f"task must be in 0..{count - 1}, got {task}")
         if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+            raise ConfigError(f"max_steps must be >= 1, got {max_steps}")
         if not 0 < step_budget_s <= 600:
-            raise ValueError(f"step_budget_s must be in (0, 600], got {step_budget_s}")
+            raise ConfigError(f"step_budget_s must be in (0, 600], got {step_budget_s}")
         self.fixed_task, self.has_reviewer, self.max_steps = task, reviewer, max_steps
         self.step_budget_s = float(step_budget_s)
         self._budget_left = self.step_budget_s
@@ -546,7 +547,7 @@ class CodeDebugV3(CodeDebugV1):
     ) -> None:
         check_difficulty(difficulty, MAX_DIFFICULTY)
         if difficulty is not None and task is not None:
-            raise ValueError("task pins one of the task set; drop it to draw generated tasks")
+            raise ConfigError("task pins one of the task set; drop it to draw generated tasks")
         super().__init__(task, reviewer, max_steps, **kwargs)
         self.difficulty = difficulty
 

@@ -101,6 +101,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.registry import registered
@@ -311,7 +312,7 @@ class DealOrNoDealV0(Scenario):
             SEATS, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
 
     def partner(self, seat: str) -> str:
@@ -509,7 +510,7 @@ class DealOrNoDealV2(DealOrNoDealV1):
         render_mode: str | None = "ansi",
     ) -> None:
         if moves not in MOVES:
-            raise ValueError(f"moves must be one of {MOVES}, got {moves!r}")
+            raise ConfigError(f"moves must be one of {MOVES}, got {moves!r}")
         super().__init__(
             max_turns,
             invalid_penalty=invalid_penalty,

@@ -55,6 +55,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
 from parley.scenarios.helpers import TextMemo
 from parley.scenarios.registry import registered
@@ -234,7 +235,7 @@ class SimpleTradeV0(Scenario):
             SEATS, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
         self.values: dict[str, Bundle] = {seat: dict(VALUES[seat]) for seat in SEATS}
 

@@ -78,6 +78,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
 from parley.scenarios.helpers import TextMemo
 from parley.scenarios.negotiation.simple_trade import (
@@ -281,7 +282,7 @@ class SimpleTradeV1(Scenario):
             SEATS, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns, self.randomize = max_turns, bool(randomize)
         self.new_episode_draws = self.randomize  # (the fixed start draws nothing)
 

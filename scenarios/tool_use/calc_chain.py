@@ -83,6 +83,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from parley.protocols.errors import ConfigError
 from parley.protocols.messages import ToolCall
 from parley.scenarios.base import Scenario
 from parley.scenarios.difficulty import check_difficulty
@@ -364,7 +365,7 @@ class CalcChainV0(Scenario):
             [SEAT], render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
         check_difficulty(difficulty, MAX_DIFFICULTY)
         self.max_turns = max_turns
         self.format_weight = format_weight

@@ -66,6 +66,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
 from parley.scenarios.registry import registered
 from parley.scenarios.tools.corpus import (
@@ -208,7 +209,7 @@ class ResearchTeamV0(Scenario):
             invalid_penalty=invalid_penalty,
         )  # fmt: skip
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
         self.quote_messages = True
         self.max_turns = max_turns
         self.team_weight = team_weight

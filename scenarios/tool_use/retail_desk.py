@@ -80,6 +80,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from parley.protocols.errors import ConfigError
 from parley.protocols.messages import ToolCall
 from parley.scenarios.base import Scenario, printable
 from parley.scenarios.refusals import RefusedMoveTakesTurn
@@ -277,7 +278,7 @@ class RetailDeskV0(Scenario):
             SEATS, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
         if num_tasks < 1 or max_steps < 2:
-            raise ValueError("num_tasks must be >= 1 and max_steps >= 2")
+            raise ConfigError("num_tasks must be >= 1 and max_steps >= 2")
         self.num_tasks, self.fixed_task, self.max_steps = num_tasks, task, max_steps
         self.db = RetailDB()
         self.tools = ToolBox(self.db.tools())

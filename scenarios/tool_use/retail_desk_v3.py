@@ -79,6 +79,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from parley.protocols.errors import ConfigError
 from parley.scenarios.difficulty import check_difficulty
 from parley.scenarios.registry import registered
 from parley.scenarios.tool_use.retail_db import ServingDB, dollars, parse_dollars
@@ -224,7 +225,7 @@ class RetailDeskV3(RetailDeskV2):
             render_mode=render_mode,
         )
         if not trespass_penalty >= 0:
-            raise ValueError(f"trespass_penalty must be >= 0, got {trespass_penalty}")
+            raise ConfigError(f"trespass_penalty must be >= 0, got {trespass_penalty}")
         self.trespass_penalty = float(trespass_penalty)
         check_difficulty(difficulty, MAX_DIFFICULTY)
         self.difficulty = difficulty
