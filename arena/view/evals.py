@@ -119,8 +119,8 @@ def eval_page(src: Source, sources: Mapping[str, Source], links: Links) -> str:
     report in ``sources`` of the same suite digest (see the module docstring)."""
     report = read_json(src.file(EVAL_FILE))
     if not is_eval_report(report):
-        body = f"<p class=invalid>not a parley eval report (schema {REPORT_SCHEMA})</p>"
-        return page(f"eval {src.id}", body, links)
+        refusal = f"<p class=invalid>not a parley eval report (schema {REPORT_SCHEMA})</p>"
+        return page(f"eval {src.id}", refusal, links)
     runs = {s.path.resolve(): s for s in sources.values() if s.kind == "run"}
     entries = report["entries"]
     digest = report.get("suite_digest")
