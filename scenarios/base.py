@@ -132,10 +132,10 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
     """Longest observation; older lines are cut (marked ``[...]``) to fit."""
     default_invalid_penalty: ClassVar[float] = 0.0
     """Penalty of an invalid move unless the constructor's ``invalid_penalty`` overrides it."""
+    # (np.random.default_rng(n), ~13 us, is most of a small scenario's reset.)
     new_episode_draws: bool = True
     """``False`` where :meth:`new_episode` never draws from its ``rng`` (it then gets a stand-in
-    that raises on use): ``reset(seed=n)`` then seeds :attr:`rng` only when something uses it
-    (``np.random.default_rng(n)``, ~13 µs, is most of a small scenario's reset)."""
+    that raises on use): ``reset(seed=n)`` then seeds :attr:`rng` only when something uses it."""
     refused_move_takes_turn: ClassVar[bool] = False
     """``True``: a move the action space refuses is played as ``""`` (invalid in every
     scenario, so it uses up the seat's turn; the recorded reason stays the refusal's); every

@@ -19,10 +19,9 @@ OUTSIDE_CHARSET = re.compile(r"[^\x20-\x7e\n]")
 
 
 def printable(text: str) -> str:
-    """``text`` with every character outside :data:`CHARSET` escaped (``\\x1b``, ``\\u00e9``).
-
-    Free for text that is already inside the charset (the common case, decided at C speed).
-    """
+    """``text`` with every character outside :data:`CHARSET` escaped (``\\x1b``, ``\\u00e9``);
+    text already inside the charset is returned as it is."""
+    # The common case, text inside the charset, is decided at C speed.
     if text.isascii() and (text.isprintable() or OUTSIDE_CHARSET.search(text) is None):
         return text
     return OUTSIDE_CHARSET.sub(_escape, text)

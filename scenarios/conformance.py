@@ -8,8 +8,7 @@ registered scenario; a third-party scenario can do the same::
     from parley.scenarios.conformance import check_scenario
     report = check_scenario("myfamily/my-game-v0")   # {check name: "passed" | "n/a: ..."}
 
-PettingZoo's own tests are used where they apply, working around their known traps (see
-REFERENCES.md): the AEC ``api_test`` crashes on ``Text`` spaces (not used; the parallel test
+PettingZoo's own tests are used where they apply, working around their known traps: the AEC ``api_test`` crashes on ``Text`` spaces (not used; the parallel test
 and our contract check cover it); ``parallel_seed_test`` checks one step only (we run
 ``seed_test`` on ``parallel_to_aec`` factories and our own whole-episode determinism check);
 ``parallel_api_test`` overwrites ``env.max_cycles`` (each check builds a fresh env);
@@ -153,13 +152,13 @@ HOSTILE_MAX_CALLS = 8
 
 STEP_CPU_BUDGET_S = 0.05
 """Most CPU time one ``step`` may take in the stepping thread, on any action."""
+# The waiting thread polls the children's run-queue counters every 0.25 s and looks them up
+# in /proc at each deadline, so its CPU grows with the wait and the host's process count: a
+# hostile submission that sleeps out its 8 s run took 13-19 ms here alone, and 58 ms once in a
+# loaded fresh-clone `make test` (over the 50 ms budget; nothing else in that step changed).
 BLOCKING_STEP_CPU_BUDGET_S = 0.25
 """The same for a scenario whose ``step`` waits on child processes (``metadata
-["blocking_step"]``: code/debug's sandbox runs, up to its ``max_step_wall_s``): the waiting
-thread polls the children's run-queue counters every 0.25 s and looks them up in ``/proc`` at
-each deadline, so its CPU grows with the wait and the host's process count. A hostile
-submission that sleeps out its 8 s run took 13-19 ms here alone, and 58 ms once in a loaded
-fresh-clone ``make test`` (over the 50 ms budget; nothing else in that step had changed)."""
+["blocking_step"]``: code/debug's sandbox runs, up to its ``max_step_wall_s``)."""
 STEP_WALL_LIMIT_S = 5.0
 """Most wall time one ``step`` may take (sandboxed tool runs wait on a child process),
 unless the scenario declares a larger bound as its ``max_step_wall_s`` attribute (code/debug:

@@ -16,11 +16,11 @@ __all__ = ["Event", "split_address"]
 _ADDRESS = re.compile(r"^\s*@([A-Za-z0-9_,]+)\s*:?\s*", re.DOTALL)
 
 
+# A named tuple: scenarios record one per message, in every step.
 class Event(NamedTuple):
     """One line of the episode's record: a message, a notice, or an invalid move.
 
     ``to`` is empty for events everyone sees; otherwise the recipients (private channel).
-    (A named tuple: scenarios record one per message, on the hot path of every step.)
     """
 
     turn: int

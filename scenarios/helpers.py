@@ -44,12 +44,12 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"state holds a {type(value).__name__}, which has no JSON form")
 
 
+# A plain dict emptied when full rather than an LRU: a miss costs one lookup and one insert,
+# an LRU's bookkeeping several times that, and most of a language model's moves never recur
+# whole, while a scripted agent's few moves recur in every episode.
 class TextMemo(Generic[T]):
-    """``fn`` (a pure function of a text) remembered per text in a plain dict, emptied when it
-    holds ``cap`` texts. A miss costs one lookup and one insert: an LRU's bookkeeping costs
-    several times that, and most of a language model's moves never recur whole, while a
-    scripted agent's few moves recur in every episode. Results are shared between calls:
-    callers only read them."""
+    """``fn`` (a pure function of a text) remembered per text, forgotten all at once when
+    ``cap`` texts are held. Results are shared between calls: callers only read them."""
 
     __slots__ = ("cap", "fn", "memo", "misses")
 
@@ -71,14 +71,16 @@ class TextMemo(Generic[T]):
         return result
 
 
+# Lazy because a generator costs ~15-20 us to make, per scenario or agent and episode in a
+# run, and many never draw.
 class LazyRng:
     """An ``rng`` made on first use: :meth:`seed_rng` with a non-negative int only records
     the seed, and the generator made from it later draws the same stream as one made at once
     (nothing drew in between); other seeds (``None``: OS entropy, numpy's seed types, or
-    numpy's error) make it at once. A generator costs ~15-20 us to make, per scenario or
-    agent and episode in a run, and many never draw. Plain attributes (class defaults here):
-    touching an instance's ``__dict__`` would make its every attribute load slower."""
+    numpy's error) make it at once."""
 
+    # Plain attributes (class defaults): touching an instance's __dict__ would make its every
+    # attribute load slower.
     _rng: np.random.Generator | None = None
     _seed: int | None = None
 
