@@ -8,8 +8,9 @@ registered scenario; a third-party scenario can do the same::
     from parley.scenarios.conformance import check_scenario
     report = check_scenario("myfamily/my-game-v0")   # {check name: "passed" | "n/a: ..."}
 
-PettingZoo's own tests are used where they apply, working around their known traps: the AEC ``api_test`` crashes on ``Text`` spaces (not used; the parallel test
-and our contract check cover it); ``parallel_seed_test`` checks one step only (we run
+PettingZoo's own tests are used where they apply, working around their known traps: the AEC
+``api_test`` crashes on ``Text`` spaces (not used; the parallel test and our contract check
+cover it); ``parallel_seed_test`` checks one step only (we run
 ``seed_test`` on ``parallel_to_aec`` factories and our own whole-episode determinism check);
 ``parallel_api_test`` overwrites ``env.max_cycles`` (each check builds a fresh env);
 ``render_test`` asks for ``render_mode="human"`` first: every scenario supports it (it prints
