@@ -134,7 +134,7 @@ from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario, printable
 from parley.scenarios.code.debug_gen import MAX_DIFFICULTY, draw_generated
 from parley.scenarios.code.debug_tasks import TASKS, DebugTask
-from parley.scenarios.code.harness import TestRun, hidden_pass_rate, run_tests
+from parley.scenarios.code.harness import hidden_pass_rate, run_tests
 from parley.scenarios.code.task_set import DrawnTask, draw_hidden, v3_tasks
 from parley.scenarios.difficulty import check_difficulty
 from parley.scenarios.refusals import RefusedMoveTakesTurn
@@ -153,7 +153,8 @@ from parley.scenarios.tools.tool import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CodeDebugV0", "CodeDebugV1", "CodeDebugV2", "CodeDebugV3", "TestRun", "run_tests"]
+# The versions; the rules' helpers (for scripted agents and tests) are imported by path.
+__all__ = ["CodeDebugV0", "CodeDebugV1", "CodeDebugV2", "CodeDebugV3"]
 
 T = TypeVar("T")
 

@@ -80,7 +80,8 @@ from parley.scenarios.base import Scenario
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.registry import registered
 
-__all__ = ["ATTRIBUTES", "ReferentialV0", "RefState", "describe", "messages"]
+# The versions; the rules' helpers (for scripted agents and tests) are imported by path.
+__all__ = ["ReferentialV0", "ReferentialV1"]
 
 ATTRIBUTES: tuple[tuple[str, ...], ...] = (
     ("red", "blue", "green", "yellow", "purple", "orange", "black", "white"),

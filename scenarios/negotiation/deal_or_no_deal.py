@@ -106,24 +106,8 @@ from parley.scenarios.base import Scenario
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.registry import registered
 
-__all__ = [
-    "ITEMS",
-    "DealState",
-    "DealOrNoDealV0",
-    "agreement",
-    "divisions",
-    "generate_context",
-    "pareto_optimal",
-    "parse_claim",
-    "DealOrNoDealV1",
-    "DealOrNoDealV2",
-    "DealOrNoDealV3",
-    "sample_context",
-    "score",
-    "valid_context",
-    "valid_contexts",
-    "value_vectors",
-]
+# The versions; the rules' helpers (for scripted agents and tests) are imported by path.
+__all__ = ["DealOrNoDealV0", "DealOrNoDealV1", "DealOrNoDealV2", "DealOrNoDealV3"]
 
 ITEMS = ("book", "hat", "ball")
 TOTAL_VALUE = 10

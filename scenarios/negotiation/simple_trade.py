@@ -60,7 +60,8 @@ from parley.scenarios.base import Scenario
 from parley.scenarios.helpers import TextMemo
 from parley.scenarios.registry import registered
 
-__all__ = ["RESOURCES", "SimpleTradeV0", "TradeState", "parse_move", "inventory_value"]
+# The versions; the rules' helpers (for scripted agents and tests) are imported by path.
+__all__ = ["SimpleTradeV0"]
 
 RESOURCES = ("Wood", "Gold")
 SEATS = ("player_0", "player_1")

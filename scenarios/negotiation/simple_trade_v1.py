@@ -95,14 +95,8 @@ from parley.scenarios.negotiation.simple_trade import (
 )
 from parley.scenarios.registry import registered
 
-__all__ = [
-    "SimpleTradeV1",
-    "SimpleTradeV2",
-    "NegotiationState",
-    "find_offer",
-    "parse_offer",
-    "parse_resources",
-]
+# The versions; the rules' helpers (for scripted agents and tests) are imported by path.
+__all__ = ["SimpleTradeV1", "SimpleTradeV2"]
 
 # SPIRAL's patterns. Its offer pattern, r"\[Offer:\s*(?:I\s+(?:give|offer)\s+)?([^\[\]]+?)\s*\.*\]",
 # backtracks quadratically (20 ms on 1,000 characters of spaces); find_offer matches the same

@@ -66,7 +66,8 @@ from parley.scenarios.base import Scenario
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.registry import registered
 
-__all__ = ["SplitThePieV0", "PieState", "parse_proposal", "quota", "spe_shares"]
+# The versions; the rules' helpers (for scripted agents and tests) are imported by path.
+__all__ = ["SplitThePieV0", "SplitThePieV1"]
 
 _PREFIX = re.compile(r"^\s*propose\s*:?", re.IGNORECASE)
 _NUMBER = re.compile(r"\d+(\.\d+)?|\.\d+")

@@ -113,18 +113,8 @@ from parley.scenarios.tools.tool import (
     tool,
 )
 
-__all__ = [
-    "SEAT",
-    "TEMPLATES",
-    "CalcChainV0",
-    "Problem",
-    "Step",
-    "accepted_answers",
-    "build_problem",
-    "calc_tools",
-    "generate_problem",
-    "run_steps",
-]
+# The versions; the rules' helpers (for scripted agents and tests) are imported by path.
+__all__ = ["CalcChainV0", "CalcChainV1"]
 
 SEAT = "solver"
 PLACES = 2

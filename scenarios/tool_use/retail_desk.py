@@ -96,16 +96,8 @@ from parley.scenarios.tools.tool import (
     result_dicts,
 )
 
-__all__ = [
-    "SEATS",
-    "STOP",
-    "RetailDeskV0",
-    "RetailDeskV1",
-    "RetailDeskV2",
-    "Task",
-    "build_task",
-    "reference_db",
-]
+# The versions; the rules' helpers (for scripted agents and tests) are imported by path.
+__all__ = ["RetailDeskV0", "RetailDeskV1", "RetailDeskV2"]
 
 SEATS = ("user", "assistant")
 STOP = "###STOP###"

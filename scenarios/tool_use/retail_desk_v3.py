@@ -94,7 +94,8 @@ from parley.scenarios.tool_use.retail_gen import (
 )
 from parley.scenarios.tools.tool import ToolBox, Turn, action_constraint
 
-__all__ = ["ANSWER_FIELDS", "ASKED", "RetailDeskV3", "answer_key", "parse_answer"]
+# The versions; the rules' helpers (for scripted agents and tests) are imported by path.
+__all__ = ["RetailDeskV3"]
 
 ANSWER_FIELDS: dict[str, str] = {
     "refund": "the money refunded by what was done in this conversation, like $12.34",

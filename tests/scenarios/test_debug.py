@@ -9,8 +9,8 @@ import pytest
 
 from parley.agents.scripted.code import DebugNaive, DebugOracle, DebugReviewer
 from parley.scenarios import make
-from parley.scenarios.code.debug import run_tests
 from parley.scenarios.code.debug_tasks import TASKS
+from parley.scenarios.code.harness import run_tests
 from parley.scenarios.conformance import play_episode
 from parley.scenarios.tools.sandbox import Sandbox, SandboxLimits, isolation
 

@@ -213,3 +213,18 @@ def test_parley_list_groups_versions_under_one_game_latest_marked(
     assert f"v{len(dond) - 1}* " in line
     assert " v0 " in line
     assert sum(row.startswith("│ negotiation/deal-or-no-deal") for row in table.splitlines()) == 1
+
+
+def test_the_package_exports_what_authors_and_users_need_and_leaves_export_versions() -> None:
+    """Issue 34 s6: parley.scenarios names the author's and user's entry points; a scenario
+    module exports its version classes only (rule helpers are imported by module path)."""
+    import parley.scenarios as package
+
+    needed = {"Scenario", "make", "register", "registered", "check_scenario", "ConfigError"}
+    assert needed <= set(package.__all__)
+    assert package.ConfigError is ConfigError
+    for found in reg.builtin_specs():
+        module = sys.modules[found.entry_point.split(":")[0]]
+        versions = {name for name in module.__all__ if name[-1].isdigit()}
+        assert set(module.__all__) == versions, module.__name__
+        assert found.entry_point.split(":")[1] in versions
