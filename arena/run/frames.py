@@ -124,10 +124,10 @@ class FrameBatcher:
             return
         for item, result in zip(items, reply.results, strict=True):
             if isinstance(result, Error):  # as the bus raises an Error reply
-                error = RemoteError(
+                remote = RemoteError(
                     result.code, result.message, peer=peer, retryable=result.retryable
                 )
-                _settle(item.reply, error)
+                _settle(item.reply, remote)
             elif not item.reply.done():
                 item.reply.set_result(result)
 
