@@ -139,20 +139,16 @@ def index_page(sources: Mapping[str, Source], links: Links) -> str:
             "<table id=trains><tr><th>run</th><th>scenario</th><th>updated</th>"
             f"<th>episodes</th><th>progress</th></tr>{''.join(rows)}</table>"
         )
-    leagues = [s for s in sources.values() if s.kind == "league"]
-    if leagues:
-        items = "".join(
-            f'<li><a class=league-link href="{esc(links.league(s.id))}">{esc(s.id)}</a></li>'
-            for s in leagues
-        )
-        parts.append(f"<h2>Tournaments ({len(leagues)})</h2><ul id=leagues>{items}</ul>")
-    evals = [s for s in sources.values() if s.kind == "eval"]
-    if evals:
-        items = "".join(
-            f'<li><a class=eval-link href="{esc(links.eval(s.id))}">{esc(s.id)}</a></li>'
-            for s in evals
-        )
-        parts.append(f"<h2>Evaluations ({len(evals)})</h2><ul id=evals>{items}</ul>")
+    # Folders of runs: tournaments and eval reports, each a list of links to its page.
+    kinds = (("league", "Tournaments", links.league), ("eval", "Evaluations", links.eval))
+    for kind, title, link in kinds:
+        found = [s for s in sources.values() if s.kind == kind]
+        if found:
+            items = "".join(
+                f'<li><a class={kind}-link href="{esc(link(s.id))}">{esc(s.id)}</a></li>'
+                for s in found
+            )
+            parts.append(f"<h2>{title} ({len(found)})</h2><ul id={kind}s>{items}</ul>")
     return page("runs", "".join(parts), links)
 
 
