@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import signal
+import socket
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +26,7 @@ import pytest
 from parley.arena.integrations.nemo_gym_resources import (
     NemoGymUnavailable,
     ResourcesServer,
+    nemo_gym_python,
     resources_server,
 )
 from parley.protocols.errors import ConfigError
@@ -212,3 +219,70 @@ def test_an_http_error_is_the_calls_result_and_a_dead_server_the_episodes(hostil
     hostile.server_close()
     with pytest.raises(NemoGymServerError, match="check that it runs"):
         env.step({"solver": PING})
+
+
+# -- NeMo Gym's own launcher ----------------------------------------------------------------
+
+NG_CONFIG = """head_server:
+  host: 127.0.0.1
+  port: {head}
+example_multi_step_resources_server:
+  resources_servers:
+    example_multi_step:
+      entrypoint: app.py
+      domain: instruction_following
+      verified: false
+      host: 127.0.0.1
+      port: {port}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.long
+@pytest.mark.timeout(300)
+def test_a_server_started_by_ng_run_plays_as_a_scenario(tmp_path: Path) -> None:
+    """``ng_run`` itself starts the server (a Ray cluster, its head server, the resources
+    server in its own process): no ``uv`` or network, because ``+skip_venv_if_present`` finds
+    the server's environment already there (a link to NeMo Gym's)."""
+    python = nemo_gym_python()
+    if not python.exists():
+        pytest.skip(f"no {python}: nemo-gym's environment is not built here")
+    venv = tmp_path / "venvs" / "resources_servers" / "example_multi_step" / ".venv"
+    venv.parent.mkdir(parents=True)
+    venv.symlink_to(python.parent.parent)
+    port, head = _free_port(), _free_port()  # (ng_run's head server defaults to 11000)
+    config = tmp_path / "rs.yaml"
+    config.write_text(NG_CONFIG.format(port=port, head=head))
+    log = (tmp_path / "ng_run.log").open("w+")
+    cmd = [str(python.parent / "ng_run"), "--config", str(config)]
+    cmd += ["+skip_venv_if_present=true", f"+uv_venv_dir={tmp_path / 'venvs'}"]
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True
+    )
+    try:
+        while "All 1 / 1 servers ready" not in (tmp_path / "ng_run.log").read_text():
+            assert proc.poll() is None, (tmp_path / "ng_run.log").read_text()[-3000:]
+            time.sleep(1)  # progress is judged by ng_run's own log; the test timeout bounds it
+        rows = python.parent.parent.glob("lib/python*/site-packages/resources_servers/")
+        (folder,) = list(rows)
+        env = make(
+            f"nemogym:example_multi_step@127.0.0.1:{port}",
+            rows=str(folder / "example_multi_step" / "data" / "example.jsonl"),
+        )
+        env.reset(seed=2)
+        _solve(env)
+        _, rewards, *_ = env.step({"checker": '{"verdict": "accept"}'})
+        assert rewards == {"solver": 1.0, "checker": 1.5}
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # ng_run shuts its Ray cluster down on SIGINT
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        log.close()

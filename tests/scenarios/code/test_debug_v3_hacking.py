@@ -58,7 +58,7 @@ from parley.scenarios.code.task_set import (
     v3_tasks,
 )
 from parley.scenarios.tools.sandbox import Sandbox, isolation
-from tests.scenarios.test_debug_reward_hacking import FAMILIES, PRELUDE, _candidates
+from tests.scenarios.code.test_debug_reward_hacking import FAMILIES, PRELUDE, _candidates
 
 pytestmark = [
     pytest.mark.timeout(300),
