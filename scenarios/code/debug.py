@@ -78,7 +78,7 @@ error it raised, and this process rebuilds those values and compares them with `
 expected ones. Whatever the code does to the harness in its own process (forged lines, patched
 builtins, exits, hostile objects) can at best claim results that an honest function could have
 returned; malformed, missing or extra results score 0 for their tests and never raise out of
-``step``. ``tests/scenarios/test_debug_reward_hacking.py`` attacks this with 14 exploit families.
+``step`` (``tests/scenarios/code/test_debug_reward_hacking.py``: 14 exploit families).
 
 Arguments: ``task`` (None: drawn by the seed), ``reviewer`` (False), ``max_steps`` (12),
 ``invalid_penalty``, ``max_cycles``, ``render_mode``, ``allow_weak_sandbox`` (False: refuse to run

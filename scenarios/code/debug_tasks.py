@@ -7,7 +7,7 @@ when this module is imported.
 
 A test is ``(call, expected)``: two Python expressions; it passes when ``call`` evaluated in
 the solution's namespace equals ``expected``. Every buggy version fails at least one visible
-and one hidden test; every fix passes all of them (``tests/scenarios/test_debug.py`` checks
+and one hidden test; every fix passes all of them (``tests/scenarios/code/test_debug.py`` checks
 both in the sandbox).
 """
 

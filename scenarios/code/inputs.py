@@ -5,7 +5,7 @@
 calls from these afresh in every episode and takes the expected values from the reference
 fix, run in the scenario's own process (:mod:`parley.scenarios.code.task_set`).
 
-What each generator must do, and ``tests/scenarios/test_debug_v3.py`` checks:
+What each generator must do, and ``tests/scenarios/code/test_debug_v3.py`` checks:
 
 - stay in the function's documented domain (the reference fix never raises on a draw);
 - reach the task's bug often: each bug of the task set shows on at least a fifth of the
