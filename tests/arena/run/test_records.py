@@ -12,6 +12,7 @@ import errno
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -84,31 +85,51 @@ def _expected(records: list[EpisodeRecord]) -> tuple[bytes, bytes]:
     )
 
 
-class _GatedFile:
-    """A file whose writes block until ``gate`` is set (a disk that has stalled)."""
+class _File:
+    """A real file whose every write first calls ``before(n)`` (``n``: writes so far): a
+    hook that stalls or fails the way a disk does."""
 
-    def __init__(self, path: Path, gate: threading.Event) -> None:
+    def __init__(self, path: Path, before: Callable[[int], None]) -> None:
         self.file = path.open("wb")
-        self.gate = gate
+        self.before = before
+        self.writes = 0
 
     def write(self, data: bytes) -> int:
-        if not self.gate.wait(timeout=30):
-            raise OSError(errno.EIO, "the test's gate never opened")
+        self.before(self.writes)
+        self.writes += 1
         return self.file.write(data)
 
     def close(self) -> None:
         self.file.close()
 
 
+def _opener(before: Callable[[int], None], name: str = "") -> Callable[[Path], IO[bytes]]:
+    """Opens ``name`` (every file without one) as a :class:`_File` calling ``before``."""
+
+    def opener(path: Path) -> IO[bytes]:
+        if name and path.name != name:
+            return path.open("wb")
+        return _File(path, before)  # type: ignore[return-value]
+
+    return opener
+
+
+def _full_disk(writes: int) -> None:
+    """The second write fails as a full disk does."""
+    if writes >= 1:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
 @pytest.mark.timeout(30)
 async def test_a_stalled_disk_bounds_the_queue_and_the_loop_goes_on(tmp_path: Path) -> None:
     gate = threading.Event()
 
-    def opener(path: Path) -> IO[bytes]:
-        return _GatedFile(path, gate)  # type: ignore[return-value]
+    def stalled(_: int) -> None:
+        if not gate.wait(timeout=30):
+            raise OSError(errno.EIO, "the test's gate never opened")
 
     records = [_record(i) for i in range(12)]
-    writer = RecordWriter(tmp_path, queue_records=3, opener=opener)
+    writer = RecordWriter(tmp_path, queue_records=3, opener=_opener(stalled))
     handed = 0
 
     async def produce() -> None:
@@ -134,30 +155,9 @@ async def test_a_stalled_disk_bounds_the_queue_and_the_loop_goes_on(tmp_path: Pa
     assert (tmp_path / "trajectories.jsonl").read_bytes() == trajectories
 
 
-class _FullDisk:
-    """A file whose second write fails as a full disk does."""
-
-    def __init__(self, path: Path) -> None:
-        self.file = path.open("wb")
-        self.writes = 0
-
-    def write(self, data: bytes) -> int:
-        self.writes += 1
-        if self.writes > 1:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return self.file.write(data)
-
-    def close(self) -> None:
-        self.file.close()
-
-
 @pytest.mark.timeout(30)
 def test_a_failing_write_raises_once_naming_the_file_and_what_to_do(tmp_path: Path) -> None:
-    def opener(path: Path) -> IO[bytes]:
-        if path.name == "trajectories.jsonl":
-            return _FullDisk(path)  # type: ignore[return-value]
-        return path.open("wb")
-
+    opener = _opener(_full_disk, "trajectories.jsonl")
     writer = RecordWriter(tmp_path, queue_records=2, opener=opener)
     raised: list[RecordsError] = []
     for index in range(40):  # more than the queue holds: no add() may hang after the error
@@ -179,10 +179,7 @@ def test_a_failing_write_raises_once_naming_the_file_and_what_to_do(tmp_path: Pa
 
 @pytest.mark.timeout(30)
 def test_a_failing_write_is_raised_by_close_when_no_add_came_after(tmp_path: Path) -> None:
-    def opener(path: Path) -> IO[bytes]:
-        return _FullDisk(path) if path.name == "timings.jsonl" else path.open("wb")  # type: ignore[return-value]
-
-    writer = RecordWriter(tmp_path, opener=opener)
+    writer = RecordWriter(tmp_path, opener=_opener(_full_disk, "timings.jsonl"))
     writer.add(_record(0))
     writer.add(_record(1))
     with pytest.raises(RecordsError, match=r"timings\.jsonl"):
@@ -201,27 +198,10 @@ def test_a_record_json_cannot_hold_is_a_records_error_naming_the_episode(tmp_pat
         writer.close()
 
 
-class _SlowFile:
-    """A file whose writes take a little time (the writer lags behind its callers)."""
-
-    def __init__(self, path: Path) -> None:
-        self.file = path.open("wb")
-        self.stall = threading.Event()
-
-    def write(self, data: bytes) -> int:
-        self.stall.wait(0.002)
-        return self.file.write(data)
-
-    def close(self) -> None:
-        self.file.close()
-
-
 @pytest.mark.timeout(30)
 def test_close_writes_everything_handed_over_gaps_included(tmp_path: Path) -> None:
-    def opener(path: Path) -> IO[bytes]:
-        return _SlowFile(path)  # type: ignore[return-value]
-
-    writer = RecordWriter(tmp_path, queue_records=4, opener=opener)
+    stall = threading.Event()  # never set: each write waits 2 ms (the writer lags behind)
+    writer = RecordWriter(tmp_path, queue_records=4, opener=_opener(lambda _: stall.wait(0.002)))
     # Index 5 never comes (an interrupted run): the records after it still reach the files.
     records = [_record(i) for i in range(30) if i != 5]
     for record in records:
