@@ -114,9 +114,8 @@ would settle on without implementing the function earn at most 0.025 in expectat
 brief's code and tests show as ``| code`` and ``- call == expected`` lines; a line of a scenario
 notice or tool result that starts with white space or a seat's name gets ``| `` before it (a
 quoted message line can no longer equal a brief line, as in v2). Hidden output cap: 64,000 bytes.
-Without a version bump (all versions): the per-step tool budget (honest calls take 0.1-0.2 s; a
-4-8 s script times out at 4 s and uses up the turn's calls), ``sandbox_failed``,
-``hidden_problem``, a sandbox failure at submission scoring 0 instead of raising.
+Without a version bump (all versions): the per-step tool budget (a 4-8 s script times out at 4 s),
+``sandbox_failed``, ``hidden_problem``, a sandbox failure at submission scoring 0, not raising.
 """
 
 from __future__ import annotations
@@ -153,7 +152,6 @@ from parley.scenarios.tools.tool import (
 
 log = logging.getLogger(__name__)
 
-# The versions; the rules' helpers (for scripted agents and tests) are imported by path.
 __all__ = ["CodeDebugV0", "CodeDebugV1", "CodeDebugV2", "CodeDebugV3"]
 
 T = TypeVar("T")
