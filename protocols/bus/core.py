@@ -142,7 +142,10 @@ class Sock:
 
 
 class Routes:
-    """Where received messages go: a handler per body type, handlers per broadcast prefix."""
+    """Where received messages go: a handler per body type, handlers per broadcast prefix.
+
+    ``handlers`` is changed in place, never replaced (the receive loop holds it).
+    """
 
     def __init__(self) -> None:
         self.handlers: dict[type[Body], Handler] = {}

@@ -90,6 +90,7 @@ class ReceiveLoop:
         self._stats = shared.stats
         self._codec = shared.codec
         self._routes = routes
+        self._handlers = routes.handlers  # (changed in place by Endpoint.on, never replaced)
         self._sender = sender
         self._liveness = liveness
         self._refusals = refusals
@@ -248,7 +249,7 @@ class ReceiveLoop:
         if kind is Hello or kind is Subscribe or kind is Bye or kind is Error:
             self._control(sock, rid, link, env)
             return
-        handler = self._routes.handlers.get(kind)
+        handler = self._handlers.get(kind)
         if env.expects_reply:
             self._run_request(link, env, handler)
         elif handler is None:
