@@ -41,7 +41,7 @@ SCENARIO_INIT = '''\
 ``<<CLASS>>V1`` with its id in ``metadata["name"]`` and its own ``@registered``, added to
 ``VERSIONS``; keep the old version registered as it was."""
 
-from parley.scenarios.registry import ScenarioSpec, spec_of
+from parley.scenarios import ScenarioSpec, spec_of
 
 from <<PACKAGE>>.scenario import <<CLASS>>V0
 
@@ -118,8 +118,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parley.scenarios.base import Scenario
-from parley.scenarios.registry import registered
+from parley.scenarios import ConfigError, Scenario, registered
 
 SEATS = ("first", "second")
 TARGET = 21
@@ -169,7 +168,7 @@ class <<CLASS>>V0(Scenario):
             invalid_penalty=invalid_penalty,
         )
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
 
     def new_episode(self, rng: np.random.Generator) -> None:
@@ -182,15 +181,15 @@ class <<CLASS>>V0(Scenario):
     def acting(self) -> list[str]:
         return [SEATS[self.s.turns % 2]]
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         self.s.turns += 1
         step = parse_move(action)
         if step is not None:
             self.s.total += step
-            self.announce(f"{agent} adds {step}: the total is {self.s.total}.")
+            self.announce(f"{seat} adds {step}: the total is {self.s.total}.")
             if self.s.total >= TARGET:
-                self.s.winner = agent
-                self.reward(agent, "task", 1.0)
+                self.s.winner = seat
+                self.reward(seat, "task", 1.0)
                 self.finish()
                 return None
         if self.s.turns >= self.max_turns:
@@ -198,16 +197,16 @@ class <<CLASS>>V0(Scenario):
             self.finish()
         return None if step is not None else "reply with 1, 2 or 3"
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         return f"The total is {self.s.total}. Your move: 1, 2 or 3."
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         return {"type": "choice", "choices": ["1", "2", "3"]}
 
-    def view(self, agent: str) -> dict[str, Any]:
+    def view(self, seat: str) -> dict[str, Any]:
         return {"total": self.s.total, "turns_left": self.max_turns - self.s.turns}
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return (
             f"Two players take turns adding 1, 2 or 3 to a total; whoever reaches {TARGET} "
             "wins. Reply with the number only."
@@ -275,8 +274,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parley.scenarios.base import Scenario
-from parley.scenarios.registry import registered
+from parley.scenarios import ConfigError, Scenario, registered
 
 SEATS = ("player_0", "player_1")
 MOVES = ("rock", "paper", "scissors")
@@ -330,7 +328,7 @@ class <<CLASS>>V0(Scenario):
             invalid_penalty=invalid_penalty,
         )
         if rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {rounds}")
+            raise ConfigError(f"rounds must be >= 1, got {rounds}")
         self.rounds = rounds
 
     def new_episode(self, rng: np.random.Generator) -> None:
@@ -343,9 +341,9 @@ class <<CLASS>>V0(Scenario):
     def acting(self) -> list[str]:
         return list(SEATS)
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         move = action.strip().lower()
-        self.s.moves[agent] = move if move in MOVES else None
+        self.s.moves[seat] = move if move in MOVES else None
         return None if move in MOVES else "reply with rock, paper or scissors"
 
     def resolve(self) -> None:
@@ -363,16 +361,16 @@ class <<CLASS>>V0(Scenario):
         if self.s.round >= self.rounds:
             self.finish()
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         return f"Round {self.s.round + 1} of {self.rounds}: rock, paper or scissors?"
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         return {"type": "choice", "choices": list(MOVES)}
 
-    def view(self, agent: str) -> dict[str, Any]:
-        return {"round": self.s.round, "score": self.s.score[agent]}
+    def view(self, seat: str) -> dict[str, Any]:
+        return {"round": self.s.round, "score": self.s.score[seat]}
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return "You play rock-paper-scissors. Reply with rock, paper or scissors only."
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:

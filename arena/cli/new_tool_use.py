@@ -44,8 +44,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parley.scenarios.base import Scenario
-from parley.scenarios.registry import registered
+from parley.scenarios import ConfigError, Scenario, registered
 from parley.scenarios.tools.tool import (
     ToolBox,
     ToolFailure,
@@ -128,7 +127,7 @@ class <<CLASS>>V0(Scenario):
             invalid_penalty=invalid_penalty,
         )
         if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
         self.tools = ToolBox([tool(multiply), tool(add)])
         self._constraint = action_constraint(self.tools, {"answer": {"type": "string"}})
@@ -144,7 +143,7 @@ class <<CLASS>>V0(Scenario):
     def acting(self) -> list[str]:
         return [SEAT]
 
-    def play(self, agent: str, action: str) -> str | None:
+    def play(self, seat: str, action: str) -> str | None:
         self.s.turns_left -= 1
         self.s.last_results = []
         parsed = parse_turn(action, turn=self.turn)
@@ -168,19 +167,19 @@ class <<CLASS>>V0(Scenario):
             self.finish()
         return reason
 
-    def prompt(self, agent: str) -> str:
+    def prompt(self, seat: str) -> str:
         return f"Your move ({self.s.turns_left} turns left): tool_calls and/or answer."
 
-    def constraint(self, agent: str) -> dict[str, Any] | None:
+    def constraint(self, seat: str) -> dict[str, Any] | None:
         return dict(self._constraint)
 
-    def view(self, agent: str) -> dict[str, Any]:
+    def view(self, seat: str) -> dict[str, Any]:
         return {
             "a": self.s.a, "b": self.s.b, "c": self.s.c, "turns_left": self.s.turns_left,
             "tools": self.tools.specs(), "tool_results": self.s.last_results,
         }
 
-    def system_prompt(self, agent: str) -> str:
+    def system_prompt(self, seat: str) -> str:
         return (
             "Compute the expression with the tools. Reply with one JSON object each turn: "
             '{"tool_calls": [{"name": "multiply", "arguments": {"a": 1, "b": 2}}]} or '
