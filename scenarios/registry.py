@@ -4,14 +4,15 @@ Importing this module imports no scenario module: a spec names its class and its
 agents as strings, resolved only by :func:`make` (and by the runner, for baselines).
 
 A version of a scenario is a class named ``<Game>V<n>`` whose ``metadata["name"]`` is its id,
-registered beside it by the :func:`registered` decorator (its baselines and its one-line
-description). The built-in ones are listed without importing their modules from
+its spec (baselines, one-line description) declared beside it by the :func:`registered`
+decorator. The built-in ones are registered, without importing their modules, from
 ``catalog.json``, which ``python -m parley.scenarios.catalog`` writes from those decorators
-(tests/scenarios/test_registry.py fails while it is stale).
+(tests/scenarios/test_registry.py fails while it is stale, and :meth:`ScenarioSpec.make`
+refuses a class registered otherwise than it declares).
 Third-party packages add scenarios through the ``parley.scenarios`` entry-point group; each
-entry point resolves to a :class:`ScenarioSpec`, a list of them, or a callable that returns
-them (or calls :func:`register` itself). Entry points are loaded the first time the registry
-is looked up.
+entry point resolves to a :class:`ScenarioSpec`, a list of them (:func:`spec_of` of each
+version class), or a callable that returns them (or calls :func:`register` itself). Entry
+points are loaded the first time the registry is looked up.
 
 An id without its version (``negotiation/deal-or-no-deal``) names the latest registered
 version of that game, as in Gymnasium: :func:`spec` and :func:`make` resolve it and warn once
