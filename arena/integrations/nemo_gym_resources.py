@@ -7,7 +7,7 @@ a ``uv``-built environment and publish its address through a head server (both n
 network); this module starts the server's own class, unchanged, on a loopback port:
 
 - **as a script**, run by the Python of an environment that has ``nemo-gym`` installed
-  (``.venv/nemo-gym``, which the Makefile builds where Python 3.12 runs):
+  (``.venv/nemo-gym``, which ``make install-nemo-gym`` builds where Python 3.12 runs):
   ``PYTHON nemo_gym_resources.py NAME [--port P]`` builds ``NAME``'s server from its config
   (the server's own config class, the fields of its YAML entry), serves its FastAPI app with
   uvicorn, plus one route of parley's, ``GET /parley/rows`` (the server's example rows, the
@@ -96,7 +96,7 @@ def resources_server(
     if not exe.exists():
         raise NemoGymUnavailable(
             f"no {exe}: install nemo-gym in its own environment (Python 3.12+: "
-            f"`make install-vllm PYTHON312=/path/to/python3.12`) or set ${PYTHON_ENV}"
+            f"`make install-nemo-gym PYTHON312=/path/to/python3.12`) or set ${PYTHON_ENV}"
         )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(

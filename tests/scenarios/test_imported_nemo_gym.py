@@ -2,7 +2,8 @@
 
 The real part: NeMo Gym's own ``example_multi_step`` server (its code, unchanged, started by
 :mod:`parley.arena.integrations.nemo_gym_resources` under the Python of an environment with
-nemo-gym installed; the tests skip where there is none). The hostile-server tests need a
+nemo-gym installed; the tests skip where there is none, and are ``long``: that environment is
+built for the long tests, ``make install-nemo-gym``). The hostile-server tests need a
 server that stalls, dies or floods, which NeMo Gym's servers do not do on request: a small
 stdlib HTTP server on a real loopback socket plays those parts.
 """
@@ -60,6 +61,7 @@ def _solve(env: Any, values: list[int] | None = None) -> dict[str, str]:
     return dict(observations)
 
 
+@pytest.mark.long
 def test_nemo_gyms_verify_scores_both_seats(served: ResourcesServer) -> None:
     env = make(served.id)
     observations, _ = env.reset(seed=4)
@@ -81,6 +83,7 @@ def test_nemo_gyms_verify_scores_both_seats(served: ResourcesServer) -> None:
     assert rewards == {"solver": 0.0, "checker": -0.5}
 
 
+@pytest.mark.long
 def test_a_rejection_hands_back_and_the_checker_can_correct(served: ResourcesServer) -> None:
     env = make(served.id, solver_turns=3)
     env.reset(seed=1)
@@ -98,6 +101,7 @@ def test_a_rejection_hands_back_and_the_checker_can_correct(served: ResourcesSer
     assert env.episode_metrics()["rejections"] == 1.0
 
 
+@pytest.mark.long
 def test_bad_tool_calls_are_invalid_moves_and_never_reach_the_server(
     served: ResourcesServer,
 ) -> None:
@@ -127,6 +131,7 @@ def test_bad_tool_calls_are_invalid_moves_and_never_reach_the_server(
     assert env.s.turns_left["solver"] == 1
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_the_scenario_passes_the_conformance_suite(served: ResourcesServer) -> None:
     report = check_scenario(served.id)

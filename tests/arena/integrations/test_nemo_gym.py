@@ -97,7 +97,9 @@ def test_nemo_gym_rollout_collection_scores_as_parley_run(
     tmp_path: Path,
 ) -> None:
     if not NEMO_PYTHON.exists():
-        pytest.skip(f"no {NEMO_PYTHON}: nemo-gym needs Python 3.12 (make install-vllm builds it)")
+        pytest.skip(
+            f"no {NEMO_PYTHON}: nemo-gym needs Python 3.12 (make install-nemo-gym builds it)"
+        )
     model, pool, url = served
     resources, rows = resources_server
     out = tmp_path / "rollouts.jsonl"
