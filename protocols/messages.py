@@ -179,6 +179,9 @@ class ObservationBatch(Body, tag="observations"):
 
     observations: Annotated[list[Observation], msgspec.Meta(max_length=MAX_LIST_ITEMS)]
     episodes: _Texts
+    timeout: float = 0.0
+    """Seconds the arena waits for the reply (0: no bound); answer by then, with an
+    ``Error`` of code ``timeout`` for each observation still unanswered."""
 
 
 class ActionBatch(Body, tag="actions"):

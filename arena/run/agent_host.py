@@ -35,7 +35,7 @@ import zmq
 
 from parley.agents.base import Agent
 from parley.arena.run.agent_specs import AgentFactory, remote_peer_name
-from parley.arena.run.gather import send_all_then_gather
+from parley.arena.run.gather import _drive
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.errors import BusError, ConfigError
 from parley.protocols.messages import (
@@ -103,11 +103,49 @@ class AgentHost:
                 f"an observation batch needs one episode per observation, got "
                 f"{len(batch.episodes)} for {len(batch.observations)}"
             )
-        # Every act runs to its first suspension before any is awaited (no task each), as
-        # the bus starts the handlers of single observations as they arrive.
-        pairs = zip(batch.episodes, batch.observations, strict=True)
-        results = await send_all_then_gather([self.answer(ep, obs) for ep, obs in pairs])
-        return ActionBatch(results=[self._result(r, envelope) for r in results])
+        # Every act runs to its first suspension before any is awaited (no task each, as
+        # the bus runs the handler of a single observation); the suspended ones get a task
+        # and the batch's timeout, so that one agent that hangs fails its own item only.
+        results: list[Action | Error] = []
+        suspended: dict[asyncio.Task[Body], int] = {}
+        for episode, obs in zip(batch.episodes, batch.observations, strict=True):
+            act = self.answer(episode, obs)
+            try:
+                yielded = act.send(None)
+            except StopIteration as stop:
+                results.append(self._result(stop.value, envelope))
+            except Exception as exc:
+                results.append(self._result(exc, envelope))
+            else:
+                suspended[asyncio.ensure_future(_resume(act, yielded))] = len(results)
+                results.append(_LATE)
+        if suspended:
+            await self._finish(suspended, results, batch.timeout or None, envelope)
+        return ActionBatch(results=results)
+
+    async def _finish(
+        self,
+        suspended: dict[asyncio.Task[Body], int],
+        results: list[Action | Error],
+        timeout: float | None,  # noqa: ASYNC109 -- the batch's, from the arena
+        envelope: Envelope,
+    ) -> None:
+        """Fill ``results`` with the outcome of each suspended act; one still running after
+        ``timeout`` is cancelled and answered as timed out (the arena fails its episode)."""
+        try:
+            done, late = await asyncio.wait(suspended, timeout=timeout)
+        except asyncio.CancelledError:  # the endpoint is closing: so are the acts
+            for task in suspended:
+                task.cancel()
+            raise
+        for task in late:
+            task.cancel()
+            message = f"no action within the batch's {timeout:g} s"
+            results[suspended[task]] = Error(code="timeout", message=message)
+        for task in done:
+            error = task.exception()
+            outcome = task.result() if error is None else error
+            results[suspended[task]] = self._result(outcome, envelope)
 
     @staticmethod
     def _result(result: Body | BaseException, envelope: Envelope) -> Action | Error:
@@ -115,8 +153,8 @@ class AgentHost:
         single observation with when its handler raised (the same code and message)."""
         if isinstance(result, Action):
             return result
-        if not isinstance(result, Exception):  # (send_all_then_gather gives only these)
-            raise TypeError(f"unexpected result of an agent: {type(result).__name__}")
+        if not isinstance(result, Exception):  # (cancellation, KeyboardInterrupt)
+            raise result
         message = f"{type(result).__name__}: {result}"
         log.warning("handler for observations from %s failed: %s", envelope.sender, message)
         return Error(code="handler_failed", message=message)
@@ -176,6 +214,15 @@ class AgentHost:
         """Close every agent still held (the endpoint's owner closes the endpoint)."""
         for key in list(self._agents):
             await self._end(key)
+
+
+_LATE = Error(code="internal", message="not finished")  # (replaced before any reply)
+
+
+async def _resume(act: Any, yielded: Any) -> Body:
+    """Finish, in a task, an ``act`` that suspended at ``yielded`` outside one."""
+    body: Body = await _drive(act, yielded)
+    return body
 
 
 AGENT_ACCEPTS = frozenset({"observation", "observations"})

@@ -9,8 +9,12 @@ Each caller awaits its own observation as it would a single request
 (:meth:`FrameBatcher.request` is a drop-in for ``Endpoint.request`` on this path): an
 ``Action``, or the same exception a single request would raise — the item's ``Error`` as
 :class:`~parley.protocols.errors.RemoteError` (so an agent that raises fails its own seat
-and episode only), or, when the whole batch fails (the peer died, timed out, refused it as
-``overloaded``), that failure for each of its items: every one of them was that peer's.
+and episode only), an item still running at the batch's ``timeout`` as
+:class:`~parley.protocols.errors.RequestTimeout` (the agent process answers the batch then, so
+one agent that hangs fails its own episode only), or, when the whole batch fails (the peer
+died, could not answer, refused it as ``overloaded``), that failure for each of its items:
+every one of them was that peer's. A batch is answered when its slowest item is: agents of
+very uneven latency hold their batch-mates' episodes back (up to the act timeout).
 
 This is the seam between the runner and its remote transport for batched frames: the runner
 calls :meth:`FrameBatcher.request` instead of ``Endpoint.request`` and nothing else changes.
@@ -22,7 +26,7 @@ import asyncio
 from dataclasses import dataclass
 
 from parley.protocols.bus import Endpoint
-from parley.protocols.errors import ProtocolError, RemoteError
+from parley.protocols.errors import ProtocolError, RemoteError, RequestTimeout
 from parley.protocols.messages import (
     MAX_LIST_ITEMS,
     ActionBatch,
@@ -32,7 +36,12 @@ from parley.protocols.messages import (
     ObservationBatch,
 )
 
-__all__ = ["FrameBatcher"]
+__all__ = ["FrameBatcher", "REPLY_GRACE_S"]
+
+REPLY_GRACE_S = 5.0
+"""Seconds past a batch's ``timeout`` the runner waits for its reply: the agent process
+answers at ``timeout`` with the items still running as timed out (one agent that hangs
+fails its own episode only); only a process that cannot answer at all fails them all."""
 
 
 @dataclass
@@ -97,13 +106,15 @@ class FrameBatcher:
                 item.reply.cancel()  # a no-op for settled ones
 
     async def _ask(self, peer: str, items: list[_Item]) -> None:
-        batch = ObservationBatch(
-            observations=[item.obs for item in items], episodes=[item.episode for item in items]
-        )
         timeout = max(item.timeout for item in items)
+        batch = ObservationBatch(
+            observations=[item.obs for item in items],
+            episodes=[item.episode for item in items],
+            timeout=timeout,
+        )
         self.batches_sent += 1
         try:
-            reply = await self._arena.request(peer, batch, timeout=timeout)
+            reply = await self._arena.request(peer, batch, timeout=timeout + REPLY_GRACE_S)
         except ProtocolError:
             # Too large for one message, or a reply that does not decode: each item goes on
             # its own, and ends as it would have without batching.
@@ -123,7 +134,10 @@ class FrameBatcher:
                 _settle(item.reply, error)
             return
         for item, result in zip(items, reply.results, strict=True):
-            if isinstance(result, Error):  # as the bus raises an Error reply
+            if isinstance(result, Error) and result.code == "timeout":  # (hung past timeout)
+                late = f"no reply from {peer!r} within {timeout:g} s ({result.message[:200]})"
+                _settle(item.reply, RequestTimeout(late))
+            elif isinstance(result, Error):  # as the bus raises an Error reply
                 remote = RemoteError(
                     result.code, result.message, peer=peer, retryable=result.retryable
                 )

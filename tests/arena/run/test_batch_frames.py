@@ -7,6 +7,7 @@ The remote side is a real second process (``parley agent`` or ``join_arena``), a
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ from parley.protocols.messages import (
     Observation,
     ObservationBatch,
 )
-from tests.arena.run.test_remote import KILL_BUS, _join_argv, _remote_run
+from tests.arena.run.test_remote import KILL_BUS, _join_argv, _remote_run, _steps
 from tests.arena.run.test_runner import HERE, TargetAgent
 
 
@@ -37,6 +38,15 @@ class RaisingAgent(TargetAgent):
         seed = observation.info["agent_seed"]
         if seed % 3 == 0:
             raise ValueError(f"agent seed {seed} is unlucky")
+        return await super().act(observation)
+
+
+class HangingAgent(TargetAgent):
+    """Never answers where its agent seed is a multiple of 3 (the last two episodes)."""
+
+    async def act(self, observation: Observation) -> Action:
+        if observation.info["agent_seed"] % 3 == 0:
+            await asyncio.Event().wait()
         return await super().act(observation)
 
 
@@ -97,6 +107,23 @@ def test_an_agent_that_raises_in_a_batch_fails_its_own_episode_with_the_same_rea
     ]  # its batch's others played on
     assert all(f.startswith("b: agent_error: ValueError: agent seed") for f in failed[True] if f)
     assert transcripts[True] == transcripts[False]
+    assert max(sizes) > 1
+
+
+@pytest.mark.long
+@pytest.mark.timeout(120)
+def test_an_agent_that_hangs_in_a_batch_times_out_its_own_episode_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent process answers the batch at its timeout, the hung item as timed out: its
+    batch-mates' actions are not lost with it."""
+    sizes = _batches(monkeypatch)
+    argv = _join_argv("tests.arena.run.test_batch_frames:HangingAgent", BusConfig())
+    results, _ = _both_ways(tmp_path, argv, concurrency=4, act_timeout=3.0)
+    kinds = {b: [r.failed.split(": ")[:2] for r in results[b].records] for b in results}
+    assert kinds[True] == kinds[False] == [[""], [""], ["b", "timeout"], ["b", "timeout"]]
+    # The same steps; the timeout's wording differs (a single request names its id).
+    assert _steps(tmp_path / "batch-True") == _steps(tmp_path / "batch-False")
     assert max(sizes) > 1
 
 
