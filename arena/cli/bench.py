@@ -9,6 +9,7 @@ BENCHES: dict[str, str] = {
     "bus": "parley.arena.bench.bus",
     "pool": "parley.arena.bench.pool",
     "env": "parley.arena.bench.env",
+    "games": "parley.arena.bench.games",
     "sandbox": "parley.arena.bench.sandbox",
     "sampler": "parley.arena.bench.sampler",
     "ray": "parley.arena.bench.ray_scale",
