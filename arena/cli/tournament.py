@@ -82,8 +82,17 @@ def run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         ray=args.ray,
     )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
     err = console(stderr=True)
-    league = play_league(config, log=lambda line: err.print(f"[dim]{line}[/dim]"))
+    columns = ("games", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("games", total=None)
+        league = play_league(
+            config,
+            log=lambda line: bar.console.print(f"[dim]{line}[/dim]"),
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
     if args.json:
         print(json.dumps(league, sort_keys=True))
         return 0

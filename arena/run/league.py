@@ -249,29 +249,48 @@ def _score(match: Match, folder: Path, out: str) -> Iterable[Game]:
 
 
 def play_league(
-    config: LeagueConfig, *, log: Callable[[str], None] = lambda line: None
+    config: LeagueConfig,
+    *,
+    log: Callable[[str], None] = lambda line: None,
+    progress: Callable[[int, int], None] = lambda done, total: None,
 ) -> dict[str, Any]:
-    """Play (or resume) the whole league; writes and returns ``league.json``'s content."""
+    """Play (or resume) the whole league; writes and returns ``league.json``'s content.
+
+    ``progress(done, total)`` is called with the games planned (``total``) before the first
+    match and after every match, played or resumed (``done``: games of the matches so far)."""
     names = list(config.agents)
     seats = {scenario: _seats(scenario) for scenario in config.scenarios}
     games: list[Game] = []
+    rounds = config.rounds or math.ceil(math.log2(len(names))) + 1
+    pairs_planned = (
+        len(names) * (len(names) - 1) // 2
+        if config.schedule == "round-robin"
+        else rounds * (len(names) // 2)
+    )
+    per_pair = sum(len(arrangements(seats[s], "a", "b")) for s in config.scenarios)
+    total = pairs_planned * per_pair * config.games_per_pair
+    done = 0
+    progress(done, total)
 
     def play_pairs(pairs: Iterable[tuple[str, str]]) -> None:
+        nonlocal done
         for a, b in pairs:
             for scenario in config.scenarios:
                 for arranged in arrangements(seats[scenario], a, b):
                     match = dataclasses.replace(arranged, scenario=scenario)
                     games.extend(play_match(config, match, log=log))
+                    done += config.games_per_pair
+                    progress(done, total)
 
     if config.schedule == "round-robin":
         play_pairs(schedule_round_robin(names))
     else:
-        rounds = config.rounds or math.ceil(math.log2(len(names))) + 1
         met: set[frozenset[str]] = set()
         for _ in range(rounds):
             pairs = swiss_pairs(names, _points(games), met)
             met.update(frozenset(pair) for pair in pairs)
             play_pairs(pairs)
+    log(f"rating {len(games)} games")
     table = standings(games, names, bootstrap=config.bootstrap, seed=config.seed)
     table["config"] = dataclasses.asdict(config)
     Path(config.out).mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,9 @@ _CELL = 64  # heat-map cell size (px)
 _LABEL = 120  # room for agent names left of the rows (px)
 _TOP = 28  # room for agent names above the columns (px)
 _BAR_W = 360  # ladder bar width (px)
+EPISODES_SHOWN = 10
+"""Games linked per match; the match's run page lists them all (a league of 8 agents x 4
+games x 100 games a pair has 22,400: linking each made a 3 MB page that took seconds)."""
 
 
 def _real(value: Any) -> bool:
@@ -130,7 +133,8 @@ def _scenarios(per_scenario: Mapping[str, Any]) -> str:
 
 
 def _matches(src: Source, games: list[Any], sources: Mapping[str, Source], links: Links) -> str:
-    """Every match with its games, linked to the match's run page and episode pages."""
+    """Every match with its first :data:`EPISODES_SHOWN` games, linked to the match's run page
+    (which lists them all) and to those episodes' pages."""
     by_path = {s.path.resolve(): s for s in sources.values() if s.kind == "run"}
     grouped: dict[str, list[Mapping[str, Any]]] = {}
     for game in games:
@@ -144,7 +148,7 @@ def _matches(src: Source, games: list[Any], sources: Mapping[str, Source], links
         name = esc(Path(run).name)
         title = f'<a href="{esc(links.run(found.id))}">{name}</a>' if found else name
         cells = []
-        for game in rows:
+        for game in rows[:EPISODES_SHOWN]:
             scores = game.get("scores") or []
             label = " : ".join(num(s, 2) for s in scores) or "-"
             episode = str(game.get("episode", ""))
@@ -153,6 +157,9 @@ def _matches(src: Source, games: list[Any], sources: Mapping[str, Source], links
                 cells.append(f'<a class=league-episode href="{href}">{esc(episode)} {label}</a>')
             else:
                 cells.append(f"{esc(episode)} {label}")
+        if len(rows) > EPISODES_SHOWN:
+            more = f"{len(rows) - EPISODES_SHOWN} more"
+            cells.append(f'<a href="{esc(links.run(found.id))}">{more}</a>' if found else more)
         out.append(
             f"<tr><td>{title}</td><td>{esc(' vs '.join(map(str, agents)))}</td>"
             f"<td>{esc(rows[0].get('scenario'))}</td><td>{', '.join(cells)}</td></tr>"

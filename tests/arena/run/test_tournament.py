@@ -189,3 +189,41 @@ def test_a_swiss_league_plays_its_rounds_without_rematches(tmp_path: Path) -> No
     assert len(pairs) == 4  # 2 rounds x 2 pairs, no pair twice
     assert len(list((tmp_path / "matches").iterdir())) == 8  # each pair on both sides
     assert len(league["ratings"]) == 5
+
+
+@pytest.mark.timeout(60)
+def test_progress_counts_the_games_of_every_match_played_or_resumed(tmp_path: Path) -> None:
+    config = LeagueConfig(
+        agents=BASELINES, scenarios=["openspiel:kuhn_poker"], out=str(tmp_path), games_per_pair=3
+    )
+    calls: list[tuple[int, int]] = []
+    play_league(config, progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(0, 6), (3, 6), (6, 6)]  # 2 sides x 3 games
+    calls.clear()
+    play_league(config, progress=lambda done, total: calls.append((done, total)))  # resumed
+    assert calls == [(0, 6), (3, 6), (6, 6)]
+
+
+@pytest.mark.timeout(60)
+def test_the_league_page_links_a_bounded_number_of_games_per_match(tmp_path: Path) -> None:
+    """The page's work grows with the matches, not the games: each match links its first
+    EPISODES_SHOWN games and its run page for the rest (22,400 games had made a 3 MB page)."""
+    from parley.arena.view.data import discover
+    from parley.arena.view.html import Links
+    from parley.arena.view.league import EPISODES_SHOWN, league_page
+
+    config = LeagueConfig(
+        agents=BASELINES,
+        scenarios=["openspiel:kuhn_poker"],
+        out=str(tmp_path / "league"),
+        games_per_pair=EPISODES_SHOWN + 2,
+    )
+    play_league(config)
+    sources = discover([tmp_path])
+    league = next(s for s in sources.values() if s.kind == "league")
+    page = league_page(league, sources, Links())
+    assert page.count("class=league-episode") == 2 * EPISODES_SHOWN  # (24 before)
+    runs = [s.id for s in sources.values() if s.kind == "run"]
+    assert len(runs) == 2
+    for rid in runs:
+        assert f'<a href="{Links().run(rid)}">2 more</a>' in page
