@@ -355,6 +355,10 @@ async def _run(config: RunConfig, console: Console) -> Any:
 
             judge = {"judge": config.judge} if config.judge else {}  # (its policy too)
             await check_llm_pools({**runner.specs, **judge}, config.agent_options)
+            if config.reward_model:  # (and that it serves the reward model)
+                from parley.arena.inference.backends.scorer import check_score_pool
+
+                await check_score_pool(config.reward_model, config.agent_options)
         return await runner.run()
     except asyncio.CancelledError:
         if not stopped:

@@ -27,7 +27,14 @@ from typing import Any
 
 from parley.protocols.errors import ConfigError, require
 
-__all__ = ["SequenceScorer", "ScoreBatcher", "load_reward_model", "score_client", "score_texts"]
+__all__ = [
+    "SequenceScorer",
+    "ScoreBatcher",
+    "check_score_pool",
+    "load_reward_model",
+    "score_client",
+    "score_texts",
+]
 
 
 def load_reward_model(path: str | Path, *, device: str = "cpu") -> tuple[Any, Any]:
@@ -200,6 +207,18 @@ class ScoreBatcher:
             self._queue.popleft().future.cancel()
 
 
+async def score_client_connection(address: str, config: Any = None) -> Any:
+    """The bus client of this event loop connected to the pool at ``address`` (the ``llm:``
+    seats' own, made on first use)."""
+    from parley.agents.llm import BusPoolClient
+    from parley.arena.inference.llm_spec import CONNECT_TIMEOUT, shared_pool
+
+    async def start() -> BusPoolClient:
+        return await BusPoolClient.connect(address, timeout=CONNECT_TIMEOUT, config=config)
+
+    return await shared_pool(("bus", address), start)
+
+
 def score_client(
     path: str,
     options: Mapping[str, Any],
@@ -218,8 +237,7 @@ def score_client(
       (closed by ``close_shared_pools``).
 
     Each call gives one score per text or raises (the pool's error, a timeout)."""
-    from parley.agents.llm import BusPoolClient
-    from parley.arena.inference.llm_spec import CONNECT_TIMEOUT, pool_bus_config, shared_pool
+    from parley.arena.inference.llm_spec import pool_bus_config, shared_pool
     from parley.arena.run.model_rewards import reward_model_name
     from parley.protocols.messages import ScoreRequest, ScoreResult
 
@@ -228,11 +246,8 @@ def score_client(
     if isinstance(pool, str) and pool:
         config = pool_bus_config(options)
 
-        async def start() -> BusPoolClient:
-            return await BusPoolClient.connect(pool, timeout=CONNECT_TIMEOUT, config=config)
-
         async def over_bus(texts: list[str]) -> list[float]:
-            client = await shared_pool(("bus", pool), start)
+            client = await score_client_connection(pool, config)
             asked = ScoreRequest(model=name, texts=texts, timeout=timeout)
             reply = await client.endpoint.request(client.pool, asked, timeout=timeout + 5.0)
             if not isinstance(reply, ScoreResult):
@@ -266,3 +281,37 @@ def score_client(
         return await batcher.score(texts)
 
     return in_process
+
+
+async def check_score_pool(
+    path: str,
+    options: Mapping[str, Any],
+    *,
+    timeout: float = 5.0,  # noqa: ASYNC109 - the probe's own bound, not a per-call option
+) -> None:
+    """When ``options["pool"]`` is a bus address, check once that a pool answers there and
+    serves the reward model ``path`` names (a probe with no texts, which a pool refuses at
+    once: ``bad_request`` means the model is there); raises
+    :class:`~parley.arena.inference.llm_spec.PoolUnreachable` naming what to start."""
+    from parley.arena.inference.llm_spec import PoolUnreachable, check_pool, pool_bus_config
+    from parley.arena.run.model_rewards import reward_model_name
+    from parley.protocols.errors import RemoteError
+    from parley.protocols.messages import ScoreRequest
+
+    address = options.get("pool")
+    if not isinstance(address, str) or not address:
+        return
+    config = pool_bus_config(options)
+    await check_pool(address, config=config, timeout=timeout)  # connects, or says none is there
+    name = reward_model_name(path)
+    client = await score_client_connection(address, config)
+    try:
+        probe = ScoreRequest(model=name, texts=[], timeout=timeout)
+        await client.endpoint.request(client.pool, probe, timeout=timeout)
+    except RemoteError as exc:
+        if exc.code != "bad_request":
+            raise PoolUnreachable(
+                f"the pool at {address} does not score with reward model {name!r} "
+                f"({exc.code}: {exc.remote_message}); start it with `parley serve --model "
+                f"MODEL --reward-model {name}=DIR`"
+            ) from None

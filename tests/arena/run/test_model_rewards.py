@@ -39,10 +39,15 @@ def rm_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return out
 
 
-def _expected(rm_dir: Path, transcript: dict[str, Any], seat: str) -> float:
+@pytest.fixture(scope="module")
+def scorer(rm_dir: Path) -> SequenceScorer:
+    return SequenceScorer.load(rm_dir)
+
+
+def _expected(scorer: SequenceScorer, transcript: dict[str, Any], seat: str) -> float:
     """The reward model's own score of what the component scores for ``seat``."""
     items = [{**i, "text": canonical(i["text"])} for i in shown_items(transcript, seat)]
-    return SequenceScorer.load(rm_dir).score([scored_text(shown_text(items))])[0]
+    return scorer.score([scored_text(shown_text(items))])[0]
 
 
 def _read(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
@@ -52,7 +57,9 @@ def _read(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[s
 
 
 @pytest.mark.timeout(120)
-def test_parley_run_with_a_reward_model(rm_dir: Path, tmp_path: Path) -> None:
+def test_parley_run_with_a_reward_model(
+    rm_dir: Path, scorer: SequenceScorer, tmp_path: Path
+) -> None:
     from parley.arena.view.episode import _cell
 
     out = tmp_path / "out"
@@ -63,7 +70,7 @@ def test_parley_run_with_a_reward_model(rm_dir: Path, tmp_path: Path) -> None:
         last = transcript["steps"][-1]
         for seat, entry in transcript["rm"].items():
             assert entry["score"] == pytest.approx(
-                0.5 * _expected(rm_dir, transcript, seat), abs=1e-4
+                0.5 * _expected(scorer, transcript, seat), abs=1e-4
             )
             assert last["infos"][seat]["components"]["rm"] == entry["score"]
             assert "rm" in _cell(seat, last)  # the viewer shows it with the components
@@ -113,11 +120,15 @@ def served(tiny_model_dir: Path, rm_dir: Path) -> Iterator[str]:
 
 @pytest.mark.timeout(120)
 def test_a_run_scores_through_the_pool_parley_serve_started(
-    served: str, rm_dir: Path, tmp_path: Path
+    served: str,
+    rm_dir: Path,
+    scorer: SequenceScorer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``parley serve --reward-model NAME=DIR`` serves the score bus kind; a run naming a
     directory called NAME is scored there (the same numbers as the model's own); a run
-    naming a reward model the pool lacks gets no component, with the pool's reason."""
+    naming a reward model the pool lacks stops before play (exit 2)."""
     named = tmp_path / "graded"
     named.symlink_to(rm_dir)
     out = tmp_path / "out"
@@ -126,17 +137,15 @@ def test_a_run_scores_through_the_pool_parley_serve_started(
     transcripts, _, _ = _read(out)
     for transcript in transcripts:
         for seat, entry in transcript["rm"].items():
-            assert entry["score"] == pytest.approx(_expected(rm_dir, transcript, seat), abs=1e-4)
+            assert entry["score"] == pytest.approx(_expected(scorer, transcript, seat), abs=1e-4)
+    # A reward model the pool lacks stops the run before play, naming what to start.
     other = tmp_path / "other"
-    assert main([*args, "--out", str(other), "--reward-model", str(rm_dir)]) == 0
-    transcripts, trajectories, summary = _read(other)
-    for transcript in transcripts:
-        for entry in transcript["rm"].values():
-            assert "unknown_policy" in entry["failed"], entry  # no silent 0
-    assert all("rm" not in t["components"] for t in trajectories)
-    assert summary["metrics"]["rm_failed"]["mean"] == 1.0
+    assert main([*args, "--out", str(other), "--reward-model", str(rm_dir)]) == 2
+    assert f"does not score with reward model {rm_dir.name!r}" in capsys.readouterr().err
+    assert not (other / "transcripts.jsonl").exists()
 
 
+@pytest.mark.timeout(60)
 def test_reward_model_options_are_checked_before_loading(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -146,6 +155,11 @@ def test_reward_model_options_are_checked_before_loading(
     assert "no reward model at" in capsys.readouterr().err
     assert main(["run", SCENARIO, *RUN, "--reward-model", str(tmp_path)]) == 2
     assert "parley train-rm" in capsys.readouterr().err
+    # No pool at --pool: said within the probe's 5 s, before any episode waits for it.
+    absent = ["--pool", "tcp://127.0.0.1:9", "--reward-model", "models/rm"]
+    assert main(["run", SCENARIO, *RUN, "--out", str(tmp_path / "o"), *absent]) == 2
+    assert "no inference pool answers at tcp://127.0.0.1:9" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "transcripts.jsonl").exists()
     with pytest.raises(ConfigError, match="rm_scope"):
         RunConfig(SCENARIO, rm_scope="team")
     with pytest.raises(ConfigError, match="rm_weight"):
