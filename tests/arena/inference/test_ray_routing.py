@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +29,6 @@ ARGS = argparse.Namespace(
 )  # fmt: skip
 """No shared system prompt: each session's first turn matches nothing and goes by load, so
 both replicas get sessions; then each later turn matches its own session's prefix."""
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 @pytest.mark.long

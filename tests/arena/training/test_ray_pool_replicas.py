@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +25,6 @@ from tests.arena.training.referential import (  # noqa: E402
     SCENARIO,
     two_stage_recipe,
 )
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def _watch_pushes(monkeypatch: Any, kill_after: int | None = None) -> list[dict[str, Any]]:
