@@ -192,6 +192,12 @@ class TrainConfig:
     or misses an update is dropped and its requests go to the others. 0: the trainer's
     own pool serves them."""
 
+    ray_pool_routing: str = "cache_aware"
+    """With ``ray_pool_replicas``: how the front picks a replica
+    (:mod:`~parley.arena.inference.routing`): ``cache_aware`` (an episode's later turns go
+    to the replica holding its earlier ones unless that one is overloaded) or
+    ``least_busy``."""
+
     def __post_init__(self) -> None:
         from parley.scenarios.registry import resolve_id
 
@@ -218,6 +224,9 @@ class TrainConfig:
                 f"ray_pool_replicas must be 0 or more and needs ray (parley train --ray "
                 f"--pool-replicas N), got {self.ray_pool_replicas} with ray={self.ray!r}"
             )
+        from parley.arena.inference.routing import RoutingConfig
+
+        RoutingConfig(policy=self.ray_pool_routing)  # (raises, naming the choices)
         if self.ray_workers < 0:
             raise ConfigError(
                 f"ray_workers must be 0 (one per CPU) or more, got {self.ray_workers}"

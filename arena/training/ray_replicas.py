@@ -10,7 +10,7 @@ front is served on the same authenticated ``tcp://`` listener as the trainer's p
 workers do not know the difference, and it routes their requests by policy and, among the
 replicas serving it, cache-aware (:mod:`~parley.arena.inference.routing`): an episode's
 later turns go to the replica holding its earlier ones, unless that one is overloaded next
-to the least busy.
+to the least busy (``ray_pool_routing: least_busy``: always the least busy).
 
 Weights: every push after an update (:class:`~parley.arena.training.sync.InProcessSync`
 calls the front's ``update_weights``) drains the front, reaches every live replica, and
@@ -111,7 +111,13 @@ async def start_replica_pool(
     replicas = config.ray_pool_replicas
     wants_gpu = config.device != "cpu"
     gpus = 1.0 if wants_gpu and ray.cluster_resources().get("GPU", 0) >= replicas else 0.0
-    pool = RayPool(spec, replicas, cpus_per_replica=0.0, gpus_per_replica=gpus)
+    pool = RayPool(
+        spec,
+        replicas,
+        cpus_per_replica=0.0,
+        gpus_per_replica=gpus,
+        routing=config.ray_pool_routing,
+    )
     try:
         return await pool.start()
     except BaseException:

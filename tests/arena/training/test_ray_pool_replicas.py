@@ -162,3 +162,8 @@ def test_pool_replicas_need_ray_and_a_count() -> None:
         load_train_config(data=data, overrides=["ray=local", "ray_pool_replicas=-1"])
     config = load_train_config(data=data, overrides=["ray=local", "ray_pool_replicas=3"])
     assert config.ray_pool_replicas == 3
+    assert config.ray_pool_routing == "cache_aware"
+    with pytest.raises(ConfigError, match="cache_aware, least_busy"):
+        load_train_config(data=data, overrides=["ray_pool_routing=round_robin"])
+    plain = ["ray=local", "ray_pool_replicas=2", "ray_pool_routing=least_busy"]
+    assert load_train_config(data=data, overrides=plain).ray_pool_routing == "least_busy"
