@@ -30,6 +30,8 @@ from parley.arena.integrations.nemo_gym_resources import (
     nemo_gym_python,
     resources_server,
 )
+from parley.arena.run.config import RunConfig
+from parley.arena.run.runner import run
 from parley.protocols.errors import ConfigError
 from parley.scenarios import make
 from parley.scenarios.conformance import check_scenario
@@ -224,6 +226,18 @@ def test_an_http_error_is_the_calls_result_and_a_dead_server_the_episodes(hostil
     hostile.server_close()
     with pytest.raises(NemoGymServerError, match="check that it runs"):
         env.step({"solver": PING})
+
+
+def test_parley_run_records_an_unscorable_episode_as_failed_not_zero(hostile: Any) -> None:
+    """The stand-in's ``/verify`` answers ``{}`` (no reward): each episode fails with the
+    reason, none is scored (the baselines submit at once and the checker gives a verdict)."""
+    scenario = f"nemogym:ping@127.0.0.1:{hostile.server_port}"
+    config = RunConfig(scenario=scenario, episodes=2, progress=False)
+    result = run(config, keep_records=True)
+    assert result.summary["episodes"] == {"total": 2, "ok": 0, "failed": 2}
+    for record in result.records:
+        assert "scenario_error" in record.failed
+        assert "/verify answered no numeric reward" in record.failed
 
 
 # -- NeMo Gym's own launcher ----------------------------------------------------------------
