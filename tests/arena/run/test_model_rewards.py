@@ -164,3 +164,26 @@ def test_reward_model_options_are_checked_before_loading(
         RunConfig(SCENARIO, rm_scope="team")
     with pytest.raises(ConfigError, match="rm_weight"):
         RunConfig(SCENARIO, rm_weight=float("nan"))
+
+
+@pytest.mark.timeout(60)
+async def test_episode_scope_scores_every_seat_s_moves_once(scorer: SequenceScorer) -> None:
+    """``--rm-scope episode``: one score of every seat's moves, given to every seat."""
+    from parley.arena.inference.backends.scorer import ScoreBatcher
+    from parley.arena.run.config import RunConfig
+    from parley.arena.run.model_rewards import ScoredReward
+    from parley.arena.run.runner import Runner
+
+    config = RunConfig(SCENARIO, episodes=1, progress=False, scenario_kwargs={"max_turns": 2})
+    (record,) = (await Runner(config, keep_records=True).run()).records
+    batcher = ScoreBatcher(scorer)
+    component = ScoredReward(batcher.score, scope="episode")
+    try:
+        await component.apply(record)
+    finally:
+        await batcher.close()
+    items = [{**i, "text": canonical(i["text"])} for i in shown_items(record.transcript, None)]
+    (expected,) = scorer.score([scored_text(shown_text(items))])
+    assert component.requests == 1
+    for trajectory in record.trajectories:
+        assert trajectory.components["rm"] == pytest.approx(expected, abs=1e-4)
