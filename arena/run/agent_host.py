@@ -153,8 +153,10 @@ class AgentHost:
         single observation with when its handler raised (the same code and message)."""
         if isinstance(result, Action):
             return result
-        if not isinstance(result, Exception):  # (cancellation, KeyboardInterrupt)
-            raise result
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result  # (cancellation, KeyboardInterrupt: not the agent's failure)
+        if not isinstance(result, Exception):  # (answer() gives actions only)
+            result = TypeError(f"expected an Action, got {type(result).__name__}")
         message = f"{type(result).__name__}: {result}"
         log.warning("handler for observations from %s failed: %s", envelope.sender, message)
         return Error(code="handler_failed", message=message)
