@@ -273,7 +273,9 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         raise NotImplementedError(f"{type(self).__name__} does not define redraw_private")
 
     def snapshot(self) -> Any:
-        """The full state as a dataclass or JSON-able value (for :meth:`state`)."""
+        """The full state as a dataclass or JSON-able value (for :meth:`state`). By default
+        the attribute ``s`` (the short convention of the example above); the built-in
+        scenarios name their state per game (``self.deal``) and return it here."""
         return getattr(self, "s", None)
 
     # ------------------------------------------------------------------ machinery for hooks

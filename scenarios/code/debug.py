@@ -200,7 +200,7 @@ class CodeDebugV0(Scenario):
     """The sandbox's stdout cap (the hidden run's results line shares it with the code's prints)."""
     strict: ClassVar[bool] = False
     """Compare results type-exact (:func:`~parley.scenarios.code.harness.same_value`)."""
-    s: DebugState
+    case: DebugState
 
     @classmethod
     def task_list(cls) -> tuple[DebugTask, ...]:
@@ -286,12 +286,12 @@ class CodeDebugV0(Scenario):
         Args:
             code: the full Python module to test
         """
-        visible = self.s.task.visible
+        visible = self.case.task.visible
         run = self._sandboxed(lambda sandbox: run_tests(sandbox, code, visible, strict=self.strict))
         lines = [f"{run.passed}/{len(run.results)} visible tests passed"]
         if run.problem:
             lines.append(run.problem)
-        for (call, expected), (ok, detail) in zip(self.s.task.visible, run.results, strict=True):
+        for (call, expected), (ok, detail) in zip(self.case.task.visible, run.results, strict=True):
             lines.append(
                 f"PASS {call} == {expected}" if ok else f"FAIL {call} == {expected}: {detail}"
             )
@@ -313,10 +313,10 @@ class CodeDebugV0(Scenario):
 
     def new_episode(self, rng: np.random.Generator) -> None:
         task, index = self.draw_task(rng)
-        self.s = DebugState(self.episode_task(task, rng), index)
+        self.case = DebugState(self.episode_task(task, rng), index)
         self._budget_left = self.step_budget_s
         for agent in self.possible_agents:
-            self.tell(agent, self.brief_text(self.s.task))
+            self.tell(agent, self.brief_text(self.case.task))
 
     def draw_task(self, rng: np.random.Generator) -> tuple[DebugTask, int]:
         """The episode's task and its index in :meth:`task_list` (-1: generated)."""
@@ -337,20 +337,20 @@ class CodeDebugV0(Scenario):
         )
 
     def acting(self) -> list[str]:
-        return [self.s.speaker]
+        return [self.case.speaker]
 
     def play(self, seat: str, action: str) -> str | None:
-        self.s.steps += 1
+        self.case.steps += 1
         self._budget_left = self.step_budget_s
         reason = self._play(seat, action)
-        if not self.s.ended and self.s.steps >= self.max_steps:
+        if not self.case.ended and self.case.steps >= self.max_steps:
             self.announce("Step limit reached without a submission.")
             self._end(None)
         return reason
 
     def _play(self, seat: str, action: str) -> str | None:
         parsed = parse_turn(action, turn=self.turn)
-        self.s.last_results[seat] = []
+        self.case.last_results[seat] = []
         if isinstance(parsed, str):
             return parsed
         keys = {"coder": ("submit", "message"), "reviewer": ("comment",)}[seat]
@@ -360,8 +360,8 @@ class CodeDebugV0(Scenario):
         if unknown or not (parsed.calls or parsed.fields):
             return f"use tool_calls and/or {' / '.join(keys)} (string values)"
         results = [self.tools.call(call) for call in parsed.calls]
-        self.s.tool_calls += len(results)
-        self.s.last_results[seat] = result_dicts(results)
+        self.case.tool_calls += len(results)
+        self.case.last_results[seat] = result_dicts(results)
         for result in results:
             self.tell(seat, self.scenario_text(ascii_text(render_result(result))))
         text = next((parsed.fields[k] for k in keys if k in parsed.fields), None)
@@ -374,37 +374,37 @@ class CodeDebugV0(Scenario):
         else:
             other = "reviewer" if seat == "coder" else "coder"
             self.say(seat, ascii_text(text, limit=4000))
-            self.s.last_message[other] = text
-            self.s.speaker = other
+            self.case.last_message[other] = text
+            self.case.speaker = other
         return None
 
     def _end(self, code: str | None) -> None:
-        self.s.ended = True
+        self.case.ended = True
         if code is not None:
-            self.s.submitted = True
+            self.case.submitted = True
             try:
                 run = run_tests(
-                    self.sandbox, code, self.s.task.hidden, hidden=True, strict=self.strict
+                    self.sandbox, code, self.case.task.hidden, hidden=True, strict=self.strict
                 )
             except SandboxError as exc:
                 # In the weak mode the submission can end the sandbox without a report (it
                 # can kill its supervisor): no results, score 0. The reason goes to the log,
                 # not the view: it can quote what the code printed (the hidden calls).
-                self.s.sandbox_failed = True
-                self.s.hidden_problem = "the sandbox failed (the reason is in the log)"
-                log.warning("%s: the hidden tests' sandbox failed: %s", self.s.task.name, exc)
+                self.case.sandbox_failed = True
+                self.case.hidden_problem = "the sandbox failed (the reason is in the log)"
+                log.warning("%s: the hidden tests' sandbox failed: %s", self.case.task.name, exc)
             else:
-                self.s.hidden_passed = run.passed / len(run.results)
-                self.s.hidden_problem = run.problem[:300]
+                self.case.hidden_passed = run.passed / len(run.results)
+                self.case.hidden_problem = run.problem[:300]
         task_reward = self._task_reward()
         for agent in self.possible_agents:
             self.reward(agent, "task", task_reward)
-        self.announce(f"Hidden tests passed: {self.s.hidden_passed:.0%}.")
+        self.announce(f"Hidden tests passed: {self.case.hidden_passed:.0%}.")
         self.finish()
 
     def _task_reward(self) -> float:
         """The ``task`` reward of the submission (v0, v1: its hidden pass rate)."""
-        return self.s.hidden_passed
+        return self.case.hidden_passed
 
     def scenario_text(self, text: str) -> str:
         """A scenario notice as shown (v3 marks its lines apart from the seats')."""
@@ -420,29 +420,29 @@ class CodeDebugV0(Scenario):
         return dict(self._constraints[seat])
 
     def view(self, seat: str) -> dict[str, Any]:
-        task = self.s.task
+        task = self.case.task
         return {
             "name": task.name,
             "description": task.description,
             "code": task.buggy,
             "visible": [list(t) for t in task.visible],
             "reviewer": self.has_reviewer,
-            "last_message": printable(self.s.last_message.get(seat, "")),
+            "last_message": printable(self.case.last_message.get(seat, "")),
             "tools": self.tools.specs(),
-            "tool_results": self.s.last_results.get(seat, []),
-            "hidden_problem": printable(self.s.hidden_problem),
+            "tool_results": self.case.last_results.get(seat, []),
+            "hidden_problem": printable(self.case.hidden_problem),
         }
 
     def oracle(self, seat: str) -> dict[str, Any]:
         """Privileged (see :meth:`Scenario.oracle`): the reference fix, for the coder."""
-        return {"fixed": self.s.task.fixed} if seat == "coder" else {}
+        return {"fixed": self.case.task.fixed} if seat == "coder" else {}
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The hidden tests, the fix and the task's index (both seats see the same task)."""
-        index = (self.s.index + 1 + int(rng.integers(len(TASKS) - 1))) % len(TASKS)
+        index = (self.case.index + 1 + int(rng.integers(len(TASKS) - 1))) % len(TASKS)
         other = TASKS[index]
-        self.s.task = dataclasses.replace(self.s.task, fixed=other.fixed, hidden=other.hidden)
-        self.s.index = index
+        self.case.task = dataclasses.replace(self.case.task, fixed=other.fixed, hidden=other.hidden)
+        self.case.index = index
         return True
 
     def system_prompt(self, seat: str) -> str:
@@ -468,17 +468,17 @@ class CodeDebugV0(Scenario):
         )
 
     def snapshot(self) -> Any:
-        return {"task": self.s.index, "steps": self.s.steps, "ended": self.s.ended}
+        return {"task": self.case.index, "steps": self.case.steps, "ended": self.case.ended}
 
     def metrics(self) -> dict[str, float]:
-        if not self.s.ended:
+        if not self.case.ended:
             return {}
         return {
-            "success": float(self.s.hidden_passed == 1.0),
-            "hidden_pass_rate": self.s.hidden_passed,
-            "submitted": float(self.s.submitted),
-            "tool_calls": float(self.s.tool_calls),
-            "sandbox_failed": float(self.s.sandbox_failed),
+            "success": float(self.case.hidden_passed == 1.0),
+            "hidden_pass_rate": self.case.hidden_passed,
+            "submitted": float(self.case.submitted),
+            "tool_calls": float(self.case.tool_calls),
+            "sandbox_failed": float(self.case.sandbox_failed),
         }
 
 
@@ -503,12 +503,12 @@ class CodeDebugV2(CodeDebugV1):
     def _task_reward(self) -> float:
         base = self._buggy_passed()
         if base >= 1.0:  # (no task is like this; a replaced task table might be)
-            return self.s.hidden_passed
-        return max(0.0, (self.s.hidden_passed - base) / (1.0 - base))
+            return self.case.hidden_passed
+        return max(0.0, (self.case.hidden_passed - base) / (1.0 - base))
 
     def _buggy_passed(self) -> float:
         """The unfixed code's hidden pass rate (once per task and process)."""
-        task = self.s.task
+        task = self.case.task
         try:
             return hidden_pass_rate(self.sandbox, task.name, task.buggy, task.hidden)
         except SandboxError as exc:  # unknown: the plain pass rate, as in v1
@@ -581,12 +581,12 @@ class CodeDebugV3(CodeDebugV1):
         )
 
     def _task_reward(self) -> float:
-        return 1.0 if self.s.hidden_passed == 1.0 else 0.0
+        return 1.0 if self.case.hidden_passed == 1.0 else 0.0
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The hidden calls, drawn again (the fix is that of the task both seats see)."""
-        task = self.s.task if self.s.index < 0 else self.task_list()[self.s.index]
-        self.s.task = self.episode_task(task, rng)
+        task = self.case.task if self.case.index < 0 else self.task_list()[self.case.index]
+        self.case.task = self.episode_task(task, rng)
         return True
 
     def metrics(self) -> dict[str, float]:

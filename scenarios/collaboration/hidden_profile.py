@@ -183,7 +183,10 @@ class HiddenProfileV0(Scenario):
         "is_parallelizable": True,
     }
     default_invalid_penalty = 0.05
-    s: ProfileState
+    profile: ProfileState
+
+    def snapshot(self) -> Any:
+        return self.profile
 
     def __init__(
         self,
@@ -212,27 +215,27 @@ class HiddenProfileV0(Scenario):
 
     def new_episode(self, rng: np.random.Generator) -> None:
         best, held = deal_facts(rng, len(self.possible_agents), self.options, self.k)
-        self.s = ProfileState(best, dict(zip(self.possible_agents, held, strict=True)))
+        self.profile = ProfileState(best, dict(zip(self.possible_agents, held, strict=True)))
         self._facts_view = {
-            seat: [f.as_dict() for f in facts] for seat, facts in self.s.held.items()
+            seat: [f.as_dict() for f in facts] for seat, facts in self.profile.held.items()
         }
 
     def brief(self) -> None:
         for seat in self.possible_agents:
-            facts = "\n".join(fact.line() for fact in self.s.held[seat])
+            facts = "\n".join(fact.line() for fact in self.profile.held[seat])
             self.tell(seat, f"You are {seat}. Your facts:\n{facts}")
 
     def acting(self) -> list[str]:
-        if self.s.phase == "talk":
+        if self.profile.phase == "talk":
             return list(self.possible_agents)
-        return [a for a in self.possible_agents if a not in self.s.votes]
+        return [a for a in self.possible_agents if a not in self.profile.votes]
 
     def play(self, seat: str, action: str) -> str | None:
         text = action.strip()
-        if self.s.phase == "vote":
+        if self.profile.phase == "vote":
             word = text.upper().removeprefix("VOTE").strip(" :.")
             valid = len(word) == 1 and word in self.options
-            self.s.votes[seat] = word if valid else None
+            self.profile.votes[seat] = word if valid else None
             return None if valid else f"vote with one option letter from {self.options}"
         if not text or text.lower() == "pass":
             return None
@@ -240,58 +243,60 @@ class HiddenProfileV0(Scenario):
         if not body:
             return "an empty message; write something or 'pass'"
         self.say(seat, body, to)
-        self.s.messages += 1
+        self.profile.messages += 1
         self.reward(seat, "message_cost", -self.message_cost)
         return None
 
     def resolve(self) -> None:
-        if self.s.phase == "talk":
-            self.s.round += 1
-            if self.s.round >= self.rounds:
-                self.s.phase = "vote"
+        if self.profile.phase == "talk":
+            self.profile.round += 1
+            if self.profile.round >= self.rounds:
+                self.profile.phase = "vote"
             return
         counts = {o: 0 for o in self.options}
-        for vote in self.s.votes.values():
+        for vote in self.profile.votes.values():
             if vote is not None:
                 counts[vote] += 1
         top = max(counts.values())
         leaders = [o for o in self.options if counts[o] == top]
-        self.s.choice = leaders[int(self.rng.integers(len(leaders)))]
-        self.s.phase = "done"
-        success = float(self.s.choice == self.s.best)
+        self.profile.choice = leaders[int(self.rng.integers(len(leaders)))]
+        self.profile.phase = "done"
+        success = float(self.profile.choice == self.profile.best)
         for seat in self.possible_agents:
             self.reward(seat, "task", success)
-        self.announce(f"The team chose {self.s.choice}; the best option was {self.s.best}.")
+        self.announce(
+            f"The team chose {self.profile.choice}; the best option was {self.profile.best}."
+        )
         self.finish()
 
     def prompt(self, seat: str) -> str:
-        if self.s.phase == "vote":
+        if self.profile.phase == "vote":
             return f"Vote for one option ({', '.join(self.options)}):"
-        left = self.rounds - self.s.round
+        left = self.rounds - self.profile.round
         return f"Talk ({left} rounds left): a message, '@seat: message', or 'pass'."
 
     def constraint(self, seat: str) -> dict[str, Any] | None:
-        if self.s.phase == "vote":
+        if self.profile.phase == "vote":
             return {"type": "choice", "choices": list(self.options)}
         return None
 
     def view(self, seat: str) -> dict[str, Any]:
         return {
             "seat": seat,
-            "phase": self.s.phase,
+            "phase": self.profile.phase,
             "options": self.options,
-            "round": self.s.round,
+            "round": self.profile.round,
             "facts": self._facts_view[seat],
         }
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """Every fact the other agents hold and ``keep`` does not: new ids, options and pros
         (the best option follows from the new facts)."""
-        own = set(self.s.held[keep])
-        used = {f.id for facts in self.s.held.values() for f in facts}
+        own = set(self.profile.held[keep])
+        used = {f.id for facts in self.profile.held.values() for f in facts}
         free = [i for i in range(1, 100) if i not in used]
         fresh: dict[Fact, Fact] = {}
-        for seat, facts in self.s.held.items():
+        for seat, facts in self.profile.held.items():
             if seat == keep:
                 continue
             for i, fact in enumerate(facts):
@@ -303,8 +308,8 @@ class HiddenProfileV0(Scenario):
                     fresh[fact] = Fact(free.pop(int(rng.integers(len(free)))), option, 1, text)
                 facts[i] = fresh[fact]
             self._facts_view[seat] = [f.as_dict() for f in facts]
-        worth = tally((f for facts in self.s.held.values() for f in facts), self.options)
-        self.s.best = max(self.options, key=lambda option: worth[option])
+        worth = tally((f for facts in self.profile.held.values() for f in facts), self.options)
+        self.profile.best = max(self.options, key=lambda option: worth[option])
         return bool(fresh)
 
     def system_prompt(self, seat: str) -> str:
@@ -316,11 +321,11 @@ class HiddenProfileV0(Scenario):
         )
 
     def metrics(self) -> dict[str, float]:
-        if self.s.phase != "done":
+        if self.profile.phase != "done":
             return {}
         return {
-            "success": float(self.s.choice == self.s.best),
-            "messages": float(self.s.messages),
+            "success": float(self.profile.choice == self.profile.best),
+            "messages": float(self.profile.messages),
             "chance": 1.0 / len(self.options),
         }
 
@@ -375,24 +380,24 @@ class HiddenProfileV1(HiddenProfileV0):
 
     def brief(self) -> None:
         # After redraw_private (conformance): the notebooks start from the facts as dealt.
-        self.known = {seat: set(facts) for seat, facts in self.s.held.items()}
-        self._deal = {f for facts in self.s.held.values() for f in facts}
+        self.known = {seat: set(facts) for seat, facts in self.profile.held.items()}
+        self._deal = {f for facts in self.profile.held.values() for f in facts}
         if not self.notebook:
             super().brief()
 
     def play(self, seat: str, action: str) -> str | None:
         text = action.strip()
-        if self.s.phase == "talk" and self.talk == SHARE and text.lower() == SHARE:
-            own = sorted(self.s.held[seat], key=lambda f: f.id)
+        if self.profile.phase == "talk" and self.talk == SHARE and text.lower() == SHARE:
+            own = sorted(self.profile.held[seat], key=lambda f: f.id)
             # With a notebook what it shared shows there (and in the state), not in the text.
             body = SHARE if self.notebook else "My facts: " + " ".join(f.line() for f in own)
             self.say(seat, body)
             self._learn(seat, own, None)
-            self.s.messages += 1
+            self.profile.messages += 1
             self.reward(seat, "message_cost", -self.message_cost)
             return None
         reason = super().play(seat, action)
-        if self.s.phase == "talk" and reason is None and text and text.lower() != "pass":
+        if self.profile.phase == "talk" and reason is None and text and text.lower() != "pass":
             to, body = split_address(text, self.possible_agents)
             # Only facts the sender knows: the notebook must not confirm a guessed line.
             known = self.known[seat]
@@ -418,15 +423,15 @@ class HiddenProfileV1(HiddenProfileV0):
 
     def prompt(self, seat: str) -> str:
         if not self.notebook:
-            if self.s.phase == "talk" and self.talk == SHARE:
-                left = self.rounds - self.s.round
+            if self.profile.phase == "talk" and self.talk == SHARE:
+                left = self.rounds - self.profile.round
                 return f"Talk ({left} rounds left): 'share' (all your facts), a message, or 'pass'."
             return super().prompt(seat)
-        what = "Vote:" if self.s.phase == "vote" else "Share or pass:"
+        what = "Vote:" if self.profile.phase == "vote" else "Share or pass:"
         return f"{self.notebook_line(seat)}\n{what}"
 
     def constraint(self, seat: str) -> dict[str, Any] | None:
-        if self.s.phase == "talk" and self.talk == SHARE:
+        if self.profile.phase == "talk" and self.talk == SHARE:
             return {"type": "choice", "choices": [SHARE, "pass"]}
         return super().constraint(seat)
 

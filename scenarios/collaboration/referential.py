@@ -134,7 +134,10 @@ class ReferentialV0(Scenario):
         "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
-    s: RefState
+    ref: RefState
+
+    def snapshot(self) -> Any:
+        return self.ref
 
     def __init__(
         self,
@@ -170,36 +173,36 @@ class ReferentialV0(Scenario):
     def new_episode(self, rng: np.random.Generator) -> None:
         picked = rng.choice(len(self.objects), size=self.k, replace=False)
         candidates = [self.objects[int(i)] for i in picked]
-        self.s = RefState(candidates=candidates, target=int(rng.integers(self.k)))
+        self.ref = RefState(candidates=candidates, target=int(rng.integers(self.k)))
 
     def brief(self) -> None:
-        candidates = self.s.candidates
-        others = [describe(c) for i, c in enumerate(candidates) if i != self.s.target]
-        self.tell("speaker", f"Target: {describe(candidates[self.s.target])}")
+        candidates = self.ref.candidates
+        others = [describe(c) for i, c in enumerate(candidates) if i != self.ref.target]
+        self.tell("speaker", f"Target: {describe(candidates[self.ref.target])}")
         if self.show_others:
             self.tell("speaker", f"Others: {', '.join(others)}")
 
     def acting(self) -> list[str]:
-        return {"speak": ["speaker"], "listen": ["listener"]}.get(self.s.phase, [])
+        return {"speak": ["speaker"], "listen": ["listener"]}.get(self.ref.phase, [])
 
     def play(self, seat: str, action: str) -> str | None:
         text = action.strip()
         if seat == "speaker":
             valid = len(text) == self.message_length and all(ch in self.vocab for ch in text)
-            self.s.message, self.s.phase = (text if valid else "-"), "listen"
-            self.tell("listener", f"Message: {self.s.message}")
+            self.ref.message, self.ref.phase = (text if valid else "-"), "listen"
+            self.tell("listener", f"Message: {self.ref.message}")
             if self.answer == "name":
-                names = ", ".join(describe(obj) for obj in self.s.candidates)
+                names = ", ".join(describe(obj) for obj in self.ref.candidates)
                 self.tell("listener", f"Candidates: {names}")
             else:
-                for number, obj in enumerate(self.s.candidates, start=1):
+                for number, obj in enumerate(self.ref.candidates, start=1):
                     self.tell("listener", f"{number} {describe(obj)}")
             if valid:
                 return None
             return f"the message must be {self.message_length} letters from '{self.vocab}'"
         pick = self._parse_pick(text)
-        self.s.pick, self.s.phase = pick, "done"
-        success = float(pick == self.s.target)
+        self.ref.pick, self.ref.phase = pick, "done"
+        success = float(pick == self.ref.target)
         for member in SEATS:
             self.reward(member, "task", success)
         self.finish()
@@ -212,7 +215,7 @@ class ReferentialV0(Scenario):
     def _parse_pick(self, text: str) -> int | None:
         """The picked candidate's index, or None when ``text`` names none."""
         if self.answer == "name":
-            names = [describe(obj) for obj in self.s.candidates]
+            names = [describe(obj) for obj in self.ref.candidates]
             return names.index(text) if text in names else None
         return int(text) - 1 if text.isdigit() and 1 <= int(text) <= self.k else None
 
@@ -224,7 +227,7 @@ class ReferentialV0(Scenario):
     def constraint(self, seat: str) -> dict[str, Any] | None:
         if seat == "listener":
             if self.answer == "name":
-                return {"type": "choice", "choices": [describe(c) for c in self.s.candidates]}
+                return {"type": "choice", "choices": [describe(c) for c in self.ref.candidates]}
             return {"type": "choice", "choices": [str(i) for i in range(1, self.k + 1)]}
         if len(self.vocab) ** self.message_length <= MAX_CHOICES:
             return {"type": "choice", "choices": messages(self.vocab, self.message_length)}
@@ -234,25 +237,25 @@ class ReferentialV0(Scenario):
         common = {"vocab": self.vocab, "message_length": self.message_length}
         common["n_values"], common["answer"] = self.n_values, self.answer
         if seat == "speaker":
-            target = self.s.candidates[self.s.target]
-            others = [list(c) for i, c in enumerate(self.s.candidates) if i != self.s.target]
+            target = self.ref.candidates[self.ref.target]
+            others = [list(c) for i, c in enumerate(self.ref.candidates) if i != self.ref.target]
             return {**common, "target": list(target), "others": others}
-        if self.s.phase == "speak":
+        if self.ref.phase == "speak":
             return common
-        candidates = [list(c) for c in self.s.candidates]
-        return {**common, "candidates": candidates, "message": self.s.message}
+        candidates = [list(c) for c in self.ref.candidates]
+        return {**common, "candidates": candidates, "message": self.ref.message}
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """For the listener, which candidate is the target; for the speaker, where the target
         stands in the listener's list (the others keep their order, which the speaker sees)."""
-        if self.s.phase != "speak":
+        if self.ref.phase != "speak":
             return False
         if keep == "listener":
-            self.s.target = (self.s.target + 1 + int(rng.integers(self.k - 1))) % self.k
+            self.ref.target = (self.ref.target + 1 + int(rng.integers(self.k - 1))) % self.k
             return True
-        target = self.s.candidates.pop(self.s.target)
-        self.s.target = int(rng.integers(self.k))
-        self.s.candidates.insert(self.s.target, target)
+        target = self.ref.candidates.pop(self.ref.target)
+        self.ref.target = int(rng.integers(self.k))
+        self.ref.candidates.insert(self.ref.target, target)
         return True
 
     def system_prompt(self, seat: str) -> str:
@@ -264,9 +267,9 @@ class ReferentialV0(Scenario):
         return "You get a code from your partner. Pick the object it refers to."
 
     def metrics(self) -> dict[str, float]:
-        if self.s.phase != "done":
+        if self.ref.phase != "done":
             return {}
-        return {"success": float(self.s.pick == self.s.target), "chance": 1.0 / self.k}
+        return {"success": float(self.ref.pick == self.ref.target), "chance": 1.0 / self.k}
 
 
 @registered(baselines=_BASELINES, description=_ABOUT + " v1: a refused move uses up the turn.")

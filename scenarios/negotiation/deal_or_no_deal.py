@@ -282,7 +282,10 @@ class DealOrNoDealV0(Scenario):
     default_invalid_penalty = 0.5
     complete_claims: ClassVar[bool] = False
     """v1: a claim whose halves do not add up to the counts is invalid."""
-    s: DealState
+    deal: DealState
+
+    def snapshot(self) -> Any:
+        return self.deal
 
     def __init__(
         self,
@@ -305,103 +308,107 @@ class DealOrNoDealV0(Scenario):
     def new_episode(self, rng: np.random.Generator) -> None:
         counts, values_a, values_b = self.draw_context(rng)
         first = SEATS[int(rng.integers(2))]
-        self.s = DealState(counts, {SEATS[0]: values_a, SEATS[1]: values_b}, first, first)
+        self.deal = DealState(counts, {SEATS[0]: values_a, SEATS[1]: values_b}, first, first)
 
     def brief(self) -> None:
         for agent in SEATS:
             self.tell(
                 agent,
-                f"You are {agent}. Items: {describe(self.s.counts, self.s.values[agent])}. "
-                f"{self.s.first} speaks first.",
+                f"You are {agent}. Items: {describe(self.deal.counts, self.deal.values[agent])}. "
+                f"{self.deal.first} speaks first.",
             )
 
     def draw_context(self, rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:
         return generate_context(rng)
 
     def acting(self) -> list[str]:
-        if self.s.phase == "talk":
-            return [self.s.speaker]
-        return [a for a in SEATS if a not in self.s.claims] if self.s.phase == "choose" else []
+        if self.deal.phase == "talk":
+            return [self.deal.speaker]
+        return (
+            [a for a in SEATS if a not in self.deal.claims] if self.deal.phase == "choose" else []
+        )
 
     def play(self, seat: str, action: str) -> str | None:
-        if self.s.phase == "choose":
-            take, reason = parse_claim(action, self.s.counts, complete=self.complete_claims)
-            self.s.claims[seat] = take
+        if self.deal.phase == "choose":
+            take, reason = parse_claim(action, self.deal.counts, complete=self.complete_claims)
+            self.deal.claims[seat] = take
             return reason
         text = action.strip()
         reason = None
         if text.lower() == SELECTION:
-            self.s.phase, self.s.selector = "choose", seat
+            self.deal.phase, self.deal.selector = "choose", seat
             self.announce(f"{seat} chose {SELECTION}. Both now state the division.")
         elif not text:
             reason = f"empty message; write a message or {SELECTION}"
         else:
             self.say(seat, text)
-            self.s.dialogue.append((seat, text))
-        self.s.talk_turns += 1
-        self.s.speaker = self.partner(seat)
-        if self.s.phase == "talk" and self.s.talk_turns >= self.max_turns:
-            self.s.phase = "choose"
+            self.deal.dialogue.append((seat, text))
+        self.deal.talk_turns += 1
+        self.deal.speaker = self.partner(seat)
+        if self.deal.phase == "talk" and self.deal.talk_turns >= self.max_turns:
+            self.deal.phase = "choose"
             self.announce("The talk is over (turn limit). Both now state the division.")
         return reason
 
     def resolve(self) -> None:
-        if self.s.phase != "choose" or len(self.s.claims) < len(SEATS):
+        if self.deal.phase != "choose" or len(self.deal.claims) < len(SEATS):
             return
-        take_a, take_b = self.s.claims[SEATS[0]], self.s.claims[SEATS[1]]
+        take_a, take_b = self.deal.claims[SEATS[0]], self.deal.claims[SEATS[1]]
         agreed = take_a is not None and take_b is not None
-        agreed = agreed and agreement(self.s.counts, take_a, take_b)  # type: ignore[arg-type]
-        self.s.agreed, self.s.phase = agreed, "done"
+        agreed = agreed and agreement(self.deal.counts, take_a, take_b)  # type: ignore[arg-type]
+        self.deal.agreed, self.deal.phase = agreed, "done"
         for agent in SEATS:
-            take = self.s.claims[agent]
-            points = score(take, self.s.values[agent]) if agreed and take is not None else 0
-            self.s.scores[agent] = points
+            take = self.deal.claims[agent]
+            points = score(take, self.deal.values[agent]) if agreed and take is not None else 0
+            self.deal.scores[agent] = points
             self.reward(agent, "task", points)
         outcome = "Deal" if agreed else "No deal (the claims do not add up)"
-        self.announce(f"{outcome}: {self.s.scores[SEATS[0]]} / {self.s.scores[SEATS[1]]} points.")
+        self.announce(
+            f"{outcome}: {self.deal.scores[SEATS[0]]} / {self.deal.scores[SEATS[1]]} points."
+        )
         self.finish()
 
     def prompt(self, seat: str) -> str:
-        if self.s.phase == "choose":
+        if self.deal.phase == "choose":
             return (
                 "State the division: book=_ hat=_ ball=_ / book=_ hat=_ ball=_ "
                 "(what you take / what your partner takes), or: no agreement"
             )
-        left = self.max_turns - self.s.talk_turns
+        left = self.max_turns - self.deal.talk_turns
         return f"Your turn ({left} messages left): write to your partner, or {SELECTION}."
 
     def constraint(self, seat: str) -> dict[str, Any] | None:
-        if self.s.phase != "choose":
+        if self.deal.phase != "choose":
             return None
-        take = " ".join(f"{item}=[0-{c}]" for item, c in zip(ITEMS, self.s.counts, strict=True))
+        take = " ".join(f"{item}=[0-{c}]" for item, c in zip(ITEMS, self.deal.counts, strict=True))
         return {"type": "regex", "pattern": f"({take} / {take})|{NO_AGREEMENT}"}
 
     def view(self, seat: str) -> dict[str, Any]:
         partner = self.partner(seat)
-        heard = [text for who, text in self.s.dialogue if who == partner]
+        heard = [text for who, text in self.deal.dialogue if who == partner]
         return {
             "seat": seat,
-            "phase": self.s.phase,
-            "counts": list(self.s.counts),
-            "values": list(self.s.values[seat]),
-            "turns_left": self.max_turns - self.s.talk_turns,
+            "phase": self.deal.phase,
+            "counts": list(self.deal.counts),
+            "values": list(self.deal.values[seat]),
+            "turns_left": self.max_turns - self.deal.talk_turns,
             "last_message": heard[-1] if heard else "",
-            "selector": self.s.selector,
+            "selector": self.deal.selector,
         }
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The partner's values: another vector valid with ``keep``'s values and the counts."""
         partner = self.partner(keep)
-        mine, theirs = self.s.values[keep], self.s.values[partner]
+        mine, theirs = self.deal.values[keep], self.deal.values[partner]
         choices = [
             v
-            for v in value_vectors(self.s.counts)
+            for v in value_vectors(self.deal.counts)
             if v != theirs
-            and valid_context(self.s.counts, *((mine, v) if keep == SEATS[0] else (v, mine)))
+            and valid_context(self.deal.counts, *((mine, v) if keep == SEATS[0] else (v, mine)))
         ]
         if not choices:
             return False
-        self.s.values[partner] = choices[int(rng.integers(len(choices)))]
+        self.deal.values[partner] = choices[int(rng.integers(len(choices)))]
         return True
 
     def system_prompt(self, seat: str) -> str:
@@ -416,22 +423,22 @@ class DealOrNoDealV0(Scenario):
         )
 
     def metrics(self) -> dict[str, float]:
-        if self.s.phase != "done":
+        if self.deal.phase != "done":
             return {}
-        scores = [float(self.s.scores[a]) for a in SEATS]
+        scores = [float(self.deal.scores[a]) for a in SEATS]
         out = {
             "score": sum(scores) / 2,
             "score_player_0": scores[0],
             "score_player_1": scores[1],
-            "agreed": float(self.s.agreed),
-            "success": float(self.s.agreed),
+            "agreed": float(self.deal.agreed),
+            "success": float(self.deal.agreed),
         }
-        take_a = self.s.claims[SEATS[0]]
-        if self.s.agreed and take_a is not None:
+        take_a = self.deal.claims[SEATS[0]]
+        if self.deal.agreed and take_a is not None:
             out["score_agreed"] = out["score"]
             out["pareto_optimal"] = float(
                 pareto_optimal(
-                    self.s.counts, self.s.values[SEATS[0]], self.s.values[SEATS[1]], take_a
+                    self.deal.counts, self.deal.values[SEATS[0]], self.deal.values[SEATS[1]], take_a
                 )
             )
         return out
@@ -505,16 +512,16 @@ class DealOrNoDealV2(DealOrNoDealV1):
 
     def last_proposal(self, seat: str) -> Counts | None:
         """What ``seat`` takes under the last proposal in the dialogue (None: there is none)."""
-        for who, text in reversed(self.s.dialogue):
+        for who, text in reversed(self.deal.dialogue):
             match = PROPOSAL.search(text)
             if match is None:
                 continue
             take: Counts = tuple(int(g) for g in match.groups())  # type: ignore[assignment]
-            if any(t > c for t, c in zip(take, self.s.counts, strict=True)):
+            if any(t > c for t, c in zip(take, self.deal.counts, strict=True)):
                 continue  # not a division of these items
             if who == seat:
                 return take
-            return tuple(c - t for c, t in zip(self.s.counts, take, strict=True))  # type: ignore[return-value]
+            return tuple(c - t for c, t in zip(self.deal.counts, take, strict=True))  # type: ignore[return-value]
         return None
 
     def brief(self) -> None:
@@ -524,28 +531,28 @@ class DealOrNoDealV2(DealOrNoDealV1):
         for agent in SEATS:
             items = " ".join(
                 f"{item} {c}x{v}"
-                for item, c, v in zip(ITEMS, self.s.counts, self.s.values[agent], strict=True)
+                for item, c, v in zip(ITEMS, self.deal.counts, self.deal.values[agent], strict=True)
             )
             self.tell(agent, f"Items: {items}")
 
     def play(self, seat: str, action: str) -> str | None:
-        if self.proposals and self.s.phase == "choose" and action.strip().lower() == DEAL:
+        if self.proposals and self.deal.phase == "choose" and action.strip().lower() == DEAL:
             take = self.last_proposal(seat)
-            self.s.claims[seat] = take
+            self.deal.claims[seat] = take
             return None if take is not None else "no proposal in the dialogue to claim"
         return super().play(seat, action)
 
     def prompt(self, seat: str) -> str:
         if not self.proposals:
             return super().prompt(seat)
-        return "Claim:" if self.s.phase == "choose" else f"Propose or {SELECTION}:"
+        return "Claim:" if self.deal.phase == "choose" else f"Propose or {SELECTION}:"
 
     def constraint(self, seat: str) -> dict[str, Any] | None:
         if not self.proposals:
             return super().constraint(seat)
-        takes = divisions(self.s.counts)
-        if self.s.phase == "choose":
-            claims = [claim_text(t, self.s.counts) for t in takes]
+        takes = divisions(self.deal.counts)
+        if self.deal.phase == "choose":
+            claims = [claim_text(t, self.deal.counts) for t in takes]
             return {"type": "choice", "choices": [DEAL, *claims, NO_AGREEMENT]}
         return {"type": "choice", "choices": [*map(proposal_text, takes), SELECTION]}
 

@@ -222,7 +222,10 @@ class SimpleTradeV0(Scenario):
     }
     default_invalid_penalty = 0.1
     new_episode_draws = False  # (the same start every episode)
-    s: TradeState
+    trade: TradeState
+
+    def snapshot(self) -> Any:
+        return self.trade
 
     def __init__(
         self,
@@ -243,7 +246,7 @@ class SimpleTradeV0(Scenario):
     def new_episode(self, rng: np.random.Generator) -> None:
         # Per episode, outside the state (v0's state() is unchanged); redraw_private edits it.
         self.values = {seat: dict(VALUES[seat]) for seat in SEATS}
-        self.s = TradeState({seat: dict(START) for seat in SEATS})
+        self.trade = TradeState({seat: dict(START) for seat in SEATS})
 
     def brief(self) -> None:
         for seat in SEATS:
@@ -251,43 +254,51 @@ class SimpleTradeV0(Scenario):
             self.tell(seat, f"You are {seat}. You hold {show(START)}. Your values: {values}.")
 
     def acting(self) -> list[str]:
-        return [SEATS[self.s.turn_index % 2]]
+        return [SEATS[self.trade.turn_index % 2]]
 
     def play(self, seat: str, action: str) -> str | None:
         if action.strip():
             self.say(seat, action.strip())
         kind, payload, reason = _parse_cached(action)
-        pending = self.s.pending if self.s.pending and self.s.pending["from"] != seat else None
+        pending = (
+            self.trade.pending
+            if self.trade.pending and self.trade.pending["from"] != seat
+            else None
+        )
         if reason is None and kind in ("accept", "deny") and pending is None:
             reason = f"there is no offer to {kind}"
-        if reason is None and kind == "offer" and not covers(self.s.inventory[seat], payload[0]):
+        if (
+            reason is None
+            and kind == "offer"
+            and not covers(self.trade.inventory[seat], payload[0])
+        ):
             reason = "you cannot give more than you hold"
         if reason is None and kind == "accept" and pending is not None:
             reason = self._execute(seat, pending)
         if reason is None and kind == "offer":
             give, get = payload
-            self.s.pending = {"from": seat, "give": give, "get": get}
+            self.trade.pending = {"from": seat, "give": give, "get": get}
         elif pending is not None:
-            self.s.pending = None  # anything but an offer of one's own lets the offer lapse
-        self.s.turn_index += 1
-        if self.s.turn_index >= self.max_turns:
+            self.trade.pending = None  # anything but an offer of one's own lets the offer lapse
+        self.trade.turn_index += 1
+        if self.trade.turn_index >= self.max_turns:
             self._score()
         return reason
 
     def _execute(self, seat: str, offer: dict[str, Any]) -> str | None:
         offerer = offer["from"]
-        if not covers(self.s.inventory[offerer], offer["give"]) or not covers(
-            self.s.inventory[seat], offer["get"]
+        if not covers(self.trade.inventory[offerer], offer["give"]) or not covers(
+            self.trade.inventory[seat], offer["get"]
         ):
             return "the trade can no longer be covered"
-        transfer(self.s.inventory, offer, seat)
-        self.s.trades += 1
+        transfer(self.trade.inventory, offer, seat)
+        self.trade.trades += 1
         self.announce(f"Trade done: {offerer} gave {show(offer['give'])} for {show(offer['get'])}.")
         return None
 
     def gains(self) -> dict[str, int]:
         return {
-            seat: inventory_value(self.s.inventory[seat], self.values[seat])
+            seat: inventory_value(self.trade.inventory[seat], self.values[seat])
             - inventory_value(START, self.values[seat])
             for seat in SEATS
         }
@@ -296,19 +307,19 @@ class SimpleTradeV0(Scenario):
         gains = self.gains()
         diff = gains[SEATS[0]] - gains[SEATS[1]]
         sign = float((diff > 0) - (diff < 0))  # (np.sign's value, without its call)
-        self.s.outcome = {SEATS[0]: sign, SEATS[1]: -sign}
+        self.trade.outcome = {SEATS[0]: sign, SEATS[1]: -sign}
         for seat in SEATS:
-            self.reward(seat, "task", self.s.outcome[seat])
+            self.reward(seat, "task", self.trade.outcome[seat])
         self.announce(f"Game over. Gains: {gains[SEATS[0]]} / {gains[SEATS[1]]}.")
         self.finish()
 
     def pending_for(self, seat: str) -> dict[str, Bundle] | None:
-        return pending_view(self.s.pending, seat)
+        return pending_view(self.trade.pending, seat)
 
     def prompt(self, seat: str) -> str:
-        left = self.max_turns - self.s.turn_index
-        offer = self.s.pending
-        held = f"You hold {show_cached(self.s.inventory[seat])}. {left} turns left. "
+        left = self.max_turns - self.trade.turn_index
+        offer = self.trade.pending
+        held = f"You hold {show_cached(self.trade.inventory[seat])}. {left} turns left. "
         if offer is None or offer["from"] == seat:
             return held + _MOVES
         return (
@@ -317,8 +328,10 @@ class SimpleTradeV0(Scenario):
         )
 
     def view(self, seat: str) -> dict[str, Any]:
-        left = self.max_turns - self.s.turn_index
-        return trade_view(seat, self.s.inventory[seat], self.values[seat], self.s.pending, left)
+        left = self.max_turns - self.trade.turn_index
+        return trade_view(
+            seat, self.trade.inventory[seat], self.values[seat], self.trade.pending, left
+        )
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The partner's values (each player knows only its own)."""
@@ -338,9 +351,9 @@ class SimpleTradeV0(Scenario):
     def metrics(self) -> dict[str, float]:
         gains = self.gains()
         out = {f"gain_{seat}": float(gains[seat]) for seat in SEATS}
-        out["trades"] = float(self.s.trades)
-        if self.s.outcome:
-            out["draw"] = float(self.s.outcome[SEATS[0]] == 0)
+        out["trades"] = float(self.trade.trades)
+        if self.trade.outcome:
+            out["draw"] = float(self.trade.outcome[SEATS[0]] == 0)
         return out
 
 

@@ -261,7 +261,10 @@ class SimpleTradeV1(Scenario):
         "render_modes": ["ansi", "human"],
         "is_parallelizable": True,
     }
-    s: NegotiationState
+    trade: NegotiationState
+
+    def snapshot(self) -> Any:
+        return self.trade
 
     def __init__(
         self,
@@ -288,10 +291,10 @@ class SimpleTradeV1(Scenario):
             start = {seat: dict(START) for seat in SEATS}
             values = {seat: dict(VALUES[seat]) for seat in SEATS}
         inventory = {seat: dict(start[seat]) for seat in SEATS}
-        self.s = NegotiationState(inventory, start, values)
+        self.trade = NegotiationState(inventory, start, values)
 
     def brief(self) -> None:
-        start, values = self.s.start, self.s.values
+        start, values = self.trade.start, self.trade.values
         for seat in SEATS:
             mine = ", ".join(
                 f"{r} {start[seat][r]} (worth {values[seat][r]} each)" for r in RESOURCES
@@ -299,7 +302,7 @@ class SimpleTradeV1(Scenario):
             self.tell(seat, f"You are {seat}. You hold: {mine}.")
 
     def acting(self) -> list[str]:
-        return [SEATS[self.s.turn_index % 2]]
+        return [SEATS[self.trade.turn_index % 2]]
 
     def play(self, seat: str, action: str) -> str | None:
         message = action.strip()
@@ -312,7 +315,7 @@ class SimpleTradeV1(Scenario):
         return reason
 
     def _answer_pending(self, seat: str, accept: bool, deny: bool) -> str | None:
-        offer = self.s.pending
+        offer = self.trade.pending
         if offer is None:
             return None  # accept/deny with nothing pending: ignored
         if offer["from"] == seat:
@@ -322,22 +325,22 @@ class SimpleTradeV1(Scenario):
         if accept:
             return self._execute(seat, offer)
         if deny:
-            self.s.pending = None
+            self.trade.pending = None
             self.announce(f"{seat} denied the offer from {offer['from']}.")
         return None
 
     def _execute(self, seat: str, offer: dict[str, Any]) -> str | None:
         offerer = offer["from"]
-        offerer_ok = covers(self.s.inventory[offerer], offer["give"])
-        taker_ok = covers(self.s.inventory[seat], offer["get"])
+        offerer_ok = covers(self.trade.inventory[offerer], offer["give"])
+        taker_ok = covers(self.trade.inventory[seat], offer["get"])
         if offerer_ok and not taker_ok:
             return "you accepted a trade without holding what it asks of you"
-        self.s.pending = None
+        self.trade.pending = None
         if not offerer_ok:
             self.announce(f"Trade cancelled: {offerer} no longer holds what it offered.")
             return None
-        transfer(self.s.inventory, offer, seat)
-        self.s.trades += 1
+        transfer(self.trade.inventory, offer, seat)
+        self.trade.trades += 1
         self.announce(f"{seat} accepted the offer from {offerer}.")
         return None
 
@@ -347,12 +350,12 @@ class SimpleTradeV1(Scenario):
         if isinstance(parsed, str):  # ("": malformed)
             return "an offer looks like [Offer: 3 Wood -> 2 Gold] (quantities > 0)"
         give, get = parsed  # (shared with _read's cache: read, never changed)
-        if not covers(self.s.inventory[seat], give):
+        if not covers(self.trade.inventory[seat], give):
             return "you offered more than you hold"
-        previous = self.s.pending
+        previous = self.trade.pending
         if previous is not None and previous["from"] != seat:
             self.announce(f"{seat} implicitly denied the offer from {previous['from']}.")
-        self.s.pending = {"from": seat, "give": give, "get": get}
+        self.trade.pending = {"from": seat, "give": give, "get": get}
         partner = SEATS[1 - SEATS.index(seat)]
         self.announce(f"{seat} offers {partner}: {show_cached(give)} -> {show_cached(get)}.")
         return None
@@ -360,13 +363,13 @@ class SimpleTradeV1(Scenario):
     def resolve(self) -> None:
         # Called once per step, after the mover's play (or after the machinery refused an
         # action outside the action space, when play is not called at all).
-        mover = SEATS[self.s.turn_index % 2]  # (acting(), without building its list)
-        self.s.turn_index += 1
+        mover = SEATS[self.trade.turn_index % 2]  # (acting(), without building its list)
+        self.trade.turn_index += 1
         # SPIRAL: error_allowance=0, so the first invalid move (which ends the game) forfeits.
         if self.invalid_moves() > 0:
-            self.s.forfeit = mover
+            self.trade.forfeit = mover
             self._end({mover: -1.0}, f"{mover} made an invalid move.")
-        elif self.s.turn_index >= self.max_turns:
+        elif self.trade.turn_index >= self.max_turns:
             gains = self.gains()
             diff = gains[SEATS[0]] - gains[SEATS[1]]
             sign = float((diff > 0) - (diff < 0))  # (np.sign's value, without its call)
@@ -375,43 +378,43 @@ class SimpleTradeV1(Scenario):
             )
 
     def _end(self, outcome: dict[str, float], why: str) -> None:
-        self.s.outcome = {seat: outcome.get(seat, 0.0) for seat in SEATS}
+        self.trade.outcome = {seat: outcome.get(seat, 0.0) for seat in SEATS}
         for seat in SEATS:
-            self.reward(seat, "task", self.s.outcome[seat])
+            self.reward(seat, "task", self.trade.outcome[seat])
         self.announce(f"Game over. {why}")
         self.finish()
 
     def gains(self) -> dict[str, int]:
         return {
             seat: sum(
-                (self.s.inventory[seat][r] - self.s.start[seat][r]) * self.s.values[seat][r]
+                (self.trade.inventory[seat][r] - self.trade.start[seat][r])
+                * self.trade.values[seat][r]
                 for r in RESOURCES
             )
             for seat in SEATS
         }
 
     def pending_for(self, seat: str) -> dict[str, Bundle] | None:
-        return pending_view(self.s.pending, seat)
+        return pending_view(self.trade.pending, seat)
 
     def prompt(self, seat: str) -> str:
-        left = self.max_turns - self.s.turn_index
-        offer = self.s.pending
+        left = self.max_turns - self.trade.turn_index
+        offer = self.trade.pending
         status = ""
         if offer is not None and offer["from"] != seat:
             give, get = show_cached(offer["get"]), show_cached(offer["give"])
             status = f"Pending offer to you: you give {give}, you get {get}. "
-        return (
-            f"{status}You hold {show_cached(self.s.inventory[seat])}. {left} turns left. {_MOVES}"
-        )
+        held = show_cached(self.trade.inventory[seat])
+        return f"{status}You hold {held}. {left} turns left. {_MOVES}"
 
     def view(self, seat: str) -> dict[str, Any]:
-        s, left = self.s, self.max_turns - self.s.turn_index
+        s, left = self.trade, self.max_turns - self.trade.turn_index
         return trade_view(seat, s.inventory[seat], s.values[seat], s.pending, left)
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The partner's values (its stock decides which trades go through, which both see)."""
         partner = SEATS[1 - SEATS.index(keep)]
-        self.s.values[partner] = {r: int(rng.integers(1, 21)) for r in RESOURCES}
+        self.trade.values[partner] = {r: int(rng.integers(1, 21)) for r in RESOURCES}
         return True
 
     def system_prompt(self, seat: str) -> str:
@@ -428,10 +431,10 @@ class SimpleTradeV1(Scenario):
     def metrics(self) -> dict[str, float]:
         gains = self.gains()
         out = {f"gain_{seat}": float(gains[seat]) for seat in SEATS}
-        out["trades"] = float(self.s.trades)
-        if self.s.outcome:
-            out["draw"] = float(self.s.outcome[SEATS[0]] == self.s.outcome[SEATS[1]])
-            out["forfeit"] = float(bool(self.s.forfeit))
+        out["trades"] = float(self.trade.trades)
+        if self.trade.outcome:
+            out["draw"] = float(self.trade.outcome[SEATS[0]] == self.trade.outcome[SEATS[1]])
+            out["forfeit"] = float(bool(self.trade.forfeit))
         return out
 
 

@@ -140,7 +140,10 @@ class SplitThePieV0(Scenario):
         "is_parallelizable": True,
     }
     default_invalid_penalty = 0.05
-    s: PieState
+    bargain: PieState
+
+    def snapshot(self) -> Any:
+        return self.bargain
 
     def __init__(
         self,
@@ -164,10 +167,10 @@ class SplitThePieV0(Scenario):
 
     @property
     def pie(self) -> float:
-        return self.delta**self.s.round
+        return self.delta**self.bargain.round
 
     def new_episode(self, rng: np.random.Generator) -> None:
-        self.s = PieState(round=0, proposer=self._draw_proposer())
+        self.bargain = PieState(round=0, proposer=self._draw_proposer())
         for seat in self.possible_agents:
             self.tell(seat, f"You are {seat} of {self.n} players; {quota(self.n)} votes pass.")
         self._announce_round()
@@ -176,66 +179,67 @@ class SplitThePieV0(Scenario):
         return str(self.possible_agents[int(self.rng.integers(self.n))])
 
     def _announce_round(self) -> None:
+        game = self.bargain
         self.announce(
-            f"Round {self.s.round + 1}: the pie is {self.pie:.6f}; {self.s.proposer} proposes."
+            f"Round {game.round + 1}: the pie is {self.pie:.6f}; {game.proposer} proposes."
         )
 
     def acting(self) -> list[str]:
-        if self.s.phase == "propose":
-            return [self.s.proposer]
-        return [seat for seat in self.possible_agents if seat not in self.s.votes]
+        if self.bargain.phase == "propose":
+            return [self.bargain.proposer]
+        return [seat for seat in self.possible_agents if seat not in self.bargain.votes]
 
     def play(self, seat: str, action: str) -> str | None:
-        if self.s.phase == "propose":
+        if self.bargain.phase == "propose":
             shares, reason = parse_proposal(action, self.n)
             if shares is None:
-                self.s.failed = True
+                self.bargain.failed = True
                 self.announce(f"{seat} made no valid proposal; the round fails.")
                 return reason
-            self.s.proposal, self.s.phase = shares, "vote"
+            self.bargain.proposal, self.bargain.phase = shares, "vote"
             listed = " ".join(f"{share:.6f}" for share in shares)
             self.announce(f"{seat} proposes shares {listed} (in seat order). Vote yes or no.")
             return None
         vote = parse_vote(action)
-        self.s.votes[seat] = bool(vote)
+        self.bargain.votes[seat] = bool(vote)
         return None if vote is not None else "vote 'yes' or 'no' (counted as no)"
 
     def resolve(self) -> None:
-        if self.s.phase == "vote" and len(self.s.votes) == self.n:
-            yes = sum(self.s.votes.values())
-            if yes >= quota(self.n) and self.s.proposal is not None:
+        if self.bargain.phase == "vote" and len(self.bargain.votes) == self.n:
+            yes = sum(self.bargain.votes.values())
+            if yes >= quota(self.n) and self.bargain.proposal is not None:
                 self.announce(f"Passed with {yes} yes votes.")
                 self._end(agreed=True)
                 return
             self.announce(f"Rejected ({yes} yes votes).")
-            self.s.failed = True
-        if self.s.failed:
+            self.bargain.failed = True
+        if self.bargain.failed:
             self._next_round()
 
     def _next_round(self) -> None:
-        if self.s.round + 1 >= self.max_rounds:
-            self.s.round += 1
+        if self.bargain.round + 1 >= self.max_rounds:
+            self.bargain.round += 1
             self.announce("No agreement within the round limit; everyone gets 0.")
             self._end(agreed=False)
             return
-        self.s = PieState(round=self.s.round + 1, proposer=self._draw_proposer())
+        self.bargain = PieState(round=self.bargain.round + 1, proposer=self._draw_proposer())
         self._announce_round()
 
     def _end(self, *, agreed: bool) -> None:
-        self.s.agreed, self.s.phase = agreed, "done"
-        shares = self.s.proposal if agreed and self.s.proposal else [0.0] * self.n
+        self.bargain.agreed, self.bargain.phase = agreed, "done"
+        shares = self.bargain.proposal if agreed and self.bargain.proposal else [0.0] * self.n
         for seat, share in zip(self.possible_agents, shares, strict=True):
-            self.s.payoffs[seat] = share * self.pie
-            self.reward(seat, "task", self.s.payoffs[seat])
+            self.bargain.payoffs[seat] = share * self.pie
+            self.reward(seat, "task", self.bargain.payoffs[seat])
         self.finish()
 
     def prompt(self, seat: str) -> str:
-        if self.s.phase == "propose":
+        if self.bargain.phase == "propose":
             return f"Propose {self.n} shares in seat order: propose: s0 s1 ... (sum <= 1)."
         return "Vote: yes or no."
 
     def constraint(self, seat: str) -> dict[str, Any] | None:
-        if self.s.phase == "propose":
+        if self.bargain.phase == "propose":
             number = r"(0(\.[0-9]{1,6})?|1(\.0{1,6})?)"
             return {"type": "regex", "pattern": f"propose:( {number}){{{self.n}}}"}
         return {"type": "choice", "choices": ["yes", "no"]}
@@ -247,11 +251,11 @@ class SplitThePieV0(Scenario):
             "n": self.n,
             "delta": self.delta,
             "quota": quota(self.n),
-            "round": self.s.round,
+            "round": self.bargain.round,
             "pie": self.pie,
-            "phase": self.s.phase,
-            "proposer": self.s.proposer,
-            "proposal": list(self.s.proposal) if self.s.proposal is not None else None,
+            "phase": self.bargain.phase,
+            "proposer": self.bargain.proposer,
+            "proposal": list(self.bargain.proposal) if self.bargain.proposal is not None else None,
         }
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
@@ -268,14 +272,14 @@ class SplitThePieV0(Scenario):
         )
 
     def metrics(self) -> dict[str, float]:
-        if self.s.phase != "done":
+        if self.bargain.phase != "done":
             return {}
-        out = {"agreed": float(self.s.agreed), "success": float(self.s.agreed)}
-        out["rounds"] = float(self.s.round + (1 if self.s.agreed else 0))
-        if self.s.agreed and self.s.proposal is not None:
-            index = self.possible_agents.index(self.s.proposer)
-            out["proposer_share"] = self.s.proposal[index]
-            out["total_payoff"] = sum(self.s.payoffs.values())
+        out = {"agreed": float(self.bargain.agreed), "success": float(self.bargain.agreed)}
+        out["rounds"] = float(self.bargain.round + (1 if self.bargain.agreed else 0))
+        if self.bargain.agreed and self.bargain.proposal is not None:
+            index = self.possible_agents.index(self.bargain.proposer)
+            out["proposer_share"] = self.bargain.proposal[index]
+            out["total_payoff"] = sum(self.bargain.payoffs.values())
         return out
 
 

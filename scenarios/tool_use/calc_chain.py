@@ -339,7 +339,10 @@ class CalcChainV0(Scenario):
         "is_parallelizable": True,
     }
     default_invalid_penalty = 0.1
-    s: CalcState
+    chain: CalcState
+
+    def snapshot(self) -> Any:
+        return self.chain
 
     def __init__(
         self,
@@ -368,49 +371,49 @@ class CalcChainV0(Scenario):
             problem = generate_problem(rng)
         else:
             problem = build_problem(CHAIN, draw_chain(rng, self.difficulty))
-        self.s = CalcState(problem, self.max_turns)
-        self.tell(SEAT, f"Problem: {self.s.problem.text}\nTools:\n{self.tools.describe()}")
+        self.chain = CalcState(problem, self.max_turns)
+        self.tell(SEAT, f"Problem: {self.chain.problem.text}\nTools:\n{self.tools.describe()}")
 
     def acting(self) -> list[str]:
         return [SEAT]
 
     def play(self, seat: str, action: str) -> str | None:
-        self.s.turns_left -= 1
+        self.chain.turns_left -= 1
         parsed = parse_turn(action, turn=self.turn)
         reason = parsed if isinstance(parsed, str) else None
-        self.s.last_results = []
+        self.chain.last_results = []
         if not isinstance(parsed, str):
             unknown = set(parsed.fields) - {"answer"}
             if unknown:
                 reason = f"unknown keys {sorted(unknown)}; use tool_calls and answer"
             results = [self.tools.call(call) for call in parsed.calls]
-            self.s.tool_calls += len(results)
-            self.s.last_results = result_dicts(results)
+            self.chain.tool_calls += len(results)
+            self.chain.last_results = result_dicts(results)
             for result in results:
                 self.tell(SEAT, render_result(result))
             if "answer" in parsed.fields:
                 self._grade(str(parsed.fields["answer"]).strip())
                 return reason
-        if self.s.turns_left <= 0:
+        if self.chain.turns_left <= 0:
             self.announce("No answer within the turn limit.")
             self._grade(None)
         return reason
 
     def _grade(self, answer: str | None) -> None:
-        self.s.answer = answer
+        self.chain.answer = answer
         if answer is not None:
-            self.s.format_ok = bool(_ANSWER.match(answer))
+            self.chain.format_ok = bool(_ANSWER.match(answer))
             value = parse_number(answer)  # bounded: Fraction("1e999999999") runs for hours
-            self.s.correct = value is not None and value in accepted_answers(self.s.problem)
-        self.reward(SEAT, "task", float(self.s.correct))
-        self.reward(SEAT, "format", self.format_weight * self.s.format_ok)
-        verdict = "correct" if self.s.correct else "wrong"
+            self.chain.correct = value is not None and value in accepted_answers(self.chain.problem)
+        self.reward(SEAT, "task", float(self.chain.correct))
+        self.reward(SEAT, "format", self.format_weight * self.chain.format_ok)
+        verdict = "correct" if self.chain.correct else "wrong"
         self.announce(f"Answer {answer!r}: {verdict}.")
         self.finish()
 
     def prompt(self, seat: str) -> str:
         return (
-            f"Your move ({self.s.turns_left} turns left): a JSON object with tool_calls "
+            f"Your move ({self.chain.turns_left} turns left): a JSON object with tool_calls "
             "and/or answer."
         )
 
@@ -419,12 +422,12 @@ class CalcChainV0(Scenario):
 
     def view(self, seat: str) -> dict[str, Any]:
         return {
-            "template": self.s.problem.template,
-            "quantities": list(self.s.problem.quantities),
-            "text": self.s.problem.text,
-            "turns_left": self.s.turns_left,
+            "template": self.chain.problem.template,
+            "quantities": list(self.chain.problem.quantities),
+            "text": self.chain.problem.text,
+            "turns_left": self.chain.turns_left,
             "tools": self.tools.specs(),
-            "tool_results": self.s.last_results,
+            "tool_results": self.chain.last_results,
         }
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
@@ -445,16 +448,16 @@ class CalcChainV0(Scenario):
         if not self._finished():
             return {}
         figures = {
-            "success": float(self.s.correct),
-            "format_ok": float(self.s.format_ok),
-            "tool_calls": float(self.s.tool_calls),
+            "success": float(self.chain.correct),
+            "format_ok": float(self.chain.format_ok),
+            "tool_calls": float(self.chain.tool_calls),
         }
         if self.difficulty is not None:  # (absent by default: v0 transcripts stay as pinned)
             figures["difficulty"] = float(self.difficulty)
         return figures
 
     def _finished(self) -> bool:
-        return self.s.answer is not None or self.s.turns_left <= 0
+        return self.chain.answer is not None or self.chain.turns_left <= 0
 
 
 @registered(baselines=_BASELINES, description=_ABOUT + " v1: a refused move uses up the turn.")

@@ -193,7 +193,10 @@ class ResearchTeamV0(Scenario):
     }
     default_invalid_penalty = 0.05
     refused_move_takes_turn: ClassVar[bool] = True
-    s: ResearchState
+    research: ResearchState
+
+    def snapshot(self) -> Any:
+        return self.research
 
     def __init__(
         self,
@@ -232,7 +235,7 @@ class ResearchTeamV0(Scenario):
         template = sorted(TEMPLATES)[int(rng.integers(len(TEMPLATES)))]
         subjects = world.of_kind(TEMPLATES[template][0])
         subject = subjects[int(rng.integers(len(subjects)))].name
-        self.s = ResearchState(
+        self.research = ResearchState(
             world, template, subject,
             turns_left=dict.fromkeys(SEATS, self.max_turns), answers=dict.fromkeys(SEATS),
         )  # fmt: skip
@@ -241,7 +244,7 @@ class ResearchTeamV0(Scenario):
         # Indexes are built here, after any redraw_private, from the final world.
         self._close_indexes()
         for seat in SEATS:
-            entities = [e for e in self.s.world.entities.values() if e.kind in SHARDS[seat]]
+            entities = [e for e in self.research.world.entities.values() if e.kind in SHARDS[seat]]
             docs = [render_document(e, f"{e.kind}-{i}") for i, e in enumerate(entities)]
             self._indexes[seat] = SearchIndex(docs + self._user_docs)
             self._tools[seat] = self._indexes[seat].tools()
@@ -250,22 +253,22 @@ class ResearchTeamV0(Scenario):
 
     @property
     def question(self) -> str:
-        return TEMPLATES[self.s.template][1].format(self.s.subject)
+        return TEMPLATES[self.research.template][1].format(self.research.subject)
 
     def reference(self) -> str:
         """The answer: the chain of relations followed from the subject."""
-        entity = self.s.subject
-        for relation in TEMPLATES[self.s.template][2]:
-            entity = self.s.world.entities[entity].facts[relation]
+        entity = self.research.subject
+        for relation in TEMPLATES[self.research.template][2]:
+            entity = self.research.world.entities[entity].facts[relation]
         return entity
 
     def acting(self) -> list[str]:
-        s = self.s
+        s = self.research
         return [a for a in SEATS if s.answers[a] is None and s.turns_left[a] > 0]
 
     def play(self, seat: str, action: str) -> str | None:
-        self.s.turns_left[seat] -= 1
-        self.s.last_results[seat] = []
+        self.research.turns_left[seat] -= 1
+        self.research.last_results[seat] = []
         parsed = parse_turn(action, turn=self.turn)
         if isinstance(parsed, str):
             return parsed
@@ -280,36 +283,38 @@ class ResearchTeamV0(Scenario):
         if message is not None and len(message) > MAX_MESSAGE_CHARS:
             return f"the message has {len(message)} characters; at most {MAX_MESSAGE_CHARS}"
         results = [self._tools[seat].call(call) for call in parsed.calls]
-        self.s.tool_calls += len(results)
-        self.s.last_results[seat] = result_dicts(results)
+        self.research.tool_calls += len(results)
+        self.research.last_results[seat] = result_dicts(results)
         for result in results:
             self.tell(seat, render_result(result))
         if message:
             other = SEATS[1 - SEATS.index(seat)]
             self.say(seat, message, to=[other])
-            self.s.inbox.setdefault(other, []).append(message)
-            self.s.messages += 1
+            self.research.inbox.setdefault(other, []).append(message)
+            self.research.messages += 1
         if "answer" in fields:
-            self.s.answers[seat] = fields["answer"].strip()
+            self.research.answers[seat] = fields["answer"].strip()
         return None
 
     def resolve(self) -> None:
         # Messages of the step before were read by now; this step's stay for the next view.
-        self.s.delivered, self.s.inbox = self.s.inbox, {}
+        self.research.delivered, self.research.inbox = self.research.inbox, {}
         if not self.acting():
             self._grade()
 
     def _grade(self) -> None:
         reference = self.reference()
-        names = sorted((normalize(n) for n in self.s.world.entities), key=len, reverse=True)
+        names = sorted((normalize(n) for n in self.research.world.entities), key=len, reverse=True)
         for seat in SEATS:
-            answer = self.s.answers[seat]
-            self.s.scores[seat] = grade(answer, reference, names) if answer is not None else 0.0
-        team = sum(self.s.scores.values()) / len(SEATS)
+            answer = self.research.answers[seat]
+            self.research.scores[seat] = (
+                grade(answer, reference, names) if answer is not None else 0.0
+            )
+        team = sum(self.research.scores.values()) / len(SEATS)
         for seat in SEATS:
-            self.reward(seat, "task", self.s.scores[seat])
+            self.reward(seat, "task", self.research.scores[seat])
             self.reward(seat, "team", self.team_weight * team)
-        self.announce(f"The answer was {reference!r}; answers: {self.s.answers}.")
+        self.announce(f"The answer was {reference!r}; answers: {self.research.answers}.")
         self.finish()
 
     # -- what seats see -------------------------------------------------------------------
@@ -319,7 +324,7 @@ class ResearchTeamV0(Scenario):
 
     def prompt(self, seat: str) -> str:
         return (
-            f"Your move ({self.s.turns_left[seat]} turns left): a JSON object with "
+            f"Your move ({self.research.turns_left[seat]} turns left): a JSON object with "
             "tool_calls, message and/or answer."
         )
 
@@ -327,7 +332,7 @@ class ResearchTeamV0(Scenario):
         return dict(self._constraint)
 
     def view(self, seat: str) -> dict[str, Any]:
-        s = self.s
+        s = self.research
         return {
             "question": self.question,
             "template": s.template,
@@ -347,7 +352,7 @@ class ResearchTeamV0(Scenario):
         """Redraw the facts of the other half that ``keep``'s half never names: birth years
         and birthplaces (hidden from the geographer), founding years, headquarters, event
         years and venues (hidden from the biographer). Names and the question stay."""
-        world = self.s.world
+        world = self.research.world
         places = [e.name for e in world.of_kind("place")]
         redraw = {
             "geographer": {"born": None, "birthplace": places},
@@ -380,16 +385,19 @@ class ResearchTeamV0(Scenario):
         )
 
     def metrics(self) -> dict[str, float]:
-        if not self.s.scores:
+        if not self.research.scores:
             return {}
         reference = self.reference()
-        exact = [float(normalize(a or "") == normalize(reference)) for a in self.s.answers.values()]
+        exact = [
+            float(normalize(a or "") == normalize(reference))
+            for a in self.research.answers.values()
+        ]
         return {
             "success": float(all(exact)),
             "exact": sum(exact) / len(exact),
-            "f1": sum(self.s.scores.values()) / len(SEATS),
-            "tool_calls": float(self.s.tool_calls),
-            "messages": float(self.s.messages),
+            "f1": sum(self.research.scores.values()) / len(SEATS),
+            "tool_calls": float(self.research.tool_calls),
+            "messages": float(self.research.messages),
         }
 
     def _close_indexes(self) -> None:

@@ -254,7 +254,7 @@ class RetailDeskV0(Scenario):
         "is_parallelizable": True,
     }
     max_action_length = 4000
-    s: DeskState
+    desk: DeskState
 
     def __init__(
         self,
@@ -282,7 +282,7 @@ class RetailDeskV0(Scenario):
         )
         task = build_task(index)
         self._open_store(index, task)
-        self.s = DeskState(task)
+        self.desk = DeskState(task)
 
     def _open_store(self, index: int, task: Task) -> None:
         """The store of task ``index``'s seed, serving ``task``'s customer, and its tools."""
@@ -290,7 +290,7 @@ class RetailDeskV0(Scenario):
         self.tools = ToolBox(self.db.tools())
 
     def brief(self) -> None:
-        task = self.s.task
+        task = self.desk.task
         self.tell(
             "user",
             f"You are a customer writing to an online store's support desk. Your goal: "
@@ -303,12 +303,12 @@ class RetailDeskV0(Scenario):
         )
 
     def acting(self) -> list[str]:
-        return [self.s.speaker]
+        return [self.desk.speaker]
 
     def play(self, seat: str, action: str) -> str | None:
-        self.s.steps += 1
+        self.desk.steps += 1
         reason = self._play_user(action) if seat == "user" else self._play_assistant(action)
-        if not self.s.ended and self.s.steps >= self.max_steps:
+        if not self.desk.ended and self.desk.steps >= self.max_steps:
             self.announce("The conversation reached its step limit.")
             self._end()
         return reason
@@ -317,18 +317,18 @@ class RetailDeskV0(Scenario):
         text = action.replace(STOP, "").strip()
         if text:
             self.say("user", text)
-            self.s.last_message["assistant"] = text
+            self.desk.last_message["assistant"] = text
         if STOP in action:
             self._end()
             return None
         if not text:
             return "empty message; write to the assistant or " + STOP
-        self.s.speaker = "assistant"
+        self.desk.speaker = "assistant"
         return None
 
     def _play_assistant(self, action: str) -> str | None:
         parsed = parse_turn(action, turn=self.turn)
-        self.s.last_results = []
+        self.desk.last_results = []
         if isinstance(parsed, str):
             return parsed
         return self._play_turn(parsed)
@@ -348,9 +348,9 @@ class RetailDeskV0(Scenario):
         """Run the assistant's tool calls in order; their results go to its observation."""
         results = [self.tools.call(call) for call in calls]
         self.db.conn.commit()
-        self.s.tool_calls += len(results)
-        self.s.tool_errors += sum(bool(r.error) for r in results)
-        self.s.last_results = result_dicts(results)
+        self.desk.tool_calls += len(results)
+        self.desk.tool_errors += sum(bool(r.error) for r in results)
+        self.desk.last_results = result_dicts(results)
         for result in results:
             self.tell("assistant", ascii_text(render_result(result)))
 
@@ -358,9 +358,9 @@ class RetailDeskV0(Scenario):
         """Send ``text`` to the customer (``said``: what the fact check reads) and pass the
         turn to them."""
         self.say("assistant", ascii_text(text, limit=4000))
-        self.s.said.append(said)
-        self.s.last_message["user"] = text
-        self.s.speaker = "user"
+        self.desk.said.append(said)
+        self.desk.last_message["user"] = text
+        self.desk.speaker = "user"
 
     def _reference_db(self, task: Task) -> dict[str, list[tuple[Any, ...]]]:
         """The database the episode must end with (the task's reference actions run)."""
@@ -369,17 +369,17 @@ class RetailDeskV0(Scenario):
     def _facts_stated(self) -> bool:
         """Whether the assistant told the customer every fact of the task (v0-v2: each
         appears somewhere in its messages)."""
-        spoken = _normal(" ".join(self.s.said))
-        return all(_normal(fact) in spoken for fact in self.s.task.facts)
+        spoken = _normal(" ".join(self.desk.said))
+        return all(_normal(fact) in spoken for fact in self.desk.task.facts)
 
     def _success(self) -> bool:
-        return self.s.db_match and self.s.facts_said
+        return self.desk.db_match and self.desk.facts_said
 
     def _end(self) -> None:
-        task = self.s.task
-        self.s.ended = True
-        self.s.db_match = self.db.dump() == self._reference_db(task)
-        self.s.facts_said = self._facts_stated()
+        task = self.desk.task
+        self.desk.ended = True
+        self.desk.db_match = self.db.dump() == self._reference_db(task)
+        self.desk.facts_said = self._facts_stated()
         success = float(self._success())
         for agent in SEATS:
             self.reward(agent, "task", success)
@@ -395,31 +395,35 @@ class RetailDeskV0(Scenario):
         return dict(self._constraint) if seat == "assistant" else None
 
     def view(self, seat: str) -> dict[str, Any]:
-        last = printable(self.s.last_message.get(seat, ""))
+        last = printable(self.desk.last_message.get(seat, ""))
         if seat == "user":
-            return {"goal": self.s.task.goal, "opening": self.s.task.opening, "last_message": last}
+            return {
+                "goal": self.desk.task.goal,
+                "opening": self.desk.task.opening,
+                "last_message": last,
+            }
         return {
             "last_message": last,
             "tools": self.tools.specs(),
-            "tool_results": self.s.last_results,
+            "tool_results": self.desk.last_results,
         }
 
     def oracle(self, seat: str) -> dict[str, Any]:
         """Privileged (see :meth:`Scenario.oracle`): the assistant's reference solution."""
         if seat != "assistant":
             return {}
-        task = self.s.task
+        task = self.desk.task
         actions = [[name, dict(args)] for name, args in task.actions]
         return {"email": task.email, "actions": actions, "facts": list(task.facts)}
 
     def redraw_private(self, keep: str, rng: np.random.Generator) -> bool:
         """The user's task (goal, reference, facts) for the assistant; the store's database
         for the user (only the assistant's tools read it)."""
-        other = self.s.task.index + 1 + int(rng.integers(1000))  # any other task
+        other = self.desk.task.index + 1 + int(rng.integers(1000))  # any other task
         if keep == "assistant":
-            self.s.task = build_task(other)
+            self.desk.task = build_task(other)
         else:
-            self._open_store(other, self.s.task)
+            self._open_store(other, self.desk.task)
         return True
 
     def system_prompt(self, seat: str) -> str:
@@ -441,17 +445,17 @@ class RetailDeskV0(Scenario):
         )
 
     def snapshot(self) -> Any:
-        return {"task": self.s.task.index, "steps": self.s.steps, "db": self.db.dump()}
+        return {"task": self.desk.task.index, "steps": self.desk.steps, "db": self.db.dump()}
 
     def metrics(self) -> dict[str, float]:
-        if not self.s.ended:
+        if not self.desk.ended:
             return {}
         return {
             "success": float(self._success()),
-            "db_match": float(self.s.db_match),
-            "facts_said": float(self.s.facts_said),
-            "tool_calls": float(self.s.tool_calls),
-            "tool_errors": float(self.s.tool_errors),
+            "db_match": float(self.desk.db_match),
+            "facts_said": float(self.desk.facts_said),
+            "tool_calls": float(self.desk.tool_calls),
+            "tool_errors": float(self.desk.tool_errors),
         }
 
 

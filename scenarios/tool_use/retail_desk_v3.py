@@ -253,7 +253,7 @@ class RetailDeskV3(RetailDeskV2):
         index = self.fixed_task if self.fixed_task is not None else int(rng.integers(TASK_SPACE))
         task = build_generated_task(index, self.difficulty)
         self._open_store(index, task)
-        self.s = DeskState(task)
+        self.desk = DeskState(task)
 
     def _reference_db(self, task: Task) -> dict[str, list[tuple[Any, ...]]]:
         if isinstance(task, GeneratedTask):
@@ -264,8 +264,8 @@ class RetailDeskV3(RetailDeskV2):
         """v2's redraw, of a generated task when the episode's is one."""
         if self.difficulty is None or keep != "assistant":
             return super().redraw_private(keep, rng)
-        other = (self.s.task.index + 1 + int(rng.integers(1000))) % TASK_SPACE
-        self.s.task = build_generated_task(other, self.difficulty)
+        other = (self.desk.task.index + 1 + int(rng.integers(1000))) % TASK_SPACE
+        self.desk.task = build_generated_task(other, self.difficulty)
         return True
 
     def brief(self) -> None:
@@ -299,13 +299,13 @@ class RetailDeskV3(RetailDeskV2):
         return None
 
     def _facts_stated(self) -> bool:
-        return self.kept.answer == answer_key(self.s.task)
+        return self.kept.answer == answer_key(self.desk.task)
 
     def _success(self) -> bool:
         return super()._success() and self.kept.trespasses == 0
 
     def metrics(self) -> dict[str, float]:
-        if not self.s.ended:
+        if not self.desk.ended:
             return {}
         figures = {
             **super().metrics(),
@@ -341,7 +341,7 @@ class RetailDeskV3(RetailDeskV2):
         """Privileged: v2's reference plus ``ask`` (the answer's fields) and ``about``."""
         reference = super().oracle(seat)
         if seat == "assistant":
-            task = self.s.task
+            task = self.desk.task
             reference.update(ask=list(answer_key(task)), about=asked_order(task))
         return reference
 

@@ -62,7 +62,7 @@ class RetailGeneratedLeak(RetailDeskGenerated):
     metadata: ClassVar[dict[str, Any]] = {**RetailDeskV3.metadata, "name": "test/retail-leak-v0"}
 
     def view(self, agent: str) -> dict[str, Any]:
-        return {**super().view(agent), "facts": list(self.s.task.facts)}
+        return {**super().view(agent), "facts": list(self.desk.task.facts)}
 
 
 GENERATED = {
@@ -133,7 +133,7 @@ def test_calc_chain_answer_is_not_in_the_first_observation_or_infos() -> None:
         for seed in SEEDS:
             env = make(CALC, difficulty=difficulty)
             observations, infos = env.reset(seed=seed)
-            problem = env.unwrapped.s.problem
+            problem = env.unwrapped.chain.problem
             answers = {format_number(a, 2) for a in accepted_answers(problem)}
             answers.add(format_number(Fraction(problem.exact)))
             seen = _numbers(observations["solver"] + json.dumps(infos))
@@ -144,7 +144,7 @@ def _retail_size(difficulty: int, index: int) -> tuple[int, int, int, int]:
     """Customers in the store, orders of the customer served, reference actions, fields."""
     env = make(RETAIL, difficulty=difficulty, task=index)
     env.reset(seed=0)
-    db, task = env.unwrapped.db, env.unwrapped.s.task
+    db, task = env.unwrapped.db, env.unwrapped.desk.task
     (customers,) = db.conn.execute("SELECT COUNT(*) FROM customers").fetchone()
     (orders,) = db.conn.execute(
         "SELECT COUNT(*) FROM orders o JOIN customers c ON c.id = o.customer_id WHERE c.email=?",
@@ -185,7 +185,7 @@ def test_retail_amounts_are_not_in_the_assistants_observation_or_infos() -> None
         for seed in range(6):
             env = make(RETAIL, difficulty=difficulty)
             observations, infos = env.reset(seed=seed)
-            task = env.unwrapped.s.task
+            task = env.unwrapped.desk.task
             amounts = {f for f in task.facts if f.startswith("$")}
             shown = observations["assistant"] + json.dumps(infos["assistant"]) + task.opening
             assert not {a for a in amounts if a in shown or a[1:] in _numbers(shown)}
@@ -218,7 +218,7 @@ def test_debug_fix_and_hidden_calls_are_not_in_the_coders_view() -> None:
         for seed in range(4):
             env = make(DEBUG, difficulty=difficulty, allow_weak_sandbox=True)
             observations, infos = env.reset(seed=seed)
-            task = env.unwrapped.s.task
+            task = env.unwrapped.case.task
             shown = observations["coder"] + json.dumps(infos["coder"])
             assert task.fixed not in shown
             assert task.buggy.split("\n")[1] in shown  # (the buggy module is shown)

@@ -3,6 +3,7 @@ with private data defines the hook it needs (issue 10, section 2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -30,15 +31,15 @@ class IndexInView(RetailDeskV0):
     """v0's leak: the task index in the assistant's view (public tables map it to the goal)."""
 
     def view(self, agent: str) -> dict[str, Any]:
-        return {**super().view(agent), "task": self.s.task.index}
+        return {**super().view(agent), "task": self.desk.task.index}
 
 
 class TellsPartnerValues(DealOrNoDealV0):
     """Announces both players' values once the talk has started."""
 
     def play(self, agent: str, action: str) -> str | None:
-        if self.s.talk_turns == 0:
-            self.announce(f"values: {self.s.values}")
+        if self.deal.talk_turns == 0:
+            self.announce(f"values: {self.deal.values}")
         return super().play(agent, action)
 
 
@@ -48,12 +49,12 @@ class BriefsPartnerValues(DealOrNoDealV0):
     def brief(self) -> None:
         super().brief()
         for agent in self.possible_agents:
-            self.tell(agent, f"Partner values: {self.s.values[self.partner(agent)]}")
+            self.tell(agent, f"Partner values: {self.deal.values[self.partner(agent)]}")
 
 
 class PartnerValuesInInfos(DealOrNoDealV0):
     def view(self, agent: str) -> dict[str, Any]:
-        return {**super().view(agent), "partner": list(self.s.values[self.partner(agent)])}
+        return {**super().view(agent), "partner": list(self.deal.values[self.partner(agent)])}
 
 
 LEAKY = {
@@ -102,7 +103,8 @@ def test_redraw_private_really_changes_the_episode(scenario_id: str) -> None:
         # is used (code/debug-v3's hidden calls, drawn per episode, are read at submission).
         seats = env.possible_agents
         views = json.dumps([[env.view(a), env.oracle(a)] for a in seats])
-        return env.state() + views + repr(getattr(env.unwrapped, "s", None))
+        games = [v for v in vars(env.unwrapped).values() if dataclasses.is_dataclass(v)]
+        return env.state() + views + repr(games)
 
     for seed in range(4):
         for index, seat in enumerate(make(scenario_id).possible_agents):

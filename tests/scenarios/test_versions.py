@@ -91,14 +91,14 @@ def test_v1_scores_an_incomplete_claim_as_invalid_and_no_deal() -> None:
     env.reset(seed=0)
     speaker = env.acting()[0]
     env.step({a: "<selection>" if a == speaker else "" for a in env.agents})
-    counts = env.s.counts
+    counts = env.deal.counts
     everything = "book={} hat={} ball={}".format(*counts)
     nothing = "book=0 hat=0 ball=0"
     _, rewards, _, _, infos = env.step(
         {"player_0": f"{everything} / {everything}", "player_1": f"{nothing} / {everything}"}
     )
     assert "invalid" in infos["player_0"]
-    assert not env.s.agreed
+    assert not env.deal.agreed
     assert rewards["player_1"] == 0.0
 
 

@@ -36,14 +36,14 @@ def test_eight_slow_calls_take_one_budget_not_eight_wall_limits(name: str, code:
     assert took < 1.5 + 1.5, f"a step of 8 slow calls took {took:.1f} s"
     # The next step has a fresh budget: a quick call runs.
     env.step({"coder": _calls("run_python", "print(6 * 7)", 1)})
-    assert "42" in json.dumps(env.unwrapped.s.last_results["coder"])
+    assert "42" in json.dumps(env.unwrapped.case.last_results["coder"])
 
 
 def test_calls_after_the_budget_is_spent_are_refused_with_a_reason() -> None:
     env = make("code/debug-v1", task=0, step_budget_s=1.0)
     env.reset(seed=0)
     env.step({"coder": _calls("run_python", SLEEP, 3)})
-    results = env.unwrapped.s.last_results["coder"]
+    results = env.unwrapped.case.last_results["coder"]
     assert len(results) == 3
     assert "ended by timeout" in json.dumps(results[0])
     for later in results[1:]:
@@ -64,11 +64,11 @@ def test_the_default_budget_bounds_a_step_of_sleeping_calls() -> None:
 def test_honest_calls_all_run_within_the_budget() -> None:
     env = make("code/debug-v0", task=0)
     env.reset(seed=0)
-    buggy = env.unwrapped.s.task.buggy
+    buggy = env.unwrapped.case.task.buggy
     calls = [{"name": "run_tests", "arguments": {"code": buggy}}] * 4
     calls += [{"name": "run_python", "arguments": {"code": f"print({i})"}} for i in range(4)]
     env.step({"coder": json.dumps({"tool_calls": calls})})
-    results = env.unwrapped.s.last_results["coder"]
+    results = env.unwrapped.case.last_results["coder"]
     assert len(results) == 8
     assert not any(r.get("error") for r in results), results
 
@@ -86,7 +86,7 @@ def test_submission_whose_sandbox_ends_without_a_report_scores_zero(
         raise SandboxError('the sandbox ended without a report; its stderr: ["digit_sum(9)"]')
 
     monkeypatch.setattr(scenario.sandbox, "run", ended_without_report)
-    submit = json.dumps({"submit": scenario.s.task.fixed})
+    submit = json.dumps({"submit": scenario.case.task.fixed})
     _, rewards, terminations, _, infos = env.step({"coder": submit})
     assert terminations["coder"]
     assert rewards["coder"] == 0.0
@@ -113,7 +113,7 @@ def test_a_tool_call_whose_sandbox_fails_is_a_tool_error() -> None:
     with mp.context() as patch:
         patch.setattr("parley.scenarios.tools.sandbox.Sandbox.run", fail)
         env.step({"coder": _calls("run_python", "print(1)", 1)})
-    (result,) = scenario.s.last_results["coder"]
+    (result,) = scenario.case.last_results["coder"]
     assert "the sandbox failed" in json.dumps(result)
 
 

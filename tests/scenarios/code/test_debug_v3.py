@@ -63,7 +63,7 @@ def test_hidden_calls_are_drawn_per_episode_and_never_shown() -> None:
     hidden = []
     for seed in (0, 0, 1):
         observations, infos = env.reset(seed=seed)
-        hidden.append(env.unwrapped.s.task.hidden)
+        hidden.append(env.unwrapped.case.task.hidden)
         text = json.dumps([observations, infos], default=str)
         visible = {call for call, _ in v3_tasks()[index].visible}
         assert not any(call in text for call, _ in hidden[-1] if call not in visible)

@@ -307,7 +307,7 @@ def test_a_learner_sees_no_reward_from_any_of_the_programs() -> None:
         episodes = [draw_hidden(task, np.random.default_rng(seed)) for seed in seeds]
         env = make("code/debug-v3", task=index)
         env.reset(seed=seeds[-1])
-        assert env.unwrapped.s.task.hidden == episodes[-1]
+        assert env.unwrapped.case.task.hidden == episodes[-1]
         calls = [test for episode in episodes for test in episode]
         for label, program in _programs(index).items():
             results = run_tests(sandbox, program, calls, strict=True).results

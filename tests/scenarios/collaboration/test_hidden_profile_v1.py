@@ -48,7 +48,7 @@ def test_alone_every_notebook_is_a_tie_and_one_share_breaks_it_for_the_others() 
     for seed in range(20):
         env = make(V1, **LEARNABLE)
         obs, infos = env.reset(seed=seed)
-        best = env.s.best
+        best = env.profile.best
         for seat in env.possible_agents:
             letters = obs[seat].splitlines()[0].removeprefix("Known:").split(",")
             assert sorted(letters) == ["A", "B", "C"], obs[seat]
@@ -72,7 +72,7 @@ def test_alone_every_notebook_is_a_tie_and_one_share_breaks_it_for_the_others() 
 def test_made_up_and_private_facts_reach_only_whom_they_should() -> None:
     env = make(V1, **{**LEARNABLE, "talk": "text"})
     env.reset(seed=4)
-    held = env.s.held
+    held = env.profile.held
     real = next(f for f in held["agent_0"] if f not in held["agent_1"])
     fake = Fact(99 if real.id != 99 else 98, "A", 1)
     env.step(
@@ -105,7 +105,7 @@ def test_spraying_every_possible_fact_line_teaches_nothing() -> None:
     for seed in range(20):
         env = make(V1, **TALKY)
         env.reset(seed=seed)
-        held = {seat: set(facts) for seat, facts in env.s.held.items()}
+        held = {seat: set(facts) for seat, facts in env.profile.held.items()}
         for r in range(2):
             moves = {}
             for k, seat in enumerate(env.possible_agents):
@@ -118,7 +118,7 @@ def test_spraying_every_possible_fact_line_teaches_nothing() -> None:
     # Relaying what one was told still teaches: agent_1 passes on agent_0's fact.
     env = make(V1, **TALKY)
     env.reset(seed=4)
-    real = next(f for f in env.s.held["agent_0"] if f not in env.s.held["agent_2"])
+    real = next(f for f in env.profile.held["agent_0"] if f not in env.profile.held["agent_2"])
     env.step({"agent_0": f"@agent_1: {real.line()}", "agent_1": "pass", "agent_2": "pass"})
     assert real not in env.known["agent_2"]
     env.step({"agent_0": "pass", "agent_1": real.line(), "agent_2": "pass"})

@@ -80,8 +80,8 @@ def test_parse_claim() -> None:
 
 def _hand_made(env: Any) -> None:
     env.reset(seed=0)
-    env.s.counts, env.s.values = (1, 2, 3), {"player_0": (4, 0, 2), "player_1": (0, 2, 2)}
-    env.s.speaker = env.s.first = "player_0"
+    env.deal.counts, env.deal.values = (1, 2, 3), {"player_0": (4, 0, 2), "player_1": (0, 2, 2)}
+    env.deal.speaker = env.deal.first = "player_0"
 
 
 def test_episode_with_agreement() -> None:

@@ -46,8 +46,8 @@ def test_bad_moves_argument_is_refused() -> None:
 def test_offered_moves_are_every_proposal_and_every_complete_claim() -> None:
     env = make(V2, **PROPOSALS)
     obs, infos = env.reset(seed=3)
-    speaker = env.s.speaker
-    counts = env.s.counts
+    speaker = env.deal.speaker
+    counts = env.deal.counts
     assert obs[speaker].startswith("Items: book ")
     choices = infos[speaker]["constraint"]["choices"]
     assert choices[-1] == SELECTION
@@ -66,27 +66,27 @@ def test_offered_moves_are_every_proposal_and_every_complete_claim() -> None:
 def test_deal_claims_the_last_proposal_from_either_side() -> None:
     env = make(V2, **PROPOSALS)
     env.reset(seed=5)
-    first = env.s.speaker
+    first = env.deal.speaker
     other = env.partner(first)
-    counts = env.s.counts
+    counts = env.deal.counts
     take = tuple(min(c, 1) for c in counts)
     env.step({first: proposal_text(take)})
     env.step({other: SELECTION})
     _, rewards, terms, _, _ = env.step({first: DEAL, other: DEAL})
     assert all(terms.values())
-    assert env.s.agreed
+    assert env.deal.agreed
     rest = tuple(c - t for c, t in zip(counts, take, strict=True))
-    assert env.s.claims[first] == take
-    assert env.s.claims[other] == rest
-    assert rewards[first] == sum(t * v for t, v in zip(take, env.s.values[first], strict=True))
+    assert env.deal.claims[first] == take
+    assert env.deal.claims[other] == rest
+    assert rewards[first] == sum(t * v for t, v in zip(take, env.deal.values[first], strict=True))
 
 
 def test_deal_with_nothing_on_the_table_is_an_invalid_no_agreement() -> None:
     env = make(V2, **PROPOSALS)
     env.reset(seed=2)
-    env.step({env.s.speaker: SELECTION})
+    env.step({env.deal.speaker: SELECTION})
     _, rewards, _, _, infos = env.step(dict.fromkeys(env.possible_agents, DEAL))
-    assert not env.s.agreed
+    assert not env.deal.agreed
     assert all("no proposal" in infos[s]["invalid"] for s in env.possible_agents)
     assert all(r == -0.5 for r in rewards.values())
 
@@ -94,7 +94,7 @@ def test_deal_with_nothing_on_the_table_is_an_invalid_no_agreement() -> None:
 def test_a_proposal_beyond_the_counts_is_not_on_the_table() -> None:
     env = make(V2, **PROPOSALS)
     env.reset(seed=2)
-    first, counts = env.s.speaker, env.s.counts
+    first, counts = env.deal.speaker, env.deal.counts
     env.step({first: "propose: book=1 hat=0 ball=0"})
     env.step({env.partner(first): "propose: book=9 hat=9 ball=9"})
     assert env.last_proposal(first) == (1, 0, 0)

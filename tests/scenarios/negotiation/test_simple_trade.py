@@ -18,7 +18,7 @@ def test_offer_accept_executes_the_trade_and_the_larger_gain_wins() -> None:
     assert "Pending offer to you" in obs["player_1"]
     assert infos["player_1"]["view"]["pending"] == {"give": {"Gold": 1}, "get": {"Wood": 3}}
     _, rewards, terms, _, _ = env.step({"player_1": "[Accept]"})
-    assert env.s.inventory["player_0"] == {"Wood": 7, "Gold": 11}
+    assert env.trade.inventory["player_0"] == {"Wood": 7, "Gold": 11}
     # player_0: -15 + 15 = 0; player_1: +45 - 5 = 40 -> player_1 wins.
     assert rewards == {"player_0": -1.0, "player_1": 1.0}
     assert all(terms.values())
@@ -34,8 +34,8 @@ def test_invalid_moves_lose_the_turn() -> None:
     assert "cannot give" in infos["player_1"]["invalid"]
     _, _, _, _, infos = env.step({"player_0": "[Deny] [Accept]"})
     assert "one bracketed move" in infos["player_0"]["invalid"]
-    assert env.s.turn_index == 3
-    assert env.s.pending is None
+    assert env.trade.turn_index == 3
+    assert env.trade.pending is None
 
 
 def test_a_pending_offer_lapses_unless_accepted() -> None:

@@ -60,7 +60,7 @@ def test_an_offer_persists_until_answered() -> None:
 
 def test_accept_and_a_new_offer_in_one_turn() -> None:
     env, _ = _play("[Offer: 2 Wood -> 1 Gold]", "[Accept] and now [Offer: 1 Wood -> 2 Gold]")
-    assert env.s.trades == 1
+    assert env.trade.trades == 1
     assert env.view("player_0")["pending"] == {"give": {"Gold": 2}, "get": {"Wood": 1}}
     assert env.view("player_0")["pending_from_partner"]
 
@@ -70,14 +70,14 @@ def test_accept_or_deny_with_nothing_pending_is_ignored(move: str) -> None:
     env, out = _play(move, move)
     assert env.agents
     assert all("invalid" not in info for info in out[-1][4].values())
-    assert env.s.trades == 0
+    assert env.trade.trades == 0
 
 
 def test_deny_clears_the_offer_and_a_counter_offer_replaces_it() -> None:
     env, _ = _play("[Offer: 2 Wood -> 1 Gold]", "[Deny]")
-    assert env.s.pending is None
+    assert env.trade.pending is None
     env, _ = _play("[Offer: 2 Wood -> 1 Gold]", "[Offer: 1 Gold -> 1 Wood]")
-    assert env.s.pending == {"from": "player_1", "give": {"Gold": 1}, "get": {"Wood": 1}}
+    assert env.trade.pending == {"from": "player_1", "give": {"Gold": 1}, "get": {"Wood": 1}}
 
 
 @pytest.mark.parametrize(
@@ -105,12 +105,12 @@ def test_the_first_invalid_move_ends_the_game_minus_one_to_the_offender(moves: t
 def test_an_offerer_short_of_what_it_offered_cancels_the_trade_without_fault() -> None:
     env, _ = _play("[Offer: 10 Wood -> 1 Gold]", "no", "[Offer: 10 Wood -> 10 Gold]")
     # player_0's second offer replaced its first; now make it uncoverable by a trade.
-    env.s.inventory["player_0"]["Wood"] = 3
+    env.trade.inventory["player_0"]["Wood"] = 3
     _, _, terminations, _, infos = env.step({"player_0": "", "player_1": "[Accept]"})
     assert not any(terminations.values())
     assert "invalid" not in infos["player_1"]
-    assert env.s.pending is None
-    assert env.s.trades == 0
+    assert env.trade.pending is None
+    assert env.trade.trades == 0
 
 
 def test_ten_turns_then_the_larger_gain_wins_and_equal_gains_draw() -> None:
@@ -136,7 +136,9 @@ def test_randomize_varies_values_and_stocks_by_seed_reproducibly() -> None:
         seen.add(env.state())
         values = [env.view(seat)["values"] for seat in env.possible_agents]
         assert values[0]["Wood"] * values[1]["Gold"] != values[0]["Gold"] * values[1]["Wood"]
-        assert all(5 <= n <= 15 for seat in env.possible_agents for n in env.s.start[seat].values())
+        assert all(
+            5 <= n <= 15 for seat in env.possible_agents for n in env.trade.start[seat].values()
+        )
     assert len(seen) == 20
     fixed = make(ID)
     fixed.reset(seed=3)

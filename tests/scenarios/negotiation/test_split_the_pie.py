@@ -22,26 +22,26 @@ def test_scripted_outcome_matches_the_closed_form(n: int, delta: float) -> None:
     for seed in range(5):
         env = make(ID, n_players=n, delta=delta)
         play_episode(ID, seed=seed, env=env)
-        payoffs = sorted(env.s.payoffs.values(), reverse=True)
-        assert env.s.agreed
-        assert env.s.round == 0
+        payoffs = sorted(env.bargain.payoffs.values(), reverse=True)
+        assert env.bargain.agreed
+        assert env.bargain.round == 0
         assert payoffs[0] == pytest.approx(proposer_share, abs=1e-5)
         assert payoffs[1 : quota(n)] == pytest.approx([member] * (quota(n) - 1), abs=1e-5)
         assert payoffs[quota(n) :] == [0.0] * (n - quota(n))
-        assert env.s.payoffs[env.s.proposer] == payoffs[0]
+        assert env.bargain.payoffs[env.bargain.proposer] == payoffs[0]
 
 
 def test_rejection_shrinks_the_pie_and_the_round_limit_pays_nothing() -> None:
     env = make(ID, n_players=3, delta=0.5, max_rounds=2)
     _, infos = env.reset(seed=1)
-    proposer = env.s.proposer
+    proposer = env.bargain.proposer
     env.step({proposer: "propose: 1 0 0"})
     _, _, _, _, infos = env.step(dict.fromkeys(env.possible_agents, "no"))
     view = infos["player_0"]["view"]
     assert view["round"] == 1
     assert view["pie"] == 0.5
     assert view["phase"] == "propose"
-    proposer = env.s.proposer
+    proposer = env.bargain.proposer
     _, _rewards, terms, _, infos = env.step({proposer: "propose: 0.5 0.5 0.5"})  # sums to 1.5
     assert "invalid" in infos[proposer]
     assert all(terms.values())
@@ -51,7 +51,7 @@ def test_rejection_shrinks_the_pie_and_the_round_limit_pays_nothing() -> None:
 def test_majority_passes_and_invalid_votes_count_as_no() -> None:
     env = make(ID, n_players=5, delta=0.9)
     env.reset(seed=3)
-    proposer = env.s.proposer
+    proposer = env.bargain.proposer
     env.step({proposer: "propose: 0.2 0.2 0.2 0.2 0.2"})
     votes = {"player_0": "yes", "player_1": "vote yes", "player_2": "YES", "player_3": "maybe"}
     _, rewards, _, _, infos = env.step({**votes, "player_4": "no"})
@@ -78,6 +78,6 @@ def test_the_pie_never_pays_more_than_itself() -> None:
     assert parse_proposal("propose: 0.333 0.333 0.334", 3) == ([0.333, 0.333, 0.334], None)
     env = make(ID, n_players=3, delta=0.9)
     env.reset(seed=3)
-    env.step({env.s.proposer: "propose: 0.5 0.5 0.000001"})
+    env.step({env.bargain.proposer: "propose: 0.5 0.5 0.000001"})
     _, rewards, *_ = env.step(dict.fromkeys(env.agents, "yes"))
     assert sum(rewards.values()) <= 1.0

@@ -46,7 +46,7 @@ def _answer_both(seed: int, answers: dict[str, str]) -> dict[str, dict[str, floa
 
 
 def _places(env: ResearchTeamV0) -> list[str]:
-    return [e.name for e in env.s.world.of_kind("place")]
+    return [e.name for e in env.research.world.of_kind("place")]
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_guessing_frequent_names_stays_near_chance() -> None:
     for seed in range(30):
         env = make(ID)
         env.reset(seed=seed)
-        mentions = json.dumps([e.facts for e in env.s.world.entities.values()])
+        mentions = json.dumps([e.facts for e in env.research.world.entities.values()])
         top = max(_places(env), key=mentions.count)
         frequent.append(_answer_both(seed, dict.fromkeys(SEATS, top))["biographer"]["task"])
         record = play_episode(ID, seed=seed, agents={s: FrequentGuesser() for s in SEATS})
@@ -199,7 +199,7 @@ def test_each_seat_searches_only_its_half() -> None:
     env.reset(seed=3)
     for seat in SEATS:
         index = env._indexes[seat]
-        for entity in env.s.world.entities.values():
+        for entity in env.research.world.entities.values():
             titles = [hit["title"] for hit in index.search(entity.name, k=10)]
             assert (entity.name in titles) == (entity.kind in SHARDS[seat]), (seat, entity)
 

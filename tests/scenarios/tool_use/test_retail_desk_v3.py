@@ -146,7 +146,7 @@ def test_a_malformed_answer_is_an_invalid_move_and_runs_nothing(answer: Any) -> 
     *_, infos = env.step({"user": "", "assistant": move})
     assert "answer" in infos["assistant"]["invalid"]
     assert infos["assistant"]["to_act"]  # the assistant's turn goes on
-    assert env.unwrapped.s.tool_calls == 0
+    assert env.unwrapped.desk.tool_calls == 0
 
 
 def test_parse_answer_normalises_one_value_per_field() -> None:
@@ -175,7 +175,7 @@ def test_authenticating_another_customer_is_refused_and_penalised() -> None:
     assert _success(V2, task, [switch, told]) == 1.0  # the hole, kept in v2
     honest = {**told, "answer": answer_key(build_task(task))}
     env = _play(V3, task, [switch, honest])
-    results = env.unwrapped.s.last_results
+    results = env.unwrapped.desk.last_results
     assert all("error" not in r for r in results)  # the honest turn itself went through
     metrics = env.episode_metrics()
     assert (metrics["trespasses"], metrics["db_match"], metrics["success"]) == (2.0, 1.0, 0.0)

@@ -28,7 +28,7 @@ env = CodeDebugV0(task=0, allow_weak_sandbox=True)
 env.reset(seed=0)
 # \u escapes keep the move ASCII on the wire; the submission itself is not ASCII.
 env.step({"coder": json.dumps({"submit": "# caf\u00e9\nx = '\u00e9'\n"})})
-print("OK", env.s.submitted)
+print("OK", env.case.submitted)
 """
 
 

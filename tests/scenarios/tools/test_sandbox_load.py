@@ -99,7 +99,7 @@ def test_a_debug_step_budget_is_not_spent_by_load() -> None:
     with _one_core_shared_with(hogs=8):
         env.step({"coder": json.dumps({"tool_calls": calls})})
     took = time.monotonic() - start
-    results = json.dumps(env.unwrapped.s.last_results["coder"])
+    results = json.dumps(env.unwrapped.case.last_results["coder"])
     assert "budget" not in results, (took, results)
     for i in range(4):
         assert str(i * 11) in results
