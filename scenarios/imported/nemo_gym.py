@@ -120,6 +120,8 @@ SEATS = ("solver", "checker")
 SERVERS: dict[str, str] = {
     "example_multi_step": "look up synonym values with a tool, report the relevant ones "
     "in order with another (scored on the exact list)",
+    "workplace_assistant": "27 tools over a session's own email, calendar, analytics, "
+    "project and CRM data (scored on the state the calls leave, against reference calls)",
 }
 """NeMo Gym servers this adapter was played against here (any server of NeMo Gym's
 ``simple_agent`` protocol whose tools need no outside service plays the same way)."""
@@ -159,7 +161,12 @@ def spec_for(name: str) -> ScenarioSpec:
 
 def catalog() -> list[Entry]:
     """The servers played here (see :data:`SERVERS`)."""
-    return [Entry(f"nemogym:{name}", SEATS, text) for name, text in sorted(SERVERS.items())]
+    where = "; play it running: nemogym:{}@HOST:PORT (python -m parley.arena.integrations."
+    where += "nemo_gym_resources {})"
+    return [
+        Entry(f"nemogym:{name}", SEATS, text + where.format(name, name))
+        for name, text in sorted(SERVERS.items())
+    ]
 
 
 def _toolbox(row: Mapping[str, Any], call: Any) -> ToolBox:
