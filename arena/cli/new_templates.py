@@ -153,7 +153,10 @@ class <<CLASS>>V0(Scenario):
     default_invalid_penalty = 0.1
     refused_move_takes_turn: ClassVar[bool] = True
     new_episode_draws = False  # nothing is random: reset needs no generator
-    s: State
+    race: State
+
+    def snapshot(self) -> Any:
+        return self.race
 
     def __init__(
         self,
@@ -172,39 +175,39 @@ class <<CLASS>>V0(Scenario):
         self.max_turns = max_turns
 
     def new_episode(self, rng: np.random.Generator) -> None:
-        self.s = State()
+        self.race = State()
 
     def brief(self) -> None:
         for seat in SEATS:
             self.tell(seat, f"Race to {TARGET}: you are {seat}. Add 1, 2 or 3 to the total.")
 
     def acting(self) -> list[str]:
-        return [SEATS[self.s.turns % 2]]
+        return [SEATS[self.race.turns % 2]]
 
     def play(self, seat: str, action: str) -> str | None:
-        self.s.turns += 1
+        self.race.turns += 1
         step = parse_move(action)
         if step is not None:
-            self.s.total += step
-            self.announce(f"{seat} adds {step}: the total is {self.s.total}.")
-            if self.s.total >= TARGET:
-                self.s.winner = seat
+            self.race.total += step
+            self.announce(f"{seat} adds {step}: the total is {self.race.total}.")
+            if self.race.total >= TARGET:
+                self.race.winner = seat
                 self.reward(seat, "task", 1.0)
                 self.finish()
                 return None
-        if self.s.turns >= self.max_turns:
+        if self.race.turns >= self.max_turns:
             self.announce("No winner within the turn limit: a draw.")
             self.finish()
         return None if step is not None else "reply with 1, 2 or 3"
 
     def prompt(self, seat: str) -> str:
-        return f"The total is {self.s.total}. Your move: 1, 2 or 3."
+        return f"The total is {self.race.total}. Your move: 1, 2 or 3."
 
     def constraint(self, seat: str) -> dict[str, Any] | None:
         return {"type": "choice", "choices": ["1", "2", "3"]}
 
     def view(self, seat: str) -> dict[str, Any]:
-        return {"total": self.s.total, "turns_left": self.max_turns - self.s.turns}
+        return {"total": self.race.total, "turns_left": self.max_turns - self.race.turns}
 
     def system_prompt(self, seat: str) -> str:
         return (
@@ -217,7 +220,7 @@ class <<CLASS>>V0(Scenario):
         return False
 
     def metrics(self) -> dict[str, float]:
-        return {"first_won": float(self.s.winner == "first"), "total": float(self.s.total)}
+        return {"first_won": float(self.race.winner == "first"), "total": float(self.race.total)}
 
 
 '''
@@ -313,7 +316,10 @@ class <<CLASS>>V0(Scenario):
     default_invalid_penalty = 0.1
     refused_move_takes_turn: ClassVar[bool] = True
     new_episode_draws = False
-    s: State
+    match: State
+
+    def snapshot(self) -> Any:
+        return self.match
 
     def __init__(
         self,
@@ -332,7 +338,7 @@ class <<CLASS>>V0(Scenario):
         self.rounds = rounds
 
     def new_episode(self, rng: np.random.Generator) -> None:
-        self.s = State()
+        self.match = State()
 
     def brief(self) -> None:
         for seat in SEATS:
@@ -343,32 +349,32 @@ class <<CLASS>>V0(Scenario):
 
     def play(self, seat: str, action: str) -> str | None:
         move = action.strip().lower()
-        self.s.moves[seat] = move if move in MOVES else None
+        self.match.moves[seat] = move if move in MOVES else None
         return None if move in MOVES else "reply with rock, paper or scissors"
 
     def resolve(self) -> None:
-        a, b = (self.s.moves.get(seat) for seat in SEATS)
+        a, b = (self.match.moves.get(seat) for seat in SEATS)
         result = outcome(a, b)
-        self.s.round += 1
-        self.s.draws += result == 0
+        self.match.round += 1
+        self.match.draws += result == 0
         for seat, sign in zip(SEATS, (1, -1)):
-            self.s.score[seat] += sign * result
+            self.match.score[seat] += sign * result
             if result:
                 self.reward(seat, "task", float(sign * result))
-        self.announce(f"Round {self.s.round}: {a} vs {b} -> "
+        self.announce(f"Round {self.match.round}: {a} vs {b} -> "
                       f"{('draw', SEATS[0], SEATS[1])[result]} .")
-        self.s.moves = {}
-        if self.s.round >= self.rounds:
+        self.match.moves = {}
+        if self.match.round >= self.rounds:
             self.finish()
 
     def prompt(self, seat: str) -> str:
-        return f"Round {self.s.round + 1} of {self.rounds}: rock, paper or scissors?"
+        return f"Round {self.match.round + 1} of {self.rounds}: rock, paper or scissors?"
 
     def constraint(self, seat: str) -> dict[str, Any] | None:
         return {"type": "choice", "choices": list(MOVES)}
 
     def view(self, seat: str) -> dict[str, Any]:
-        return {"round": self.s.round, "score": self.s.score[seat]}
+        return {"round": self.match.round, "score": self.match.score[seat]}
 
     def system_prompt(self, seat: str) -> str:
         return "You play rock-paper-scissors. Reply with rock, paper or scissors only."
@@ -378,7 +384,7 @@ class <<CLASS>>V0(Scenario):
         return False
 
     def metrics(self) -> dict[str, float]:
-        return {"score_0": float(self.s.score[SEATS[0]]), "draws": float(self.s.draws)}
+        return {"score_0": float(self.match.score[SEATS[0]]), "draws": float(self.match.draws)}
 
 
 '''

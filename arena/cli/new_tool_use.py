@@ -112,7 +112,10 @@ class <<CLASS>>V0(Scenario):
     }
     default_invalid_penalty = 0.1
     refused_move_takes_turn: ClassVar[bool] = True
-    s: State
+    sum: State
+
+    def snapshot(self) -> Any:
+        return self.sum
 
     def __init__(
         self,
@@ -134,49 +137,49 @@ class <<CLASS>>V0(Scenario):
 
     def new_episode(self, rng: np.random.Generator) -> None:
         a, b, c = (int(x) for x in rng.integers(1000, 100_000, size=3))
-        self.s = State(a, b, c, self.max_turns)
+        self.sum = State(a, b, c, self.max_turns)
 
     def brief(self) -> None:
-        self.tell(SEAT, f"What is {self.s.a} * {self.s.b} + {self.s.c}?\\n"
+        self.tell(SEAT, f"What is {self.sum.a} * {self.sum.b} + {self.sum.c}?\\n"
                         f"Tools:\\n{self.tools.describe()}")
 
     def acting(self) -> list[str]:
         return [SEAT]
 
     def play(self, seat: str, action: str) -> str | None:
-        self.s.turns_left -= 1
-        self.s.last_results = []
+        self.sum.turns_left -= 1
+        self.sum.last_results = []
         parsed = parse_turn(action, turn=self.turn)
         reason = parsed if isinstance(parsed, str) else None
         if not isinstance(parsed, str):
             if set(parsed.fields) - {"answer"}:
                 reason = "use the keys tool_calls and answer only"
             results = [self.tools.call(call) for call in parsed.calls]
-            self.s.tool_calls += len(results)
-            self.s.last_results = result_dicts(results)
+            self.sum.tool_calls += len(results)
+            self.sum.last_results = result_dicts(results)
             for result in results:
                 self.tell(SEAT, render_result(result))
             if "answer" in parsed.fields:
-                self.s.answer = str(parsed.fields["answer"]).strip()
-                self.s.correct = self.s.answer == str(self.s.a * self.s.b + self.s.c)
-                self.reward(SEAT, "task", float(self.s.correct))
+                self.sum.answer = str(parsed.fields["answer"]).strip()
+                self.sum.correct = self.sum.answer == str(self.sum.a * self.sum.b + self.sum.c)
+                self.reward(SEAT, "task", float(self.sum.correct))
                 self.finish()
                 return reason
-        if self.s.turns_left <= 0:
+        if self.sum.turns_left <= 0:
             self.announce("No answer within the turn limit.")
             self.finish()
         return reason
 
     def prompt(self, seat: str) -> str:
-        return f"Your move ({self.s.turns_left} turns left): tool_calls and/or answer."
+        return f"Your move ({self.sum.turns_left} turns left): tool_calls and/or answer."
 
     def constraint(self, seat: str) -> dict[str, Any] | None:
         return dict(self._constraint)
 
     def view(self, seat: str) -> dict[str, Any]:
         return {
-            "a": self.s.a, "b": self.s.b, "c": self.s.c, "turns_left": self.s.turns_left,
-            "tools": self.tools.specs(), "tool_results": self.s.last_results,
+            "a": self.sum.a, "b": self.sum.b, "c": self.sum.c, "turns_left": self.sum.turns_left,
+            "tools": self.tools.specs(), "tool_results": self.sum.last_results,
         }
 
     def system_prompt(self, seat: str) -> str:
@@ -191,7 +194,7 @@ class <<CLASS>>V0(Scenario):
         return False
 
     def metrics(self) -> dict[str, float]:
-        return {"success": float(self.s.correct), "tool_calls": float(self.s.tool_calls)}
+        return {"success": float(self.sum.correct), "tool_calls": float(self.sum.tool_calls)}
 
 
 '''
