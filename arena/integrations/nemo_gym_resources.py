@@ -84,9 +84,15 @@ def nemo_gym_python() -> Path:
 
 @contextlib.contextmanager
 def resources_server(
-    name: str, *, python: str | Path | None = None, start_timeout: float = 120.0
+    name: str,
+    *,
+    python: str | Path | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    start_timeout: float = 120.0,
 ) -> Iterator[ResourcesServer]:
-    """Start NeMo Gym's server ``name`` in a child process; stop it on exit.
+    """Start NeMo Gym's server ``name`` in a child process on ``host:port`` (0: a free port);
+    stop it on exit.
 
     Raises :class:`NemoGymUnavailable` when the Python is missing or the server does not
     announce itself within ``start_timeout`` seconds (a loaded machine imports NeMo Gym, Ray
@@ -100,7 +106,8 @@ def resources_server(
         )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [str(exe), "-I", __file__, name],  # -I: nothing of parley's environment leaks in
+        # -I: nothing of parley's environment (PYTHONPATH, this folder) leaks in.
+        [str(exe), "-I", __file__, name, "--host", host, "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
@@ -134,7 +141,7 @@ def _first_json_line(proc: subprocess.Popen[bytes], timeout: float) -> dict[str,
         newline = seen.find(b"\n")
         while newline >= 0:
             line, seen = seen[:newline], seen[newline + 1 :]
-            if line.startswith(b"{"):
+            if line.startswith(b'{"url": '):  # (the server may log other JSON first)
                 return dict(json.loads(line))
             newline = seen.find(b"\n")
         left = deadline - time.monotonic()
@@ -225,7 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", default=None, help=f"NeMo Gym's Python (${PYTHON_ENV})")
     args = parser.parse_args(argv)
     if __package__:  # parley's side: start the server under NeMo Gym's Python
-        with resources_server(args.server, python=args.python) as served:
+        with resources_server(
+            args.server, python=args.python, host=args.host, port=args.port
+        ) as served:
             print(f"nemo-gym: serving {served.server} at {served.url}", flush=True)
             print(f"play it: parley run {served.id} --episodes 4", flush=True)
             with contextlib.suppress(KeyboardInterrupt):
