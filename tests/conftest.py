@@ -19,9 +19,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    """A local Ray of 2 CPUs (no dashboard) for the module's tests, shut down after them."""
+    """A local Ray of 2 CPUs (no dashboard) for the module's tests, shut down after them;
+    a private one even where a cluster runs on this machine (``ray start``), which a bare
+    ``ray.init`` would join."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:

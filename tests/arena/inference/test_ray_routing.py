@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,23 @@ def test_sessions_stay_on_their_replica_and_hit_the_cache_more_than_least_busy(
     assert len(runs["again"].completions[0].token_ids) == ARGS.max_tokens
     assert runs["held"] == 0  # and the router forgot what the dead one held
     assert all(set(r) == {1} for r in after)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(300)
+def test_bench_routing_json_has_both_routings_side_by_side(
+    local_ray: None, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from parley.arena.cli import main
+
+    argv = ["bench", "routing", "--json", "--model", str(tiny_model_dir), "--episodes", "4"]
+    assert main([*argv, "--turns", "3", "--max-tokens", "2", "--repeat", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for policy in ("cache_aware", "least_busy"):
+        assert 0 < result[f"{policy}_hit_rate"] < 1
+        assert result[f"{policy}_tokens_per_s"] > 0
+        assert sum(result[f"{policy}_requests_per_replica"]) >= 4 * 3  # (and a warm-up)
+    for key in ("prefill_ratio_least_busy_vs_cache_aware", "tokens_per_s_ratio_vs_least_busy"):
+        assert result[key] > 0
+    assert result["cache_aware_routing"]["policy"] == "cache_aware"
+    assert len(result["load_avg"]) == 2
