@@ -142,9 +142,10 @@ class RewardModelConfig:
     """Most tokens of one ``prompt + response``; longer ones keep their first tokens."""
     padding_penalty: float = 1.0
     """Weight of the length guard: ``mean(relu(r(x + filler) - r(x) + 0.1))`` over every
-    chosen and rejected ``x`` of a batch, ``filler`` a run of 1-64 of ``x``'s own words
-    appended. It teaches the model that padding a reply does not make it better, whatever
-    length correlations the preferences hold; 0 leaves it out."""
+    chosen and rejected ``x`` of a batch, ``filler`` a run of 1-64 words of ``x``'s other
+    lines appended to its last (its own words ``scored_text`` folds away already). It
+    teaches the model that padding a reply does not make it better, whatever length
+    correlations the preferences hold; 0 leaves it out."""
     center_rewards: float = 0.0
     """Weight of TRL's ``center_rewards_coefficient`` term ``(r_c + r_r)^2``, which keeps
     scores near 0 (Eisenstein et al. 2023); 0 leaves it out."""
