@@ -33,6 +33,7 @@ import dataclasses
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -232,6 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", default=None, help=f"NeMo Gym's Python (${PYTHON_ENV})")
     args = parser.parse_args(argv)
     if __package__:  # parley's side: start the server under NeMo Gym's Python
+        # SIGTERM unwinds like Ctrl-C, so the server child is stopped with this process.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         with resources_server(
             args.server, python=args.python, host=args.host, port=args.port
         ) as served:
