@@ -36,6 +36,10 @@ verdict's number as the reward component ``judge``:
 The component is credited at the episode's last step (transcript step ``rewards`` and
 ``infos[seat]["components"]``, the trajectory's reward, components and last turn), so
 shaping (``weights: {judge: 0.5}``), trainers, exports and the viewer see it as any other.
+The canonical form, the cache, the failure rule and the crediting are those of every
+model-based component (:mod:`parley.arena.run.model_rewards`, which the reward model's
+``rm`` component shares); :class:`ModelRewards` holds a run's judge, reward model and
+similarity scorer.
 """
 
 from __future__ import annotations
