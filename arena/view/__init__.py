@@ -2,7 +2,8 @@
 
 Owns: reading run folders (``parley run`` and ``parley train`` outputs) for display
 (:mod:`~parley.arena.view.data`), the HTML pages (:mod:`~parley.arena.view.pages`,
-:mod:`~parley.arena.view.episode`, the tournament page :mod:`~parley.arena.view.league`), the
+:mod:`~parley.arena.view.episode`, the tournament page :mod:`~parley.arena.view.league`, the
+``parley eval`` report page :mod:`~parley.arena.view.evals`), the
 aiohttp server with its live training feed and the
 static export (:mod:`~parley.arena.view.server`), and the browser seat for a person
 (:mod:`~parley.arena.view.human`). Pages, CSS and scripts ship in ``static/``: no frontend
