@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ import msgspec
 import yaml
 
 from parley.arena.run.episode import derive_seed
+from parley.arena.run.model_rewards import SCOPES
 from parley.arena.training.adapters import LoraConfig
 from parley.arena.training.curriculum import CurriculumConfig
 from parley.arena.training.pg import PGConfig
@@ -148,6 +150,17 @@ class TrainConfig:
     shaping: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-seat reward shaping (:class:`~parley.scenarios.shaping.ShapingConfig` fields;
     ``"*"`` for every seat). Empty: each decision gets its raw return-to-go."""
+    reward_model: str = ""
+    """A reward model directory (``parley train-rm``; TRL RewardTrainer's format): every
+    episode gets the reward component ``rm`` as with ``parley run --reward-model``
+    (:attr:`~parley.arena.run.config.RunConfig.reward_model`; loaded once in this process),
+    credited at the episode's last step and weighed like any component by ``shaping``.
+    "" = none."""
+    rm_weight: float = 1.0
+    """The ``rm`` component is the reward model's score times this."""
+    rm_scope: str = "seat"
+    """``seat``: each seat's own text scored; ``episode``: every seat's moves scored once,
+    given to every seat."""
     max_batch_size: int = 256
     """Pool: most requests decoded in one batch."""
     out: str = "runs/train"
@@ -203,6 +216,15 @@ class TrainConfig:
 
         # An id without -vN trains on (and records) the game's latest version.
         self.scenario = resolve_id(self.scenario)
+        if self.rm_scope not in SCOPES:
+            raise ConfigError(f"rm_scope must be one of {SCOPES}, got {self.rm_scope!r}")
+        if not math.isfinite(self.rm_weight):
+            raise ConfigError(f"rm_weight must be a finite number, got {self.rm_weight}")
+        if self.reward_model and not Path(self.reward_model).is_dir():
+            raise ConfigError(
+                f"reward_model {self.reward_model!r} is not a directory: train one with "
+                "`parley train-rm` and give its output directory"
+            )
         pg = self.pg
         age = self.sampler.staleness if pg.replay_max_age is None else pg.replay_max_age
         if pg.replay and pg.replay_fraction and age == 0:

@@ -430,6 +430,9 @@ class _Run:
             concurrency=self.config.sampler.concurrency,
             progress=False,
             act_timeout=600.0,
+            reward_model=self.config.reward_model,
+            rm_weight=self.config.rm_weight,
+            rm_scope=self.config.rm_scope,
         )
         if self.config.ray is None:
             runner = Runner(run_config, agents=agents)

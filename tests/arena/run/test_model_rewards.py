@@ -19,7 +19,6 @@ from parley.protocols.errors import ConfigError
 torch = pytest.importorskip("torch")
 from parley.arena.inference.backends.scorer import (  # noqa: E402
     SequenceScorer,
-    load_reward_model,
 )
 
 SCENARIO = "negotiation/deal-or-no-deal-v0"
@@ -27,16 +26,8 @@ RUN = ["--episodes", "2", "--no-progress", "-s", "max_turns=2"]
 
 
 @pytest.fixture(scope="module")
-def rm_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model with a seeded, untrained score head, saved as a reward model
-    (untrained is enough: the tests compare paths and scores, not quality)."""
-    out = tmp_path_factory.mktemp("rm") / "tiny-rm"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model, tokenizer = load_reward_model(tiny_model_dir)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+def rm_dir(tiny_rm_dir: Path) -> Path:
+    return tiny_rm_dir
 
 
 @pytest.fixture(scope="module")
