@@ -170,6 +170,8 @@ DEFAULT_QUEUE_RECORDS = 64
 waits: back-pressure from a slow disk, with memory bounded by this many records."""
 
 _FILES = ("transcripts", "trajectories", "timings")
+_POLL_S, _POLL_MAX_S = 0.001, 0.05
+"""How often :meth:`RecordWriter.put` looks for room in a full queue (first, at most)."""
 _CLOSE = object()
 """Queue sentinel: the writer thread ends once everything before it is written."""
 
@@ -185,9 +187,10 @@ class RecordWriter:
     a queue of at most ``queue_records``; the thread encodes and writes it, so the event
     loop playing the episodes spends no time on JSON or the disk. A full queue makes
     :meth:`add` block and :meth:`put` wait (the event loop goes on) until the thread has
-    caught up: memory stays bounded however slow the disk. Concurrent episodes finish out of
-    order; a record's encoded lines (not the record) wait in the thread until every earlier
-    index has been written, so the files do not depend on scheduling.
+    caught up: memory stays bounded however slow the disk (the queue, plus the encoded
+    lines of records waiting for an earlier episode still in play). Concurrent episodes
+    finish out of order; a record's encoded lines (not the record) wait in the thread until
+    every earlier index has been written, so the files do not depend on scheduling.
 
     The first failure (a write the OS refused, a record JSON cannot hold) is raised as
     :class:`RecordsError`, naming the file, by the next :meth:`add`, :meth:`put` or by
@@ -232,13 +235,25 @@ class RecordWriter:
             self._queue.put(record)
 
     async def put(self, record: EpisodeRecord) -> None:
-        """:meth:`add` for a coroutine: a full queue is waited for in a worker thread."""
-        if self._thread is not None:
-            self._raise_failure()
+        """:meth:`add` for a coroutine: while the queue is full the event loop goes on
+        (polled, from 1 ms to 50 ms apart). Cancelled while waiting (SIGINT), it still hands
+        ``record`` over before the cancellation goes on: a finished episode is never lost."""
+        if self._thread is None:
+            return
+        self._raise_failure()
+        wait = _POLL_S
+        while True:
             try:
                 self._queue.put_nowait(record)
+                return
             except queue.Full:
-                await asyncio.to_thread(self._queue.put, record)
+                pass
+            try:
+                await asyncio.sleep(wait)
+            except asyncio.CancelledError:
+                self._queue.put(record)  # (returns: the thread takes every record off)
+                raise
+            wait = min(2 * wait, _POLL_MAX_S)
 
     async def drain(self) -> None:
         """Wait until every record handed over so far is written (or the writer failed:

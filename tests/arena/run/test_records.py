@@ -120,16 +120,21 @@ def _full_disk(writes: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
 
-@pytest.mark.timeout(30)
-async def test_a_stalled_disk_bounds_the_queue_and_the_loop_goes_on(tmp_path: Path) -> None:
-    gate = threading.Event()
+def _stalled(gate: threading.Event) -> Callable[[int], None]:
+    """A write hook that waits for ``gate`` (a disk that has stalled until it is set)."""
 
     def stalled(_: int) -> None:
         if not gate.wait(timeout=30):
             raise OSError(errno.EIO, "the test's gate never opened")
 
+    return stalled
+
+
+@pytest.mark.timeout(30)
+async def test_a_stalled_disk_bounds_the_queue_and_the_loop_goes_on(tmp_path: Path) -> None:
+    gate = threading.Event()
     records = [_record(i) for i in range(12)]
-    writer = RecordWriter(tmp_path, queue_records=3, opener=_opener(stalled))
+    writer = RecordWriter(tmp_path, queue_records=3, opener=_opener(_stalled(gate)))
     handed = 0
 
     async def produce() -> None:
@@ -153,6 +158,32 @@ async def test_a_stalled_disk_bounds_the_queue_and_the_loop_goes_on(tmp_path: Pa
     transcripts, trajectories = _expected(records)
     assert (tmp_path / "transcripts.jsonl").read_bytes() == transcripts
     assert (tmp_path / "trajectories.jsonl").read_bytes() == trajectories
+
+
+@pytest.mark.timeout(30)
+async def test_a_put_cancelled_on_a_full_queue_still_hands_its_record_over(
+    tmp_path: Path,
+) -> None:
+    """SIGINT cancels the episodes' tasks; one waiting for room in the queue must not drop
+    the record of the episode it has just finished."""
+    gate = threading.Event()
+    writer = RecordWriter(tmp_path, queue_records=1, opener=_opener(_stalled(gate)))
+    records = [_record(i) for i in range(3)]
+    await writer.put(records[0])  # taken by the thread, which stalls in its write
+    await writer.put(records[1])  # (waits, if need be, until the thread took record 0)
+    waiting = asyncio.ensure_future(writer.put(records[2]))
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+    assert not waiting.done()  # the queue is full: the put waits
+    opener = threading.Timer(0.2, gate.set)  # the disk comes back after the cancellation
+    opener.start()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    opener.join()
+    writer.close()
+    transcripts, _ = _expected(records)
+    assert (tmp_path / "transcripts.jsonl").read_bytes() == transcripts
 
 
 @pytest.mark.timeout(30)
