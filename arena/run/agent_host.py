@@ -13,7 +13,10 @@ first observation of that pair and reset with the seed the runner put in
 Batched frames (``RunConfig.batch_frames``): an ``ObservationBatch`` carries observations of
 several episodes for the seats this host plays; each is answered as if it had come alone
 (the same agent per episode and seat, the same ``Error`` for an agent that raises), all
-together in one ``ActionBatch``. A host always takes both kinds of request.
+together in one ``ActionBatch``, sent by the batch's ``timeout`` at the latest: an ``act``
+still running then is cancelled and answered ``Error(timeout)`` (the arena fails that
+episode, as it would have on its own timeout), so it cannot hold its batch-mates' actions
+back. A host always takes both kinds of request.
 
 Episode end: the arena sends each seat it asked anything a one-way ``Observation`` with
 ``terminated`` (or ``truncated``) set; the host then closes the agent and forgets it.
