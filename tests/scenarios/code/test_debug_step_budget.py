@@ -4,7 +4,6 @@ a report at submission scores 0 instead of raising out of ``step``."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -21,6 +20,11 @@ SLEEP = "import time\ntime.sleep(99)\n"
 LOOP = "while True:\n    pass\n"
 
 
+def _ran(results: list[dict[str, object]]) -> int:
+    """How many of a step's tool calls ran (the others were refused: the budget was spent)."""
+    return sum("time budget" not in str(result.get("error", "")) for result in results)
+
+
 def _calls(name: str, code: str, count: int) -> str:
     call = {"name": name, "arguments": {"code": code}}
     return json.dumps({"tool_calls": [call] * count})
@@ -30,10 +34,10 @@ def _calls(name: str, code: str, count: int) -> str:
 def test_eight_slow_calls_take_one_budget_not_eight_wall_limits(name: str, code: str) -> None:
     env = make("code/debug-v1", task=0, step_budget_s=1.5)
     env.reset(seed=0)
-    start = time.perf_counter()
     env.step({"coder": _calls(name, code, 8)})
-    took = time.perf_counter() - start
-    assert took < 1.5 + 1.5, f"a step of 8 slow calls took {took:.1f} s"
+    # Counted, not timed (a loaded machine stretches the sandbox's start and kill): the
+    # first call spends the step's budget and the other seven are refused unrun.
+    assert _ran(env.unwrapped.case.last_results["coder"]) == 1
     # The next step has a fresh budget: a quick call runs.
     env.step({"coder": _calls("run_python", "print(6 * 7)", 1)})
     assert "42" in json.dumps(env.unwrapped.case.last_results["coder"])
@@ -53,10 +57,8 @@ def test_calls_after_the_budget_is_spent_are_refused_with_a_reason() -> None:
 def test_the_default_budget_bounds_a_step_of_sleeping_calls() -> None:
     env = make("code/debug-v0", task=0)
     env.reset(seed=0)
-    start = time.perf_counter()
     env.step({"coder": _calls("run_python", SLEEP, 8)})
-    took = time.perf_counter() - start
-    assert took < env.unwrapped.step_budget_s + 1.5, took
+    assert _ran(env.unwrapped.case.last_results["coder"]) == 1  # the rest refused unrun
     assert env.unwrapped.max_step_wall_s < 20
     assert CodeDebugV0.metadata["blocking_step"] is True
 
