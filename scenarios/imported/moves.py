@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,32 +17,45 @@ MAX_SHOWN = 200
 """Legal moves listed in a prompt or a reason (the choice constraint has them all)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
 class LegalMoves:
-    """One seat's legal moves now: the shown text of each, and text (lower case) -> id."""
+    """One seat's legal moves now: the shown text of each, and text (lower case) -> id.
 
-    shown: list[str]
+    Made by :meth:`of`, which returns the same object for the same texts and ids (a game's
+    positions repeat their move lists), so one is shared between seats and episodes: it is
+    never changed after it is made."""
+
+    shown: tuple[str, ...]
     by_text: dict[str, int]
+    listing: str
+    """:meth:`listed`'s text."""
 
     @classmethod
     def of(cls, texts: Sequence[str], actions: Sequence[int]) -> LegalMoves:
         """The moves named ``texts`` (the library's names, made printable); a name that is
         empty, spans lines or is shared by several moves gets ``#ID`` after it, so every
         shown text names one move."""
-        clean = [printable(text).strip() for text in texts]
-        counts: dict[str, int] = {}
-        for text in clean:
-            counts[text.lower()] = counts.get(text.lower(), 0) + 1
-        shown = [
-            text if text and counts[text.lower()] == 1 and "\n" not in text else f"{text} #{a}"
-            for text, a in zip(clean, actions, strict=True)
-        ]
-        return cls(shown, {text.lower(): int(a) for text, a in zip(shown, actions, strict=True)})
+        return _legal_moves(tuple(texts), tuple(actions))
 
     def listed(self) -> str:
         """The shown texts, comma-separated (at most :data:`MAX_SHOWN`)."""
-        more = len(self.shown) - MAX_SHOWN
-        return ", ".join(self.shown[:MAX_SHOWN]) + (f" (and {more} more)" if more > 0 else "")
+        return self.listing
+
+
+@functools.lru_cache(maxsize=4096)
+def _legal_moves(texts: tuple[str, ...], actions: tuple[int, ...]) -> LegalMoves:
+    clean = [printable(text).strip() for text in texts]
+    counts: dict[str, int] = {}
+    for text in clean:
+        counts[text.lower()] = counts.get(text.lower(), 0) + 1
+    shown = tuple(
+        text if text and counts[text.lower()] == 1 and "\n" not in text else f"{text} #{a}"
+        for text, a in zip(clean, actions, strict=True)
+    )
+    more = len(shown) - MAX_SHOWN
+    listing = ", ".join(shown[:MAX_SHOWN]) + (f" (and {more} more)" if more > 0 else "")
+    by_text = {text.lower(): int(a) for text, a in zip(shown, actions, strict=True)}
+    return LegalMoves(shown, by_text, listing)
 
 
 def choose(

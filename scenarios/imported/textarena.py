@@ -37,6 +37,7 @@ Version history: the adapter's first version (pinned by the ``textarena==0.7.4``
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import random
 import socket
@@ -100,10 +101,12 @@ class _OwnRandom:
 
     The generator starts, at the first ``with``, as a copy of the caller's state (TextArena
     then seeds it in ``reset``) and keeps its state between calls; the shared instance is
-    never touched, so the caller's ``random`` state stays as it was. Swapping the module's
-    functions for the generator's bound methods costs two dict updates per call, where
-    ``random.getstate``/``setstate`` copy 625 words each time: it was ~60 % of an episode.
+    never touched, so the caller's ``random`` state stays as it was. Not reentrant.
     """
+
+    # Swapping the module's functions for the generator's bound methods is two dict updates
+    # a call; swapping states (random.getstate/setstate, 625 words copied each, four a call)
+    # was ~60 % of a KuhnPoker episode's CPU time.
 
     def __init__(self) -> None:
         self.random: random.Random | None = None
@@ -113,7 +116,7 @@ class _OwnRandom:
 
     def __enter__(self) -> None:
         if self.random is None:
-            self.random = random.Random()
+            self.random = random.Random(0)  # (its state is set next: no OS entropy read)
             self.random.setstate(random.getstate())
             self._functions = {name: getattr(self.random, name) for name in _FUNCTIONS}
         module = vars(random)
@@ -126,6 +129,7 @@ class _OwnRandom:
         vars(random).update(self._saved)
 
 
+@functools.cache  # (TextArena's registry is fixed once imported)
 def _raw(env_id: str) -> str:
     registry = _registry()
     if env_id not in registry:
@@ -236,6 +240,8 @@ class TextArenaGame(Scenario):
             seats, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
         self._random = _OwnRandom()
+        self._raw_id = _raw(env_id)
+        self._pid = {seat: pid for pid, seat in enumerate(seats)}  # seat -> TextArena's id
         self.env: Any = None
         self.library_seed = 0
         """The seed this episode's TextArena ``reset`` got (drawn from ``reset(seed=...)``)."""
@@ -249,27 +255,27 @@ class TextArenaGame(Scenario):
         self._random = _OwnRandom()
         self.library_error = False
         with self._random:
-            self.env = self.ta.make(_raw(self.env_id))
+            self.env = self.ta.make(self._raw_id)
             self.env.reset(num_players=self.num_players, seed=self.library_seed)
-        self._pull()
+            self._pull()
 
     def acting(self) -> list[str]:
         return [self._current] if self._current else []
 
     def play(self, seat: str, action: str) -> str | None:
         state = self.env.state
-        pid = int(seat.rsplit("_", 1)[1])
+        pid = self._pid[seat]
         errors = getattr(state, "error_count", 0)
         try:
-            with self._random:
+            with self._random:  # (one swap for the step and what follows it)
                 done, _ = self.env.step(action=action)
-            refused = getattr(state, "error_count", 0) > errors or bool(
-                state.game_info.get(pid, {}).get("invalid_move")
-            )
-            if done:
-                self._end()
-            else:
-                self._pull()
+                refused = getattr(state, "error_count", 0) > errors or bool(
+                    state.game_info.get(pid, {}).get("invalid_move")
+                )
+                if done:
+                    self._end()
+                else:
+                    self._pull()
         except Exception as exc:  # the library failed on this text: end, score nothing
             self.library_error = True
             self._current = ""
@@ -297,16 +303,15 @@ class TextArenaGame(Scenario):
     # ------------------------------------------------------------------ internals
 
     def _pull(self) -> None:
-        """Tell the player TextArena asks next what it has been sent since its last turn."""
-        with self._random:
-            pid, messages = self.env.get_observation()
+        """Tell the player TextArena asks next what it has been sent since its last turn
+        (called within ``with self._random``, as :meth:`_end` is)."""
+        pid, messages = self.env.get_observation()
         self._current = self.possible_agents[int(pid)]
         self.tell(self._current, _format(messages))
 
     def _end(self) -> None:
         self._current = ""
-        with self._random:
-            rewards, game_info = self.env.close()
+        rewards, game_info = self.env.close()
         paid = {seat: _number(rewards.get(pid)) for pid, seat in enumerate(self.possible_agents)}
         if None in paid.values():  # (ThreeCardMonte returns its message as the reward)
             raise TypeError(f"TextArena's rewards are not numbers: {rewards!r}"[:200])
@@ -337,6 +342,9 @@ def _format(messages: Any) -> str:
         return messages
     lines = []
     for item in messages or []:
+        if type(item) is tuple and len(item) > 1 and type(item[0]) is int:  # the common form
+            lines.append(f"[{'GAME' if item[0] < 0 else f'Player {item[0]}'}] {item[1]}")
+            continue
         parts = list(item) if isinstance(item, (tuple, list)) else [item]
         sender = parts[0] if parts and isinstance(parts[0], int) else -1
         text = parts[1] if isinstance(parts[0], int) and len(parts) > 1 else parts[0]
