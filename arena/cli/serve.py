@@ -131,6 +131,13 @@ def add_parser(sub: Any) -> None:
         "pip install 'parley[ray]')",
     )
     p.add_argument("--replicas", type=int, default=1, help="pool replicas on Ray (with --ray)")
+    p.add_argument(
+        "--routing",
+        choices=("cache_aware", "least_busy"),
+        default="cache_aware",
+        help="how requests pick a replica (with --ray): cache_aware (default: a session's later "
+        "turns go where its prefix is cached, unless that replica is overloaded) or least_busy",
+    )
     add_peer_timeout(p)
     p.set_defaults(func=main)
 
@@ -171,6 +178,9 @@ class ServeOptions:
     cluster at this address (``local``: a local Ray); ``None``: one in-process pool."""
     replicas: int = 1
     """Pool replicas on Ray (with ``ray``), one GPU each where the cluster has GPUs."""
+    routing: str = "cache_aware"
+    """How a request picks a replica (with ``ray``; :mod:`~parley.arena.inference.routing`):
+    ``cache_aware`` or ``least_busy``."""
     adapters: tuple[tuple[str, str], ...] = ()
     """(policy name, PEFT adapter directory) pairs served on the model next to ``policy``."""
     peer_timeout: float = 60.0
@@ -286,7 +296,7 @@ async def serving(options: ServeOptions) -> AsyncIterator[tuple[str, str, Any]]:
         init_ray(options.ray)
         spec = ReplicaSpec(options.backend, options.model, options.policy,
                            options.backend_options, config)  # fmt: skip
-        pool = RayPool(spec, options.replicas)
+        pool = RayPool(spec, options.replicas, routing=options.routing)
     else:
         backend_options = {**dict(options.backend_options), **options.check_adapters()}
         backend = await load_backend(options.backend, options.model, **backend_options)
@@ -345,7 +355,7 @@ async def _serve(options: ServeOptions) -> None:
             print(f"openai api on {url}", flush=True)
         if options.ray is not None:
             print(f"policy {options.policy!r}: {options.replicas} {options.backend} replicas "
-                  f"on Ray, {options.model}", flush=True)  # fmt: skip
+                  f"on Ray ({options.routing} routing), {options.model}", flush=True)  # fmt: skip
         else:
             backend = pool.backend(options.policy)
             print(
@@ -422,6 +432,7 @@ def main(args: argparse.Namespace) -> int:
             insecure=args.insecure,
             ray=args.ray,
             replicas=args.replicas,
+            routing=args.routing,
             adapters=tuple(_adapter_option(a) for a in args.adapter),
             peer_timeout=args.peer_timeout,
             reward_models=tuple(_reward_model_option(r) for r in args.reward_model),

@@ -534,11 +534,11 @@ def test_sigterm_ends_parley_serve_ray_as_a_local_serve_ends(
 
     def serving(proc: Any) -> str:
         lines = [proc.stdout.readline().decode() for _ in range(2)]  # listening, policy
-        assert "replicas on Ray" in lines[1], lines
+        assert "replicas on Ray (least_busy routing)" in lines[1], lines  # --routing reached it
         return "".join(lines)
 
     args = ["serve", "--model", str(tiny_model_dir), "--ray", c.address, "--replicas", "1",
-            "--listen", "tcp://127.0.0.1:0"]  # fmt: skip
+            "--routing", "least_busy", "--listen", "tcp://127.0.0.1:0"]  # fmt: skip
     rc, out, stderr = _sigterm_when_ready(args, serving)
     assert rc == 0, stderr[-2000:]
     assert "pool closed" in out
