@@ -201,6 +201,13 @@ def _textarena(env_id: str, episodes: list[Episode]) -> float:
     return steps / (time.process_time() - started)
 
 
+def _case(
+    loop: Callable[[Any, list[Episode]], float], subject: Any, recorded: list[Episode]
+) -> Callable[[int], float]:
+    """``case(n)``: ``loop`` over the first ``n`` recorded episodes (for best_rates)."""
+    return lambda n: loop(subject, recorded[:n])
+
+
 def _slug(game_id: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", game_id.lower()).strip("_")
 
@@ -219,17 +226,16 @@ def measure(
             continue
         step(f"{game_id}: recording {episodes} episodes")
         recorded = record(game_id, episodes)
-        cases: dict[str, Callable[[int], float]] = {}
-        cases["parley"] = lambda n, rec=recorded, g=game_id: _parley(g, rec[:n])
+        name = game_id.partition(":")[2]
+        cases = {"parley": _case(_parley, game_id, recorded)}
         if _library(game_id) == "openspiel":
             from parley.scenarios.imported.openspiel import load_game
 
-            game = load_game(game_id.partition(":")[2])
-            cases["library"] = lambda n, rec=recorded, g=game: _openspiel_env(g, rec[:n])
-            cases["library_state"] = lambda n, rec=recorded, g=game: _openspiel_state(g, rec[:n])
+            game = load_game(name)
+            cases["library"] = _case(_openspiel_env, game, recorded)
+            cases["library_state"] = _case(_openspiel_state, game, recorded)
         else:
-            env_id = game_id.partition(":")[2]
-            cases["library"] = lambda n, rec=recorded, e=env_id: _textarena(e, rec[:n])
+            cases["library"] = _case(_textarena, name, recorded)
         step(f"{game_id}: timing {', '.join(cases)}")
         best = best_rates(cases, episodes, repeats)
         for case, rate in best.items():
