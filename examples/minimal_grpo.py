@@ -9,7 +9,7 @@ update is in this file. The settings are the TRL recipe's (examples/trl-online.m
 are known to learn: 4 objects, the listener answers a name under the choice constraint,
 parley's scripted speaker (``CodeSpeaker``) sends the object's code.
 
-    python examples/minimal_grpo.py                      # ~40 updates of 64 episodes
+    python examples/minimal_grpo.py                      # 40 updates of 64 episodes
     python examples/minimal_grpo.py --updates 2 --seeds 2 --group 4
 
 One log line per update: ``update N success S loss L ...``.
@@ -52,7 +52,10 @@ class Args:
     """Prompts (episode seeds) per update."""
     group: int = 8
     """Episodes per seed: the GRPO group whose mean is each episode's baseline."""
-    lr: float = 5e-4
+    lr: float = 2.5e-4
+    """At 5e-4 (two optimizer steps a batch, see ``epochs``) seed 0 collapsed onto three of the
+    four names (success 0.5-0.88, every group uniform: no signal); 2.5e-4 held >= 0.95 from
+    update 9."""
     clip: float = 0.2
     """PPO clip range of the importance ratio pi_theta / pi_old."""
     epochs: int = 2
