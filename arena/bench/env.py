@@ -83,7 +83,7 @@ from parley.arena.bench.textarena import best_rates
 from parley.protocols.messages import Action, Observation
 from parley.scenarios import Scenario, register
 
-__all__ = ["add_arguments", "run", "BareBroadcast", "Broadcast", "Chatter"]
+__all__ = ["add_arguments", "run"]
 
 SCENARIO_ID = "bench/broadcast-v0"
 TRADE_ID = "negotiation/simple-trade-v1"

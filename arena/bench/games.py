@@ -37,7 +37,7 @@ import numpy as np
 from parley.arena.bench.textarena import best_rates
 from parley.protocols.errors import ConfigError
 
-__all__ = ["GAMES", "TARGET", "add_arguments", "measure", "record", "run"]
+__all__ = ["add_arguments", "run"]
 
 GAMES = (
     "openspiel:kuhn_poker",

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["CHUNKS", "INSTALL", "TEXTARENA_VERSION", "best_rates", "measure", "missing"]
+__all__ = ["best_rates", "measure"]
 
 TEXTARENA_VERSION = "0.7.4"
 INSTALL = f"pip install --no-deps textarena=={TEXTARENA_VERSION} nltk chess"

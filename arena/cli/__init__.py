@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["main", "build_parser", "command_module", "COMMANDS", "SUMMARIES"]
+__all__ = ["main", "COMMANDS"]
 
 COMMANDS: tuple[str, ...] = (
     "list",

@@ -33,7 +33,6 @@ __all__ = [
     "user_error_status",
     "check_scenario_kwargs",
     "check_out_dir",
-    "expand_agent_spec",
     "check_agent_spec",
     "load_agent_kinds",
     "check_config_keys",

@@ -33,7 +33,7 @@ from rich.console import Console
 
 from parley.arena.inference.models.tiny import ensure_tiny_model
 
-__all__ = ["add_parser", "DemoOptions", "play_arena"]
+__all__ = ["add_parser"]
 
 
 def add_parser(sub: Any) -> None:

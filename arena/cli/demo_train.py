@@ -20,7 +20,7 @@ from typing import Any
 
 from parley.arena.training.loop import TrainResult, load_train_config, run_training
 
-__all__ = ["DemoResult", "demo_config", "evaluate_team", "print_demo", "train_demo"]
+__all__ = ["DemoResult", "evaluate_team", "print_demo", "train_demo"]
 
 # v1 plays exactly as v0 here: both seats choose among offered choices, so no move is
 # refused (examples/referential.yaml).

@@ -12,7 +12,7 @@ from typing import Any
 
 from parley.protocols.errors import ConfigError
 
-__all__ = ["add_parser", "main", "parse_eval_agents"]
+__all__ = ["add_parser"]
 
 
 def add_parser(sub: Any) -> None:

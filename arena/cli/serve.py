@@ -43,7 +43,7 @@ from typing import Any
 
 from parley.protocols.errors import ConfigError, ParleyError
 
-__all__ = ["add_parser", "ServeOptions", "serving"]
+__all__ = ["add_parser"]
 
 
 def add_parser(sub: Any) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from parley.protocols.errors import ConfigError
 
-__all__ = ["add_parser", "parse_agent_list", "run"]
+__all__ = ["add_parser"]
 
 
 def add_parser(sub: Any) -> None:

@@ -102,7 +102,7 @@ from parley.protocols.messages import (
     WeightUpdate,
 )
 
-__all__ = ["OpenAIFront", "serve_http"]
+__all__ = ["serve_http"]
 
 T = TypeVar("T")
 

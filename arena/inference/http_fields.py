@@ -15,7 +15,6 @@ from parley.protocols.messages import Constraint
 
 __all__ = [
     "BadRequest",
-    "as_bool",
     "as_float",
     "as_int",
     "chat_message",

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from parley.protocols.messages import Completion
 
-__all__ = ["EventStream", "logprobs_json", "token_pieces"]
+__all__ = ["EventStream", "logprobs_json"]
 
 _log = logging.getLogger(__name__)
 

@@ -69,8 +69,6 @@ from parley.protocols.messages import GenerateRequest, GenerateResult
 
 __all__ = [
     "resolve_llm",
-    "parse_llm_spec",
-    "LLMSpec",
     "close_shared_pools",
     "shared_pool",
     "check_pool",

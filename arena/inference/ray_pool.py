@@ -71,7 +71,7 @@ from parley.protocols.messages import (
     WeightUpdate,
 )
 
-__all__ = ["PoolReplica", "RayPool", "ReplicaSpec", "weights_digest"]
+__all__ = ["PoolReplica", "RayPool", "ReplicaSpec"]
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from typing import Literal
 
 from parley.protocols.errors import ConfigError
 
-__all__ = ["ROUTING_POLICIES", "Router", "RoutingConfig", "RoutingCounts", "RoutingPolicy"]
+__all__ = ["Router", "RoutingConfig", "RoutingCounts"]
 
 RoutingPolicy = Literal["cache_aware", "least_busy"]
 ROUTING_POLICIES: tuple[str, ...] = ("cache_aware", "least_busy")

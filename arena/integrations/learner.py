@@ -71,7 +71,7 @@ from parley.protocols.messages import Action, Observation
 from parley.scenarios import make
 from parley.scenarios.base import ORACLE_KEY
 
-__all__ = ["LEARNER_SPEC", "LearnerArena", "LearnerError", "LearnerSession", "LearnerTurn"]
+__all__ = ["LearnerArena", "LearnerError", "LearnerSession", "LearnerTurn"]
 
 LEARNER_SPEC = "learner"
 """The agent spec the transcripts show for a seat the trainer plays."""

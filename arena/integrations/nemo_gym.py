@@ -53,7 +53,7 @@ from parley.arena.integrations.openenv import _LoopbackHosts
 from parley.arena.run.config import RunConfig
 from parley.arena.run.episode import plan_episodes
 
-__all__ = ["SESSION_COOKIE", "create_nemo_gym_app", "dataset_rows", "main", "response_text"]
+__all__ = ["create_nemo_gym_app", "dataset_rows"]
 
 SESSION_COOKIE = "parley_session"
 """The cookie that names a rollout's learner session (NeMo Gym's agent passes it back)."""

@@ -46,8 +46,6 @@ from typing import Any
 __all__ = [
     "NemoGymUnavailable",
     "ResourcesServer",
-    "main",
-    "nemo_gym_python",
     "resources_server",
 ]
 

@@ -16,8 +16,6 @@ from parley.protocols.bus import BusConfig
 from parley.protocols.errors import BusError, PeerDead, ProtocolError, RemoteError, RequestTimeout
 
 __all__ = [
-    "RETRY_BACKOFF_MAX_S",
-    "RETRY_BACKOFF_S",
     "backoff",
     "bus_config_for",
     "failure_reason",

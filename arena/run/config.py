@@ -28,7 +28,7 @@ import yaml
 from parley.protocols.bus.config import BusConfig
 from parley.protocols.errors import ConfigError
 
-__all__ = ["MIN_PEER_TIMEOUT", "RunConfig", "load_run_config"]
+__all__ = ["RunConfig", "load_run_config"]
 
 MIN_PEER_TIMEOUT: float = BusConfig.heartbeat_interval
 """The bus's default heartbeat interval (``BusConfig.heartbeat_interval``): a ``peer_timeout`` must

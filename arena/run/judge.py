@@ -74,13 +74,10 @@ from parley.scenarios import make
 from parley.scenarios.similarity import Scorer, SimilarityReward, similarity_scorer
 
 __all__ = [
-    "DEFAULT_VERDICTS",
     "Judge",
     "JudgeOutcome",
     "JudgePrompt",
     "Rubric",
-    "canonical",
-    "judge_from_spec",
     "load_rubric",
     "ModelRewards",
 ]

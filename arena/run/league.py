@@ -44,15 +44,8 @@ import numpy as np
 from parley.protocols.errors import ConfigError
 
 __all__ = [
-    "Game",
     "LeagueConfig",
-    "Match",
-    "bradley_terry",
-    "openskill_ratings",
     "play_league",
-    "schedule_round_robin",
-    "standings",
-    "swiss_pairs",
 ]
 
 SCHEDULES = ("round-robin", "swiss")

@@ -56,7 +56,6 @@ __all__ = [
     "ScoredReward",
     "Score",
     "canonical",
-    "credit",
     "reply_bound",
     "reward_model_name",
     "scored_text",

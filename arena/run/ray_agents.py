@@ -32,7 +32,7 @@ from parley.arena.run.agent_specs import AgentFactory, SeatContext, resolve_agen
 from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Action, Observation
 
-__all__ = ["AgentReplica", "ReplicatedAgent", "SeatReplicas", "resolve_replicas"]
+__all__ = ["SeatReplicas", "resolve_replicas"]
 
 
 class AgentReplica:

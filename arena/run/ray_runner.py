@@ -67,7 +67,6 @@ from parley.protocols.errors import ConfigError
 
 __all__ = [
     "LOCAL",
-    "MAX_ATTEMPTS",
     "EpisodeWorker",
     "RayHeadGone",
     "RayRunner",

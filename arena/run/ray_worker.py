@@ -25,7 +25,7 @@ from parley.arena.run.episode import EpisodePlan
 from parley.arena.run.records import EpisodeRecord, encode_json
 from parley.arena.run.runner import Runner
 
-__all__ = ["RESULT_ENCODER", "EpisodeWorker", "Steps", "ship"]
+__all__ = ["EpisodeWorker", "Steps", "ship"]
 
 
 def _ship_hook(obj: Any) -> Any:

@@ -22,7 +22,6 @@ from parley.protocols.keys import load_public_key, load_secret_key
 
 __all__ = [
     "ARENA_ACCEPTS",
-    "ARENA_MAX_MESSAGE_BYTES",
     "SeatKeys",
     "arena_bus_config",
     "arena_endpoint_config",

@@ -16,7 +16,6 @@ __all__ = [
     "Moments",
     "PassHatK",
     "mean_ci",
-    "pass_hat_k",
     "pass_hat_k_curve",
     "t975",
 ]

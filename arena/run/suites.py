@@ -43,10 +43,8 @@ __all__ = [
     "get_suite",
     "load_report",
     "report_markdown",
-    "report_row",
     "run_suite",
     "suite_digest",
-    "welch_interval",
 ]
 
 REPORT_SCHEMA = 1

@@ -22,13 +22,9 @@ from parley.arena.run.records import EpisodeRecord
 from parley.arena.run.stats import Moments, PassHatK
 
 __all__ = [
-    "FAILURE_KINDS",
-    "MAX_LISTED_FAILURES",
-    "SUCCESS_METRIC",
     "SummaryBuilder",
     "failure_kind",
     "plain_json",
-    "summarize",
     "summary_table",
 ]
 

@@ -82,7 +82,6 @@ from parley.protocols.errors import ConfigError, require
 
 __all__ = [
     "AgentConfig",
-    "StageConfig",
     "TrainConfig",
     "TrainResult",
     "load_train_config",

@@ -45,12 +45,9 @@ from parley.protocols.errors import ConfigError
 
 __all__ = [
     "POPULATION_SPEC",
-    "RULES",
     "Member",
     "Population",
     "PopulationConfig",
-    "member_agents",
-    "member_weights",
     "open_population",
 ]
 

@@ -39,7 +39,7 @@ from parley.arena.inference.ray_pool import RayPool, ReplicaSpec
 from parley.arena.run.ray_runner import import_ray, init_ray
 from parley.protocols.errors import ConfigError
 
-__all__ = ["ServedModels", "start_replica_pool"]
+__all__ = ["start_replica_pool"]
 
 
 @dataclass(frozen=True)

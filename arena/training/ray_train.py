@@ -58,12 +58,7 @@ from parley.protocols.messages import (
 )
 
 __all__ = [
-    "PolicySeat",
-    "SeatPolicy",
-    "TrainEpisodeWorker",
     "TrainRayRunner",
-    "TrainerActor",
-    "fetch_outputs",
     "ray_stage_runner",
     "train_in_actor",
 ]

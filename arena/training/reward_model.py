@@ -66,15 +66,9 @@ __all__ = [
     "RewardModelConfig",
     "RewardModelReport",
     "read_preferences",
-    "load_reward_model",
-    "score_texts",
-    "pair_accuracy",
     "train_reward_model",
     "export_preferences",
-    "EXPORT_FORMATS",
-    "COMPONENT",
     "RewardModelReward",
-    "seat_text",
 ]
 
 REPORT_FILE = "reward_model.json"

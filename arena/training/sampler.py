@@ -84,7 +84,6 @@ __all__ = [
     "RecordingClient",
     "SamplerConfig",
     "SamplerError",
-    "oldest_version",
     "samples_from_record",
 ]
 

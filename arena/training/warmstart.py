@@ -28,7 +28,7 @@ import numpy as np
 
 from parley.protocols.errors import require
 
-__all__ = ["TASKS", "lookup_example", "pretrain_reading", "repeat_example"]
+__all__ = ["pretrain_reading"]
 
 
 def _words() -> list[str]:

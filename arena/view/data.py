@@ -24,8 +24,6 @@ from parley.arena.run.stats import mean_ci, pass_hat_k_curve, t975
 from parley.arena.run.summary import failure_kind
 
 __all__ = [
-    "RUN_FILES",
-    "TRAIN_FILES",
     "Source",
     "compare_metrics",
     "discover",
@@ -37,8 +35,6 @@ __all__ = [
     "load_jsonl",
     "metric_table",
     "read_json",
-    "safe_file",
-    "t975",
 ]
 
 RUN_FILES = ("transcripts.jsonl", "summary.json")

@@ -22,7 +22,7 @@ from parley.arena.view.data import Source, read_json
 from parley.arena.view.html import Links, esc, num, page, pm
 from parley.protocols.errors import ConfigError
 
-__all__ = ["EVAL_FILE", "eval_page", "is_eval_report"]
+__all__ = ["eval_page"]
 
 EVAL_FILE = "report.json"
 """The file a ``parley eval --out`` folder holds (beside ``report.md`` and its runs)."""

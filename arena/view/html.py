@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
-__all__ = ["CSP", "FOLD", "WRAP", "Links", "esc", "num", "page", "pm", "text_html"]
+__all__ = ["CSP", "Links", "esc", "num", "page", "pm", "text_html"]
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "

@@ -42,7 +42,7 @@ from parley.arena.view.html import CSP, esc
 from parley.protocols.errors import ConfigError
 from parley.protocols.messages import Action, Observation
 
-__all__ = ["BrowserHuman", "HumanHub", "hub", "resolve_human"]
+__all__ = ["resolve_human"]
 
 MAX_ACTION_CHARS = 20_000
 """Longest move the page accepts (the scenario applies its own, usually smaller, limit)."""

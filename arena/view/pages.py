@@ -28,7 +28,7 @@ from parley.arena.view.data import (
 from parley.arena.view.html import Links, esc, num, page, pm, text_html
 from parley.arena.view.index import episode_rows
 
-__all__ = ["compare_page", "episodes_page", "index_page", "run_info", "run_page", "train_page"]
+__all__ = ["compare_page", "episodes_page", "index_page", "run_page", "train_page"]
 
 HEADLINE = ("success", "score", "reward", "agreed")
 """Metrics shown first on the runs page when a run has them."""

@@ -53,14 +53,8 @@ from parley.arena.view.html import Links, page
 from parley.arena.view.index import episode_rows, read_episode
 
 __all__ = [
-    "CHOICES",
-    "MAX_REASON_CHARS",
-    "PREFERENCES",
     "Rating",
-    "shown_items",
-    "shown_text",
     "token_owner",
-    "trl_fields",
 ]
 
 PREFERENCES = "preferences.jsonl"

@@ -55,7 +55,7 @@ from parley.arena.view.pages import (
 )
 from parley.arena.view.rate import Rating
 
-__all__ = ["ASSETS", "ViewerState", "export_static", "make_app", "serve", "start"]
+__all__ = ["export_static", "serve", "start"]
 
 ASSETS = {
     "view.css": "text/css",

@@ -58,15 +58,12 @@ from parley.protocols.messages import Constraint
 __all__ = [
     "ConstraintError",
     "check_constraint",
-    "constraint_grammar",
     "MATCHER_LIMITS",
     "constraint_regex",
     "SUPPORTED_KEYWORDS",
     "json_schema_to_regex",
-    "matches",
     "TokenVocab",
     "TokenMatcher",
-    "make_matchers",
     "probe_constraint",
 ]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from parley.arena.inference.backends.errors import BackendError, ConstraintError
 
-__all__ = ["MAX_SCHEMA_REGEX_CHARS", "SUPPORTED_KEYWORDS", "json_schema_to_regex"]
+__all__ = ["SUPPORTED_KEYWORDS", "json_schema_to_regex"]
 
 
 # One character of a JSON string: a plain character, a short escape, or a \u escape of a

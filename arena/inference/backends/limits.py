@@ -41,15 +41,6 @@ from parley.protocols.messages import Constraint, GenerateRequest
 
 __all__ = [
     "check_request",
-    "MAX_N",
-    "MAX_TOKENS",
-    "MIN_TEMPERATURE",
-    "MAX_TEMPERATURE",
-    "MAX_SEED",
-    "MAX_STOP",
-    "MAX_STOP_CHARS",
-    "MAX_CHOICES",
-    "MAX_CONSTRAINT_CHARS",
     "MAX_TOP_LOGPROBS",
 ]
 

@@ -60,7 +60,7 @@ from parley.protocols.messages import WeightUpdate
 
 torch: Any = require("torch", "torch")
 
-__all__ = ["LoraAdapters", "BASE_ROW", "save_random_adapter"]
+__all__ = ["LoraAdapters", "save_random_adapter"]
 
 BASE_ROW = "__base__"
 """peft's row name for "no adapter" in a mixed batch."""

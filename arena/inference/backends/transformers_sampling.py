@@ -18,7 +18,7 @@ from parley.protocols.messages import Completion, FinishReason, SamplingParams
 
 torch: Any = require("torch", "torch")
 
-__all__ = ["Row", "sample", "top_k", "top_p_filter"]
+__all__ = ["Row", "sample"]
 
 
 @dataclasses.dataclass(eq=False)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GroupedLoRAOps", "WORKER_EXTENSION"]
+__all__ = ["GroupedLoRAOps"]
 
 WORKER_EXTENSION = "parley.arena.inference.backends.vllm_cpu_lora.GroupedLoRAOps"
 

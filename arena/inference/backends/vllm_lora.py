@@ -63,12 +63,10 @@ from parley.protocols.errors import ConfigError, require
 from parley.protocols.messages import WeightUpdate
 
 __all__ = [
-    "LORA_RANKS",
     "AdapterInfo",
     "LoRAAdapters",
     "read_adapter",
     "lora_engine_args",
-    "rank_limit",
 ]
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -44,8 +44,6 @@ __all__ = [
     "build_tiny_model",
     "default_model_dir",
     "ensure_tiny_model",
-    "SPECIAL_TOKENS",
-    "CHAT_TEMPLATE",
 ]
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|end|>"
