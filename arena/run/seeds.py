@@ -1,10 +1,9 @@
-"""Many :func:`~parley.arena.run.episode.derive_seed` values at once, at numpy speed.
+"""Many :func:`~parley.arena.run.episode.derive_seed` values at once, a table of keys a call.
 
-``derive_seed(*keys)`` is ``SeedSequence(keys).generate_state(1)[0] >> 1``: ~25 µs a call,
-three calls an episode of two seats, so planning a run of a million episodes took over a
-minute before its first episode. :func:`derive_rows` computes the same numbers for a whole
-table of keys with numpy's integer arithmetic: NumPy's ``SeedSequence`` algorithm (its
-``mix_entropy`` and ``generate_state``, pool size 4, 32-bit words) over every row at once.
+``derive_seed(*keys)`` is ``SeedSequence(keys).generate_state(1)[0] >> 1``.
+:func:`derive_rows` computes the same numbers for a whole table of keys with numpy's integer
+arithmetic: NumPy's ``SeedSequence`` algorithm (its ``mix_entropy`` and ``generate_state``,
+pool size 4, 32-bit words) over every row at once.
 It covers keys below ``2**32`` (each one 32-bit word of entropy, as ``SeedSequence`` splits
 them); callers use ``derive_seed`` for the rest. The two agree bit for bit
 (``tests/arena/run/test_seeds.py`` compares them on random keys).
@@ -50,6 +49,9 @@ def _mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return result ^ (result >> _SHIFT)  # type: ignore[no-any-return]
 
 
+# Why a table at once: derive_seed costs ~25 µs a call and an episode of two seats needs
+# three, so planning a run of a million episodes took over a minute before its first
+# episode; one numpy pass over the rows replaces those calls.
 def derive_rows(keys: np.ndarray) -> np.ndarray:
     """``derive_seed(*row)`` for every row of ``keys`` (shape ``(n, k)``, ``k >= 1``, every
     key in ``[0, 2**32)``), as an int64 array of ``n`` seeds."""
