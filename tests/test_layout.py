@@ -183,3 +183,32 @@ def test_no_import_cycle_at_module_level() -> None:
         if module not in state:
             dfs(module, [module])
     assert cycles == []
+
+
+# Issue 34 §6: an arena module exports what a user or an integration author imports (the
+# documented entry points, what another module, the CLI, examples or docs use); helpers used
+# only inside their module or only by tests stay out of ``__all__`` and are imported by their
+# module path. The ceiling keeps the surface from growing back silently: lower it when names
+# leave; raise it only for a name that something outside its module imports.
+ARENA_EXPORTS_CEILING = 430
+
+
+def _exports(path: Path) -> list[str]:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                assert isinstance(node.value, ast.List | ast.Tuple), f"{path}: __all__ literal"
+                return [ast.literal_eval(e) for e in node.value.elts]
+    return []
+
+
+def test_arena_public_surface_stays_small() -> None:
+    exports = {str(p.relative_to(ROOT)): _exports(p) for p in _python_files("arena")}
+    total = sum(len(names) for names in exports.values())
+    assert total <= ARENA_EXPORTS_CEILING, (
+        f"parley.arena exports {total} names (ceiling {ARENA_EXPORTS_CEILING}): keep helpers "
+        "out of __all__ (import them by module path)"
+    )
+    wide = {path: len(names) for path, names in exports.items() if len(names) > 25}
+    assert wide == {}, "a module's __all__ is 25 names at most (STYLE: a short public API)"
