@@ -93,7 +93,8 @@ class AgentHost:
         if not isinstance(obs, Observation):  # the bus dispatches by type; be explicit
             raise TypeError(f"expected an observation, got {type(obs).__name__}")
         if obs.terminated or obs.truncated:
-            await self._end((envelope.episode, obs.agent))
+            failed = obs.info.get(FAILED_KEY)
+            await self.end(envelope.episode, obs.agent, failed if isinstance(failed, str) else None)
             return None
         return await self.answer(envelope.episode, obs)
 
@@ -202,8 +203,12 @@ class AgentHost:
         agent.reset(seed if isinstance(seed, int) else None)
         return agent
 
-    async def end(self, episode: str, seat: str) -> None:
-        """``episode`` is over for ``seat``: close its agent and forget it."""
+    async def end(self, episode: str, seat: str, failed: str | None = None) -> None:
+        """``episode`` is over for ``seat``: close its agent and forget it. ``failed`` is
+        the reason when the episode failed (logged at debug level; the agent is closed the
+        same way)."""
+        if failed:
+            log.debug("episode %s failed for seat %s: %s", episode, seat, failed)
         await self._end((episode, seat))
 
     async def _end(self, key: tuple[str, str]) -> None:

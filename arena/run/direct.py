@@ -2,25 +2,22 @@
 
 An agent in the runner's own process needs no socket, heartbeat, timer or receive loop to
 be asked for an action. :class:`DirectAgents` calls the agents of the run's
-:class:`~parley.arena.run.agent_host.AgentHost` itself, and keeps what the bus would do to
-the messages and the failures, so in-process and remote agents stay interchangeable and
+:class:`~parley.arena.run.agent_host.AgentHost` itself (the runner reaches it through
+:class:`~parley.arena.run.seats.InProcessSeats`), and keeps what the bus would do to the
+messages and the failures, so in-process and remote agents stay interchangeable and
 transcripts identical:
 
 - an agent sees exactly the decoded copy of its observation a remote agent would get, and
-  the runner gets the decoded copy of the action (a value the wire cannot carry is a
-  ``ProtocolError``, as over the bus). The observation's round trip is msgpack's alone (no
-  envelope: ~1.1 µs for a small one, against ~1.5 µs through the codec, measured); a body
-  msgpack cannot carry without the codec's hooks (arrays) or near the size limit takes the
-  codec's. A plain ASCII action (no tokens) skips its round trip, which could not change it;
-- an agent that raises is a :class:`RemoteError` ``handler_failed`` with the message the
-  bus sends, logged the same way;
+  the runner gets the decoded copy of the action. An observation the wire cannot carry is a
+  ``ProtocolError`` (no agent sees it), an action it cannot carry a :class:`RemoteError`
+  ``bad_message`` ("reply not sendable"), as over the bus;
+- an agent that raises, or returns something other than an ``Action``, is a
+  :class:`RemoteError` ``handler_failed`` with the message the bus sends, logged the same way;
 - an agent that does not answer within the timeout is a :class:`RequestTimeout` (its
   ``act`` is then cancelled).
 
 :meth:`DirectAgents.ask_all` asks several seats at once, as the pipelined runner does over
-the bus: every ``act`` runs to its first suspension before any is awaited. A scripted agent
-that answers without suspending costs no task and no timer: ``act`` runs eagerly in the
-episode's task; only one that suspends is finished in a task of its own.
+the bus: every ``act`` runs to its first suspension before any is awaited.
 """
 
 from __future__ import annotations
@@ -70,9 +67,11 @@ class DirectAgents:
 
     def _seen(self, obs: Observation, sender: str, episode: str) -> Observation:
         """``obs`` as its agent would receive it over the bus (a copy; never ``obs``)."""
-        # The common case costs one msgpack round trip of the body alone; a body the plain
-        # encoder refuses (arrays, foreign types), one that is near the size limit or one
-        # that does not decode back takes the full codec, which names the problem.
+        # The common case costs one msgpack round trip of the body alone, without the
+        # envelope (~1.1 µs for a small observation against ~1.5 µs through the codec,
+        # measured); a body the plain encoder refuses (arrays, foreign types), one that is
+        # near the size limit or one that does not decode back takes the full codec, which
+        # names the problem.
         try:
             data = self._encode(obs)
         except _ENCODE_ERRORS:
@@ -86,8 +85,11 @@ class DirectAgents:
         assert isinstance(seen, Observation)  # the codec decodes the type it was given
         return seen
 
-    def _returned(self, returned: Any, obs: Observation, agent: Agent, episode: str) -> Body:
-        """The runner's decoded copy of what ``agent`` returned for ``obs``."""
+    def _returned(
+        self, returned: Any, obs: Observation, agent: Agent, episode: str
+    ) -> Body | RemoteError:
+        """The runner's decoded copy of what ``agent`` returned for ``obs``, or the bus's
+        ``bad_message`` error for an action the wire cannot carry (the agent's failure)."""
         action = self.host.own(returned, obs, agent)
         text = action.text
         if (
@@ -96,9 +98,18 @@ class DirectAgents:
             and text.isascii()
             and len(text) < self._plain_limit
         ):
-            # A plain ASCII action decodes as itself: the round trip would change nothing.
+            # A plain ASCII action (no tokens) decodes as itself: its round trip, which
+            # could not change it, is skipped.
             return action
-        return self._wire(action, self._name, episode)
+        codec = self._codec
+        try:
+            envelope = Envelope(body=action, sender=self._name, episode=episode)
+            frames = codec.encode(envelope)
+        except ProtocolError as exc:
+            # What an agent host over the bus answers when it cannot send its reply.
+            message = f"reply not sendable: {exc.reason}"
+            return RemoteError("bad_message", message, peer=self._name)
+        return codec.decode(frames).body
 
     async def request(
         self,
@@ -128,6 +139,9 @@ class DirectAgents:
         requests all go out first; the suspended ones then share ``timeout``. Cancellation
         cancels the ``act``s still running and propagates.
         """
+        # A scripted agent that answers without suspending costs no task and no timer: its
+        # act runs eagerly in the caller's task; only one that suspends is finished in a
+        # task of its own.
         host = self.host
         results: list[Body | BaseException] = []
         waiting: list[tuple[int, Observation, Agent, asyncio.Task[Action]]] = []
@@ -202,9 +216,10 @@ class DirectAgents:
         log.warning("%s: handler for observation from %s failed: %s", self._name, sender, message)
         return RemoteError("handler_failed", message, peer=self._name)
 
-    async def end(self, episode: str, seat: str) -> None:
-        """``episode`` is over for ``seat``: its agent is closed and forgotten."""
-        await self.host.end(episode, seat)
+    async def end(self, episode: str, seat: str, failed: str | None = None) -> None:
+        """``episode`` is over for ``seat`` (``failed``: why it failed): its agent is closed
+        and forgotten, as the bus's end-of-episode notice does."""
+        await self.host.end(episode, seat, failed)
 
     async def close(self) -> None:
         """Close every agent still held."""

@@ -16,8 +16,9 @@ died, could not answer, refused it as ``overloaded``), that failure for each of 
 every one of them was that peer's. A batch is answered when its slowest item is: agents of
 very uneven latency hold their batch-mates' episodes back (up to the act timeout).
 
-This is the seam between the runner and its remote transport for batched frames: the runner
-calls :meth:`FrameBatcher.request` instead of ``Endpoint.request`` and nothing else changes.
+With batched frames, :class:`~parley.arena.run.seats.BusSeats` (the runner's transport to
+the seats over the bus) calls :meth:`FrameBatcher.request` instead of ``Endpoint.request``
+and nothing else changes.
 """
 
 from __future__ import annotations

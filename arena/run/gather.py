@@ -1,7 +1,7 @@
-"""Awaiting many bus requests together without a task each (the runner's hot path).
+"""Awaiting many requests together without a task each.
 
-Every acting seat's observation is sent first, then the actions are gathered: one event-loop
-round for replies that arrive together instead of one per seat.
+Every acting seat's observation is sent first, then the actions are gathered
+(:meth:`~parley.arena.run.seats.SeatTransport.ask` with ``pipeline``).
 """
 
 from __future__ import annotations
@@ -22,11 +22,13 @@ async def send_all_then_gather(
     """Await ``calls`` together, like ``gather(..., return_exceptions=True)``, without a task
     each: every call first runs up to its first suspension (a bus request suspends once its
     message is sent, on its reply future), then each is driven on in turn inside the caller's
-    task. Replies that came in together are collected without another event-loop round.
+    task.
 
     ``Exception``s are results; anything else (cancellation) closes the calls not yet done
     and propagates.
     """
+    # Run on every step of the runner: no task per call, and replies that came in together
+    # are collected without another event-loop round (one round, not one per seat).
     results: list[Body | BaseException] = []
     started: list[tuple[int, Coroutine[Any, Any, Body], Any]] = []
     try:

@@ -7,6 +7,13 @@ other processes or hosts and are waited for by name. In-process agents live in a
 wire codec (:mod:`parley.arena.run.direct`: the same messages and failures without the bus
 hops), or, with ``RunConfig.local_agents_over_bus``, on a second endpoint of the process.
 
+Every seat is reached through the :class:`~parley.arena.run.seats.SeatTransport` chosen for
+it when the runner opens: :class:`~parley.arena.run.seats.InProcessSeats` or
+:class:`~parley.arena.run.seats.BusSeats` (batched frames included). Seats acting together
+on one transport are asked in one call; in-process and remote seats in one step are all sent
+before any is awaited. The runner itself keeps only what to do with the answers: retrying a
+refusal, and the reason an episode failed.
+
 One step of one episode::
 
     acting = [seat for seat in env.agents if infos[seat].get("to_act", True)]
@@ -43,7 +50,7 @@ from typing import Any
 import zmq.asyncio
 from rich.console import Console
 
-from parley.arena.run.agent_host import AGENT_ACCEPTS, AGENT_SEED_KEY, FAILED_KEY, AgentHost
+from parley.arena.run.agent_host import AGENT_ACCEPTS, AGENT_SEED_KEY, AgentHost
 from parley.arena.run.agent_specs import (
     AgentSource,
     RemoteSeat,
@@ -62,6 +69,15 @@ from parley.arena.run.peers import AbsentPeers
 from parley.arena.run.process import PlayClock, frozen_heap
 from parley.arena.run.progress import progress_bar
 from parley.arena.run.records import EpisodeRecord, RecordWriter, RunResult
+from parley.arena.run.seats import (
+    ARENA_NAME,
+    LOCAL_HOST_NAME,
+    BusSeats,
+    InProcessSeats,
+    Replies,
+    SeatTransport,
+    ask_in_order,
+)
 from parley.arena.run.security import (
     ARENA_ACCEPTS,
     SeatKeys,
@@ -72,11 +88,7 @@ from parley.arena.run.security import (
 from parley.arena.run.summary import SummaryBuilder, plain_json
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.codec import Codec
-from parley.protocols.errors import (
-    BusError,
-    ProtocolError,
-    RequestTimeout,
-)
+from parley.protocols.errors import BusError, RequestTimeout
 from parley.protocols.messages import Action, Body, Observation
 from parley.scenarios import spec as scenario_spec
 from parley.scenarios.base import ORACLE_KEY, Scenario
@@ -90,12 +102,6 @@ __all__ = [
     "plan_episodes",
     "run",
 ]
-
-ARENA_NAME = "arena"
-"""Bus name of the runner's endpoint."""
-LOCAL_HOST_NAME = "arena-agents"
-"""Bus name of the endpoint hosting the run's in-process agents."""
-
 
 _NO_INFO: Mapping[str, Any] = {}
 
@@ -180,16 +186,17 @@ class Runner:
             for seat, source in self.sources.items()
         }
         # In-process seats asked directly (through the wire codec), not over the bus.
-        self._direct_seats = frozenset(
+        self._in_process = frozenset(
             () if config.local_agents_over_bus else set(self.sources) - set(self._remote())
         )
-        self._direct: DirectAgents | None = None
-        self._direct_only = False  # every seat in-process and pipelined (set by open())
+        # How each seat is reached (open() chooses; None while closed), and the transport
+        # every seat shares when there is one (the usual case: one call per step).
+        self._transports: dict[str, SeatTransport] | None = None
+        self._shared: SeatTransport | None = None
+        self._away_checks: list[SeatTransport] = []  # transports whose agents may be away
         self._keys = SeatKeys.load(config, self._remote())
         self.bus_config = arena_bus_config(self.bus_config, self._keys, insecure=config.insecure)
         self._absent = AbsentPeers(config.join_timeout, self.console)
-        self._arena: Endpoint | None = None
-        self._frames: FrameBatcher | None = None  # remote seats' requests, batched frames
         self.keep_steps = True
         """Records hold every step (transcript, trajectories' turns); :meth:`run` turns it
         off while no step is read (no ``out``, no ``keep_records``): only the summary is."""
@@ -282,7 +289,7 @@ class Runner:
         return {
             self._peers[seat]: seat_keys.get(seat)
             for seat in self.seats
-            if seat not in self._direct_seats  # no endpoint may take a direct seat's name
+            if seat not in self._in_process  # no endpoint may take an in-process seat's name
         }
 
     def _remote(self) -> set[str]:
@@ -297,32 +304,45 @@ class Runner:
         if self.config.batch_frames:  # the replies to batched frames come as `actions`
             arena_bus = arena_bus.accepting(ARENA_ACCEPTS | {"actions"})
         arena = Endpoint(ARENA_NAME, config=arena_endpoint_config(arena_bus), context=context)
+        transports: list[SeatTransport] = []
         host_endpoint: Endpoint | None = None
-        host: AgentHost | None = None
+        host: AgentHost | None = None  # the in-process agents' host over the bus
         heap = frozen_heap()
         try:
             arena.set_admission(admission_policy(self._expected_peers()))
             # In-process agents join over a private inproc address, before anything else
             # is bound: no remote peer can race them for their name.
             inproc = await arena.bind(f"inproc://parley-arena-{uuid.uuid4().hex}")
-            self._arena = arena
-            if self.config.batch_frames and self._remote():
-                self._frames = FrameBatcher(arena)
             local = {
                 seat: source
                 for seat, source in self.sources.items()
                 if not isinstance(source, RemoteSeat)
             }
-            if local and self._direct_seats:
-                host = AgentHost(None, local)
+            if local and self._in_process:
                 codec = Codec(max_message_bytes=self.bus_config.max_message_bytes)
-                self._direct = DirectAgents(host, codec, name=LOCAL_HOST_NAME)
-                self._direct_only = self.config.pipeline and self._direct_seats == set(self.seats)
+                direct = DirectAgents(AgentHost(None, local), codec, name=LOCAL_HOST_NAME)
+                transports.append(InProcessSeats(direct))
             elif local:
                 own = dataclasses.replace(self.bus_config, accept=AGENT_ACCEPTS)
                 host_endpoint = Endpoint(LOCAL_HOST_NAME, config=own, context=context)
                 host = AgentHost(host_endpoint, local)
                 await host_endpoint.connect(inproc)
+            over_bus = {s: peer for s, peer in self._peers.items() if s not in self._in_process}
+            if over_bus:
+                batched = self.config.batch_frames and bool(self._remote())
+                bus = BusSeats(
+                    arena,
+                    over_bus,
+                    scenario=self.config.scenario,
+                    absent=self._absent,
+                    frames=FrameBatcher(arena) if batched else None,
+                )
+                transports.append(bus)
+            self._transports = {
+                seat: transport for transport in transports for seat in transport.seats
+            }
+            self._shared = transports[0] if len(transports) == 1 else None
+            self._away_checks = [transport for transport in transports if transport.remote]
             address = await arena.bind(self.config.listen) if self.config.listen else inproc
             if self.on_listen is not None:
                 self.on_listen(address)
@@ -334,10 +354,9 @@ class Runner:
             yield address
         finally:
             heap.close()
-            if self._frames is not None:
-                await self._frames.close()
-            self._arena, self._direct, self._direct_only = None, None, False
-            self._frames = None
+            self._transports, self._shared, self._away_checks = None, None, []
+            for transport in reversed(transports):  # batched frames, then in-process agents
+                await transport.close()
             if host is not None:
                 await host.close()
             if host_endpoint is not None:
@@ -424,44 +443,46 @@ class Runner:
         Requests refused as ``overloaded`` go out again after a growing, jittered wait, as
         long as the seat's ``act_timeout`` (counted from the first send) has time left.
         """
-        arena = self._arena
-        if arena is None:
+        if self._transports is None:
             raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
-        actions: dict[str, Action] = {}
-        todo = list(requests)
-        first: list[Body | BaseException] | None = None
-        if self._direct is not None and self._direct_only:
-            # Every seat in-process, asked together (the usual case): no peer to wait for,
-            # nothing refused as overloaded; when every answer is an action, that is all.
-            first = await self._direct.ask_all(
-                list(requests.values()),
-                timeout=self.config.act_timeout,
-                episode=episode,
-                sender=ARENA_NAME,
+        if self._away_checks:  # seats whose agent may be away: are they here?
+            await self._wait_for_absent(requests)
+        timeout = self.config.act_timeout
+        sent_at = time.monotonic()  # (the event loop's clock, without a call through it)
+        shared = self._shared
+        if shared is not None:  # every seat on one transport (the usual case): one call
+            observations = list(requests.values())
+            pipeline = self.config.pipeline
+            results = await shared.ask(
+                observations, timeout=timeout, episode=episode, turn=turn, pipeline=pipeline
             )
-            for seat, result in zip(todo, first, strict=True):
-                if type(result) is not Action:
-                    break
-                actions[seat] = result
-            else:
-                return actions
-            actions = {}
-        elif not self._direct_seats.issuperset(requests):  # remote seats: are peers here?
-            # One look at the peer list per step (it is built on every read), not one per seat.
-            direct, live = self._direct_seats, arena.peers
-            self._absent.seen(live)
-            missing = [s for s in requests if s not in direct and self._peers[s] not in live]
-            if missing:
-                await self._join(arena, missing)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.act_timeout
+        else:
+            results = await self._send(requests, list(requests), timeout, episode, turn)
+        actions: dict[str, Action] = {}
+        for seat, result in zip(requests, results, strict=True):
+            if type(result) is not Action:
+                break
+            actions[seat] = result
+        else:
+            return actions  # every answer an action: the usual step
+        return await self._retry(requests, results, actions, sent_at, episode, turn)
+
+    async def _retry(
+        self,
+        requests: Mapping[str, Observation],
+        results: Replies,
+        actions: dict[str, Action],
+        sent_at: float,
+        episode: str,
+        turn: int,
+    ) -> dict[str, Action]:
+        """:meth:`_ask` once an answer in ``results`` was not an action: the episode fails
+        with its reason, or the seats refused as ``overloaded`` are asked again."""
+        clock = time.monotonic
+        deadline = sent_at + self.config.act_timeout
+        todo = list(requests)
         tries = 0
         while True:
-            if first is None:
-                left = max(deadline - loop.time(), 1e-3)
-                results = await self._send(arena, requests, todo, left, episode, turn)
-            else:
-                results, first = first, None
             failures: list[str] = []
             refused: list[str] = []
             for seat, result in zip(todo, results, strict=False):
@@ -480,7 +501,7 @@ class Runner:
             tries += 1
             self.overloaded_retries += len(todo)
             wait = backoff(tries, self._jitter)
-            if loop.time() + wait >= deadline:
+            if clock() + wait >= deadline:
                 raise _EpisodeFailed(
                     "; ".join(
                         f"{seat}: timeout: still refused as overloaded after {tries} tries "
@@ -489,95 +510,65 @@ class Runner:
                     )
                 )
             await asyncio.sleep(wait)
+            left = max(deadline - clock(), 1e-3)
+            results = await self._send(requests, todo, left, episode, turn)
 
     async def _send(
         self,
-        arena: Endpoint,
         requests: Mapping[str, Observation],
         seats: Sequence[str],
         timeout: float,  # noqa: ASYNC109 -- what is left of the act timeout
         episode: str,
         turn: int,
-    ) -> list[Body | BaseException]:
-        """The replies (or errors) of ``seats``' requests, in order; one at a time without
-        ``pipeline``, stopping at the first request that brought no action."""
-        peers, direct, frames = self._peers, self._direct, self._frames
-        if self.config.pipeline and direct is not None and self._direct_seats.issuperset(seats):
-            # Only in-process seats (the usual case): asked together, without the bus.
-            observations = [requests[seat] for seat in seats]
-            return await direct.ask_all(
-                observations, timeout=timeout, episode=episode, sender=ARENA_NAME
+    ) -> Replies:
+        """The replies (or errors) of ``seats``' requests, in order (as
+        :meth:`SeatTransport.ask`, over the seats' transports)."""
+        pipeline = self.config.pipeline
+        observations = [requests[seat] for seat in seats]
+        transports = self._transports
+        assert transports is not None  # (checked by _ask)
+        shared = self._shared  # every seat on one transport: the usual case
+        if shared is None:
+            if not seats:
+                return []
+            first = transports[seats[0]]
+            if all(transports[seat] is first for seat in seats[1:]):
+                shared = first  # the seats acting now share one
+        if shared is not None:
+            return await shared.ask(
+                observations, timeout=timeout, episode=episode, turn=turn, pipeline=pipeline
             )
 
-        def call(seat: str) -> Coroutine[Any, Any, Body]:
-            if direct is not None and seat in self._direct_seats:
-                obs = requests[seat]
-                return direct.request(obs, timeout=timeout, episode=episode, sender=ARENA_NAME)
-            if frames is not None:  # (only remote seats reach here)
-                return frames.request(peers[seat], requests[seat], timeout=timeout, episode=episode)
-            return arena.request(
-                peers[seat], requests[seat], timeout=timeout, episode=episode, turn=turn
-            )
+        def request(obs: Observation) -> Coroutine[Any, Any, Body]:
+            transport = transports[obs.agent]
+            return transport.request(obs, timeout=timeout, episode=episode, turn=turn)
 
-        if self.config.pipeline:
-            # Every request goes out before any reply is awaited (no task per request).
-            return await send_all_then_gather([call(seat) for seat in seats])
-        results: list[Body | BaseException] = []
-        for seat in seats:
-            try:
-                reply = await call(seat)
-            except (BusError, ProtocolError) as exc:
-                results.append(exc)
-                break  # the episode has failed or must wait: ask nobody else now
-            results.append(reply)
-            if not isinstance(reply, Action):
-                break
-        return results
+        if pipeline:  # in-process and remote seats: every request out, then the replies
+            return await send_all_then_gather([request(obs) for obs in observations])
+        return await ask_in_order(observations, request)
 
-    async def _join(self, arena: Endpoint, seats: Sequence[str]) -> None:
-        """Wait up to ``join_timeout`` for the peers of ``seats`` (remote seats join late);
-        raises :class:`_EpisodeFailed` naming every seat whose peer did not come."""
-        peers = sorted({self._peers[seat] for seat in seats})
-        waits = [self._absent.wait_for(arena, peer) for peer in peers]
-        outcomes = await asyncio.gather(*waits, return_exceptions=True)
-        absent: dict[str, BaseException] = {}
-        for peer, outcome in zip(peers, outcomes, strict=True):
-            if isinstance(outcome, RequestTimeout):
-                absent[peer] = outcome
-            elif isinstance(outcome, BaseException):
-                raise outcome
-        if absent:
-            raise _EpisodeFailed(
-                "; ".join(
-                    f"{seat}: not_joined: {absent[self._peers[seat]]}"
-                    for seat in seats
-                    if self._peers[seat] in absent
+    async def _wait_for_absent(self, requests: Mapping[str, Observation]) -> None:
+        """Wait up to ``join_timeout`` for the agents of the acting seats that are away
+        (remote seats join late); raises :class:`_EpisodeFailed` naming every seat whose
+        agent did not come."""
+        for transport in self._away_checks:
+            missing = transport.missing(list(requests))
+            if not missing:
+                continue
+            absent = await transport.join(missing)
+            if absent:
+                raise _EpisodeFailed(
+                    "; ".join(f"{seat}: not_joined: {why}" for seat, why in absent.items())
                 )
-            )
 
     async def _notify_end(self, episode: EpisodeLog, asked: set[str]) -> None:
         """Tell every seat that was asked something that its episode is over (one-way)."""
-        arena = self._arena
-        if arena is None:
+        transports = self._transports
+        if transports is None:
             return
+        failed = episode.failed or None
         for seat in sorted(asked):
-            if self._direct is not None and seat in self._direct_seats:
-                await self._direct.end(episode.plan.episode_id, seat)
-                continue
-            peer = self._peers[seat]
-            if peer not in arena.peers:
-                continue
-            info: dict[str, Any] = {FAILED_KEY: episode.failed} if episode.failed else {}
-            body = Observation(
-                agent=seat,
-                text="The episode is over.",
-                scenario=self.config.scenario,
-                terminated=True,
-                info=info,
-            )
-            # A peer that died between the check and the send cannot be told; that is fine.
-            with contextlib.suppress(BusError):
-                await arena.send(peer, body, episode=episode.plan.episode_id)
+            await transports[seat].end(episode.plan.episode_id, seat, failed)
 
 
 def _baseline(scenario: str, seat: str) -> str:
