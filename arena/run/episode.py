@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -19,7 +20,7 @@ import numpy as np
 from parley.arena.run.config import RunConfig
 from parley.arena.run.records import EpisodeRecord
 from parley.arena.run.seeds import WORD, derive_rows
-from parley.protocols.messages import Action, Observation, TurnRecord
+from parley.protocols.messages import Action, Observation, TokenRecord, TurnRecord
 from parley.protocols.messages import Trajectory as TrajectoryMsg
 
 __all__ = ["EpisodePlan", "EpisodePlans", "EpisodeLog", "derive_seed", "plan_episodes"]
@@ -153,8 +154,35 @@ def _seeds(
                 yield first + offset, trial, seed, seat_seeds
 
 
+_Played = tuple[
+    int,
+    dict[str, str],
+    dict[str, str],
+    "dict[str, list[TokenRecord]] | None",
+    Mapping[str, float],
+    Mapping[str, bool],
+    Mapping[str, bool],
+    Mapping[str, Mapping[str, Any]],
+]
+"""One step as :meth:`EpisodeLog.add_step` keeps it: turn, the texts each acting seat was
+shown and said, their tokens (``None``: no action had any), rewards, terminations,
+truncations, infos (the env's own mappings, copied where it may reuse them)."""
+
+_BUILDING = threading.Lock()
+"""Held while a record's steps are built: a record read on the event loop while the writer
+thread builds it (or the other way round) waits for that one build."""
+
+
 class EpisodeLog:
-    """Accumulates one episode's transcript and per-seat trajectories as it is played."""
+    """Accumulates one episode's transcript and per-seat trajectories as it is played.
+
+    The event loop pays for what a summary reads (returns, reward components, invalid
+    moves) and keeps each step as it came; the transcript's steps and the trajectories'
+    turns are built from those when its record is first read (:class:`_PlayedRecord`): by
+    the records' writer thread as it encodes them, or by whoever reads ``record.transcript``
+    or ``record.trajectories`` first (a judge, ``keep_records``, the training sampler), who
+    gets exactly what a log building every step at once would give.
+    """
 
     def __init__(
         self, plan: EpisodePlan, scenario: str, seats: Sequence[str], specs: Mapping[str, str]
@@ -164,6 +192,8 @@ class EpisodeLog:
         self.seats = list(seats)
         self.specs = dict(specs)
         self.steps: list[dict[str, Any]] = []
+        """The transcript's steps (filled when the record is first read)."""
+        self._played: list[_Played] = []
         self.keep_steps = True
         """Build the transcript's steps and the trajectories' turns (``False``: count only
         what the summary reads: agent steps, invalid moves, returns)."""
@@ -176,6 +206,8 @@ class EpisodeLog:
             )
             for seat in seats
         }
+        """Each seat's trajectory: its reward and components as play goes, its turns once
+        the record is read."""
         self.metrics: dict[str, float] = {}
         self.failed = ""
         self.agent_steps = 0
@@ -195,74 +227,84 @@ class EpisodeLog:
     ) -> None:
         """Record one step: ``shown`` is what each asked seat was shown (the requests, built
         before the step: an env may change its last dicts in place), ``actions`` what the
-        asked seats did, and the rest what ``env.step`` returned."""
-        if not self.keep_steps:
-            self._count(actions, rewards, infos)
-            return
-        # Hot path (every step): one pass per mapping, lookups hoisted; the transcript keeps
-        # copies (an env may reuse its dicts) unless the step's dicts are fresh (parley's
-        # Scenario.step builds new ones every step), the trajectories one TurnRecord per action.
-        if self.copy_steps:
-            rewards, terminations = dict(rewards), dict(terminations)
-            truncations = dict(truncations)
-            infos = {seat: dict(info) for seat, info in infos.items()}
-        self.steps.append(
-            {
-                "turn": turn,
-                "observations": {seat: shown[seat].text for seat in actions},
-                "actions": {seat: action.text for seat, action in actions.items()},
-                "rewards": rewards,
-                "terminations": terminations,
-                "truncations": truncations,
-                "infos": infos,
-            }
-        )
-        trajectories = self.trajectories
+        asked seats did, and the rest what ``env.step`` returned. The transcript's step
+        and the seats' turns are built from what is kept here when the record is read."""
+        keep = self.keep_steps
         self.agent_steps += len(actions)
-        for seat, action in actions.items():
-            invalid = str(infos.get(seat, _EMPTY).get("invalid", ""))
-            if invalid:
-                self.invalid_moves += 1
-            tokens = action.tokens
-            trajectories[seat].turns.append(
-                TurnRecord(
-                    turn=turn,
-                    observation=shown[seat].text,
-                    action=action.text,
-                    tokens=list(tokens) if tokens else [],
-                    invalid=invalid,
-                )
+        if keep:
+            # Hot path (every step): what the step's records will need and nothing more
+            # (texts and tokens, not the messages: what is kept until the record is written
+            # weighs on the loop's memory and its garbage collector), the env's mappings
+            # copied only when the env may reuse them (Scenario.step builds new ones).
+            if self.copy_steps:
+                rewards, terminations = dict(rewards), dict(terminations)
+                truncations = dict(truncations)
+                infos = {seat: dict(info) for seat, info in infos.items()}
+            observed: dict[str, str] = {}
+            acted: dict[str, str] = {}
+            tokens: dict[str, list[TokenRecord]] | None = None
+            for seat, action in actions.items():
+                observed[seat] = shown[seat].text
+                acted[seat] = action.text
+                if action.tokens:
+                    if tokens is None:
+                        tokens = {}
+                    tokens[seat] = list(action.tokens)
+                if str(infos.get(seat, _EMPTY).get("invalid", "")):
+                    self.invalid_moves += 1
+            self._played.append(
+                (turn, observed, acted, tokens, rewards, terminations, truncations, infos)
             )
+        else:
+            for seat in actions:
+                if str(infos.get(seat, _EMPTY).get("invalid", "")):
+                    self.invalid_moves += 1
+        trajectories = self.trajectories
         for seat, reward in rewards.items():
             trajectory = trajectories[seat]
             value = float(reward)
             if value:  # adding 0.0 changes no sum (and NaN is truthy: it is added)
                 trajectory.reward += value
-                # A reward earned on a step the seat sat out belongs to its latest decision.
-                if trajectory.turns:
-                    trajectory.turns[-1].reward += value
-            components = infos.get(seat, _EMPTY).get("components")
-            if components:
-                totals = trajectory.components
-                for name, part in components.items():
-                    totals[name] = totals.get(name, 0.0) + float(part)
+            if keep:  # (a run that keeps no step reads no component)
+                components = infos.get(seat, _EMPTY).get("components")
+                if components:
+                    totals = trajectory.components
+                    for name, part in components.items():
+                        totals[name] = totals.get(name, 0.0) + float(part)
 
-    def _count(
-        self,
-        actions: Mapping[str, Action],
-        rewards: Mapping[str, float],
-        infos: Mapping[str, Mapping[str, Any]],
-    ) -> None:
-        """What :meth:`add_step` adds up when no step is kept (the same sums)."""
-        self.agent_steps += len(actions)
-        for seat in actions:
-            if str(infos.get(seat, _EMPTY).get("invalid", "")):
-                self.invalid_moves += 1
-        trajectories = self.trajectories
-        for seat, reward in rewards.items():
-            value = float(reward)
-            if value:
-                trajectories[seat].reward += value
+    def _build(self) -> None:
+        """Build the steps played so far into the transcript's steps and the trajectories'
+        turns (once: the steps are then forgotten). Hold :data:`_BUILDING`."""
+        played, self._played = self._played, []
+        steps, trajectories = self.steps, self.trajectories
+        for turn, observed, acted, tokens, rewards, terminations, truncations, infos in played:
+            steps.append(
+                {
+                    "turn": turn,
+                    "observations": observed,
+                    "actions": acted,
+                    "rewards": rewards,
+                    "terminations": terminations,
+                    "truncations": truncations,
+                    "infos": infos,
+                }
+            )
+            for seat, text in acted.items():
+                trajectories[seat].turns.append(
+                    TurnRecord(
+                        turn=turn,
+                        observation=observed[seat],
+                        action=text,
+                        tokens=tokens.get(seat, []) if tokens else [],
+                        invalid=str(infos.get(seat, _EMPTY).get("invalid", "")),
+                    )
+                )
+            for seat, reward in rewards.items():
+                value = float(reward)
+                turns = trajectories[seat].turns
+                # A reward earned on a step the seat sat out belongs to its latest decision.
+                if value and turns:
+                    turns[-1].reward += value
 
     def non_finite(self) -> str:
         """Which seat's reward (or reward component) summed to NaN or an infinity, or "".
@@ -302,7 +344,9 @@ class EpisodeLog:
             "status": "failed" if self.failed else "ok",
             "failed": self.failed,
         }
-        return EpisodeRecord(
+        # Steps still to build: the record builds them when first read (off the loop).
+        kind = _PlayedRecord if self._played else EpisodeRecord
+        record = kind(
             index=plan.index,
             episode=plan.episode_id,
             task=plan.task,
@@ -316,3 +360,49 @@ class EpisodeLog:
             invalid_moves=self.invalid_moves,
             agents_s=self.agents_s,
         )
+        if isinstance(record, _PlayedRecord):
+            record.log = self
+        return record
+
+
+class _PlayedRecord(EpisodeRecord):
+    """An :class:`EpisodeRecord` whose transcript steps and trajectory turns its
+    :class:`EpisodeLog` builds when ``transcript`` or ``trajectories`` is first read, on
+    the thread that reads it (the records' writer thread, as it encodes): the event loop
+    that played the episode does not pay for them. Read, it is what a record built at once
+    would be: the same values, encoded to the same bytes (msgspec, which reads a
+    dataclass's ``__dict__``, finds no ``transcript`` there and reads the property)."""
+
+    log: EpisodeLog | None = None
+    """The log whose steps are yet to build (``None`` once built)."""
+
+    def _built(self) -> None:
+        with _BUILDING:
+            log = self.log
+            if log is not None:
+                log._build()
+                self.log = None
+
+    @property
+    def transcript(self) -> dict[str, Any]:
+        if self.log is not None:
+            self._built()
+        return self._transcript
+
+    @transcript.setter
+    def transcript(self, value: dict[str, Any]) -> None:
+        self._transcript = value
+
+    @property
+    def trajectories(self) -> list[TrajectoryMsg]:
+        if self.log is not None:
+            self._built()
+        return self._trajectories
+
+    @trajectories.setter
+    def trajectories(self, value: list[TrajectoryMsg]) -> None:
+        self._trajectories = value
+
+    def returns(self) -> list[tuple[str, float]]:
+        # The rewards are summed as the episode is played: nothing to build for them.
+        return [(t.agent, t.reward) for t in self._trajectories]

@@ -88,6 +88,11 @@ class EpisodeRecord:
     """Wall-clock seconds spent waiting for agents' actions (the rest is the scenario and
     the runner's own bookkeeping); ``timings.jsonl`` only."""
 
+    def returns(self) -> list[tuple[str, float]]:
+        """``(seat, reward)`` of each trajectory, in order: what a summary reads of them
+        (a record whose turns are yet to build is not built for it)."""
+        return [(t.agent, t.reward) for t in self.trajectories]
+
     def credit(self, component: str, values: Mapping[str, float]) -> None:
         """Add ``values[seat]`` as reward ``component`` at the episode's last step, as a
         scenario's final reward is: the step's ``rewards`` and ``infos[seat]["components"]``,

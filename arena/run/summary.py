@@ -76,8 +76,8 @@ class SummaryBuilder:
             return
         for name, value in record.metrics.items():
             self._metrics.setdefault(name, Moments()).add(value)
-        for trajectory in record.trajectories:
-            self._returns.setdefault(trajectory.agent, Moments()).add(trajectory.reward)
+        for seat, reward in record.returns():  # (builds no turn: this runs on the loop)
+            self._returns.setdefault(seat, Moments()).add(reward)
         self._pass.add(record.task, record.metrics.get(SUCCESS_METRIC))
 
     def summary(self) -> dict[str, Any]:

@@ -10,15 +10,20 @@ before, when every step was built on the event loop: not one byte may change.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from parley.arena.run.config import RunConfig
+from parley.arena.run.episode import EpisodeLog, EpisodePlan
 from parley.arena.run.records import EpisodeRecord, encode_json
 from parley.arena.run.runner import run
+from parley.protocols.messages import Action, Observation, TokenRecord
 from parley.scenarios import register
 from tests.arena.run import test_steps_kept
 from tests.arena.run.test_runner import SCENARIO as COUNT
@@ -127,3 +132,98 @@ def test_files_and_kept_records_are_the_pinned_ones(tmp_path: Path, name: str) -
     assert result.summary["agent_steps"] > 0
     assert _records_digest(kept) == files
     assert (files, _credited(kept)) == PINNED[name]
+
+
+def _played(steps: int = 4) -> EpisodeRecord:
+    """The record of an episode of two seats, "a" acting every step (with tokens), "b"
+    every other step (rewarded on the steps it sits out too); its steps not built yet."""
+    plan = EpisodePlan(index=0, task=0, trial=0, seed=1, agent_seeds={"a": 1, "b": 2})
+    log = EpisodeLog(plan, "x", ["a", "b"], {"a": "llm:p", "b": "scripted"})
+    for turn in range(steps):
+        token = TokenRecord(
+            policy="p", policy_version=0, prompt_token_ids=[turn], token_ids=[2], logprobs=[-1]
+        )
+        acting = {"a": [token], "b": []} if turn % 2 else {"a": [token]}
+        log.add_step(
+            turn,
+            {seat: Observation(agent=seat, text=f"{seat} sees {turn}") for seat in acting},
+            {
+                seat: Action(agent=seat, text=f"{seat}{turn}", tokens=t)
+                for seat, t in acting.items()
+            },
+            {},
+            {"a": 1.0, "b": 0.5},
+            {"a": False, "b": False},
+            {"a": False, "b": False},
+            {"a": {"components": {"task": 1.0}}, "b": {"invalid": "no" if turn == 1 else ""}},
+        )
+    return log.record()
+
+
+def _built(record: EpisodeRecord) -> EpisodeRecord:
+    record.transcript  # noqa: B018 -- the first read builds the steps
+    return record
+
+
+def test_a_record_reads_as_if_built_at_once() -> None:
+    record = _played()
+    assert (record.agent_steps, record.invalid_moves) == (6, 1)
+    assert record.returns() == [("a", 4.0), ("b", 2.0)]  # (known before any step is built)
+    a, b = record.trajectories
+    assert [(t.turn, t.observation, t.action, t.reward, t.invalid) for t in b.turns] == [
+        # step 0's reward went to no decision of b's, step 2's to its latest (step 1's)
+        (1, "b sees 1", "b1", 1.0, "no"),
+        (3, "b sees 3", "b3", 0.5, ""),
+    ]
+    assert [t.tokens[0].prompt_token_ids for t in a.turns] == [[0], [1], [2], [3]]
+    assert a.components == {"task": 4.0}
+    steps = record.transcript["steps"]
+    assert [step["actions"] for step in steps[:2]] == [{"a": "a0"}, {"a": "a1", "b": "b1"}]
+    assert steps[1]["observations"] == {"a": "a sees 1", "b": "b sees 1"}
+
+
+def test_an_unbuilt_record_encodes_and_copies_as_a_built_one() -> None:
+    """The ray worker ships records with msgspec (which reads a dataclass's ``__dict__``)
+    and copies them with ``dataclasses.replace``: both must see the built steps."""
+    built = msgspec.msgpack.encode(_built(_played()))
+    assert msgspec.msgpack.encode(_played()) == built
+    assert msgspec.json.encode(_played()) == msgspec.json.encode(_built(_played()))
+    copy = dataclasses.replace(_played(), transcript={})
+    assert [len(t.turns) for t in copy.trajectories] == [4, 2]
+    assert _played() == _built(_played())
+
+
+def test_a_record_read_from_threads_at_once_is_built_once() -> None:
+    record = _played(steps=200)
+    start = threading.Barrier(4)
+    seen: list[tuple[int, int, int]] = []
+
+    def read() -> None:
+        start.wait()
+        a, b = record.trajectories
+        seen.append((len(record.transcript["steps"]), len(a.turns), len(b.turns)))
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert seen == [(200, 200, 100)] * 4
+
+
+@pytest.mark.timeout(60)
+def test_a_run_with_out_builds_its_steps_on_the_writer_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neither the loop's summary nor its hand-over reads a step: the writer thread builds
+    every record as it encodes it."""
+    threads: list[str] = []
+    build = EpisodeLog._build
+
+    def spy(log: EpisodeLog) -> None:
+        threads.append(threading.current_thread().name)
+        build(log)
+
+    monkeypatch.setattr(EpisodeLog, "_build", spy)
+    run(RunConfig(progress=False, out=str(tmp_path), **RUNS["negotiation/simple-trade-v1"]))
+    assert threads == ["parley-records"] * 6
