@@ -10,10 +10,12 @@ The runner chooses a :class:`SeatTransport` for every seat once, when it opens
   agent``), or the run's own agents with ``RunConfig.local_agents_over_bus``; with
   ``RunConfig.batch_frames``, through a :class:`~parley.arena.run.frames.FrameBatcher`.
 
-Both give the runner the same thing for the same agent: the reply (an ``Action``) or the
-failure (``RemoteError("handler_failed")`` for an agent that raises or returns something other
-than an action, ``RequestTimeout`` for one that does not answer within the timeout,
-``ProtocolError`` for a value the wire cannot carry), and both deliver the same
+Both show an agent the same observation (the bus's decoded copy) and give the runner the
+same thing for the same agent: the reply (an ``Action``) or the failure
+(``RemoteError("handler_failed")`` for an agent that raises or returns something other than
+an action, ``RemoteError("bad_message")`` for an action the wire cannot carry,
+``RequestTimeout`` for one that does not answer within the timeout, ``ProtocolError`` for an
+observation the wire cannot carry, which no agent sees), and both deliver the same
 end-of-episode notice, with the reason when the episode failed, to the agent host
 (:meth:`~parley.arena.run.agent_host.AgentHost.end`). ``tests/arena/run/test_seat_transport.py``
 checks this once for both. What to do with a failure (retry a refusal, fail the episode with
