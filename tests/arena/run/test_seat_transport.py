@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -29,11 +31,14 @@ import zmq.asyncio
 from rich.console import Console
 
 from parley.agents.base import Agent
-from parley.arena.run.agent_host import AGENT_ACCEPTS, AgentHost
+from parley.arena.bench.env import Chatter
+from parley.arena.run.agent_host import AGENT_ACCEPTS, AgentHost, join_arena
 from parley.arena.run.backpressure import failure_reason
+from parley.arena.run.config import RunConfig
 from parley.arena.run.direct import DirectAgents
 from parley.arena.run.frames import FrameBatcher
 from parley.arena.run.peers import AbsentPeers
+from parley.arena.run.runner import Runner
 from parley.arena.run.seats import (
     ARENA_NAME,
     LOCAL_HOST_NAME,
@@ -45,6 +50,17 @@ from parley.arena.run.security import ARENA_ACCEPTS
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.codec import Codec
 from parley.protocols.messages import Action, Envelope, Observation
+from parley.scenarios import register
+
+# Every seat acts every step: in-process and remote seats are asked in one step.
+BROADCAST = "test/seat-transport-broadcast-v0"
+register(
+    BROADCAST,
+    "parley.arena.bench.env:Broadcast",
+    baselines={"*": "parley.arena.bench.env:Chatter"},
+    description="every seat says one line a step",
+    override=True,
+)
 
 LIMIT = 64 * 1024  # max_message_bytes of the codec and of both endpoints
 TIMEOUT = 0.3
@@ -263,3 +279,37 @@ async def test_a_bus_seat_whose_agent_is_away_is_missing_and_not_joined_in_time(
         absent = await transport.join(["a"])
         assert list(absent) == ["a"]
         assert "agent-a" in str(absent["a"])
+
+
+def _played(out: Path) -> list[Any]:
+    rows = [json.loads(x) for x in (out / "transcripts.jsonl").read_text().splitlines()]
+    return [(r["episode"], r["steps"], r["metrics"], r["status"]) for r in rows]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pipeline", [True, False])
+async def test_in_process_and_remote_seats_in_one_run_play_the_same_episodes(
+    tmp_path: Path, pipeline: bool
+) -> None:
+    """Seat agent_0 in-process, agent_1 joined over ipc:// (two transports in every step),
+    asked together or in turn: the episodes of the same agents all in-process."""
+    joined: list[asyncio.Task[None]] = []
+
+    def on_listen(address: str) -> None:
+        joined.append(asyncio.ensure_future(join_arena(address, {"agent_1": Chatter})))
+
+    common: dict[str, Any] = {
+        "scenario": BROADCAST, "scenario_kwargs": {"n_agents": 2, "steps": 3}, "episodes": 4,
+        "progress": False, "pipeline": pipeline,
+    }  # fmt: skip
+    mixed = RunConfig(
+        agents=["scripted", "remote"], listen=f"ipc://{tmp_path}/arena.sock",
+        out=str(tmp_path / "mixed"), join_timeout=20.0, **common,
+    )  # fmt: skip
+    result = await Runner(mixed, on_listen=on_listen).run()
+    await asyncio.wait_for(joined[0], 20)  # the arena said goodbye: the agent left
+    assert result.summary["episodes"] == {"total": 4, "ok": 4, "failed": 0}
+    await Runner(
+        RunConfig(agents=["scripted", "scripted"], out=str(tmp_path / "local"), **common)
+    ).run()
+    assert _played(tmp_path / "mixed") == _played(tmp_path / "local")
