@@ -38,9 +38,11 @@ interleaved with a plain Python loop that steps the same env and awaits the same
   a temporary directory) over the same runner without: agent steps per CPU second of the
   thread running the event loop (the summary's ``play_loop_cpu_s``; target >= 0.8). The
   records are encoded and written by :class:`~parley.arena.run.records.RecordWriter`'s own
-  thread; ``runner_out_process_cpu_ratio_vs_runner`` is the same over the whole process's
-  CPU, that thread included (the work moved, not removed: transcripts kept step by step
-  and their JSON still cost CPU, on a core the loop does not wait for);
+  thread, which also builds the transcript's steps and the trajectories' turns from what the
+  loop kept of each step (its texts and the env's dicts);
+  ``runner_out_process_cpu_ratio_vs_runner`` is the same over the whole process's CPU, that
+  thread included (the work moved, not removed: it still costs CPU, on a core the loop does
+  not wait for);
 * beside each, the plain loop doing only what the runner cannot skip
   (:mod:`~parley.arena.bench.floors`): ``copy_floor_ratio_vs_plain_loop`` (every
   observation a bare msgpack round trip, CPU time: a ceiling for ``runner_ratio_*``) and

@@ -189,8 +189,10 @@ class RecordWriter:
     """Appends episode records to the JSONL files in plan order, off the caller's thread.
 
     :meth:`add` (from a coroutine, :meth:`put`) hands a record to a writer thread through
-    a queue of at most ``queue_records``; the thread encodes and writes it, so the event
-    loop playing the episodes spends no time on JSON or the disk. A full queue makes
+    a queue of at most ``queue_records``; the thread encodes and writes it (building the
+    steps of a record played by :class:`~parley.arena.run.episode.EpisodeLog`, which are
+    built when first read), so the event loop playing the episodes spends no time on the
+    transcript, JSON or the disk. A full queue makes
     :meth:`add` block and :meth:`put` wait (the event loop goes on) until the thread has
     caught up: memory stays bounded however slow the disk (the queue, plus the encoded
     lines of records waiting for an earlier episode still in play). Concurrent episodes
