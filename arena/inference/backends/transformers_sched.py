@@ -20,6 +20,12 @@ each step it
    removes finished rows, trimming cache columns no live row uses;
 6. runs one forward pass of the remaining rows.
 
+The running batch's keys and values live in buffers with spare columns
+(:func:`_growing_cache`): a decoding step writes its one new column in place, where
+transformers' ``DynamicCache`` would copy the whole cache (``torch.cat``) at every step
+and layer, and trimming unused columns moves a view's start instead of copying. The
+values the model reads are the same, so are its outputs.
+
 Constraint cost per request: each mask is bounded by the engine's per-step work limits
 (:data:`~parley.arena.inference.backends.constraints.MATCHER_LIMITS`, counts of work), a
 request has at most ``max_tokens`` masks per row, and a request's constraint no longer
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -279,7 +286,8 @@ class ContinuousScheduler:
         self._adapters_stale = True
         if not self._live:
             self._live, self._mask, self._next_pos = new, mask, next_pos
-            self._cache, self._logits = cache, logits
+            layers = [(layer.keys, layer.values) for layer in cache.layers]
+            self._cache, self._logits = _growing_cache(layers, mask.shape[1]), logits
         else:
             self._stack(new, mask, next_pos, cache, logits)
         self.stats.max_rows = max(self.stats.max_rows, len(self._live))
@@ -287,15 +295,13 @@ class ContinuousScheduler:
     def _stack(self, rows: list[Row], mask: Any, next_pos: Any, cache: Any, logits: Any) -> None:
         """Append ``rows`` (their own mask, positions, cache, logits) to the running batch,
         both left-padded to the wider one."""
-        transformers: Any = require("transformers", "torch")
         width = max(self._mask.shape[1], mask.shape[1])
         self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)])
-        layers = []
-        for old, joined in zip(self._cache.layers, cache.layers, strict=True):
-            keys = torch.cat([_pad_kv(old.keys, width), _pad_kv(joined.keys, width)])
-            values = torch.cat([_pad_kv(old.values, width), _pad_kv(joined.values, width)])
-            layers.append((keys, values))
-        self._cache = transformers.DynamicCache(ddp_cache_data=layers)
+        layers = [
+            (old.keys, old.values, joined.keys, joined.values)
+            for old, joined in zip(self._cache.layers, cache.layers, strict=True)
+        ]
+        self._cache = _growing_cache(layers, width)
         self._next_pos = torch.cat([self._next_pos, next_pos])
         self._logits = torch.cat([self._logits, logits])
         self._live = self._live + rows
@@ -316,8 +322,7 @@ class ContinuousScheduler:
         if first > 0:
             self._mask = self._mask[:, first:]
             for layer in self._cache.layers:
-                layer.keys = layer.keys[:, :, first:]
-                layer.values = layer.values[:, :, first:]
+                layer.trim(first)
 
 
 def _pad_left(mask: Any, width: int) -> Any:
@@ -325,6 +330,81 @@ def _pad_left(mask: Any, width: int) -> Any:
     return torch.nn.functional.pad(mask, (width - mask.shape[1], 0))
 
 
-def _pad_kv(kv: Any, width: int) -> Any:
-    """Keys or values (B, H, T, D) with ``width - T`` zero positions in front."""
-    return torch.nn.functional.pad(kv, (0, 0, width - kv.shape[2], 0))
+_SPARE = 64
+"""Free columns a growing cache layer keeps after its last one: a buffer is copied once
+per ``_SPARE`` decoding steps, not at every step."""
+
+
+def _growing_cache(layers: list[tuple[Any, ...]], width: int) -> Any:
+    """A ``DynamicCache`` of growing layers (:func:`_growing_layer`), one per entry of
+    ``layers``: per layer, keys and values (B, H, T, D) of each group of rows in turn,
+    e.g. ``(keys, values)`` or ``(old keys, old values, joined keys, joined values)``;
+    the groups are stacked, each left-padded with zeros to ``width`` positions."""
+    transformers: Any = require("transformers", "torch")
+    cache = transformers.DynamicCache()
+    cache.layers = [_growing_layer()(layer[0::2], layer[1::2], width) for layer in layers]
+    return cache
+
+
+@functools.cache
+def _growing_layer() -> type:
+    """The class of a cache layer whose keys and values are views of buffers with spare
+    columns, ``[start, end)`` of the buffer's positions (built on first use: transformers
+    is imported lazily). Its :meth:`update` writes the new positions in place."""
+    cache_utils: Any = require("transformers.cache_utils", "torch")
+
+    class GrowingLayer(cache_utils.DynamicLayer):  # type: ignore[misc]
+        def __init__(self, keys: list[Any], values: list[Any], width: int) -> None:
+            super().__init__()
+            self._k = _stacked(keys, width)  # (B, H, width + _SPARE, D)
+            self._v = _stacked(values, width)
+            self._start, self._end = 0, width
+            self.dtype, self.device = self._k.dtype, self._k.device
+            self.is_initialized = True
+            self._view()
+
+        def _view(self) -> None:
+            self.keys = self._k[:, :, self._start : self._end]
+            self.values = self._v[:, :, self._start : self._end]
+
+        def update(
+            self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any
+        ) -> tuple[Any, Any]:
+            new = key_states.shape[-2]
+            if self._end + new > self._k.shape[2]:  # full: a buffer with spare columns again
+                width, spare = self._end - self._start, max(_SPARE, new)
+                self._k = _stacked([self.keys], width, spare)
+                self._v = _stacked([self.values], width, spare)
+                self._start, self._end = 0, width
+            self._k[:, :, self._end : self._end + new] = key_states
+            self._v[:, :, self._end : self._end + new] = value_states
+            self._end += new
+            self._view()
+            return self.keys, self.values
+
+        def trim(self, first: int) -> None:
+            """Drop the first ``first`` positions (no row uses them): no copy."""
+            self._start += first
+            self._view()
+
+        def batch_select_indices(self, indices: Any) -> None:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self._view()
+
+    return GrowingLayer
+
+
+def _stacked(parts: list[Any], width: int, spare: int = _SPARE) -> Any:
+    """``parts`` (each (B_i, H, T_i, D)) stacked along the batch, each right-aligned at
+    ``width`` positions with zeros in front, in a buffer of ``width + spare`` positions
+    (the spare ones uninitialised)."""
+    first = parts[0]
+    rows = sum(p.shape[0] for p in parts)
+    out = first.new_empty((rows, first.shape[1], width + spare, first.shape[3]))
+    row = 0
+    for part in parts:
+        b, t = part.shape[0], part.shape[2]
+        out[row : row + b, :, : width - t] = 0  # padding the mask hides; finite, as before
+        out[row : row + b, :, width - t : width] = part
+        row += b
+    return out

@@ -112,6 +112,47 @@ async def test_requests_joining_a_running_batch_decode_as_in_a_static_batch(
     assert continuous.prefix_cache.stats.hit_rate > 0  # the second turn reused the first
 
 
+async def test_rows_decode_as_in_a_static_batch_past_the_cache_spare_columns(
+    backends: tuple[TransformersBackend, TransformersBackend],
+) -> None:
+    """A request of 200 tokens outlives several refills of the running cache's spare
+    columns (64 each); requests join after its 3rd and its 100th token, and leave before
+    it (the cache trims and selects rows in between). Every completion equals the static
+    backend's."""
+    static, continuous = backends
+    long = request(static, "a long one", temperature=1.0, seed=7, max_tokens=200)
+    long.constraint = LONG
+
+    def joiners(b: TransformersBackend, tag: str) -> list[GenerateRequest]:
+        return [
+            request(b, f"{tag} greedy", temperature=0, max_tokens=90),
+            request(b, f"{tag} sampled", temperature=1.0, top_p=0.9, seed=3, max_tokens=70),
+            request(b, f"{tag} pair", temperature=0.7, seed=5, n=2, max_tokens=5),
+        ]
+
+    want = await static.generate([long, *joiners(static, "early"), *joiners(static, "late")])
+    early, late = asyncio.Event(), asyncio.Event()
+    streamed: list[int] = []
+
+    def sink(index: int, delta: Completion) -> None:
+        streamed.extend(delta.token_ids)
+        if len(streamed) >= 3:
+            early.set()
+        if len(streamed) >= 100:
+            late.set()
+
+    sinks = [sink]
+    first = asyncio.ensure_future(continuous.generate([long], sinks=sinks))
+    await asyncio.wait_for(early.wait(), 30)
+    joined = [continuous.generate([r]) for r in joiners(continuous, "early")]
+    await asyncio.wait_for(late.wait(), 30)
+    joined += [continuous.generate([r]) for r in joiners(continuous, "late")]
+    got = [(await first)[0], *(r[0] for r in await asyncio.gather(*joined))]
+    assert len(got[0].completions[0].token_ids) == 200
+    for g, w in zip(got, want, strict=True):
+        assert_same(g, w)
+
+
 async def test_a_costly_client_delays_only_itself(
     backends: tuple[TransformersBackend, TransformersBackend],
 ) -> None:
