@@ -253,7 +253,13 @@ class BusSeats(SeatTransport):
         )
         # A peer that died between the check and the send cannot be told; that is fine.
         with contextlib.suppress(BusError):
-            await self.arena.send(peer, body, episode=episode)
+            try:
+                await self.arena.send(peer, body, episode=episode)
+            except ProtocolError:
+                # A reason longer than the wire takes (the record keeps it whole): the
+                # notice goes without it, so that the agent is closed all the same.
+                body.info = {}
+                await self.arena.send(peer, body, episode=episode)
 
     async def close(self) -> None:
         if self.frames is not None:

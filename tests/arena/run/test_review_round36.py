@@ -1,0 +1,76 @@
+"""Review of round 36's seat transports (arena/run/seats.py): bugs found, each pinned here.
+
+An episode's failure reason travels in the end-of-episode notice to a bus seat's agent host.
+A reason longer than the wire takes (several seats failing at once, each with a long agent
+error) made the notice unsendable: ``ProtocolError`` escaped ``Runner.play`` and ended the
+whole run, where in-process seats record the failed episode and go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from parley.agents.base import Agent
+from parley.arena.run.config import RunConfig
+from parley.arena.run.runner import Runner
+from parley.protocols.bus import BusConfig
+from parley.protocols.messages import Action, Observation
+from parley.scenarios import register
+
+# Every seat acts every step: both seats fail in the same step, their reasons joined.
+BROADCAST = "test/review-round36-broadcast-v0"
+register(
+    BROADCAST,
+    "parley.arena.bench.env:Broadcast",
+    baselines={"*": "parley.arena.bench.env:Chatter"},
+    description="every seat says one line a step",
+    override=True,
+)
+
+LIMIT = 16 * 1024  # the run's max_message_bytes
+ERROR_CHARS = 10 * 1024  # each agent's error fits the wire; two of them joined do not
+
+
+class _LongError(Agent):
+    """Raises with a long message (it fits one reply; two joined exceed ``LIMIT``)."""
+
+    closed = 0
+
+    async def act(self, observation: Observation) -> Action:
+        raise ValueError("x" * ERROR_CHARS)
+
+    async def close(self) -> None:
+        _LongError.closed += 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("over_bus", [False, True])
+async def test_a_failure_reason_too_long_for_the_wire_still_fails_only_its_episode(
+    over_bus: bool,
+) -> None:
+    config = RunConfig(
+        scenario=BROADCAST,
+        scenario_kwargs={"n_agents": 2},
+        episodes=2,
+        concurrency=1,
+        progress=False,
+        local_agents_over_bus=over_bus,
+    )
+    agents: dict[str, Any] = {"agent_0": _LongError, "agent_1": _LongError}
+    runner = Runner(config, agents=agents, bus=BusConfig(max_message_bytes=LIMIT))
+    runner.keep_records = True
+    _LongError.closed = 0
+    result = await runner.run()
+    assert result.summary["episodes"] == {"total": 2, "ok": 0, "failed": 2}
+    for record in result.records:
+        assert len(record.failed) > LIMIT  # the whole reason is recorded
+        assert record.failed.startswith("agent_0: agent_error: ValueError: xxx")
+    # Every agent got its end notice (over the bus: one-way, so wait for it) and was closed.
+    for _ in range(200):
+        if _LongError.closed == 4:
+            break
+        await asyncio.sleep(0.01)
+    assert _LongError.closed == 4
