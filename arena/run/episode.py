@@ -12,7 +12,7 @@ import itertools
 import math
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, overload
 
 import numpy as np
@@ -406,3 +406,10 @@ class _PlayedRecord(EpisodeRecord):
     def returns(self) -> list[tuple[str, float]]:
         # The rewards are summed as the episode is played: nothing to build for them.
         return [(t.agent, t.reward) for t in self._trajectories]
+
+    def __eq__(self, other: object) -> bool:
+        # Equal to the record built at once (an EpisodeRecord: the dataclass's own __eq__
+        # wants the same class) when every field is.
+        if not isinstance(other, EpisodeRecord):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(EpisodeRecord))

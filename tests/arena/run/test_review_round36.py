@@ -4,6 +4,10 @@ An episode's failure reason travels in the end-of-episode notice to a bus seat's
 A reason longer than the wire takes (several seats failing at once, each with a long agent
 error) made the notice unsendable: ``ProtocolError`` escaped ``Runner.play`` and ended the
 whole run, where in-process seats record the failed episode and go on.
+
+A record whose steps are built when first read (arena/run/episode.py's ``_PlayedRecord``)
+is the record built at once, and compares equal to it: to the same record decoded from
+MessagePack as a Ray worker ships it, either way round.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import pytest
 
 from parley.agents.base import Agent
 from parley.arena.run.config import RunConfig
-from parley.arena.run.runner import Runner
+from parley.arena.run.records import EpisodeRecord
+from parley.arena.run.runner import Runner, run
 from parley.protocols.bus import BusConfig
 from parley.protocols.messages import Action, Observation
 from parley.scenarios import register
@@ -74,3 +80,15 @@ async def test_a_failure_reason_too_long_for_the_wire_still_fails_only_its_episo
             break
         await asyncio.sleep(0.01)
     assert _LongError.closed == 4
+
+
+def test_a_record_built_late_equals_the_same_record_built_at_once() -> None:
+    config = RunConfig(scenario="negotiation/simple-trade-v1", episodes=2, progress=False)
+    records = run(config, keep_records=True).records
+    first, second = records
+    plain = msgspec.msgpack.Decoder(EpisodeRecord).decode(msgspec.msgpack.encode(first))
+    assert type(plain) is EpisodeRecord
+    assert first == plain
+    assert plain == first
+    assert first != second
+    assert plain != second
