@@ -35,11 +35,20 @@ from typing import Any
 
 
 def seed_list(text: str) -> list[int]:
-    """``0-9`` or ``0,3,5`` (or both: ``0-4,7``)."""
+    """``0-9`` or ``0,3,5`` (or both: ``0-4,7``); anything else is an argparse error."""
     seeds: list[int] = []
     for part in text.split(","):
-        first, _, last = part.partition("-")
-        seeds.extend(range(int(first), int(last or first) + 1))
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or not (last or first).isdigit():
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not a seed or a range: write e.g. 0-9, 0,3,5 or 0-4,7"
+            )
+        low, high = int(first), int(last or first)
+        if high < low:
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: the range runs backwards (write {high}-{low})"
+            )
+        seeds.extend(range(low, high + 1))
     return seeds
 
 
@@ -152,7 +161,9 @@ def main(argv: list[str] | None = None, *, config: Path | None = None,
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     if config is None:
         parser.add_argument("config", type=Path, help="the recipe's yaml")
-    parser.add_argument("--seeds", default="0-9", help="e.g. 0-9 or 0,3,5 (default 0-9)")
+    parser.add_argument(
+        "--seeds", type=seed_list, default="0-9", help="e.g. 0-9 or 0,3,5 (default 0-9)"
+    )
     parser.add_argument("--out", default="runs/seeds", help="one folder per seed in it")
     parser.add_argument("--episodes", type=int, default=400, help="greedy arena episodes")
     parser.add_argument(
@@ -166,7 +177,7 @@ def main(argv: list[str] | None = None, *, config: Path | None = None,
     results = out / "seeds.json"
     rows: list[dict[str, Any]] = json.loads(results.read_text()) if results.exists() else []
     done = {r["seed"] for r in rows}
-    for seed in seed_list(args.seeds):
+    for seed in args.seeds:
         if seed in done:
             continue
         started = time.perf_counter()
@@ -177,7 +188,9 @@ def main(argv: list[str] | None = None, *, config: Path | None = None,
               f"target: {row['short_of_target'] or '-'}, {row['wall_s']:.0f} s "
               f"({time.perf_counter() - started:.0f} s with the arena)",
               file=sys.stderr, flush=True)  # fmt: skip
-    names = list(dict.fromkeys(s.name for s in load_train_config(config_path).stages))
+    # The stages as the runs had them: the overrides may change them.
+    stages = load_train_config(config_path, list(args.overrides)).stages
+    names = list(dict.fromkeys(s.name for s in stages))
     table = markdown(rows, names, args.pass_at)
     (out / "seeds.md").write_text(table + "\n")
     print(table)

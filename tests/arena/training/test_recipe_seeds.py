@@ -97,3 +97,21 @@ def test_a_seed_that_restarts_and_still_ends_short_is_a_failed_row(
     assert again["stages"] == row["stages"]
     assert again["arena"] == row["arena"]
     assert json.loads((out / "seed5" / "summary.json").read_text())["short_of_target"] == ["stall"]
+
+
+@pytest.mark.parametrize("seeds", ["0..9", "5-3", "a", "1,,2"])
+def test_a_seed_list_it_cannot_read_is_a_usage_error_naming_it(
+    seeds: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = _recipe_seeds()
+    with pytest.raises(SystemExit) as exit_:
+        module.main(
+            ["--seeds", seeds, "--out", str(tmp_path)], config=EXAMPLES / "referential.yaml"
+        )
+    assert exit_.value.code == 2
+    assert repr(seeds.split(",")[0] if seeds != "1,,2" else "") in capsys.readouterr().err
+    assert not (tmp_path / "seeds.json").exists()  # nothing trained, nothing written
+
+
+def test_seed_ranges_and_lists_read_as_written() -> None:
+    assert _recipe_seeds().seed_list("0-4,7, 9") == [0, 1, 2, 3, 4, 7, 9]
