@@ -303,12 +303,16 @@ class Runner:
         arena_bus = self.bus_config
         if self.config.batch_frames:  # the replies to batched frames come as `actions`
             arena_bus = arena_bus.accepting(ARENA_ACCEPTS | {"actions"})
-        arena = Endpoint(ARENA_NAME, config=arena_endpoint_config(arena_bus), context=context)
         transports: list[SeatTransport] = []
-        host_endpoint: Endpoint | None = None
-        host: AgentHost | None = None  # the in-process agents' host over the bus
         heap = frozen_heap()
-        try:
+        # Closed in reverse order of opening, each whatever the others raise (a second
+        # Ctrl-C in one close still closes the sockets and the context).
+        async with contextlib.AsyncExitStack() as closing:
+            closing.callback(context.destroy, linger=0)
+            closing.callback(heap.close)
+            closing.callback(self._forget_transports)
+            arena = Endpoint(ARENA_NAME, config=arena_endpoint_config(arena_bus), context=context)
+            closing.push_async_callback(arena.close)
             arena.set_admission(admission_policy(self._expected_peers()))
             # In-process agents join over a private inproc address, before anything else
             # is bound: no remote peer can race them for their name.
@@ -322,10 +326,13 @@ class Runner:
                 codec = Codec(max_message_bytes=self.bus_config.max_message_bytes)
                 direct = DirectAgents(AgentHost(None, local), codec, name=LOCAL_HOST_NAME)
                 transports.append(InProcessSeats(direct))
+                closing.push_async_callback(transports[-1].close)
             elif local:
                 own = dataclasses.replace(self.bus_config, accept=AGENT_ACCEPTS)
                 host_endpoint = Endpoint(LOCAL_HOST_NAME, config=own, context=context)
-                host = AgentHost(host_endpoint, local)
+                closing.push_async_callback(host_endpoint.close)
+                host = AgentHost(host_endpoint, local)  # the in-process agents over the bus
+                closing.push_async_callback(host.close)
                 await host_endpoint.connect(inproc)
             over_bus = {s: peer for s, peer in self._peers.items() if s not in self._in_process}
             if over_bus:
@@ -338,6 +345,7 @@ class Runner:
                     frames=FrameBatcher(arena) if batched else None,
                 )
                 transports.append(bus)
+                closing.push_async_callback(bus.close)  # (its batched frames first)
             self._transports = {
                 seat: transport for transport in transports for seat in transport.seats
             }
@@ -352,17 +360,9 @@ class Runner:
                 with contextlib.suppress(RequestTimeout):
                     await self._absent.wait_for(arena, peer)
             yield address
-        finally:
-            heap.close()
-            self._transports, self._shared, self._away_checks = None, None, []
-            for transport in reversed(transports):  # batched frames, then in-process agents
-                await transport.close()
-            if host is not None:
-                await host.close()
-            if host_endpoint is not None:
-                await host_endpoint.close()
-            await arena.close()
-            context.destroy(linger=0)
+
+    def _forget_transports(self) -> None:
+        self._transports, self._shared, self._away_checks = None, None, []
 
     def _progress(self, total: int) -> contextlib.AbstractContextManager[Any]:
         return progress_bar(self.console, self.config.scenario, total, enabled=self.config.progress)

@@ -92,3 +92,33 @@ def test_a_record_built_late_equals_the_same_record_built_at_once() -> None:
     assert plain == first
     assert first != second
     assert plain != second
+
+
+def test_a_transport_whose_close_raises_still_closes_the_arena_and_its_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Closing is each part's, whatever another part raises: the error reaches the caller
+    and the arena's sockets and ZeroMQ context are closed all the same (no leaked fds)."""
+    import zmq.asyncio
+
+    from parley.arena.run import runner as runner_module
+    from parley.arena.run.seats import InProcessSeats
+
+    contexts: list[zmq.asyncio.Context] = []
+
+    class Recorded(zmq.asyncio.Context):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            contexts.append(self)
+
+    async def failing_close(self: InProcessSeats) -> None:
+        await self.direct.close()
+        raise RuntimeError("close failed")
+
+    monkeypatch.setattr(runner_module.zmq.asyncio, "Context", Recorded)
+    monkeypatch.setattr(InProcessSeats, "close", failing_close)
+    config = RunConfig(scenario=BROADCAST, episodes=2, progress=False)
+    with pytest.raises(RuntimeError, match="close failed"):
+        run(config)
+    assert len(contexts) == 1
+    assert contexts[0].closed
