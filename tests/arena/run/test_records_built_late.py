@@ -31,7 +31,7 @@ from tests.arena.run.test_runner import SCENARIO as COUNT
 BROADCAST = "test/broadcast-built-late-v0"
 register(
     BROADCAST,
-    "parley.arena.bench.env:Broadcast",
+    "tests.arena.run.broadcast_fixture:Broadcast",
     baselines={"*": "parley.arena.bench.env:Chatter"},
     override=True,
 )

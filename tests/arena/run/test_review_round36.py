@@ -30,7 +30,7 @@ from parley.scenarios import register
 BROADCAST = "test/review-round36-broadcast-v0"
 register(
     BROADCAST,
-    "parley.arena.bench.env:Broadcast",
+    "tests.arena.run.broadcast_fixture:Broadcast",
     baselines={"*": "parley.arena.bench.env:Chatter"},
     description="every seat says one line a step",
     override=True,

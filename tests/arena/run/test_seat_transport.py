@@ -56,7 +56,7 @@ from parley.scenarios import register
 BROADCAST = "test/seat-transport-broadcast-v0"
 register(
     BROADCAST,
-    "parley.arena.bench.env:Broadcast",
+    "tests.arena.run.broadcast_fixture:Broadcast",
     baselines={"*": "parley.arena.bench.env:Chatter"},
     description="every seat says one line a step",
     override=True,
