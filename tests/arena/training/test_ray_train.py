@@ -227,7 +227,11 @@ def test_parley_train_ray_runs_the_referential_recipe_end_to_end(
         assert row["samples"] > 0  # decisions rebuilt from the token records shipped back
         assert row["stale_max"] <= 1
         assert sum(row["stale_hist"]) == 8
-        assert row["pool_requests"] > 0  # the workers asked the trainer's pool
+    # The workers asked the trainer's pool, in every stage. Per stage, not per row: a row
+    # counts the requests completed since the last one, and a batch sampled ahead (staleness
+    # 1) may have had all of its requests answered before the last row on a loaded machine.
+    for stage in ("listener", "joint"):
+        assert sum(r["pool_requests"] for r in rows if r["stage"] == stage) > 0, rows
     assert rows[-1]["version_listener"] == 5
     assert rows[-1]["version_speaker"] == 5  # one version counter: pushed at 4 and 5
     summary = json.loads((out / "summary.json").read_text())
