@@ -41,6 +41,11 @@ class LegalMoves:
         """The shown texts, comma-separated (at most :data:`MAX_SHOWN`)."""
         return self.listing
 
+    def find(self, action: str) -> int | None:
+        """The id of the move ``action`` names (spaces around it and letter case aside), or
+        ``None``."""
+        return self.by_text.get(action.strip().lower())
+
 
 @functools.lru_cache(maxsize=4096)
 def _legal_moves(texts: tuple[str, ...], actions: tuple[int, ...]) -> LegalMoves:
@@ -67,7 +72,7 @@ def choose(
     Anything else is invalid; the ``tries``-th invalid text in a row plays a legal move
     drawn from ``rng`` (so an episode always ends within the game's own length).
     """
-    chosen = moves.by_text.get(action.strip().lower())
+    chosen = moves.find(action)
     if chosen is not None:
         return chosen, None, 0
     misses += 1

@@ -188,6 +188,9 @@ class OpenSpielGame(Scenario):
         "is_parallelizable": True,
     }
     max_action_length: ClassVar[int] = 200
+    # Chance nodes draw from self.rng, made on first use: a game without chance (tic-tac-toe)
+    # never pays for a seeded generator (~6 us an episode); the draws are the same.
+    new_episode_draws = False
 
     def __init__(
         self,
@@ -207,6 +210,8 @@ class OpenSpielGame(Scenario):
         kind = self.game.get_type()
         self._use_observation = bool(kind.provides_observation_string)
         self._simultaneous_game = kind.dynamics.name == "SIMULTANEOUS"
+        # Terminal rewards: OpenSpiel's returns are zero until the end, so they are read then.
+        self._terminal_rewards = kind.reward_model.name == "TERMINAL"
         if max_cycles is None:  # every move may take invalid_tries steps, chance takes none
             max_cycles = max(1, self.game.max_game_length()) * invalid_tries + 10
         seats = [f"player_{i}" for i in range(self.game.num_players())]
@@ -217,6 +222,9 @@ class OpenSpielGame(Scenario):
         self.state_: Any = None
         self._moves: dict[str, LegalMoves] = {}
         self._chosen: dict[str, int] = {}  # simultaneous node: seat -> chosen action
+        # acting()'s list, replaced (never changed in place) when _moves or _chosen change.
+        self._acting: list[str] = []
+        self._prompts: dict[tuple[str, LegalMoves], str] = {}  # (seat, moves) -> prompt
         self._misses: dict[str, int] = {}
         self._changed = False  # a move was applied since the acting seats were told
         self._paid = [0.0] * len(seats)  # the returns paid so far, per seat
@@ -228,7 +236,7 @@ class OpenSpielGame(Scenario):
         self._paid = [0.0] * self.num_seats
         self._misses = dict.fromkeys(self.possible_agents, 0)
         self._chosen = {}
-        self._advance(rng)
+        self._advance()  # (chance draws from self.rng: new_episode_draws is False)
 
     @property
     def num_seats(self) -> int:
@@ -239,16 +247,22 @@ class OpenSpielGame(Scenario):
         self._tell_acting()
 
     def acting(self) -> list[str]:
-        return [seat for seat in self._moves if seat not in self._chosen]
+        return self._acting
 
     def play(self, seat: str, action: str) -> str | None:
-        chosen, reason, self._misses[seat] = choose(
-            self._moves[seat], action, self._misses[seat], self.invalid_tries, self.rng
-        )
-        if chosen is None:
-            return reason
+        moves, reason = self._moves[seat], None
+        chosen = moves.find(action)
+        if chosen is not None:  # a legal move (the common case): no generator needed
+            self._misses[seat] = 0
+        else:
+            chosen, reason, self._misses[seat] = choose(
+                moves, action, self._misses[seat], self.invalid_tries, self.rng
+            )
+            if chosen is None:
+                return reason
         if self.state_.is_simultaneous_node():
             self._chosen[seat] = chosen
+            self._acting = [s for s in self._moves if s not in self._chosen]
         else:
             self.state_.apply_action(chosen)
             self._after_move()
@@ -258,6 +272,7 @@ class OpenSpielGame(Scenario):
         if self._chosen and len(self._chosen) == len(self._moves):  # the joint move is in
             joint = [self._chosen.get(seat, 0) for seat in self.possible_agents]
             self._chosen = {}
+            self._acting = list(self._moves)
             self.state_.apply_actions(joint)
             self._after_move()
         if self._changed and not self._done:
@@ -265,7 +280,15 @@ class OpenSpielGame(Scenario):
             self._tell_acting()
 
     def prompt(self, seat: str) -> str:
-        return f"Your move as {seat}. Answer with one legal move: {self._moves[seat].listed()}"
+        # A game's positions repeat their move lists: each prompt is made once (bounded).
+        moves = self._moves[seat]
+        text = self._prompts.get((seat, moves))
+        if text is None:
+            if len(self._prompts) >= 4096:
+                self._prompts.clear()
+            text = f"Your move as {seat}. Answer with one legal move: {moves.listed()}"
+            self._prompts[seat, moves] = text
+        return text
 
     def constraint(self, seat: str) -> dict[str, Any] | None:
         return {"type": "choice", "choices": list(self._moves[seat].shown)}
@@ -319,23 +342,27 @@ class OpenSpielGame(Scenario):
 
     def _after_move(self) -> None:
         self._changed = True
-        self._advance(self.rng)
+        self._advance()
         if self._done:
             return
         self._refresh()
 
-    def _advance(self, rng: np.random.Generator) -> None:
+    def _advance(self) -> None:
         """Resolve chance nodes, pay the change of the returns, finish at the end."""
         state = self.state_
-        self._resolve_chance(state, rng)
-        returns = [float(value) for value in state.returns()]  # (numpy: 3x the cost here)
-        paid = self._paid
-        for i, seat in enumerate(self.possible_agents):
-            if returns[i] != paid[i]:
-                self.reward(seat, "task", returns[i] - paid[i])
-        self._paid = returns
-        if state.is_terminal():
+        if state.is_chance_node():
+            self._resolve_chance(state, self.rng)
+        terminal = state.is_terminal()
+        if terminal or not self._terminal_rewards:
+            returns = [float(value) for value in state.returns()]  # (numpy: 3x the cost here)
+            paid = self._paid
+            for i, seat in enumerate(self.possible_agents):
+                if returns[i] != paid[i]:
+                    self.reward(seat, "task", returns[i] - paid[i])
+            self._paid = returns
+        if terminal:
             self._moves = {}
+            self._acting = []
             self.finish()
             self._tell_end()
 
@@ -352,15 +379,20 @@ class OpenSpielGame(Scenario):
     def _refresh(self) -> None:
         """The legal moves of every seat asked now."""
         state = self.state_
+        seats = self.possible_agents
         if state.is_simultaneous_node():
             players = [p for p in range(self.num_seats) if state.legal_actions(p)]
+            self._moves = {seats[p]: self._legal(p) for p in players}
+            self._acting = [seat for seat in self._moves if seat not in self._chosen]
         else:
-            players = [state.current_player()]
-        self._moves = {self.possible_agents[p]: self._legal(p) for p in players}
+            player = state.current_player()
+            self._moves = {seats[player]: self._legal(player)}
+            self._acting = [seats[player]]
 
     def _legal(self, player: int) -> LegalMoves:
         actions = self.state_.legal_actions(player)
-        return LegalMoves.of([self.state_.action_to_string(player, a) for a in actions], actions)
+        name = self.state_.action_to_string
+        return LegalMoves.of([name(player, a) for a in actions], actions)
 
     def _observation(self, player: int, state: Any = None) -> str:
         state = self.state_ if state is None else state

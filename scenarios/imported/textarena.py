@@ -19,10 +19,11 @@ so a seat's ``task`` total is the library's for the same moves; ``invalid`` is
 ``-invalid_penalty`` per refused move (default 0).
 
 Randomness: TextArena draws from Python's global ``random`` module, seeded by its
-``reset(seed=...)``. The adapter gives each episode its own generator behind ``random``'s
-functions (swapped in around every call into TextArena and out again afterwards), with the
-library seed drawn from ``reset(seed=...)``'s generator: episodes in one process do not draw
-from each other's stream, and the caller's ``random`` state is left as it was.
+``reset(seed=...)``. The adapter gives each scenario its own generator behind ``random``'s
+functions (swapped in around every call into TextArena and out again afterwards), seeded at
+the start of each episode with the library seed drawn from ``reset(seed=...)``'s generator:
+episodes in one process do not draw from each other's stream, and the caller's ``random``
+state is left as it was.
 
 Arguments: ``num_players``, ``invalid_penalty``, ``max_cycles``, ``render_mode``.
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import operator
 import random
 import socket
 import sys
@@ -82,6 +84,7 @@ _FUNCTIONS = tuple(
 )
 """The names of ``random``'s functions (``random.choice``, ``random.seed``, ...): the bound
 methods of its one shared instance, which is what TextArena calls."""
+_SAVE = operator.itemgetter(*_FUNCTIONS)
 
 
 class _Sink(io.TextIOBase):
@@ -99,34 +102,37 @@ class _OwnRandom:
     functions, and with stdout dropped (some games print their puzzles; stdout belongs to
     the command: ``parley run --json``); both are put back afterwards.
 
-    The generator starts, at the first ``with``, as a copy of the caller's state (TextArena
-    then seeds it in ``reset``) and keeps its state between calls; the shared instance is
-    never touched, so the caller's ``random`` state stays as it was. Not reentrant.
+    One generator per scenario, seeded by :meth:`start` at the start of every episode (with
+    the library seed, before the game is made: draws while it is made are a function of the
+    seed too; TextArena then seeds it again in ``reset``), keeping its state between calls;
+    the shared instance is never touched, so the caller's ``random`` state stays as it was.
+    Not reentrant.
     """
 
     # Swapping the module's functions for the generator's bound methods is two dict updates
     # a call; swapping states (random.getstate/setstate, 625 words copied each, four a call)
-    # was ~60 % of a KuhnPoker episode's CPU time.
+    # was ~60 % of a KuhnPoker episode's CPU time, and copying the caller's state into a new
+    # generator every episode (getstate, setstate: ~10 us) a tenth of it.
 
     def __init__(self) -> None:
-        self.random: random.Random | None = None
-        self._functions: dict[str, Any] = {}
-        self._saved: dict[str, Any] = {}
+        self.random = random.Random(0)
+        self._functions = {name: getattr(self.random, name) for name in _FUNCTIONS}
+        self._saved: tuple[Any, ...] = ()
         self._stdout: Any = None
 
+    def start(self, seed: int) -> None:
+        """Seed the generator for a new episode."""
+        self.random.seed(seed)
+
     def __enter__(self) -> None:
-        if self.random is None:
-            self.random = random.Random(0)  # (its state is set next: no OS entropy read)
-            self.random.setstate(random.getstate())
-            self._functions = {name: getattr(self.random, name) for name in _FUNCTIONS}
         module = vars(random)
-        self._saved = {name: module[name] for name in _FUNCTIONS}
+        self._saved = _SAVE(module)
         module.update(self._functions)
         self._stdout, sys.stdout = sys.stdout, _SINK
 
     def __exit__(self, *exc: object) -> None:
         sys.stdout = self._stdout
-        vars(random).update(self._saved)
+        vars(random).update(zip(_FUNCTIONS, self._saved, strict=True))
 
 
 @functools.cache  # (TextArena's registry is fixed once imported)
@@ -252,7 +258,7 @@ class TextArenaGame(Scenario):
 
     def new_episode(self, rng: np.random.Generator) -> None:
         self.library_seed = int(rng.integers(2**31 - 1))
-        self._random = _OwnRandom()
+        self._random.start(self.library_seed)
         self.library_error = False
         with self._random:
             self.env = self.ta.make(self._raw_id)

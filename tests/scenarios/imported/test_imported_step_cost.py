@@ -22,12 +22,13 @@ def test_the_same_legal_moves_are_built_once_and_shared() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_textarena_episode_copies_the_callers_random_state_once(
+def test_a_textarena_episode_never_copies_the_callers_random_state(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """random.getstate copies 625 words: the adapter used to swap states four times around
-    every call into TextArena (two calls a step); now it copies the caller's state once per
-    episode, and the caller's generator and functions are as they were."""
+    every call into TextArena (two calls a step), then copied the caller's state once per
+    episode; now its own generator is seeded per episode, and the caller's generator and
+    functions are as they were."""
     pytest.importorskip("textarena")
     env = make("textarena:TicTacToe-v0")
     copies = 0
@@ -51,6 +52,6 @@ def test_a_textarena_episode_copies_the_callers_random_state_once(
         _, _, _, _, infos = env.step({seat: move})
         steps += 1
     assert steps >= 5
-    assert copies == 1  # (4 per call, 2 calls a step, before)
+    assert copies == 0  # (4 per call, 2 calls a step, at first; then 1 an episode)
     assert random.random() == expected  # the caller's stream did not move
     assert {name: getattr(random, name) for name in functions} == functions
