@@ -35,8 +35,10 @@ used. Remote seats (``parley agent``) are not supported on Ray: workers host the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import math
+import threading
 import time
 import zlib
 from collections import deque
@@ -88,8 +90,8 @@ class _Slot:
     """One worker actor as the driver sees it."""
 
     name: str
-    actor: Any
-    started: Any  # ObjectRef of start()
+    actor: Any  # None while a replacement is being created (:meth:`RayRunner._replace`)
+    started: concurrent.futures.Future[Any] | None  # of start(): where the worker runs
     where: dict[str, Any] = field(default_factory=dict)
     in_flight: int = 0
     alive: bool = True
@@ -206,11 +208,49 @@ class RayRunner(Runner):
     # ------------------------------------------------------------------ workers
 
     def _spawn(self, ray: Any) -> _Slot:
-        name = f"worker-{len(self.slots)}"
-        cls = ray.remote(**self._actor_options)(self.worker_class)
-        actor = cls.options(scheduling_strategy="SPREAD").remote(*self._worker_args())
-        slot = _Slot(name, actor, actor.start.remote())
+        actor = self._create(ray)
+        slot = _Slot(f"worker-{len(self.slots)}", actor, actor.start.remote().future())
         self.slots.append(slot)
+        return slot
+
+    def _create(self, ray: Any) -> Any:
+        cls = ray.remote(**self._actor_options)(self.worker_class)
+        return cls.options(scheduling_strategy="SPREAD").remote(*self._worker_args())
+
+    def _replace(self, ray: Any, lost: _Slot) -> _Slot:
+        """A new slot in place of ``lost``'s worker: killed and replaced on a thread of its
+        own, since both calls block on the head and a head going away (its port not yet
+        closed) held the event loop for Ray's 60 s, so :func:`watch_head` never ended the
+        run (the process died, rc 1). ``started`` completes once the new worker has started,
+        with a ``RayError`` when it could not be created, or the head refuses connections
+        (then ``slot.alive`` is false first: nothing replaces it, as before)."""
+        loop = asyncio.get_running_loop()
+        started: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        slot = _Slot(f"worker-{len(self.slots)}", None, started)
+        self.slots.append(slot)
+
+        def refused() -> None:
+            slot.alive = False
+            started.set_exception(ray.exceptions.RaySystemError("the Ray head refuses connections"))
+
+        def create() -> None:
+            if head_refuses(ray):
+                loop.call_soon_threadsafe(refused)
+                return
+            with contextlib.suppress(Exception):  # already dead, or unreachable: it ends anyway
+                ray.kill(lost.actor)
+            try:
+                slot.actor = self._create(ray)
+                ref = slot.actor.start.remote().future()
+            except Exception as exc:  # a worker that could not be created is lost
+                error = exc if isinstance(exc, ray.exceptions.RayError) else (
+                    ray.exceptions.RaySystemError(f"{type(exc).__name__}: {exc}")
+                )  # fmt: skip
+                started.set_exception(error)
+                return
+            ref.add_done_callback(lambda done: _copy_outcome(done, started))
+
+        threading.Thread(target=create, name=f"parley-{slot.name}", daemon=True).start()
         return slot
 
     def _worker_args(self) -> tuple[Any, ...]:
@@ -417,7 +457,7 @@ class RayRunner(Runner):
                                 slot.in_flight += 1
                     for slot in self.slots:  # replacements: wait for their start, not on them
                         if slot.alive and not slot.where and slot.started is not None:
-                            pending[asyncio.wrap_future(slot.started.future())] = (slot, None)
+                            pending[asyncio.wrap_future(slot.started)] = (slot, None)
                             slot.started = None
                     if not pending:
                         raise RayWorkersLost("no Ray worker is left to play the run's episodes")
@@ -529,12 +569,11 @@ class RayRunner(Runner):
         if slot.alive:
             slot.alive = False
             self.workers_lost.append(reason)
-            # Both block on the head: with it gone, the loop froze until Ray ended the process.
-            if not head_refuses(ray):
-                with contextlib.suppress(Exception):
-                    ray.kill(slot.actor)
-                if len(self.slots) < self._max_spawns:
-                    self._spawn(ray)
+            if len(self.slots) < self._max_spawns:
+                self._replace(ray, slot)
+            else:
+                with contextlib.suppress(Exception):  # (a call on the head: not on the loop)
+                    threading.Thread(target=ray.kill, args=(slot.actor,), daemon=True).start()
         if piece is None:
             return
         piece.attempts += 1
@@ -587,8 +626,19 @@ def ray_table(figures: dict[str, Any]) -> Table:
     return table
 
 
-async def _await_ref(ref: Any) -> Any:
-    return await asyncio.wrap_future(ref.future())
+async def _await_ref(started: concurrent.futures.Future[Any] | None) -> Any:
+    if started is None:
+        raise RuntimeError("a Ray worker's start was already awaited")
+    return await asyncio.wrap_future(started)
+
+
+def _copy_outcome(done: concurrent.futures.Future[Any], to: concurrent.futures.Future[Any]) -> None:
+    if done.cancelled():
+        to.cancel()
+    elif done.exception() is not None:
+        to.set_exception(done.exception())
+    else:
+        to.set_result(done.result())
 
 
 def run_on_ray(config: RunConfig, **kwargs: Any) -> RunResult:

@@ -244,9 +244,9 @@ class TrainRayRunner(RayRunner):
         figures = getattr(self.pool, "figures", None)
         return {"pool_replicas": figures()} if callable(figures) else {}
 
-    def _spawn(self, ray: Any) -> Any:
-        slot = super()._spawn(ray)
-        if self._ray is not None:  # a replacement, mid-stage: it takes episodes once started
+    def _replace(self, ray: Any, lost: Any) -> Any:
+        slot = super()._replace(ray, lost)
+        if self._ray is not None:  # mid-stage: it takes episodes once started
             task = asyncio.get_running_loop().create_task(self._join(ray, slot))
             self._joining.add(task)
             task.add_done_callback(self._joining.discard)
@@ -257,7 +257,7 @@ class TrainRayRunner(RayRunner):
         episodes only to started workers (``where`` set), so without this a stage that lost
         a worker went on with one worker fewer."""
         try:
-            slot.where = await asyncio.wrap_future(slot.started.future())
+            slot.where = await asyncio.wrap_future(slot.started)
         except ray.exceptions.RayError as exc:
             self._lost(ray, slot, None, exc, None, None)
 
