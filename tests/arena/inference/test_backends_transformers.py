@@ -291,3 +291,40 @@ async def test_text_prompts_and_the_event_loop_stays_free(backend: TransformersB
     t.cancel()
     assert res[0].prompt_token_ids == backend.tokenizer.encode("hello")
     assert ticks > 0
+
+
+async def test_grouped_query_attention_gives_transformers_sdpa_outputs(
+    backend: TransformersBackend,
+) -> None:
+    """On the CPU the backend's model shares each key/value head among its query heads
+    in ``scaled_dot_product_attention`` instead of transformers' copying them per step
+    (the tiny model has 4 query heads on 2 key/value heads): a padded batch with prefix
+    reuse decodes the same tokens and logprobs (within 1e-5) as with stock ``sdpa``; a
+    forward with gradients (training) is stock ``sdpa``'s."""
+    assert backend.model.model.layers[0].self_attn.num_key_value_groups == 2
+    assert backend.model.config._attn_implementation == "parley_sdpa"
+    turns = [[chat(backend, p) for p in PROMPTS]]
+    turns.append([ids + ids[-3:] for ids in turns[0]])  # second turns: prefix reuse
+    params = {"temperature": 0.9, "seed": 5, "max_tokens": 12, "logprobs": True}
+
+    async def decode() -> list[tuple[list[int], list[float]]]:
+        backend.prefix_cache.clear()
+        out = []
+        for prompts in turns:
+            results = await backend.generate([request(ids, **params) for ids in prompts])
+            out += [(c.token_ids, c.logprobs) for r in results for c in r.completions]
+        return out
+
+    grouped = await decode()
+    assert backend.prefix_cache.stats.hit_rate > 0
+    ids = torch.tensor([turns[0][3]])
+    with torch.enable_grad():
+        train_grouped = backend.model(input_ids=ids).logits
+    backend.model.config._attn_implementation = "sdpa"
+    stock = await decode()
+    with torch.enable_grad():
+        train_stock = backend.model(input_ids=ids).logits
+    assert [t for t, _ in grouped] == [t for t, _ in stock]
+    for (_, got), (_, want) in zip(grouped, stock, strict=True):
+        assert got == pytest.approx(want, abs=1e-5)
+    assert torch.equal(train_grouped, train_stock)
