@@ -349,7 +349,7 @@ def _format(messages: Any) -> str:
     lines = []
     for item in messages or []:
         if type(item) is tuple and len(item) > 1 and type(item[0]) is int:  # the common form
-            lines.append(f"[{'GAME' if item[0] < 0 else f'Player {item[0]}'}] {item[1]}")
+            lines.append((_TAGS.get(item[0]) or _tag(item[0])) + str(item[1]))
             continue
         parts = list(item) if isinstance(item, (tuple, list)) else [item]
         sender = parts[0] if parts and isinstance(parts[0], int) else -1
@@ -357,3 +357,11 @@ def _format(messages: Any) -> str:
         who = "GAME" if sender < 0 else f"Player {sender}"
         lines.append(f"[{who}] {text}")
     return "\n".join(lines)
+
+
+def _tag(sender: int) -> str:
+    return "[GAME] " if sender < 0 else f"[Player {sender}] "
+
+
+_TAGS = {sender: _tag(sender) for sender in range(-1, 16)}
+"""The common senders' line starts, made once (TextArena's game is -1)."""
