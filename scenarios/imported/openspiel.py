@@ -260,7 +260,7 @@ class OpenSpielGame(Scenario):
             )
             if chosen is None:
                 return reason
-        if self.state_.is_simultaneous_node():
+        if self._simultaneous_game and self.state_.is_simultaneous_node():
             self._chosen[seat] = chosen
             self._acting = [s for s in self._moves if s not in self._chosen]
         else:
@@ -380,7 +380,7 @@ class OpenSpielGame(Scenario):
         """The legal moves of every seat asked now."""
         state = self.state_
         seats = self.possible_agents
-        if state.is_simultaneous_node():
+        if self._simultaneous_game and state.is_simultaneous_node():
             players = [p for p in range(self.num_seats) if state.legal_actions(p)]
             self._moves = {seats[p]: self._legal(p) for p in players}
             self._acting = [seat for seat in self._moves if seat not in self._chosen]

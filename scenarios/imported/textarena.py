@@ -85,6 +85,9 @@ _FUNCTIONS = tuple(
 """The names of ``random``'s functions (``random.choice``, ``random.seed``, ...): the bound
 methods of its one shared instance, which is what TextArena calls."""
 _SAVE = operator.itemgetter(*_FUNCTIONS)
+_SHARED_FUNCTIONS = _SAVE(vars(random))
+_RESTORE_SHARED = dict(zip(_FUNCTIONS, _SHARED_FUNCTIONS, strict=True))
+"""``random``'s own functions (what a caller almost always has), to put back in one update."""
 
 
 class _Sink(io.TextIOBase):
@@ -117,7 +120,7 @@ class _OwnRandom:
     def __init__(self) -> None:
         self.random = random.Random(0)
         self._functions = {name: getattr(self.random, name) for name in _FUNCTIONS}
-        self._saved: tuple[Any, ...] = ()
+        self._saved: dict[str, Any] = {}
         self._stdout: Any = None
 
     def start(self, seed: int) -> None:
@@ -126,13 +129,19 @@ class _OwnRandom:
 
     def __enter__(self) -> None:
         module = vars(random)
-        self._saved = _SAVE(module)
+        saved = _SAVE(module)
+        # (the tuples compare by identity first: the common case costs no call)
+        self._saved = (
+            _RESTORE_SHARED
+            if saved == _SHARED_FUNCTIONS
+            else dict(zip(_FUNCTIONS, saved, strict=True))
+        )
         module.update(self._functions)
         self._stdout, sys.stdout = sys.stdout, _SINK
 
     def __exit__(self, *exc: object) -> None:
         sys.stdout = self._stdout
-        vars(random).update(zip(_FUNCTIONS, self._saved, strict=True))
+        vars(random).update(self._saved)
 
 
 @functools.cache  # (TextArena's registry is fixed once imported)
