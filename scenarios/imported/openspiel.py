@@ -222,8 +222,8 @@ class OpenSpielGame(Scenario):
         self.state_: Any = None
         self._moves: dict[str, LegalMoves] = {}
         self._chosen: dict[str, int] = {}  # simultaneous node: seat -> chosen action
-        # acting()'s list, replaced (never changed in place) when _moves or _chosen change.
-        self._acting: list[str] = []
+        # acting()'s seats, replaced when _moves or _chosen change (a tuple: handed out).
+        self._acting: tuple[str, ...] = ()
         self._prompts: dict[tuple[str, LegalMoves], str] = {}  # (seat, moves) -> prompt
         self._misses: dict[str, int] = {}
         self._changed = False  # a move was applied since the acting seats were told
@@ -246,7 +246,7 @@ class OpenSpielGame(Scenario):
         self._refresh()
         self._tell_acting()
 
-    def acting(self) -> list[str]:
+    def acting(self) -> tuple[str, ...]:
         return self._acting
 
     def play(self, seat: str, action: str) -> str | None:
@@ -262,7 +262,7 @@ class OpenSpielGame(Scenario):
                 return reason
         if self._simultaneous_game and self.state_.is_simultaneous_node():
             self._chosen[seat] = chosen
-            self._acting = [s for s in self._moves if s not in self._chosen]
+            self._acting = tuple(s for s in self._moves if s not in self._chosen)
         else:
             self.state_.apply_action(chosen)
             self._after_move()
@@ -272,7 +272,7 @@ class OpenSpielGame(Scenario):
         if self._chosen and len(self._chosen) == len(self._moves):  # the joint move is in
             joint = [self._chosen.get(seat, 0) for seat in self.possible_agents]
             self._chosen = {}
-            self._acting = list(self._moves)
+            self._acting = tuple(self._moves)
             self.state_.apply_actions(joint)
             self._after_move()
         if self._changed and not self._done:
@@ -362,7 +362,7 @@ class OpenSpielGame(Scenario):
             self._paid = returns
         if terminal:
             self._moves = {}
-            self._acting = []
+            self._acting = ()
             self.finish()
             self._tell_end()
 
@@ -383,11 +383,11 @@ class OpenSpielGame(Scenario):
         if self._simultaneous_game and state.is_simultaneous_node():
             players = [p for p in range(self.num_seats) if state.legal_actions(p)]
             self._moves = {seats[p]: self._legal(p) for p in players}
-            self._acting = [seat for seat in self._moves if seat not in self._chosen]
+            self._acting = tuple(seat for seat in self._moves if seat not in self._chosen)
         else:
             player = state.current_player()
             self._moves = {seats[player]: self._legal(player)}
-            self._acting = [seats[player]]
+            self._acting = (seats[player],)
 
     def _legal(self, player: int) -> LegalMoves:
         actions = self.state_.legal_actions(player)
