@@ -20,11 +20,13 @@ each step it
    removes finished rows, trimming cache columns no live row uses;
 6. runs one forward pass of the remaining rows.
 
-The running batch's keys and values live in buffers with spare columns
+The running batch's keys and values live in buffers with spare columns and spare rows
 (:func:`_growing_cache`): a decoding step writes its one new column in place, where
 transformers' ``DynamicCache`` would copy the whole cache (``torch.cat``) at every step
-and layer, and trimming unused columns moves a view's start instead of copying. The
-values the model reads are the same, so are its outputs.
+and layer; trimming unused columns moves a view's start; joining rows are written into
+free rows after the live ones, and a leaving row's place is taken by the last live row
+(one row copied, not the batch). The live rows' order changes, not what each row
+computes: the values the model reads are the same, so are its outputs.
 
 Constraint cost per request: each mask is bounded by the engine's per-step work limits
 (:data:`~parley.arena.inference.backends.constraints.MATCHER_LIMITS`, counts of work), a
@@ -232,8 +234,7 @@ class ContinuousScheduler:
                 job = row.job
                 self.stats.waited.append(self.stats.steps - job.submitted_step)  # before: seen
                 job.answer(backend._results(job.requests, job.prompts, job.rows, job.versions))
-        tokens = tokens[keep]
-        self._keep(keep)
+        tokens = tokens[self._keep(keep)]
         if not self._live:
             return True
         if self._adapters_stale:
@@ -287,7 +288,8 @@ class ContinuousScheduler:
         if not self._live:
             self._live, self._mask, self._next_pos = new, mask, next_pos
             layers = [(layer.keys, layer.values) for layer in cache.layers]
-            self._cache, self._logits = _growing_cache(layers, mask.shape[1]), logits
+            self._cache = _growing_cache(layers, backend.max_batch_rows)
+            self._logits = logits
         else:
             self._stack(new, mask, next_pos, cache, logits)
         self.stats.max_rows = max(self.stats.max_rows, len(self._live))
@@ -297,32 +299,48 @@ class ContinuousScheduler:
         both left-padded to the wider one."""
         width = max(self._mask.shape[1], mask.shape[1])
         self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)])
-        layers = [
-            (old.keys, old.values, joined.keys, joined.values)
-            for old, joined in zip(self._cache.layers, cache.layers, strict=True)
-        ]
-        self._cache = _growing_cache(layers, width)
+        for old, joined in zip(self._cache.layers, cache.layers, strict=True):
+            old.join(joined.keys, joined.values)
         self._next_pos = torch.cat([self._next_pos, next_pos])
         self._logits = torch.cat([self._logits, logits])
         self._live = self._live + rows
 
-    def _keep(self, keep: list[int]) -> None:
-        """Keep the live rows at indices ``keep``; drop cache columns no kept row uses."""
+    def _keep(self, keep: list[int]) -> list[int]:
+        """Keep the live rows at indices ``keep`` (ascending); drop cache columns no kept row
+        uses. Returns the kept rows' new order, as indices of the old rows: a dropped row's
+        place goes to the last kept row (so the cache moves one row per dropped row)."""
         if len(keep) == len(self._live):
-            return
+            return keep
         self._adapters_stale = True
-        self._live = [self._live[k] for k in keep]
         if not keep:
+            self._live = []
             self._mask = self._next_pos = self._cache = self._logits = None
-            return
-        self._cache.batch_select_indices(torch.tensor(keep, device=self._backend.device))
-        self._mask, self._next_pos = self._mask[keep], self._next_pos[keep]
-        self._logits = self._logits[keep]
+            return []
+        order, holes, tails = _swap_order(keep)
+        for layer in self._cache.layers:
+            layer.move(holes, tails, len(keep))
+        self._live = [self._live[k] for k in order]
+        self._mask, self._next_pos = self._mask[order], self._next_pos[order]
+        self._logits = self._logits[order]
         first = int(self._mask.argmax(dim=1).min())  # the first real column of any row
         if first > 0:
             self._mask = self._mask[:, first:]
             for layer in self._cache.layers:
                 layer.trim(first)
+        return order
+
+
+def _swap_order(keep: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """For kept row indices ``keep`` (ascending): the new order (old index of each new
+    row), and the rows that move, from ``tails`` (kept, past the new end) into ``holes``
+    (dropped, before it)."""
+    n, kept = len(keep), set(keep)
+    holes = [i for i in range(n) if i not in kept]
+    tails = [k for k in keep if k >= n]
+    order = list(range(n))
+    for hole, tail in zip(holes, tails, strict=True):
+        order[hole] = tail
+    return order, holes, tails
 
 
 def _pad_left(mask: Any, width: int) -> Any:
@@ -335,52 +353,92 @@ _SPARE = 64
 per ``_SPARE`` decoding steps, not at every step."""
 
 
-def _growing_cache(layers: list[tuple[Any, ...]], width: int) -> Any:
+def _growing_cache(layers: list[tuple[Any, Any]], max_rows: int) -> Any:
     """A ``DynamicCache`` of growing layers (:func:`_growing_layer`), one per entry of
-    ``layers``: per layer, keys and values (B, H, T, D) of each group of rows in turn,
-    e.g. ``(keys, values)`` or ``(old keys, old values, joined keys, joined values)``;
-    the groups are stacked, each left-padded with zeros to ``width`` positions."""
+    ``layers``, the (keys, values) (B, H, T, D) of its first rows; more rows join later,
+    up to ``max_rows`` live (the spare rows of a buffer)."""
     transformers: Any = require("transformers", "torch")
     cache = transformers.DynamicCache()
-    cache.layers = [_growing_layer()(layer[0::2], layer[1::2], width) for layer in layers]
+    cache.layers = [_growing_layer()(keys, values, max_rows) for keys, values in layers]
     return cache
 
 
 @functools.cache
 def _growing_layer() -> type:
     """The class of a cache layer whose keys and values are views of buffers with spare
-    columns, ``[start, end)`` of the buffer's positions (built on first use: transformers
-    is imported lazily). Its :meth:`update` writes the new positions in place."""
+    rows and columns: rows ``[0, rows)``, positions ``[start, end)`` of the buffer (built on
+    first use: transformers is imported lazily). :meth:`update` writes the new positions
+    in place, :meth:`join` writes new rows into spare ones, :meth:`move` fills the places
+    of dropped rows with rows from the end. Buffers start zeroed and only ever receive
+    keys and values, so a position the mask hides holds a finite value (a stale one, a
+    zero) that it multiplies by 0."""
     cache_utils: Any = require("transformers.cache_utils", "torch")
 
     class GrowingLayer(cache_utils.DynamicLayer):  # type: ignore[misc]
-        def __init__(self, keys: list[Any], values: list[Any], width: int) -> None:
+        def __init__(self, keys: Any, values: Any, max_rows: int) -> None:
             super().__init__()
-            self._k = _stacked(keys, width)  # (B, H, width + _SPARE, D)
-            self._v = _stacked(values, width)
-            self._start, self._end = 0, width
-            self.dtype, self.device = self._k.dtype, self._k.device
+            self._max_rows = max(max_rows, keys.shape[0])
+            self._k, self._v = keys[:0], values[:0]  # (0, H, 0, D): no rows yet
+            self._rows = self._start = self._end = 0
+            self.dtype, self.device = keys.dtype, keys.device
             self.is_initialized = True
             self._view()
+            self.join(keys, values)
 
         def _view(self) -> None:
-            self.keys = self._k[:, :, self._start : self._end]
-            self.values = self._v[:, :, self._start : self._end]
+            self.keys = self._k[: self._rows, :, self._start : self._end]
+            self.values = self._v[: self._rows, :, self._start : self._end]
+
+        def _reallocate(self, rows: int, front: int, spare: int = _SPARE) -> None:
+            """New zeroed buffers of ``rows`` rows holding the live view at ``front``."""
+            width = self._end - self._start
+            shape = (rows, self._k.shape[1], front + width + spare, self._k.shape[3])
+            k, v = self._k.new_zeros(shape), self._v.new_zeros(shape)
+            k[: self._rows, :, front : front + width] = self.keys
+            v[: self._rows, :, front : front + width] = self.values
+            self._k, self._v = k, v
+            self._start, self._end = front, front + width
 
         def update(
             self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any
         ) -> tuple[Any, Any]:
             new = key_states.shape[-2]
-            if self._end + new > self._k.shape[2]:  # full: a buffer with spare columns again
-                width, spare = self._end - self._start, max(_SPARE, new)
-                self._k = _stacked([self.keys], width, spare)
-                self._v = _stacked([self.values], width, spare)
-                self._start, self._end = 0, width
-            self._k[:, :, self._end : self._end + new] = key_states
-            self._v[:, :, self._end : self._end + new] = value_states
+            if self._end + new > self._k.shape[2]:  # full: spare columns again
+                self._reallocate(self._k.shape[0], 0, max(_SPARE, new))
+            self._k[: self._rows, :, self._end : self._end + new] = key_states
+            self._v[: self._rows, :, self._end : self._end + new] = value_states
             self._end += new
             self._view()
             return self.keys, self.values
+
+        def join(self, keys: Any, values: Any) -> None:
+            """Add rows (B, H, T, D) after the live ones, their last position at the live
+            ones' last; the narrower side gets masked positions in front."""
+            rows, width = keys.shape[0], keys.shape[2]
+            wider = max(0, width - (self._end - self._start))
+            total = self._rows + rows
+            if total > self._k.shape[0] or self._start < wider:
+                room = max(self._k.shape[0], min(2 * total, self._max_rows), total)
+                self._reallocate(room, wider)
+            self._start -= wider
+            first = self._end - width
+            self._k[self._rows : total, :, self._start : first] = 0
+            self._v[self._rows : total, :, self._start : first] = 0
+            self._k[self._rows : total, :, first : self._end] = keys
+            self._v[self._rows : total, :, first : self._end] = values
+            self._rows = total
+            self._view()
+
+        def move(self, holes: list[int], tails: list[int], rows: int) -> None:
+            """Keep ``rows`` rows: rows ``tails`` take the places ``holes``."""
+            if holes:
+                to = torch.tensor(holes, device=self._k.device)
+                src = torch.tensor(tails, device=self._k.device)
+                live = slice(self._start, self._end)
+                self._k[to, :, live] = self._k[src, :, live]
+                self._v[to, :, live] = self._v[src, :, live]
+            self._rows = rows
+            self._view()
 
         def trim(self, first: int) -> None:
             """Drop the first ``first`` positions (no row uses them): no copy."""
@@ -389,22 +447,7 @@ def _growing_layer() -> type:
 
         def batch_select_indices(self, indices: Any) -> None:
             self._k, self._v = self._k[indices], self._v[indices]
+            self._rows = len(indices)
             self._view()
 
     return GrowingLayer
-
-
-def _stacked(parts: list[Any], width: int, spare: int = _SPARE) -> Any:
-    """``parts`` (each (B_i, H, T_i, D)) stacked along the batch, each right-aligned at
-    ``width`` positions with zeros in front, in a buffer of ``width + spare`` positions
-    (the spare ones uninitialised)."""
-    first = parts[0]
-    rows = sum(p.shape[0] for p in parts)
-    out = first.new_empty((rows, first.shape[1], width + spare, first.shape[3]))
-    row = 0
-    for part in parts:
-        b, t = part.shape[0], part.shape[2]
-        out[row : row + b, :, : width - t] = 0  # padding the mask hides; finite, as before
-        out[row : row + b, :, width - t : width] = part
-        row += b
-    return out

@@ -264,3 +264,109 @@ def test_bench_pool_measures_continuous_beside_static(
     assert result["continuous_mixed_tokens_per_s"] > 0
     assert result["continuous_ratio_vs_static"] > 0
     assert result["targets"]["continuous_ratio_vs_static"] == ">= 1.5"
+
+
+def test_growing_cache_layer_joins_moves_and_trims_rows_as_stacking_would() -> None:
+    """The running batch's cache layer against plain left-padded stacking: rows join
+    narrower and wider than the live ones (wider ones need positions in front: taken from
+    trimmed ones, or a new buffer), leave (the last rows take their places), decode past
+    the spare columns and the spare rows. At every real position the live view equals the
+    stacked rows, exactly; the positions the mask hides are finite (stale or zero)."""
+    from parley.arena.inference.backends.transformers_sched import _growing_layer, _swap_order
+
+    gen = torch.Generator().manual_seed(0)
+
+    def kv(rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return tuple(torch.randn(rows, 2, width, 3, generator=gen) for _ in "kv")  # type: ignore[return-value]
+
+    def pad(x: torch.Tensor, width: int) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0,) * (2 * (x.dim() - 3)) + (width - x.shape[2], 0))
+
+    keys, values = kv(2, 5)
+    layer = _growing_layer()(keys, values, 6)
+    want_k, want_v, real = keys, values, torch.ones(2, 1, 5, 1, dtype=torch.bool)
+
+    def check() -> None:
+        assert layer.keys.shape == want_k.shape
+        assert torch.equal(torch.where(real, layer.keys, 0), want_k)
+        assert torch.equal(torch.where(real, layer.values, 0), want_v)
+        assert torch.isfinite(layer._k).all()
+        assert torch.isfinite(layer._v).all()
+
+    def join(rows: int, width: int) -> None:
+        nonlocal want_k, want_v, real
+        k, v = kv(rows, width)
+        layer.join(k, v)
+        w = max(want_k.shape[2], width)
+        want_k = torch.cat([pad(want_k, w), pad(k, w)])
+        want_v = torch.cat([pad(want_v, w), pad(v, w)])
+        new = torch.ones(rows, 1, width, 1, dtype=torch.bool)
+        real = torch.cat([pad(real, w), pad(new, w)])
+        check()
+
+    def step(times: int) -> None:
+        nonlocal want_k, want_v, real
+        for _ in range(times):
+            k, v = kv(want_k.shape[0], 1)
+            layer.update(k, v)
+            want_k, want_v = torch.cat([want_k, k], dim=2), torch.cat([want_v, v], dim=2)
+            real = torch.cat([real, torch.ones(real.shape[0], 1, 1, 1, dtype=torch.bool)], 2)
+        check()
+
+    def leave(keep: list[int], trim: int) -> None:
+        nonlocal want_k, want_v, real
+        order, holes, tails = _swap_order(keep)
+        assert sorted(order) == keep
+        layer.move(holes, tails, len(keep))
+        layer.trim(trim)
+        want_k, want_v = want_k[order][:, :, trim:], want_v[order][:, :, trim:]
+        real = real[order][:, :, trim:]
+        check()
+
+    join(1, 3)  # narrower
+    step(3)
+    join(2, 12)  # wider, more rows than the buffer had: a new buffer
+    step(70)  # past the spare columns
+    leave([1, 3, 4], trim=10)
+    join(2, 80)  # wider by less than the trimmed positions: no new buffer
+    leave([0, 2, 3], trim=0)
+    join(3, 4)  # up to max_rows
+    step(2)
+    leave([5], trim=0)
+
+
+async def test_rows_that_join_and_leave_a_small_batch_decode_as_alone(
+    tiny_model_dir: Path,
+) -> None:
+    """Twelve requests of 1 to 60 tokens, prompts of different lengths, through a
+    continuous backend of 3 rows at most (rows of different ages side by side, leaving
+    places that joining rows take, the batch trimmed and widened): each completion equals
+    the static backend's for that request alone."""
+    static = await load_backend("transformers", str(tiny_model_dir), prefix_cache_bytes=0)
+    continuous = await load_backend(
+        "transformers", str(tiny_model_dir), batching="continuous", max_batch_rows=3
+    )
+    assert isinstance(static, TransformersBackend)
+    assert isinstance(continuous, TransformersBackend)
+    try:
+        rng = np.random.default_rng(0)
+        requests = [
+            request(
+                static,
+                "offer " * int(rng.integers(1, 30)),
+                temperature=1.0,
+                seed=k,
+                max_tokens=int(rng.integers(1, 61)),
+            )
+            for k in range(12)
+        ]
+        want = [(await static.generate([r]))[0] for r in requests]
+        got = await asyncio.gather(*(continuous.generate([r]) for r in requests))
+        for g, w in zip(got, want, strict=True):
+            assert_same(g[0], w)
+        sched = continuous._sched
+        assert sched is not None
+        assert sched.stats.max_rows == 3
+    finally:
+        await static.close()
+        await continuous.close()
