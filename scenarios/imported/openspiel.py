@@ -210,8 +210,6 @@ class OpenSpielGame(Scenario):
         kind = self.game.get_type()
         self._use_observation = bool(kind.provides_observation_string)
         self._simultaneous_game = kind.dynamics.name == "SIMULTANEOUS"
-        # Terminal rewards: OpenSpiel's returns are zero until the end, so they are read then.
-        self._terminal_rewards = kind.reward_model.name == "TERMINAL"
         if max_cycles is None:  # every move may take invalid_tries steps, chance takes none
             max_cycles = max(1, self.game.max_game_length()) * invalid_tries + 10
         seats = [f"player_{i}" for i in range(self.game.num_players())]
@@ -352,15 +350,15 @@ class OpenSpielGame(Scenario):
         state = self.state_
         if state.is_chance_node():
             self._resolve_chance(state, self.rng)
-        terminal = state.is_terminal()
-        if terminal or not self._terminal_rewards:
-            returns = [float(value) for value in state.returns()]  # (numpy: 3x the cost here)
-            paid = self._paid
-            for i, seat in enumerate(self.possible_agents):
-                if returns[i] != paid[i]:
-                    self.reward(seat, "task", returns[i] - paid[i])
-            self._paid = returns
-        if terminal:
+        # (Read every step even in games of terminal rewards: repeated_leduc_poker declares
+        # them and pays each hand as it ends.)
+        returns = [float(value) for value in state.returns()]  # (numpy: 3x the cost here)
+        paid = self._paid
+        for i, seat in enumerate(self.possible_agents):
+            if returns[i] != paid[i]:
+                self.reward(seat, "task", returns[i] - paid[i])
+        self._paid = returns
+        if state.is_terminal():
             self._moves = {}
             self._acting = ()
             self.finish()

@@ -130,6 +130,24 @@ def test_scores_equal_the_librarys_for_the_same_moves(scenario_id: str) -> None:
         assert [t.lower() for step in played for t in step] == [t.lower() for t in texts]
 
 
+def test_a_seat_is_paid_as_the_librarys_returns_change_every_step() -> None:
+    """repeated_leduc_poker declares terminal rewards yet pays each hand as it ends: after
+    every step a seat's task total is the library's return so far (not only at the end)."""
+    env = make("openspiel:repeated_leduc_poker")
+    _, infos = env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    paid_early = False
+    while env.agents:
+        seat = next(s for s in env.agents if infos[s]["to_act"])
+        legal = infos[seat]["view"]["legal"]
+        _, _, _, _, infos = env.step({seat: legal[int(rng.integers(len(legal)))]})
+        returns = env.state_.returns()
+        for i, name in enumerate(env.possible_agents):
+            assert env.totals(name).get("task", 0.0) == pytest.approx(returns[i])
+        paid_early = paid_early or (not env.state_.is_terminal() and any(returns))
+    assert paid_early  # (the game did pay before its end)
+
+
 def _replay(game: Any, history: list[Any]) -> tuple[Any, list[str]]:
     """``history`` applied to a fresh state of ``game``; also the text of every player
     action (a simultaneous node's actions are recorded one per player, in player order)."""
