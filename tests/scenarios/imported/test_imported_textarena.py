@@ -89,6 +89,20 @@ def test_interleaved_episodes_draw_from_their_own_streams() -> None:
     assert random.getstate() == before
 
 
+@pytest.mark.timeout(60)
+def test_a_game_that_draws_while_it_is_made_depends_on_the_seed_only() -> None:
+    """Taboo-v0-full draws its words while TextArena makes it: the adapter seeds the
+    episode's generator before that, so the caller's random state does not change the
+    episode (it did while the generator started as a copy of the caller's state)."""
+    env = make("textarena:Taboo-v0-full")
+    shown = []
+    for caller_seed in (99, 1):
+        random.seed(caller_seed)
+        observations, _ = env.reset(seed=0)
+        shown.append(observations)
+    assert shown[0] == shown[1]
+
+
 def _transcript(scenario_id: str, seed: int) -> list[str]:
     env = make(scenario_id)
     env.reset(seed=seed)
