@@ -19,7 +19,9 @@ episode, as it would have on its own timeout), so it cannot hold its batch-mates
 back. A host always takes both kinds of request.
 
 Episode end: the arena sends each seat it asked anything a one-way ``Observation`` with
-``terminated`` (or ``truncated``) set; the host then closes the agent and forgets it.
+``terminated`` (or ``truncated``) set; the host then closes the agent and forgets it (a
+``close()`` that waits goes on in a task: no episode waits for it; the host's own close
+waits :data:`CLOSE_GRACE_S` for those still running, then cancels them).
 ``info["failed"]`` holds the reason when the episode failed. An ``act`` still running then
 (an agent that hung past the arena's timeout) is not cancelled over the bus: ``act`` runs
 inside the bus's request handler, eagerly, so that a scripted agent answers without creating
@@ -59,6 +61,10 @@ AGENT_SEED_KEY = "agent_seed"
 """``Observation.info`` key with the seed the agent of this seat and episode resets with."""
 FAILED_KEY = "failed"
 """``Observation.info`` key of an end-of-episode notice: why the episode failed."""
+CLOSE_GRACE_S = 10.0
+"""How long :meth:`AgentHost.close` waits for agents' ``close()`` calls still running; they
+are then cancelled. An episode's end waits for none: an agent whose ``close()`` hangs holds
+neither its episode nor any other (it did, run in-process, for ever)."""
 
 
 class AgentHost:
@@ -74,6 +80,7 @@ class AgentHost:
         self.endpoint = endpoint
         self._factories = dict(factories)
         self._agents: dict[tuple[str, str], Agent] = {}
+        self._closing: set[asyncio.Future[None]] = set()
         if endpoint is not None:
             endpoint.on(Observation, self._on_observation)
             endpoint.on(ObservationBatch, self._on_batch)
@@ -215,15 +222,40 @@ class AgentHost:
         agent = self._agents.pop(key, None)
         if agent is None:
             return
+        # Run eagerly to its first suspension (most closes end there, with no task); one that
+        # waits goes on in a task of its own, which close() waits for.
+        closing = _close_agent(agent, key)
         try:
-            await agent.close()
-        except Exception as exc:  # the episode is over: an agent's failing close is its bug
-            log.warning("closing the agent of seat %s, episode %s failed: %r", key[1], key[0], exc)
+            yielded = closing.send(None)
+        except StopIteration:
+            return
+        task = asyncio.ensure_future(_drive(closing, yielded))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
-        """Close every agent still held (the endpoint's owner closes the endpoint)."""
+        """Close every agent still held, and wait up to :data:`CLOSE_GRACE_S` for the
+        ``close()`` calls still running (the endpoint's owner closes the endpoint)."""
         for key in list(self._agents):
             await self._end(key)
+        if not self._closing:
+            return
+        _, hung = await asyncio.wait(set(self._closing), timeout=CLOSE_GRACE_S)
+        for task in hung:
+            task.cancel()
+        if hung:
+            log.warning(
+                "%d agent close() call(s) still running after %.0f s were cancelled",
+                len(hung), CLOSE_GRACE_S,
+            )  # fmt: skip
+            await asyncio.wait(hung, timeout=1.0)  # (one that ignores its cancel is left)
+
+
+async def _close_agent(agent: Agent, key: tuple[str, str]) -> None:
+    try:
+        await agent.close()
+    except Exception as exc:  # the episode is over: an agent's failing close is its bug
+        log.warning("closing the agent of seat %s, episode %s failed: %r", key[1], key[0], exc)
 
 
 _LATE = Error(code="internal", message="not finished")  # (replaced before any reply)

@@ -202,3 +202,78 @@ def test_an_agent_whose_close_raises_ends_no_run(over_bus: bool) -> None:
     )
     result = run(config, agents={"a": _BadClose, "b": _BadClose})
     assert result.summary["episodes"] == {"total": 4, "ok": 4, "failed": 0}
+
+
+class _HangingClose(Agent):
+    """Plays, then hangs in close() for an hour (and, with ``stubborn``, ignores the first
+    cancel too)."""
+
+    closes: list[str] = []  # noqa: RUF012 -- shared on purpose: the test reads how they ended
+    stubborn = False
+
+    async def act(self, observation: Observation) -> Action:
+        return Action(agent=observation.agent, text="ok")
+
+    async def close(self) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            _HangingClose.closes.append("cancelled")
+            if not _HangingClose.stubborn:
+                raise
+            await asyncio.sleep(3600)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("over_bus", [False, True])
+def test_an_agent_whose_close_hangs_holds_no_episode_and_is_cancelled_at_the_end(
+    over_bus: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each episode's close is not waited for (in-process it held the episode's worker for
+    ever: 8 episodes at concurrency 2 never finished); the host's close waits
+    CLOSE_GRACE_S for them, then cancels them."""
+    import time
+
+    from parley.arena.run import agent_host
+    from parley.arena.run.config import RunConfig
+    from parley.arena.run.runner import run
+    from tests.arena.run.test_runner import SCENARIO
+
+    monkeypatch.setattr(agent_host, "CLOSE_GRACE_S", 0.5)
+    _HangingClose.closes.clear()
+    config = RunConfig(
+        scenario=SCENARIO, episodes=8, concurrency=2, progress=False,
+        local_agents_over_bus=over_bus,
+    )  # fmt: skip
+    started = time.monotonic()
+    result = run(config, agents={"a": _HangingClose, "b": _HangingClose})
+    assert result.summary["episodes"] == {"total": 8, "ok": 8, "failed": 0}
+    assert _HangingClose.closes == ["cancelled"] * 16  # every agent's close, at the end
+    assert time.monotonic() - started < 50  # not the hour (a bound, not a timing claim)
+
+
+@pytest.mark.timeout(60)
+def test_a_close_that_ignores_its_cancel_still_lets_the_host_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from parley.arena.run import agent_host
+
+    monkeypatch.setattr(agent_host, "CLOSE_GRACE_S", 0.2)
+    monkeypatch.setattr(_HangingClose, "stubborn", True)
+    _HangingClose.closes.clear()
+    host = AgentHost(None, {"a": _HangingClose})
+
+    async def scenario() -> list[asyncio.Task[Any]]:
+        await host.answer("e1", Observation(agent="a", text="go"))
+        await host.end("e1", "a")
+        await host.close()  # returns, though the close still runs
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    async def outer() -> None:
+        left = await scenario()
+        assert len(left) == 1  # the stubborn close, left to the loop's own shutdown
+        for task in left:
+            task.cancel()  # (its second sleep takes this one)
+
+    asyncio.run(outer())
+    assert _HangingClose.closes == ["cancelled"]
