@@ -352,12 +352,13 @@ class OpenSpielGame(Scenario):
             self._resolve_chance(state, self.rng)
         # (Read every step even in games of terminal rewards: repeated_leduc_poker declares
         # them and pays each hand as it ends.)
-        returns = [float(value) for value in state.returns()]  # (numpy: 3x the cost here)
-        paid = self._paid
-        for i, seat in enumerate(self.possible_agents):
-            if returns[i] != paid[i]:
-                self.reward(seat, "task", returns[i] - paid[i])
-        self._paid = returns
+        returns = state.returns()  # (a list of floats; numpy: 3x the cost here)
+        if returns != self._paid:  # (one comparison at C speed on most steps: nothing paid)
+            returns, paid = [float(value) for value in returns], self._paid
+            for i, seat in enumerate(self.possible_agents):
+                if returns[i] != paid[i]:
+                    self.reward(seat, "task", returns[i] - paid[i])
+            self._paid = returns
         if state.is_terminal():
             self._moves = {}
             self._acting = ()
