@@ -16,7 +16,9 @@ several episodes for the seats this host plays; each is answered as if it had co
 together in one ``ActionBatch``, sent by the batch's ``timeout`` at the latest: an ``act``
 still running then is cancelled and answered ``Error(timeout)`` (the arena fails that
 episode, as it would have on its own timeout), so it cannot hold its batch-mates' actions
-back. A host always takes both kinds of request.
+back. An action too big to send fails its own item (``bad_message``, ``reply not sendable``,
+as a single reply does), not the whole reply (:func:`_fit_reply`). A host always takes both
+kinds of request.
 
 Episode end: the arena sends each seat it asked anything a one-way ``Observation`` with
 ``terminated`` (or ``truncated``) set; the host then closes the agent and forgets it (a
@@ -36,6 +38,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 import zmq
 
 from parley.agents.base import Agent
@@ -132,6 +135,8 @@ class AgentHost:
                 results.append(_LATE)
         if suspended:
             await self._finish(suspended, results, batch.timeout or None, envelope)
+        if self.endpoint is not None:
+            _fit_reply(results, self.endpoint.config.max_message_bytes)
         return ActionBatch(results=results)
 
     async def _finish(
@@ -249,6 +254,47 @@ class AgentHost:
                 len(hung), CLOSE_GRACE_S,
             )  # fmt: skip
             await asyncio.wait(hung, timeout=1.0)  # (one that ignores its cancel is left)
+
+
+_ENVELOPE_ROOM = 4096
+"""Bytes of a reply's limit kept for its envelope and the batch's own framing."""
+
+
+def _fit_reply(results: list[Action | Error], limit: int) -> None:
+    """Make an :class:`ActionBatch` of ``results`` sendable within ``limit`` bytes by
+    failing only the actions that do not fit: one over the limit alone gets the
+    ``bad_message`` error a single reply gets (``reply not sendable``); then, while the
+    batch is still too big, the largest action left. The whole reply failed before, and
+    every batch-mate's episode with it."""
+    room = limit - _ENVELOPE_ROOM
+    bound = 0  # an upper bound of the encoded size, without encoding (the usual case)
+    for item in results:
+        if isinstance(item, Action):
+            bound += 4 * len(item.text) + 64 + 4 * len(item.agent)
+            for record in item.tokens:
+                ids = len(record.prompt_token_ids) + len(record.token_ids)
+                bound += 5 * ids + 9 * len(record.logprobs) + 4 * len(record.policy) + 64
+        else:
+            bound += 4 * len(item.message) + 64
+    if bound <= room:
+        return
+    sizes = {i: len(msgspec.msgpack.encode(item)) for i, item in enumerate(results)}
+    total = sum(sizes.values())
+    order = sorted(sizes, key=sizes.__getitem__, reverse=True)
+    for i in order:
+        if total <= room and sizes[i] <= room:
+            break
+        if not isinstance(results[i], Action):
+            continue
+        if sizes[i] > room:
+            reason = f"action of {sizes[i]} bytes exceeds the limit of {limit}"
+        else:
+            reason = (
+                f"action of {sizes[i]} bytes does not fit in its batch's reply (limit {limit}): "
+                "raise max_message_bytes or play without batch_frames"
+            )
+        results[i] = Error(code="bad_message", message=f"reply not sendable: {reason}")
+        total += len(msgspec.msgpack.encode(results[i])) - sizes[i]
 
 
 async def _close_agent(agent: Agent, key: tuple[str, str]) -> None:

@@ -50,6 +50,16 @@ class HangingAgent(TargetAgent):
         return await super().act(observation)
 
 
+class OversizedAgent(TargetAgent):
+    """Answers with 70 kB of text where its agent seed is a multiple of 3 (the last two
+    episodes): more than its process's 64 kB message limit in ``_oversized_test``."""
+
+    async def act(self, observation: Observation) -> Action:
+        if observation.info["agent_seed"] % 3 == 0:
+            return Action(agent=observation.agent, text="x" * 70_000)
+        return await super().act(observation)
+
+
 def _batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The size of every batch the runner sends (recorded as it goes)."""
     sizes: list[int] = []
@@ -109,6 +119,50 @@ def test_an_agent_that_raises_in_a_batch_fails_its_own_episode_with_the_same_rea
     assert all(f.startswith("b: agent_error: ValueError: agent seed") for f in failed[True] if f)
     assert transcripts[True] == transcripts[False]
     assert max(sizes) > 1
+
+
+@pytest.mark.timeout(90)
+def test_an_oversized_action_in_a_batch_fails_its_own_episode_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch's reply would not fit the agent process's limit: only the oversized
+    actions fail, as each would alone (the whole reply failed, and every batch-mate)."""
+    sizes = _batches(monkeypatch)
+    argv = _join_argv("tests.arena.run.test_batch_frames:OversizedAgent",
+                      BusConfig(max_message_bytes=64_000))  # fmt: skip
+    results, _ = _both_ways(tmp_path, argv, concurrency=4)
+    failed = {batch: [r.failed for r in results[batch].records] for batch in (False, True)}
+    assert [bool(f) for f in failed[True]] == [False, False, True, True]
+    assert [bool(f) for f in failed[False]] == [False, False, True, True]
+    for f in failed[True][2:]:
+        assert "reply not sendable: action of" in f
+        assert "exceeds the limit of 64000" in f
+    assert all("reply not sendable" in f for f in failed[False][2:])
+    assert _steps(tmp_path / "batch-True")[:2] == _steps(tmp_path / "batch-False")[:2]
+    assert max(sizes) > 1
+
+
+def test_a_batch_reply_too_big_together_fails_its_largest_actions_first() -> None:
+    """Each action fits alone, not all together: the largest go until the rest fit."""
+    from parley.arena.run.agent_host import _fit_reply
+
+    results: list[Action | Error] = [
+        Action(agent="b", text="a" * 30_000),
+        Action(agent="b", text="ok"),
+        Error(code="timeout", message="no action"),
+        Action(agent="b", text="c" * 20_000),
+        Action(agent="b", text="d" * 25_000),
+    ]
+    _fit_reply(results, 64_000)
+    kinds = [type(r).__name__ for r in results]
+    assert kinds == ["Error", "Action", "Error", "Action", "Action"]
+    assert results[0].message.startswith("reply not sendable: action of 30")
+    assert "does not fit in its batch's reply" in results[0].message
+    encoded = Codec().encode(Envelope(body=ActionBatch(results=results), sender="agents"))
+    assert sum(len(f) for f in encoded) <= 64_000
+    untouched = [Action(agent="b", text="x" * 100)] * 3
+    _fit_reply(untouched, 64_000)
+    assert untouched == [Action(agent="b", text="x" * 100)] * 3
 
 
 @pytest.mark.long

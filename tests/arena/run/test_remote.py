@@ -49,16 +49,20 @@ import asyncio, sys
 from parley.arena.run.agent_host import join_arena
 from parley.arena.run.agent_specs import load_object
 from parley.protocols.bus import BusConfig
-beat, timeout = float(sys.argv[3]), float(sys.argv[4])
-bus = BusConfig(heartbeat_interval=beat, peer_timeout=timeout)
+beat, timeout, most = float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+bus = BusConfig(heartbeat_interval=beat, peer_timeout=timeout, max_message_bytes=most)
 asyncio.run(join_arena(sys.argv[1], {"b": load_object(sys.argv[2])}, bus=bus,
                        connect_timeout=30))
 """
 
 
 def _join_argv(agent: str, bus: BusConfig) -> list[str]:
-    beat, timeout = str(bus.heartbeat_interval), str(bus.peer_timeout)
-    return [sys.executable, "-c", _JOIN, "ADDRESS", agent, beat, timeout]
+    beat, timeout, most = (
+        str(bus.heartbeat_interval),
+        str(bus.peer_timeout),
+        str(bus.max_message_bytes),
+    )
+    return [sys.executable, "-c", _JOIN, "ADDRESS", agent, beat, timeout, most]
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
