@@ -286,8 +286,11 @@ def _fit_reply(results: list[Action | Error], limit: int) -> None:
             break
         if not isinstance(results[i], Action):
             continue
-        if sizes[i] > room:
-            reason = f"action of {sizes[i]} bytes exceeds the limit of {limit}"
+        if sizes[i] > room:  # (the codec's words for a single reply)
+            reason = (
+                f"message of {sizes[i]} bytes exceeds the limit of {limit}; send large "
+                "payloads by path or raise max_message_bytes on both ends"
+            )
         else:
             reason = (
                 f"action of {sizes[i]} bytes does not fit in its batch's reply (limit {limit}): "

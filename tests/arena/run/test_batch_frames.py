@@ -135,7 +135,7 @@ def test_an_oversized_action_in_a_batch_fails_its_own_episode_only(
     assert [bool(f) for f in failed[True]] == [False, False, True, True]
     assert [bool(f) for f in failed[False]] == [False, False, True, True]
     for f in failed[True][2:]:
-        assert "reply not sendable: action of" in f
+        assert "reply not sendable: message of" in f
         assert "exceeds the limit of 64000" in f
     assert all("reply not sendable" in f for f in failed[False][2:])
     assert _steps(tmp_path / "batch-True")[:2] == _steps(tmp_path / "batch-False")[:2]
