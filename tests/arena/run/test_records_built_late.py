@@ -24,17 +24,11 @@ from parley.arena.run.episode import EpisodeLog, EpisodePlan
 from parley.arena.run.records import EpisodeRecord, encode_json
 from parley.arena.run.runner import run
 from parley.protocols.messages import Action, Observation, TokenRecord
-from parley.scenarios import register
 from tests.arena.run import test_steps_kept
+from tests.arena.run.broadcast_fixture import register_broadcast
 from tests.arena.run.test_runner import SCENARIO as COUNT
 
-BROADCAST = "test/broadcast-built-late-v0"
-register(
-    BROADCAST,
-    "tests.arena.run.broadcast_fixture:Broadcast",
-    baselines={"*": "parley.arena.bench.env:Chatter"},
-    override=True,
-)
+BROADCAST = register_broadcast("test/broadcast-built-late-v0")
 
 _COMMON: dict[str, Any] = {"episodes": 3, "trials": 2, "concurrency": 3, "seed": 7}
 RUNS: dict[str, dict[str, Any]] = {

@@ -24,17 +24,10 @@ from parley.arena.run.records import EpisodeRecord
 from parley.arena.run.runner import Runner, run
 from parley.protocols.bus import BusConfig
 from parley.protocols.messages import Action, Observation
-from parley.scenarios import register
+from tests.arena.run.broadcast_fixture import register_broadcast
 
 # Every seat acts every step: both seats fail in the same step, their reasons joined.
-BROADCAST = "test/review-round36-broadcast-v0"
-register(
-    BROADCAST,
-    "tests.arena.run.broadcast_fixture:Broadcast",
-    baselines={"*": "parley.arena.bench.env:Chatter"},
-    description="every seat says one line a step",
-    override=True,
-)
+BROADCAST = register_broadcast("test/review-round36-broadcast-v0")
 
 LIMIT = 16 * 1024  # the run's max_message_bytes
 ERROR_CHARS = 10 * 1024  # each agent's error fits the wire; two of them joined do not
