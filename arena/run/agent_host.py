@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Coroutine, Mapping
+from typing import Any, cast
 
 import msgspec
 import zmq
@@ -83,7 +83,7 @@ class AgentHost:
         self.endpoint = endpoint
         self._factories = dict(factories)
         self._agents: dict[tuple[str, str], Agent] = {}
-        self._closing: set[asyncio.Future[None]] = set()
+        self._closing: set[asyncio.Future[Any]] = set()
         if endpoint is not None:
             endpoint.on(Observation, self._on_observation)
             endpoint.on(ObservationBatch, self._on_batch)
@@ -234,7 +234,7 @@ class AgentHost:
             yielded = closing.send(None)
         except StopIteration:
             return
-        task = asyncio.ensure_future(_drive(closing, yielded))
+        task = asyncio.ensure_future(_drive(cast(Coroutine[Any, Any, Body], closing), yielded))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
