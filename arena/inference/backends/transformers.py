@@ -129,6 +129,15 @@ class TransformersBackend(Backend):
         super().__init__()
         self.model = model.eval()
         _use_grouped_attention(model)
+        # A decoding step's mask as sdpa takes it, (B, 1, 1, T), which transformers uses
+        # as given instead of building it from (B, T) at every forward (a tenth of a small
+        # model's step): one query per row sees every real position. Only where each layer
+        # attends to the whole context (a sliding window would need its own mask); on the
+        # CPU (elsewhere transformers drops an all-ones mask for the fastest kernels).
+        attention = getattr(model.config, "_attn_implementation", None)
+        self._step_mask_4d = (
+            supported(model) and attention in ("sdpa", _GROUPED_ATTENTION) and _on_cpu(model)
+        )
         self._lora = LoraAdapters(model, max_rank=max_lora_rank, weight_limit=weight_limit)
         if num_threads is None:
             # Small models gain nothing from intra-op parallelism and lose a lot to it on
@@ -490,6 +499,8 @@ class TransformersBackend(Backend):
         """One model step; returns the last position's logits as float32, (B, V)."""
         self.forward_passes += 1
         self.attended_slots += int(mask.numel())  # padding included: work done, not useful
+        if ids.shape[1] == 1 and self._step_mask_4d:
+            mask = mask[:, None, None, :].bool()
         out = self.model(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),

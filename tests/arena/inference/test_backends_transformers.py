@@ -299,10 +299,12 @@ async def test_grouped_query_attention_gives_transformers_sdpa_outputs(
     """On the CPU the backend's model shares each key/value head among its query heads
     in ``scaled_dot_product_attention`` instead of transformers' copying them per step
     (the tiny model has 4 query heads on 2 key/value heads): a padded batch with prefix
-    reuse decodes the same tokens and logprobs (within 1e-5) as with stock ``sdpa``; a
-    forward with gradients (training) is stock ``sdpa``'s."""
+    reuse decodes the same tokens and logprobs (within 1e-5) as with stock ``sdpa``, and
+    as with the decoding steps' masks built by transformers (the backend hands them over
+    built); a forward with gradients (training) is stock ``sdpa``'s."""
     assert backend.model.model.layers[0].self_attn.num_key_value_groups == 2
     assert backend.model.config._attn_implementation == "parley_sdpa"
+    assert backend._step_mask_4d
     turns = [[chat(backend, p) for p in PROMPTS]]
     turns.append([ids + ids[-3:] for ids in turns[0]])  # second turns: prefix reuse
     params = {"temperature": 0.9, "seed": 5, "max_tokens": 12, "logprobs": True}
@@ -324,7 +326,10 @@ async def test_grouped_query_attention_gives_transformers_sdpa_outputs(
     stock = await decode()
     with torch.enable_grad():
         train_stock = backend.model(input_ids=ids).logits
-    assert [t for t, _ in grouped] == [t for t, _ in stock]
-    for (_, got), (_, want) in zip(grouped, stock, strict=True):
-        assert got == pytest.approx(want, abs=1e-5)
+    backend._step_mask_4d = False
+    built = await decode()
+    for other in (stock, built):
+        assert [t for t, _ in grouped] == [t for t, _ in other]
+        for (_, got), (_, want) in zip(grouped, other, strict=True):
+            assert got == pytest.approx(want, abs=1e-5)
     assert torch.equal(train_grouped, train_stock)
