@@ -21,8 +21,11 @@ OUTSIDE_CHARSET = re.compile(r"[^\x20-\x7e\n]")
 def printable(text: str) -> str:
     """``text`` with every character outside :data:`CHARSET` escaped (``\\x1b``, ``\\u00e9``);
     text already inside the charset is returned as it is."""
-    # The common case, text inside the charset, is decided at C speed.
-    if text.isascii() and (text.isprintable() or OUTSIDE_CHARSET.search(text) is None):
+    # The common case, text inside the charset, is decided at C speed (a text with lines:
+    # the copy with spaces for them, 0.8-1.3 µs for 400 characters, the regex scan 1.2-1.6).
+    if text.isascii() and (
+        text.isprintable() or ("\n" in text and text.replace("\n", " ").isprintable())
+    ):
         return text
     return OUTSIDE_CHARSET.sub(_escape, text)
 
