@@ -60,3 +60,23 @@ def test_text_derived_from_a_clean_action_is_still_escaped() -> None:
     ]
     assert all(ch == "\n" or " " <= ch <= "~" for ch in observations["b"])
     assert all(event.text.isascii() for event in env.events)
+
+
+def test_printable_passes_exactly_the_texts_inside_the_charset() -> None:
+    """Its fast paths (isprintable, the copy with spaces for lines) against the regex that
+    defines the charset, on random texts with lines, tabs, DEL, NUL, non-ASCII and astral
+    characters."""
+    import random
+
+    from parley.scenarios.charset import OUTSIDE_CHARSET, printable
+
+    rng = random.Random(5)
+    rare = [chr(c) for c in range(0x20)] + ["\x7f", "é", "\u2028", "\U0001f600"]
+    for _ in range(20_000):
+        text = "".join(
+            rng.choice(rare) if rng.random() < 0.03 else rng.choice("ab \n~")
+            for _ in range(rng.randint(0, 40))
+        )
+        out = printable(text)
+        assert (out is text) == (OUTSIDE_CHARSET.search(text) is None), repr(text)
+        assert OUTSIDE_CHARSET.search(out) is None
