@@ -41,9 +41,7 @@ import math
 import threading
 import time
 import zlib
-from collections import deque
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -56,11 +54,11 @@ from parley.arena.run.ray_cluster import (
     LOCAL,
     RayHeadGone,
     RayWorkersLost,
-    head_refuses,
     import_ray,
     init_ray,
     watch_head,
 )
+from parley.arena.run.ray_slots import Slice, SliceQueue, Slot, replace_off_loop
 from parley.arena.run.ray_worker import EpisodeWorker, Steps
 from parley.arena.run.records import EpisodeRecord, RecordWriter
 from parley.arena.run.runner import Runner, RunResult
@@ -83,53 +81,6 @@ MAX_ATTEMPTS = 3
 """Workers a slice may lose before its episodes are recorded as failed (``worker_lost``)."""
 MAX_LISTED_RETRIES = 1_000
 """Retried episode ids listed in the summary; the rest are counted."""
-
-
-@dataclass
-class _Slot:
-    """One worker actor as the driver sees it."""
-
-    name: str
-    actor: Any  # None while a replacement is being created (:meth:`RayRunner._replace`)
-    started: concurrent.futures.Future[Any] | None  # of start(): where the worker runs
-    where: dict[str, Any] = field(default_factory=dict)
-    in_flight: int = 0
-    alive: bool = True
-
-
-@dataclass
-class _Slice:
-    plans: list[EpisodePlan]
-    attempts: int = 0
-    reasons: list[str] = field(default_factory=list)
-
-
-class _Queue:
-    """Slices still to play: those given back (their worker died; played first), then
-    fresh ones cut from the lazy plan as they are taken (never the whole plan at once)."""
-
-    def __init__(self, fresh: Iterator[list[EpisodePlan]]) -> None:
-        self._back: deque[_Slice] = deque()
-        self._fresh = fresh
-        self._next: list[EpisodePlan] | None = None
-
-    def __bool__(self) -> bool:
-        if self._back:
-            return True
-        if self._next is None:
-            self._next = next(self._fresh, None)
-        return self._next is not None
-
-    def popleft(self) -> _Slice:
-        if self._back:
-            return self._back.popleft()
-        if not self or self._next is None:
-            raise IndexError("no slice left to play")
-        piece, self._next = self._next, None
-        return _Slice(piece)
-
-    def appendleft(self, piece: _Slice) -> None:
-        self._back.appendleft(piece)
 
 
 class RayRunner(Runner):
@@ -192,7 +143,7 @@ class RayRunner(Runner):
         self._agents = kwargs.get("agents")
         self._workers = config.ray_workers if workers is None else workers
         self._actor_options = {"num_cpus": 1, "max_restarts": 0, **(actor_options or {})}
-        self.slots: list[_Slot] = []
+        self.slots: list[Slot] = []
         self.retried: list[str] = []
         self.retried_count = 0
         self.workers_lost: list[str] = []
@@ -207,9 +158,9 @@ class RayRunner(Runner):
 
     # ------------------------------------------------------------------ workers
 
-    def _spawn(self, ray: Any) -> _Slot:
+    def _spawn(self, ray: Any) -> Slot:
         actor = self._create(ray)
-        slot = _Slot(f"worker-{len(self.slots)}", actor, actor.start.remote().future())
+        slot = Slot(f"worker-{len(self.slots)}", actor, actor.start.remote().future())
         self.slots.append(slot)
         return slot
 
@@ -217,40 +168,12 @@ class RayRunner(Runner):
         cls = ray.remote(**self._actor_options)(self.worker_class)
         return cls.options(scheduling_strategy="SPREAD").remote(*self._worker_args())
 
-    def _replace(self, ray: Any, lost: _Slot) -> _Slot:
-        """A new slot in place of ``lost``'s worker: killed and replaced on a thread of its
-        own, since both calls block on the head and a head going away (its port not yet
-        closed) held the event loop for Ray's 60 s, so :func:`watch_head` never ended the
-        run (the process died, rc 1). ``started`` completes once the new worker has started,
-        with a ``RayError`` when it could not be created, or the head refuses connections
-        (then ``slot.alive`` is false first: nothing replaces it, as before)."""
-        loop = asyncio.get_running_loop()
-        started: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        slot = _Slot(f"worker-{len(self.slots)}", None, started)
+    def _replace(self, ray: Any, lost: Slot) -> Slot:
+        """A new slot in place of ``lost``'s worker, killed and replaced off the event loop
+        (:func:`~parley.arena.run.ray_slots.replace_off_loop`): both calls block on the head."""
+        slot = Slot(f"worker-{len(self.slots)}", None, concurrent.futures.Future())
         self.slots.append(slot)
-
-        def refused() -> None:
-            slot.alive = False
-            started.set_exception(ray.exceptions.RaySystemError("the Ray head refuses connections"))
-
-        def create() -> None:
-            if head_refuses(ray):
-                loop.call_soon_threadsafe(refused)
-                return
-            with contextlib.suppress(Exception):  # already dead, or unreachable: it ends anyway
-                ray.kill(lost.actor)
-            try:
-                slot.actor = self._create(ray)
-                ref = slot.actor.start.remote().future()
-            except Exception as exc:  # a worker that could not be created is lost
-                error = exc if isinstance(exc, ray.exceptions.RayError) else (
-                    ray.exceptions.RaySystemError(f"{type(exc).__name__}: {exc}")
-                )  # fmt: skip
-                started.set_exception(error)
-                return
-            ref.add_done_callback(lambda done: _copy_outcome(done, started))
-
-        threading.Thread(target=create, name=f"parley-{slot.name}", daemon=True).start()
+        replace_off_loop(ray, lost, slot, self._create)
         return slot
 
     def _worker_args(self) -> tuple[Any, ...]:
@@ -347,7 +270,7 @@ class RayRunner(Runner):
         log.failed = f"worker_lost: {MAX_ATTEMPTS} workers died playing it ({reasons[-1]})"
         return log.record()
 
-    async def _gathered(self, slot: _Slot, plan: EpisodePlan) -> Any:
+    async def _gathered(self, slot: Slot, plan: EpisodePlan) -> Any:
         """``plan``'s item, played on ``slot`` in one actor call with the other plans handed
         to that worker in this turn of the event loop (at most ``ceil(concurrency / 2)``).
 
@@ -364,7 +287,7 @@ class RayRunner(Runner):
             self._send_gathered(slot)
         return await future
 
-    def _send_gathered(self, slot: _Slot) -> None:
+    def _send_gathered(self, slot: Slot) -> None:
         waiting = self._gathering.pop(slot.name, None)
         if not waiting:  # sent already, full
             return
@@ -398,7 +321,7 @@ class RayRunner(Runner):
         workers = self._worker_count(ray)
         share = math.ceil(len(plans) / (workers * self.slices_in_flight))
         size = max(1, min(self.slice_concurrency * self.config.concurrency, share))
-        queue = _Queue(plans.slices(size))
+        queue = SliceQueue(plans.slices(size))
         wanted = min(workers, math.ceil(len(plans) / size)) or 1
         for _ in range(wanted):
             self._spawn(ray)
@@ -408,12 +331,12 @@ class RayRunner(Runner):
         for slot in self.slots:
             slot.where = await _await_ref(slot.started)
             slot.started = None
-        piece: _Slice | None
+        piece: Slice | None
         self.startup_s = time.perf_counter() - started
         nodes: dict[str, dict[str, Any]] = {}
         done = bytearray(len(plans))  # 1 byte an episode, not a set's ~60
         duplicates = 0
-        pending: dict[asyncio.Future[Any], tuple[_Slot, _Slice | None]] = {}
+        pending: dict[asyncio.Future[Any], tuple[Slot, Slice | None]] = {}
         head = asyncio.ensure_future(watch_head(ray, lost_after_s=self.head_lost_after_s))
         with RecordWriter(self.config.out) as writer, self._progress(len(plans)) as advance:
 
@@ -556,8 +479,8 @@ class RayRunner(Runner):
     def _lost(
         self,
         ray: Any,
-        slot: _Slot,
-        piece: _Slice | None,
+        slot: Slot,
+        piece: Slice | None,
         exc: BaseException,
         queue: Any,
         accept: Any,
@@ -630,15 +553,6 @@ async def _await_ref(started: concurrent.futures.Future[Any] | None) -> Any:
     if started is None:
         raise RuntimeError("a Ray worker's start was already awaited")
     return await asyncio.wrap_future(started)
-
-
-def _copy_outcome(done: concurrent.futures.Future[Any], to: concurrent.futures.Future[Any]) -> None:
-    if done.cancelled():
-        to.cancel()
-    elif done.exception() is not None:
-        to.set_exception(done.exception())
-    else:
-        to.set_result(done.result())
 
 
 def run_on_ray(config: RunConfig, **kwargs: Any) -> RunResult:
