@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import types
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -58,6 +57,10 @@ class DirectAgents:
         self._plain_limit = codec.max_message_bytes - 1024
         self._encode = msgspec.msgpack.Encoder().encode  # no hook: builtin types only
         self._decode = msgspec.msgpack.Decoder(Observation).decode
+        self._decode_all = msgspec.msgpack.Decoder(list[Observation]).decode
+        # Each episode's agents by seat, as the host made them: one lookup per seat and step
+        # without the host's (episode, seat) key; forgotten when the host ends them.
+        self._held: dict[str, dict[str, Agent]] = {}
 
     def _wire(self, body: Body, sender: str, episode: str) -> Body:
         """``body`` as the receiving end of the bus would decode it."""
@@ -85,22 +88,40 @@ class DirectAgents:
         assert isinstance(seen, Observation)  # the codec decodes the type it was given
         return seen
 
+    def _seen_all(
+        self, observations: Sequence[Observation], sender: str, episode: str
+    ) -> list[Observation] | list[Observation | ProtocolError]:
+        """What :meth:`_seen` gives for each of ``observations`` (the ``ProtocolError`` of one
+        the wire cannot carry, in its place), in order."""
+        # A step's observations are copied in one msgpack round trip of their list (one
+        # encode and one decode per step instead of per seat): each of them is smaller than
+        # the list, so a list within the size limit has every observation within it. A list
+        # the plain encoder refuses, one over the limit or one that does not decode back is
+        # copied observation by observation, where the codec names what is wrong.
+        try:
+            data = self._encode(observations)
+        except _ENCODE_ERRORS:
+            data = b""
+        if data and len(data) + len(sender) + len(episode) <= self._plain_limit:
+            try:
+                return self._decode_all(data)
+            except _DECODE_ERRORS:
+                pass  # each observation's own copy below says which one is wrong
+        copies: list[Observation | ProtocolError] = []
+        for obs in observations:
+            try:
+                copies.append(self._seen(obs, sender, episode))
+            except ProtocolError as exc:
+                copies.append(exc)
+        return copies
+
     def _returned(
         self, returned: Any, obs: Observation, agent: Agent, episode: str
     ) -> Body | RemoteError:
         """The runner's decoded copy of what ``agent`` returned for ``obs``, or the bus's
-        ``bad_message`` error for an action the wire cannot carry (the agent's failure)."""
+        ``bad_message`` error for an action the wire cannot carry (the agent's failure).
+        (:meth:`_act_all` keeps a plain action as it is without this call.)"""
         action = self.host.own(returned, obs, agent)
-        text = action.text
-        if (
-            not action.tokens
-            and type(text) is str
-            and text.isascii()
-            and len(text) < self._plain_limit
-        ):
-            # A plain ASCII action (no tokens) decodes as itself: its round trip, which
-            # could not change it, is skipped.
-            return action
         codec = self._codec
         try:
             envelope = Envelope(body=action, sender=self._name, episode=episode)
@@ -139,51 +160,92 @@ class DirectAgents:
         requests all go out first; the suspended ones then share ``timeout``. Cancellation
         cancels the ``act``s still running and propagates.
         """
-        # A scripted agent that answers without suspending costs no task and no timer: its
-        # act runs eagerly in the caller's task; only one that suspends is finished in a
-        # task of its own.
-        host = self.host
-        results: list[Body | BaseException] = []
-        waiting: list[tuple[int, Observation, Agent, asyncio.Task[Action]]] = []
-        for obs in observations:
+        # The acts are awaited in turn by one coroutine (:meth:`_act_all`) that this call
+        # drives itself: scripted agents that answer without suspending cost no task, no
+        # timer and no StopIteration each (one per step). When an act suspends, that
+        # coroutine is left to finish it alone in a task (it stops after that act) and a
+        # new one goes on from the next seat, so every act still starts before any is waited.
+        seen = self._seen_all(observations, sender, episode)
+        count = len(seen)
+        results: list[Body | BaseException] = [_PENDING] * count
+        waiting: list[tuple[int, Observation, asyncio.Task[None]]] = []
+        start = 0
+        while start < count:
+            run = _Run(start)
+            acts = self._act_all(seen, results, run, episode, sender)
             try:
-                seen = self._seen(obs, sender, episode)
-            except ProtocolError as exc:
-                results.append(exc)
-                continue
-            agent: Any = None
-            try:
-                agent = host.agent(episode, seen)
-                act = agent.act(seen)
-                if type(act) is not types.CoroutineType:
-                    act = _await(act)  # not a coroutine: awaited as the bus's handler would
-                yielded = act.send(None)
-            except StopIteration as stop:
-                try:
-                    results.append(self._returned(stop.value, seen, agent, episode))
-                except ProtocolError as exc:
-                    results.append(exc)
-                except Exception as exc:
-                    results.append(self._failed(exc, sender))
-            except Exception as exc:
-                results.append(self._failed(exc, sender))
-            else:
-                task = asyncio.ensure_future(_resume(act, yielded))
-                waiting.append((len(results), seen, agent, task))
-                results.append(_PENDING)
+                yielded = acts.send(None)
+            except StopIteration:
+                break  # every act from ``start`` on answered at once: the usual step
+            run.detached = True  # (it returns once its act is done)
+            task = _finish_in_task(acts, yielded)
+            waiting.append((run.at, cast(Observation, seen[run.at]), task))
+            start = run.at + 1
         if waiting:
-            await self._finish(waiting, results, timeout, episode, sender)
+            await self._finish(waiting, results, timeout)
         return results
 
-    async def _finish(
+    async def _act_all(
         self,
-        waiting: list[tuple[int, Observation, Agent, asyncio.Task[Action]]],
+        seen: Sequence[Observation | ProtocolError],
         results: list[Body | BaseException],
-        timeout: float,  # noqa: ASYNC109 -- what is left of the act timeout
+        run: _Run,
         episode: str,
         sender: str,
     ) -> None:
-        """Fill ``results`` with the outcome of each suspended ``act`` (see :meth:`ask_all`)."""
+        """Await the ``act`` of each of ``seen`` from ``run.at`` on, each outcome into
+        ``results`` (see :meth:`ask_all`); once ``run`` is detached, stop after the act that
+        suspended."""
+        host, limit = self.host, self._plain_limit
+        held = self._held.get(episode)
+        if held is None:
+            held = self._held[episode] = {}
+        for index in range(run.at, len(seen)):
+            obs = seen[index]
+            if type(obs) is not Observation:  # the wire cannot carry it: no agent sees it
+                results[index] = cast(ProtocolError, obs)
+                continue
+            run.at = index
+            try:
+                agent = held.get(obs.agent)
+                if agent is None:
+                    agent = held[obs.agent] = host.agent(episode, obs)
+                # (an act that returns no awaitable fails with Python's words, as when the
+                # bus's handler awaits it)
+                returned = await agent.act(obs)
+            except Exception as exc:
+                results[index] = self._failed(exc, sender)
+            else:
+                if (
+                    type(returned) is Action
+                    and returned.agent == obs.agent
+                    and not returned.tokens
+                    and type(text := returned.text) is str
+                    and text.isascii()
+                    and len(text) < limit
+                ):
+                    # An Action in the seat is what AgentHost.own returns as it is, and a
+                    # plain ASCII text without tokens decodes as itself: the round trip,
+                    # which could not change it, is skipped (the usual answer).
+                    results[index] = returned
+                else:
+                    try:
+                        results[index] = self._returned(returned, obs, agent, episode)
+                    except ProtocolError as exc:
+                        results[index] = exc
+                    except Exception as exc:
+                        results[index] = self._failed(exc, sender)
+            if run.detached:
+                return
+
+    async def _finish(
+        self,
+        waiting: list[tuple[int, Observation, asyncio.Task[None]]],
+        results: list[Body | BaseException],
+        timeout: float,  # noqa: ASYNC109 -- what is left of the act timeout
+    ) -> None:
+        """Wait up to ``timeout`` for the acts that suspended (each task fills its own
+        result); a request whose act is not done by then is a :class:`RequestTimeout`."""
         tasks = {task for *_, task in waiting}
         try:
             await asyncio.wait(tasks, timeout=timeout)
@@ -191,7 +253,7 @@ class DirectAgents:
             for task in tasks:
                 task.cancel()  # the episode was cancelled: so are the agents' acts
             raise
-        for index, seen, agent, task in waiting:
+        for index, seen, task in waiting:
             if not task.done():
                 task.cancel()
                 results[index] = RequestTimeout(
@@ -199,44 +261,49 @@ class DirectAgents:
                 )
                 continue
             error = task.exception()
-            if error is not None:
-                if not isinstance(error, Exception):
-                    raise error
-                results[index] = self._failed(error, sender)
-                continue
-            try:
-                results[index] = self._returned(task.result(), seen, agent, episode)
-            except ProtocolError as exc:
-                results[index] = exc
-            except Exception as exc:
-                results[index] = self._failed(exc, sender)
+            if error is not None:  # (what an act raises is its result: only BaseException)
+                raise error
 
     def _failed(self, exc: Exception, sender: str) -> RemoteError:
         message = f"{type(exc).__name__}: {exc}"
         log.warning("%s: handler for observation from %s failed: %s", self._name, sender, message)
         return RemoteError("handler_failed", message, peer=self._name)
 
-    async def end(self, episode: str, seat: str, failed: str | None = None) -> None:
+    def end(self, episode: str, seat: str, failed: str | None = None) -> Coroutine[Any, Any, None]:
         """``episode`` is over for ``seat`` (``failed``: why it failed): its agent is closed
-        and forgotten, as the bus's end-of-episode notice does."""
-        await self.host.end(episode, seat, failed)
+        and forgotten, as the bus's end-of-episode notice does (the host's coroutine, as it
+        is: no coroutine of its own per seat and episode)."""
+        held = self._held.get(episode)
+        if held is not None:
+            held.pop(seat, None)
+            if not held:
+                del self._held[episode]
+        return self.host.end(episode, seat, failed)
 
     async def close(self) -> None:
         """Close every agent still held."""
+        self._held.clear()
         await self.host.close()
 
 
 _PENDING = RuntimeError("internal: request not finished")
 
 
-async def _resume(act: Any, yielded: Any) -> Action:
-    """Finish, in a task, an ``act`` that suspended at ``yielded`` outside one."""
-    action = await _drive(act, yielded)
-    return cast(Action, action)
+class _Run:
+    """Where one :meth:`DirectAgents._act_all` is (``at``: the seat it acts for) and whether
+    it was left to finish its suspended act alone (``detached``)."""
+
+    __slots__ = ("at", "detached")
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.detached = False
 
 
-async def _await(awaitable: Any) -> Action:
-    """Await what an ``act`` returned that is not a coroutine (the error, if any, is
-    Python's, as when the bus's handler awaits it)."""
-    result: Action = await awaitable
-    return result
+def _finish_in_task(acts: Coroutine[Any, Any, None], yielded: Any) -> asyncio.Task[None]:
+    """A task that drives ``acts``, suspended at ``yielded`` outside one, to its end."""
+
+    async def finish() -> None:
+        await _drive(cast("Coroutine[Any, Any, Body]", acts), yielded)
+
+    return asyncio.ensure_future(finish())

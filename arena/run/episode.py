@@ -257,7 +257,8 @@ class EpisodeLog:
             )
         else:
             for seat in actions:
-                if str(infos.get(seat, _EMPTY).get("invalid", "")):
+                invalid = infos.get(seat, _EMPTY).get("invalid", "")
+                if invalid != "" and str(invalid):  # (the usual "" without a str() call)
                     self.invalid_moves += 1
         trajectories = self.trajectories
         for seat, reward in rewards.items():
@@ -265,10 +266,11 @@ class EpisodeLog:
             value = float(reward)
             if value:  # adding 0.0 changes no sum (and NaN is truthy: it is added)
                 trajectory.reward += value
-            if keep:  # (a run that keeps no step reads no component)
+        if keep:  # (a run that keeps no step reads no component)
+            for seat in rewards:
                 components = infos.get(seat, _EMPTY).get("components")
                 if components:
-                    totals = trajectory.components
+                    totals = trajectories[seat].components
                     for name, part in components.items():
                         totals[name] = totals.get(name, 0.0) + float(part)
 

@@ -155,27 +155,26 @@ class InProcessSeats(SeatTransport):
     ) -> Coroutine[Any, Any, Body]:
         return self.direct.request(obs, timeout=timeout, episode=episode, sender=ARENA_NAME)
 
-    async def ask(
+    def ask(
         self,
         requests: Sequence[Observation],
         *,
-        timeout: float,  # noqa: ASYNC109 -- as SeatTransport.ask
+        timeout: float,
         episode: str,
         turn: int,
         pipeline: bool,
-    ) -> Replies:
+    ) -> Coroutine[Any, Any, Replies]:
+        # (SeatTransport.ask's coroutine, returned as it is: no coroutine of its own per step)
         if pipeline:
             # Every seat's act runs to its first suspension before any is awaited, with no
             # coroutine or task per seat: the runner's usual step.
-            return await self.direct.ask_all(
+            return self.direct.ask_all(
                 requests, timeout=timeout, episode=episode, sender=ARENA_NAME
             )
-        return await super().ask(
-            requests, timeout=timeout, episode=episode, turn=turn, pipeline=False
-        )
+        return super().ask(requests, timeout=timeout, episode=episode, turn=turn, pipeline=False)
 
-    async def end(self, episode: str, seat: str, failed: str | None) -> None:
-        await self.direct.end(episode, seat, failed)
+    def end(self, episode: str, seat: str, failed: str | None) -> Coroutine[Any, Any, None]:
+        return self.direct.end(episode, seat, failed)  # (its coroutine: none of our own)
 
     async def close(self) -> None:
         await self.direct.close()
