@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, cast
 
 import msgspec
 
 from parley.agents.base import Agent
-from parley.arena.run.agent_host import AgentHost
+from parley.arena.run.agent_host import AGENT_SEED_KEY, AgentHost
 from parley.arena.run.gather import _drive
 from parley.protocols.codec import Codec
 from parley.protocols.errors import ProtocolError, RemoteError, RequestTimeout
 from parley.protocols.messages import Action, AnyBody, Body, Envelope, Observation
 
-__all__ = ["DirectAgents"]
+__all__ = ["SEED_RANGE", "DirectAgents", "with_seeds"]
 
 log = logging.getLogger("parley.arena.run")
 
@@ -89,31 +89,49 @@ class DirectAgents:
         return seen
 
     def _seen_all(
-        self, observations: Sequence[Observation], sender: str, episode: str
+        self,
+        observations: Sequence[Observation],
+        sender: str,
+        episode: str,
+        seeds: Mapping[str, int] | None,
     ) -> list[Observation] | list[Observation | ProtocolError]:
-        """What :meth:`_seen` gives for each of ``observations`` (the ``ProtocolError`` of one
-        the wire cannot carry, in its place), in order."""
+        """What :meth:`_seen` gives for each of ``observations`` (with its seat's seed in
+        ``info``, when ``seeds`` is given; the ``ProtocolError`` of one the wire cannot
+        carry, in its place), in order."""
         # A step's observations are copied in one msgpack round trip of their list (one
         # encode and one decode per step instead of per seat): each of them is smaller than
-        # the list, so a list within the size limit has every observation within it. A list
-        # the plain encoder refuses, one over the limit or one that does not decode back is
-        # copied observation by observation, where the codec names what is wrong.
+        # the list, so a list within the size limit has every observation within it. The
+        # seeds are put in the copies, where they land as they would inside the message (a
+        # key set last, or in its place if the info had it), with room left for them in the
+        # size. A list the plain encoder refuses, one over the limit or one that does not
+        # decode back is copied observation by observation, where the codec names what is
+        # wrong.
+        room = len(sender) + len(episode)
+        if seeds is not None:
+            room += _SEED_ROOM * len(observations)
         try:
             data = self._encode(observations)
         except _ENCODE_ERRORS:
             data = b""
-        if data and len(data) + len(sender) + len(episode) <= self._plain_limit:
+        if data and len(data) + room <= self._plain_limit:
             try:
-                return self._decode_all(data)
+                copies = self._decode_all(data)
             except _DECODE_ERRORS:
                 pass  # each observation's own copy below says which one is wrong
-        copies: list[Observation | ProtocolError] = []
+            else:
+                if seeds is not None:
+                    for seen in copies:
+                        seen.info[AGENT_SEED_KEY] = seeds[seen.agent]
+                return copies
+        if seeds is not None:
+            observations = with_seeds(observations, seeds)
+        each: list[Observation | ProtocolError] = []
         for obs in observations:
             try:
-                copies.append(self._seen(obs, sender, episode))
+                each.append(self._seen(obs, sender, episode))
             except ProtocolError as exc:
-                copies.append(exc)
-        return copies
+                each.append(exc)
+        return each
 
     def _returned(
         self, returned: Any, obs: Observation, agent: Agent, episode: str
@@ -153,19 +171,23 @@ class DirectAgents:
         timeout: float,  # noqa: ASYNC109 -- the act timeout, as for bus requests
         episode: str,
         sender: str,
+        seeds: Mapping[str, int] | None = None,
     ) -> list[Body | BaseException]:
         """The reply (an action) or the error of each of ``observations``, in order.
 
         Every agent's ``act`` runs to its first suspension before any is awaited, as bus
         requests all go out first; the suspended ones then share ``timeout``. Cancellation
-        cancels the ``act``s still running and propagates.
+        cancels the ``act``s still running and propagates. ``seeds`` (seat -> agent seed,
+        ints msgpack carries) are for observations built without them: each agent sees its
+        seat's seed in ``info[AGENT_SEED_KEY]`` as if it had been sent there
+        (:func:`with_seeds`), without a dict merged, encoded and decoded per seat.
         """
         # The acts are awaited in turn by one coroutine (:meth:`_act_all`) that this call
         # drives itself: scripted agents that answer without suspending cost no task, no
         # timer and no StopIteration each (one per step). When an act suspends, that
         # coroutine is left to finish it alone in a task (it stops after that act) and a
         # new one goes on from the next seat, so every act still starts before any is waited.
-        seen = self._seen_all(observations, sender, episode)
+        seen = self._seen_all(observations, sender, episode, seeds)
         count = len(seen)
         results: list[Body | BaseException] = [_PENDING] * count
         waiting: list[tuple[int, Observation, asyncio.Task[None]]] = []
@@ -287,6 +309,22 @@ class DirectAgents:
 
 
 _PENDING = RuntimeError("internal: request not finished")
+
+_SEED_ROOM = 32
+"""Bytes an agent seed adds to an observation's message, at most: its key, an int of up to
+64 bits, a longer map header."""
+SEED_RANGE = range(-(2**63), 2**64)
+"""The ints msgpack carries (an agent seed outside goes in the observation, which then
+fails as it would over the bus)."""
+
+
+def with_seeds(observations: Sequence[Observation], seeds: Mapping[str, int]) -> list[Observation]:
+    """``observations``, each with its seat's seed from ``seeds`` in ``info`` (the env's
+    info with ``AGENT_SEED_KEY`` set, as the runner sends it)."""
+    return [
+        msgspec.structs.replace(obs, info={**obs.info, AGENT_SEED_KEY: seeds[obs.agent]})
+        for obs in observations
+    ]
 
 
 class _Run:

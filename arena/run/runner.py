@@ -60,7 +60,7 @@ from parley.arena.run.agent_specs import (
 )
 from parley.arena.run.backpressure import backoff, bus_config_for, failure_reason, retryable
 from parley.arena.run.config import RunConfig
-from parley.arena.run.direct import DirectAgents
+from parley.arena.run.direct import SEED_RANGE, DirectAgents
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, derive_seed, plan_episodes
 from parley.arena.run.frames import FrameBatcher
 from parley.arena.run.gather import send_all_then_gather
@@ -193,6 +193,7 @@ class Runner:
         # every seat shares when there is one (the usual case: one call per step).
         self._transports: dict[str, SeatTransport] | None = None
         self._shared: SeatTransport | None = None
+        self._local: InProcessSeats | None = None  # _shared, when every seat is in-process
         self._away_checks: list[SeatTransport] = []  # transports whose agents may be away
         self._keys = SeatKeys.load(config, self._remote())
         self.bus_config = arena_bus_config(self.bus_config, self._keys, insecure=config.insecure)
@@ -350,6 +351,8 @@ class Runner:
                 seat: transport for transport in transports for seat in transport.seats
             }
             self._shared = transports[0] if len(transports) == 1 else None
+            if isinstance(self._shared, InProcessSeats):
+                self._local = self._shared
             self._away_checks = [transport for transport in transports if transport.remote]
             address = await arena.bind(self.config.listen) if self.config.listen else inproc
             if self.on_listen is not None:
@@ -363,6 +366,7 @@ class Runner:
 
     def _forget_transports(self) -> None:
         self._transports, self._shared, self._away_checks = None, None, []
+        self._local = None
 
     def _progress(self, total: int) -> contextlib.AbstractContextManager[Any]:
         return progress_bar(self.console, self.config.scenario, total, enabled=self.config.progress)
@@ -401,6 +405,7 @@ class Runner:
         # Hot path (every step): lookups hoisted; one pass over the live seats.
         scenario, seeds, max_steps = self.config.scenario, plan.agent_seeds, self.config.max_steps
         episode_id, clock, step_env = plan.episode_id, time.perf_counter, env.step
+        beside = self._seeds_beside(seeds)
         while env.agents:
             if turn >= max_steps:
                 raise _EpisodeFailed(f"max_steps: no end after {turn} steps")
@@ -413,14 +418,14 @@ class Runner:
                         text=observations.get(seat, ""),
                         scenario=scenario,
                         reward=rewards.get(seat, 0.0),
-                        info={**info, AGENT_SEED_KEY: seeds[seat]},
+                        info=info if beside else {**info, AGENT_SEED_KEY: seeds[seat]},
                     )
             if self._privileged:
                 for seat in self._privileged.intersection(requests):
                     requests[seat].info[ORACLE_KEY] = _scenario("oracle", env.oracle, seat)
             asked.update(requests)
             asked_at = clock()
-            actions = await self._ask(requests, episode_id, turn)
+            actions = await self._ask(requests, episode_id, turn, seeds if beside else None)
             episode.agents_s += clock() - asked_at
             full = {seat: actions[seat].text if seat in actions else "" for seat in env.agents}
             if blocking:  # its step runs subprocesses: keep other episodes going meanwhile
@@ -435,13 +440,33 @@ class Runner:
             turn += 1
         episode.metrics = dict(_scenario("episode_metrics", env.episode_metrics))
 
+    def _seeds_beside(self, seeds: Mapping[str, int]) -> bool:
+        """Whether this episode's requests go without their agent seed, each given beside
+        its observation to the in-process seats (:meth:`DirectAgents.ask_all`, which puts
+        it in the agent's copy as if it had been sent there): no dict per seat and step to
+        merge, encode and decode. Only when every seat is in-process and asked pipelined,
+        no seat is privileged (the oracle goes in the info after the seed) and every seed
+        is an int the wire carries (another fails as it would over the bus)."""
+        return (
+            self._local is not None
+            and self.config.pipeline
+            and not self._privileged
+            and all(type(seed) is int and seed in SEED_RANGE for seed in seeds.values())
+        )
+
     async def _ask(
-        self, requests: Mapping[str, Observation], episode: str, turn: int
+        self,
+        requests: Mapping[str, Observation],
+        episode: str,
+        turn: int,
+        seeds: Mapping[str, int] | None = None,
     ) -> dict[str, Action]:
         """Every acting seat's action; raises :class:`_EpisodeFailed` naming a failure.
 
         Requests refused as ``overloaded`` go out again after a growing, jittered wait, as
         long as the seat's ``act_timeout`` (counted from the first send) has time left.
+        ``seeds``: the requests were built without their agent seed (see
+        :meth:`_seeds_beside`).
         """
         if self._transports is None:
             raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
@@ -452,12 +477,9 @@ class Runner:
         shared = self._shared
         if shared is not None:  # every seat on one transport (the usual case): one call
             observations = list(requests.values())
-            pipeline = self.config.pipeline
-            results = await shared.ask(
-                observations, timeout=timeout, episode=episode, turn=turn, pipeline=pipeline
-            )
+            results = await self._together(shared, observations, timeout, episode, turn, seeds)
         else:
-            results = await self._send(requests, list(requests), timeout, episode, turn)
+            results = await self._send(requests, list(requests), timeout, episode, turn, seeds)
         actions: dict[str, Action] = {}
         for seat, result in zip(requests, results, strict=True):
             if type(result) is not Action:
@@ -465,7 +487,7 @@ class Runner:
             actions[seat] = result
         else:
             return actions  # every answer an action: the usual step
-        return await self._retry(requests, results, actions, sent_at, episode, turn)
+        return await self._retry(requests, results, actions, sent_at, episode, turn, seeds)
 
     async def _retry(
         self,
@@ -475,6 +497,7 @@ class Runner:
         sent_at: float,
         episode: str,
         turn: int,
+        seeds: Mapping[str, int] | None,
     ) -> dict[str, Action]:
         """:meth:`_ask` once an answer in ``results`` was not an action: the episode fails
         with its reason, or the seats refused as ``overloaded`` are asked again."""
@@ -511,7 +534,7 @@ class Runner:
                 )
             await asyncio.sleep(wait)
             left = max(deadline - clock(), 1e-3)
-            results = await self._send(requests, todo, left, episode, turn)
+            results = await self._send(requests, todo, left, episode, turn, seeds)
 
     async def _send(
         self,
@@ -520,9 +543,10 @@ class Runner:
         timeout: float,  # noqa: ASYNC109 -- what is left of the act timeout
         episode: str,
         turn: int,
+        seeds: Mapping[str, int] | None = None,
     ) -> Replies:
         """The replies (or errors) of ``seats``' requests, in order (as
-        :meth:`SeatTransport.ask`, over the seats' transports)."""
+        :meth:`SeatTransport.ask`, over the seats' transports; ``seeds``: see :meth:`_ask`)."""
         pipeline = self.config.pipeline
         observations = [requests[seat] for seat in seats]
         transports = self._transports
@@ -535,9 +559,7 @@ class Runner:
             if all(transports[seat] is first for seat in seats[1:]):
                 shared = first  # the seats acting now share one
         if shared is not None:
-            return await shared.ask(
-                observations, timeout=timeout, episode=episode, turn=turn, pipeline=pipeline
-            )
+            return await self._together(shared, observations, timeout, episode, turn, seeds)
 
         def request(obs: Observation) -> Coroutine[Any, Any, Body]:
             transport = transports[obs.agent]
@@ -546,6 +568,32 @@ class Runner:
         if pipeline:  # in-process and remote seats: every request out, then the replies
             return await send_all_then_gather([request(obs) for obs in observations])
         return await ask_in_order(observations, request)
+
+    def _together(
+        self,
+        transport: SeatTransport,
+        observations: list[Observation],
+        timeout: float,
+        episode: str,
+        turn: int,
+        seeds: Mapping[str, int] | None,
+    ) -> Coroutine[Any, Any, Replies]:
+        """``transport.ask`` of ``observations`` (their seats all on ``transport``); with
+        ``seeds`` (see :meth:`_ask`), the in-process transport's, which takes them."""
+        pipeline = self.config.pipeline
+        local = self._local
+        if seeds is not None and local is not None:  # (then local is transport)
+            return local.ask(
+                observations,
+                timeout=timeout,
+                episode=episode,
+                turn=turn,
+                pipeline=pipeline,
+                seeds=seeds,
+            )
+        return transport.ask(
+            observations, timeout=timeout, episode=episode, turn=turn, pipeline=pipeline
+        )
 
     async def _wait_for_absent(self, requests: Mapping[str, Observation]) -> None:
         """Wait up to ``join_timeout`` for the agents of the acting seats that are away

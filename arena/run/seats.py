@@ -27,11 +27,11 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from parley.arena.run.agent_host import FAILED_KEY
-from parley.arena.run.direct import DirectAgents
+from parley.arena.run.direct import DirectAgents, with_seeds
 from parley.arena.run.frames import FrameBatcher
 from parley.arena.run.gather import send_all_then_gather
 from parley.arena.run.peers import AbsentPeers
@@ -163,14 +163,19 @@ class InProcessSeats(SeatTransport):
         episode: str,
         turn: int,
         pipeline: bool,
+        seeds: Mapping[str, int] | None = None,
     ) -> Coroutine[Any, Any, Replies]:
-        # (SeatTransport.ask's coroutine, returned as it is: no coroutine of its own per step)
+        """:meth:`SeatTransport.ask`; ``seeds`` (seat -> agent seed) for requests built
+        without their seed (:meth:`DirectAgents.ask_all`)."""
+        # (the callee's coroutine, returned as it is: no coroutine of its own per step)
         if pipeline:
             # Every seat's act runs to its first suspension before any is awaited, with no
             # coroutine or task per seat: the runner's usual step.
             return self.direct.ask_all(
-                requests, timeout=timeout, episode=episode, sender=ARENA_NAME
+                requests, timeout=timeout, episode=episode, sender=ARENA_NAME, seeds=seeds
             )
+        if seeds is not None:
+            requests = with_seeds(requests, seeds)
         return super().ask(requests, timeout=timeout, episode=episode, turn=turn, pipeline=False)
 
     def end(self, episode: str, seat: str, failed: str | None) -> Coroutine[Any, Any, None]:

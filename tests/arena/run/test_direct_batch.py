@@ -147,3 +147,62 @@ def test_an_ended_seat_gets_a_new_agent_if_asked_again() -> None:
         await direct.close()
 
     asyncio.run(play())
+
+
+class _Recorder(Agent):
+    """Says one line; keeps every ``info`` it was shown, as its items in order."""
+
+    shown: dict[bool, list[Any]] = {}  # noqa: RUF012 -- shared on purpose: per transport
+    over_bus = False
+
+    async def act(self, observation: Observation) -> Action:
+        _Recorder.shown.setdefault(_Recorder.over_bus, []).append(
+            (observation.agent, list(observation.info.items()))
+        )
+        return Action(agent=observation.agent, text=f"hi from {observation.agent}")
+
+
+def _play(over_bus: bool, seeds: dict[str, int] | None = None) -> Any:
+    from parley.arena.run.config import RunConfig
+    from parley.arena.run.runner import EpisodePlan, Runner
+    from tests.arena.run.broadcast_fixture import register_broadcast
+
+    scenario = register_broadcast("test/broadcast-seeds-v0")
+    config = RunConfig(
+        scenario=scenario,
+        scenario_kwargs={"n_agents": 3, "steps": 4},
+        progress=False,
+        local_agents_over_bus=over_bus,
+    )
+    _Recorder.over_bus = over_bus
+    runner = Runner(config, agents=dict.fromkeys(["agent_0", "agent_1", "agent_2"], _Recorder))
+    agent_seeds = seeds or {"agent_0": 2**64 - 1, "agent_1": -(2**63), "agent_2": 7}
+
+    async def play() -> Any:
+        async with runner.open():
+            return await runner.play(
+                EpisodePlan(0, task=0, trial=0, seed=3, agent_seeds=agent_seeds)
+            )
+
+    return asyncio.run(play())
+
+
+@pytest.mark.timeout(30)
+def test_in_process_agents_see_their_seed_where_the_bus_puts_it() -> None:
+    """In-process requests go without the agent seed, which the agent's copy gets set; the
+    info each agent sees is the bus's, key order included (the seed last)."""
+    _Recorder.shown.clear()
+    assert not _play(over_bus=False).failed
+    assert not _play(over_bus=True).failed
+    direct, bus = _Recorder.shown[False], _Recorder.shown[True]
+    assert len(direct) == 12
+    assert sorted(direct, key=repr) == sorted(bus, key=repr)
+    assert all(items[-1][0] == "agent_seed" for _, items in direct)
+
+
+@pytest.mark.timeout(30)
+def test_a_seed_the_wire_cannot_carry_fails_the_episode_in_process_as_over_the_bus() -> None:
+    seeds = {"agent_0": 2**64, "agent_1": 1, "agent_2": 2}
+    direct, bus = _play(over_bus=False, seeds=seeds), _play(over_bus=True, seeds=seeds)
+    assert direct.failed.startswith("agent_0: protocol_error: cannot encode Observation")
+    assert direct.failed == bus.failed
