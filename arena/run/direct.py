@@ -185,24 +185,25 @@ class DirectAgents:
         # The acts are awaited in turn by one coroutine (:meth:`_act_all`) that this call
         # drives itself: scripted agents that answer without suspending cost no task, no
         # timer and no StopIteration each (one per step). When an act suspends, that
-        # coroutine is left to finish it alone in a task (it stops after that act) and a
-        # new one goes on from the next seat, so every act still starts before any is waited.
+        # coroutine is left to finish it alone in a task (its slot, the first one still
+        # pending, is marked detached: it stops after that act) and a new one goes on from
+        # the next seat, so every act still starts before any is awaited.
         seen = self._seen_all(observations, sender, episode, seeds)
         count = len(seen)
         results: list[Body | BaseException] = [_PENDING] * count
         waiting: list[tuple[int, Observation, asyncio.Task[None]]] = []
         start = 0
         while start < count:
-            run = _Run(start)
-            acts = self._act_all(seen, results, run, episode, sender)
+            acts = self._act_all(seen, results, start, episode, sender)
             try:
                 yielded = acts.send(None)
             except StopIteration:
                 break  # every act from ``start`` on answered at once: the usual step
-            run.detached = True  # (it returns once its act is done)
-            task = _finish_in_task(acts, yielded)
-            waiting.append((run.at, cast(Observation, seen[run.at]), task))
-            start = run.at + 1
+            # Its act is the first without a result (those before it have theirs).
+            at = next(i for i in range(start, count) if results[i] is _PENDING)
+            results[at] = _DETACHED
+            waiting.append((at, cast(Observation, seen[at]), _finish_in_task(acts, yielded)))
+            start = at + 1
         if waiting:
             await self._finish(waiting, results, timeout)
         return results
@@ -211,23 +212,23 @@ class DirectAgents:
         self,
         seen: Sequence[Observation | ProtocolError],
         results: list[Body | BaseException],
-        run: _Run,
+        start: int,
         episode: str,
         sender: str,
     ) -> None:
-        """Await the ``act`` of each of ``seen`` from ``run.at`` on, each outcome into
-        ``results`` (see :meth:`ask_all`); once ``run`` is detached, stop after the act that
-        suspended."""
+        """Await the ``act`` of each of ``seen`` from ``start`` on, each outcome into
+        ``results`` (see :meth:`ask_all`); stop after an act whose slot was marked
+        :data:`_DETACHED` while it was suspended."""
         host, limit = self.host, self._plain_limit
         held = self._held.get(episode)
         if held is None:
             held = self._held[episode] = {}
-        for index in range(run.at, len(seen)):
+        for index in range(start, len(seen)):
             obs = seen[index]
             if type(obs) is not Observation:  # the wire cannot carry it: no agent sees it
                 results[index] = cast(ProtocolError, obs)
                 continue
-            run.at = index
+            result: Body | BaseException
             try:
                 agent = held.get(obs.agent)
                 if agent is None:
@@ -236,7 +237,7 @@ class DirectAgents:
                 # bus's handler awaits it)
                 returned = await agent.act(obs)
             except Exception as exc:
-                results[index] = self._failed(exc, sender)
+                result = self._failed(exc, sender)
             else:
                 if (
                     type(returned) is Action
@@ -249,15 +250,17 @@ class DirectAgents:
                     # An Action in the seat is what AgentHost.own returns as it is, and a
                     # plain ASCII text without tokens decodes as itself: the round trip,
                     # which could not change it, is skipped (the usual answer).
-                    results[index] = returned
+                    result = returned
                 else:
                     try:
-                        results[index] = self._returned(returned, obs, agent, episode)
+                        result = self._returned(returned, obs, agent, episode)
                     except ProtocolError as exc:
-                        results[index] = exc
+                        result = exc
                     except Exception as exc:
-                        results[index] = self._failed(exc, sender)
-            if run.detached:
+                        result = self._failed(exc, sender)
+            detached = results[index] is _DETACHED  # (ask_all went on without this pass)
+            results[index] = result
+            if detached:
                 return
 
     async def _finish(
@@ -309,6 +312,7 @@ class DirectAgents:
 
 
 _PENDING = RuntimeError("internal: request not finished")
+_DETACHED = RuntimeError("internal: request finishing in a task")
 
 _SEED_ROOM = 32
 """Bytes an agent seed adds to an observation's message, at most: its key, an int of up to
@@ -325,17 +329,6 @@ def with_seeds(observations: Sequence[Observation], seeds: Mapping[str, int]) ->
         msgspec.structs.replace(obs, info={**obs.info, AGENT_SEED_KEY: seeds[obs.agent]})
         for obs in observations
     ]
-
-
-class _Run:
-    """Where one :meth:`DirectAgents._act_all` is (``at``: the seat it acts for) and whether
-    it was left to finish its suspended act alone (``detached``)."""
-
-    __slots__ = ("at", "detached")
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-        self.detached = False
 
 
 def _finish_in_task(acts: Coroutine[Any, Any, None], yielded: Any) -> asyncio.Task[None]:

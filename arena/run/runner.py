@@ -406,6 +406,8 @@ class Runner:
         scenario, seeds, max_steps = self.config.scenario, plan.agent_seeds, self.config.max_steps
         episode_id, clock, step_env = plan.episode_id, time.perf_counter, env.step
         beside = self._seeds_beside(seeds)
+        given = seeds if beside else None  # (the seeds, given beside the requests)
+        n_seats = len(self.seats)
         while env.agents:
             if turn >= max_steps:
                 raise _EpisodeFailed(f"max_steps: no end after {turn} steps")
@@ -423,9 +425,18 @@ class Runner:
             if self._privileged:
                 for seat in self._privileged.intersection(requests):
                     requests[seat].info[ORACLE_KEY] = _scenario("oracle", env.oracle, seat)
-            asked.update(requests)
+            if len(asked) < n_seats:  # (once every seat was asked, none is new)
+                asked.update(requests)
             asked_at = clock()
-            actions = await self._ask(requests, episode_id, turn, seeds if beside else None)
+            results = await self._ask(requests, episode_id, turn, given)
+            actions: dict[str, Action] = {}
+            for seat, result in zip(requests, results, strict=True):
+                if type(result) is not Action:  # the episode fails, or they are asked again
+                    actions = await self._retry(
+                        requests, results, asked_at, episode_id, turn, given
+                    )
+                    break
+                actions[seat] = result
             episode.agents_s += clock() - asked_at
             full = {seat: actions[seat].text if seat in actions else "" for seat in env.agents}
             if blocking:  # its step runs subprocesses: keep other episodes going meanwhile
@@ -454,55 +465,69 @@ class Runner:
             and all(type(seed) is int and seed in SEED_RANGE for seed in seeds.values())
         )
 
-    async def _ask(
+    def _ask(
         self,
         requests: Mapping[str, Observation],
         episode: str,
         turn: int,
         seeds: Mapping[str, int] | None = None,
-    ) -> dict[str, Action]:
-        """Every acting seat's action; raises :class:`_EpisodeFailed` naming a failure.
-
-        Requests refused as ``overloaded`` go out again after a growing, jittered wait, as
-        long as the seat's ``act_timeout`` (counted from the first send) has time left.
-        ``seeds``: the requests were built without their agent seed (see
-        :meth:`_seeds_beside`).
+    ) -> Coroutine[Any, Any, Replies]:
+        """A coroutine of the reply or failure of each of ``requests``, in order (nothing is
+        sent before it is awaited): :meth:`SeatTransport.ask` over the seats' transports,
+        one call when they share one (then the transport's own coroutine: none of the
+        runner's per step). Seats whose agent may be away are waited for first
+        (:meth:`_ask_present`). ``seeds``: the requests were built without their agent seed
+        (see :meth:`_seeds_beside`). The caller fails the episode or asks again
+        (:meth:`_retry`) when an answer is not an action.
         """
         if self._transports is None:
             raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
         if self._away_checks:  # seats whose agent may be away: are they here?
-            await self._wait_for_absent(requests)
+            return self._ask_present(requests, episode, turn, seeds)
         timeout = self.config.act_timeout
-        sent_at = time.monotonic()  # (the event loop's clock, without a call through it)
         shared = self._shared
         if shared is not None:  # every seat on one transport (the usual case): one call
             observations = list(requests.values())
-            results = await self._together(shared, observations, timeout, episode, turn, seeds)
-        else:
-            results = await self._send(requests, list(requests), timeout, episode, turn, seeds)
-        actions: dict[str, Action] = {}
-        for seat, result in zip(requests, results, strict=True):
-            if type(result) is not Action:
-                break
-            actions[seat] = result
-        else:
-            return actions  # every answer an action: the usual step
-        return await self._retry(requests, results, actions, sent_at, episode, turn, seeds)
+            return self._together(shared, observations, timeout, episode, turn, seeds)
+        return self._send(requests, list(requests), timeout, episode, turn, seeds)
+
+    async def _ask_present(
+        self,
+        requests: Mapping[str, Observation],
+        episode: str,
+        turn: int,
+        seeds: Mapping[str, int] | None,
+    ) -> Replies:
+        """:meth:`_ask` with seats whose agent may be away: wait for them (raises
+        :class:`_EpisodeFailed` naming those that did not come), then ask; requests refused
+        as ``overloaded`` are asked again here, ``act_timeout`` counted from this send
+        (after the wait), so that only actions or a failure come back."""
+        await self._wait_for_absent(requests)
+        sent_at = time.perf_counter()
+        timeout = self.config.act_timeout
+        results = await self._send(requests, list(requests), timeout, episode, turn, seeds)
+        if all(type(result) is Action for result in results):
+            return results
+        actions = await self._retry(requests, results, sent_at, episode, turn, seeds)
+        return [actions[seat] for seat in requests]
 
     async def _retry(
         self,
         requests: Mapping[str, Observation],
         results: Replies,
-        actions: dict[str, Action],
         sent_at: float,
         episode: str,
         turn: int,
         seeds: Mapping[str, int] | None,
     ) -> dict[str, Action]:
-        """:meth:`_ask` once an answer in ``results`` was not an action: the episode fails
-        with its reason, or the seats refused as ``overloaded`` are asked again."""
-        clock = time.monotonic
+        """Every seat's action once an answer in ``results`` (to ``requests``, sent at
+        ``sent_at`` by :func:`time.perf_counter`) was not an action: the episode fails with
+        its reason, or the seats refused as ``overloaded`` are asked again after a growing,
+        jittered wait, as long as ``act_timeout`` (counted from the first send) has time
+        left."""
+        clock = time.perf_counter
         deadline = sent_at + self.config.act_timeout
+        actions: dict[str, Action] = {}
         todo = list(requests)
         tries = 0
         while True:
