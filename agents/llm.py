@@ -36,6 +36,7 @@ from parley.agents.base import Agent
 from parley.protocols.errors import ConfigError, ParleyError, RemoteError
 from parley.protocols.messages import (
     Action,
+    Completion,
     Constraint,
     GenerateRequest,
     GenerateResult,
@@ -204,6 +205,17 @@ class LLMAgentConfig:
     """First retry delay, seconds."""
     use_constraints: bool = True
     """Pass the scenario's ``infos["constraint"]`` to the backend."""
+    keep_token_ids: bool = False
+    """Build each turn's prompt from the previous prompt, the ids the model generated and
+    the template's tokens of the new observation, instead of re-encoding the whole chat's
+    text: the model sees its own earlier turns exactly as it produced them (what vLLM/SGLang
+    RL stacks do), and the prompt extends the previous one token for token, so the pool's
+    prefix reuse prefills only the new part. Re-encoding decoded text need not give back
+    the same ids (a byte-level token decodes to U+FFFD, BPE merges differently), and every
+    such turn is a prefix miss from there on. A fold, a new system prompt, a stop string
+    cut from the text or a template that does not append turns falls back to the text
+    chat for that turn. Off by default: then a recorded prompt is always the chat
+    template of the transcript's text (``parley.arena.training.export`` relies on it)."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -251,6 +263,10 @@ class _Turn:
 class _History:
     turns: list[_Turn] = field(default_factory=list)
     folded: int = 0  # turns at the front no longer shown (only ever grows within an episode)
+    # keep_token_ids: the ids the model has seen and produced through its latest completion
+    # (None: render the next prompt from the text), under this system prompt.
+    ids: list[int] | None = None
+    system: str = ""
 
 
 class LLMAgent(Agent):
@@ -313,6 +329,8 @@ class LLMAgent(Agent):
         )
         completion = result.completions[0]
         self._history.turns.append(_Turn("assistant", completion.text))
+        if cfg.keep_token_ids:
+            self._keep_ids(system, prompt_ids, completion)
         record = TokenRecord(
             policy=result.policy,
             policy_version=result.policy_version,
@@ -341,10 +359,14 @@ class LLMAgent(Agent):
         Turns are folded in (user, assistant) pairs so the chat still alternates; if the
         newest observation alone is too long, its beginning is cut (the end is what the
         agent must answer). Once over budget, folding goes on down to ``fold_to`` x the
-        budget (the system prompt always stays).
+        budget (the system prompt always stays). With ``keep_token_ids``, a prompt that
+        continues the previous turn's ids and fits the budget is sent as it is.
         """
         budget = self.config.max_prompt_tokens
         h = self._history
+        continued = self._continue_ids(system)
+        if continued is not None and len(continued) <= budget:
+            return continued
         target = budget
         while True:
             turns = h.turns[h.folded :]
@@ -356,6 +378,49 @@ class LLMAgent(Agent):
         if len(ids) <= budget:
             return ids
         return self._cut_newest(system, budget)
+
+    def _continue_ids(self, system: str) -> list[int] | None:
+        """``keep_token_ids``: the previous turn's ids extended by the template's tokens of
+        the newest observation, or None where the prompt must come from the text."""
+        h = self._history
+        if h.ids is None or system != h.system:
+            return None
+        tail = self._turn_tail(system, h.turns[-1].content)
+        return None if tail is None else h.ids + tail
+
+    def _turn_tail(self, system: str, content: str) -> list[int] | None:
+        """The template's tokens after an assistant message's content up to the next
+        generation prompt, with a user message ``content`` between: the difference of two
+        renderings of a one-turn chat, with and without an empty assistant reply and the
+        new message. None where the template does not render the longer chat as an
+        extension of the shorter (a template that rewrites earlier turns)."""
+        head = [{"role": "system", "content": system}] if system else []
+        head.append({"role": "user", "content": "."})
+        before = self.tokenizer.encode_chat(head)
+        after = self.tokenizer.encode_chat(
+            [*head, {"role": "assistant", "content": ""}, {"role": "user", "content": content}]
+        )
+        if after[: len(before)] != before:
+            return None
+        return after[len(before) :]
+
+    def _keep_ids(self, system: str, prompt_ids: list[int], completion: Completion) -> None:
+        """Remember ``prompt_ids`` and the generated ids for the next turn's prompt. A final
+        end-of-sequence token (decodes to nothing) is left to the template, which writes its
+        own end of turn. The next prompt comes from the text instead where the generated
+        ids do not decode to the completion's text (a stop string was cut from it) or hold
+        another special token (a chat's text never carries control tokens: see
+        ``HFChatTokenizer``)."""
+        h = self._history
+        generated = list(completion.token_ids)
+        ended = completion.finish_reason == "stop" and bool(generated)
+        if ended and self.tokenizer.decode(generated[-1:]) == "":
+            generated.pop()
+        special = any(self.tokenizer.decode([t]) == "" for t in generated)
+        if special or self.tokenizer.decode(generated) != completion.text:
+            h.ids = None
+            return
+        h.ids, h.system = [*prompt_ids, *generated], system
 
     def _cut_newest(self, system: str, budget: int) -> list[int]:
         h = self._history

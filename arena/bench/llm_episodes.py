@@ -20,6 +20,11 @@ in one run:
   turn dependencies). On the transformers backend this is no ideal: one batch pads every
   row to the longest prompt and reuses no prefix, so ``vs_offline`` exceeds 1.
 
+Every arm's agents keep their own generated token ids in their next prompts
+(``LLMAgentConfig.keep_token_ids``; ``--retokenize``: re-encode the chat's text every
+turn, where a tiny model's random text often does not come back as the same ids and each
+such turn misses the cache from its previous completion on).
+
 Keys per scenario: ``prefill_ratio`` = prefilled prompt tokens ÷ Σ over seat-episodes of its
 longest prompt (1.0: each seat-episode prefilled its context once; target <= 1.3 after),
 ``hit_rate`` (share of prompt tokens taken from the cache), ``episodes_per_s``,
@@ -69,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fold-to", type=float, default=0.5, help="after-arm folding")
     parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
     parser.add_argument("--model-size", choices=("tiny", "small"), default="tiny")
+    parser.add_argument(
+        "--retokenize",
+        action="store_true",
+        help="agents re-encode their chat's text every turn (LLMAgentConfig.keep_token_ids off)",
+    )
 
 
 def _parse(spec: str) -> tuple[str, dict[str, Any]]:
@@ -119,6 +129,7 @@ async def _play(
         max_prompt_tokens=args.max_prompt_tokens,
         fold_to=fold,
         request_timeout=0.0,
+        keep_token_ids=not args.retokenize,
     )
     seats: list[_Seat] = []
 
@@ -276,6 +287,7 @@ async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
         "max_tokens": args.max_tokens,
         "max_prompt_tokens": args.max_prompt_tokens,
         "fold_to": args.fold_to,
+        "keep_token_ids": not args.retokenize,
         "scenarios": results,
         "targets": {k: f"{op} {v}" for k, (op, v) in TARGETS.items()},
     }
