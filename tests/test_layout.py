@@ -190,7 +190,8 @@ def test_no_import_cycle_at_module_level() -> None:
 # only inside their module or only by tests stay out of ``__all__`` and are imported by their
 # module path. The ceiling keeps the surface from growing back silently: lower it when names
 # leave; raise it only for a name that something outside its module imports.
-ARENA_EXPORTS_CEILING = 435  # +4: run/ray_slots.py, +1 inference/backends/cpu_attention.py (600 lines)
+# +4 run/ray_slots.py, +1 inference/backends/cpu_attention.py: split for the 600-line rule.
+ARENA_EXPORTS_CEILING = 435
 
 
 def _exports(path: Path) -> list[str]:
