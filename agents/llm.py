@@ -212,10 +212,11 @@ class LLMAgentConfig:
     RL stacks do), and the prompt extends the previous one token for token, so the pool's
     prefix reuse prefills only the new part. Re-encoding decoded text need not give back
     the same ids (a byte-level token decodes to U+FFFD, BPE merges differently), and every
-    such turn is a prefix miss from there on. A fold, a new system prompt, a stop string
-    cut from the text or a template that does not append turns falls back to the text
-    chat for that turn. Off by default: then a recorded prompt is always the chat
-    template of the transcript's text (``parley.arena.training.export`` relies on it)."""
+    such turn is a prefix miss from there on. Special tokens in a reply are left out (as
+    from its text). A fold, a new system prompt, a stop string cut from the text or a
+    template that does not append turns falls back to the text chat for that turn. Off by
+    default: then a recorded prompt is always the chat template of the transcript's text
+    (``parley.arena.training.export`` relies on it)."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -367,12 +368,16 @@ class LLMAgent(Agent):
         continued = self._continue_ids(system)
         if continued is not None and len(continued) <= budget:
             return continued
+        # The exact chat is over budget: fold, even where its re-encoded text would fit
+        # (a prompt re-rendered unfolded would miss the cache from its first reply on).
+        over = continued is not None
         target = budget
         while True:
             turns = h.turns[h.folded :]
             ids = self.tokenizer.encode_chat(self._messages(system, turns, h.folded))
-            if len(ids) <= target or len(turns) <= 1:
+            if (len(ids) <= target and not over) or len(turns) <= 1:
                 break
+            over = False
             target = int(budget * self.config.fold_to)
             h.folded += 2 if len(turns) > 2 else len(turns) - 1
         if len(ids) <= budget:
@@ -405,19 +410,15 @@ class LLMAgent(Agent):
         return after[len(before) :]
 
     def _keep_ids(self, system: str, prompt_ids: list[int], completion: Completion) -> None:
-        """Remember ``prompt_ids`` and the generated ids for the next turn's prompt. A final
-        end-of-sequence token (decodes to nothing) is left to the template, which writes its
-        own end of turn. The next prompt comes from the text instead where the generated
-        ids do not decode to the completion's text (a stop string was cut from it) or hold
-        another special token (a chat's text never carries control tokens: see
-        ``HFChatTokenizer``)."""
+        """Remember ``prompt_ids`` and the generated ids for the next turn's prompt, less
+        the special tokens (they decode to nothing): a chat's text never carries control
+        tokens (see ``HFChatTokenizer``), and the template writes its own end of turn. The
+        next prompt comes from the text instead where the rest does not decode to the
+        completion's text (a stop string was cut from it)."""
         h = self._history
-        generated = list(completion.token_ids)
-        ended = completion.finish_reason == "stop" and bool(generated)
-        if ended and self.tokenizer.decode(generated[-1:]) == "":
-            generated.pop()
-        special = any(self.tokenizer.decode([t]) == "" for t in generated)
-        if special or self.tokenizer.decode(generated) != completion.text:
+        decode = self.tokenizer.decode
+        generated = [t for t in completion.token_ids if decode([t]) != ""]
+        if decode(generated) != completion.text:
             h.ids = None
             return
         h.ids, h.system = [*prompt_ids, *generated], system

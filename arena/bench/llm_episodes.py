@@ -27,7 +27,10 @@ such turn misses the cache from its previous completion on).
 
 Keys per scenario: ``prefill_ratio`` = prefilled prompt tokens ÷ Σ over seat-episodes of its
 longest prompt (1.0: each seat-episode prefilled its context once; target <= 1.3 after),
-``hit_rate`` (share of prompt tokens taken from the cache), ``episodes_per_s``,
+``hit_rate`` (share of prompt tokens taken from the cache), per arm ``prefilled_tokens`` and
+``longest_prompt_tokens`` (the ratio's two sides: under folding the longest prompt is
+capped by the budget, so shorter prompts can raise the ratio while fewer tokens are
+prefilled), ``episodes_per_s``,
 ``speedup_vs_before`` (episodes/s after ÷ before, target >= 2 on 10-turn episodes; it
 includes the shorter folded prompts), ``speedup_same_folding``,
 ``vs_offline`` (episodes/s after ÷ the offline batch's), ``mean_batch_size`` (pool),
@@ -166,6 +169,8 @@ async def _play(
         "episodes_per_s": round(args.episodes / wall, 3),
         "prefill_ratio": round(prefilled / max(longest, 1), 3),
         "hit_rate": round(1 - prefilled / prompt, 3) if prompt else 0.0,
+        "prefilled_tokens": prefilled,
+        "longest_prompt_tokens": longest,
         "turns_per_seat_episode": round(sum(len(s.requests) for s in seats) / len(seats), 2),
         "mean_batch_size": round(
             (pool.stats.batched_requests - requests_before[0]) / max(batches, 1), 2

@@ -117,12 +117,17 @@ async def test_a_stop_string_cut_from_the_text_falls_back_to_it(tok: HFChatToken
     assert kept == text
 
 
-async def test_a_special_token_in_a_reply_falls_back_to_the_text(tok: HFChatTokenizer) -> None:
+async def test_special_tokens_in_a_reply_are_left_out(tok: HFChatTokenizer) -> None:
     special = next(i for i in range(len(tok)) if i != tok.eos_token_id and tok.decode([i]) == "")
     reply = [*words(tok, "offer", eos=False), special, *words(tok, " 2")]
     kept = await prompts(tok, [reply, reply], keep_token_ids=True)
     text = await prompts(tok, [reply, reply], keep_token_ids=False)
-    assert kept == text
+    assert kept == text  # as the text drops them
+    # ... and the rest of the reply stays as generated where its text would not.
+    byte = next(i for i in range(len(tok)) if tok.decode([i]) == "\ufffd")
+    reply = [byte, special, *words(tok, "offer", eos=False)]
+    first, second = await prompts(tok, [reply, reply], keep_token_ids=True)
+    assert second[: len(first) + 2] == [*first, byte, *words(tok, "offer", eos=False)]
 
 
 async def test_folding_still_fits_the_budget(tok: HFChatTokenizer) -> None:
