@@ -36,7 +36,7 @@ from parley.protocols.codec import Codec
 from parley.protocols.errors import ProtocolError, RemoteError, RequestTimeout
 from parley.protocols.messages import Action, AnyBody, Body, Envelope, Observation
 
-__all__ = ["SEED_RANGE", "DirectAgents", "with_seeds"]
+__all__ = ["DirectAgents"]
 
 log = logging.getLogger("parley.arena.run")
 
@@ -317,9 +317,12 @@ _DETACHED = RuntimeError("internal: request finishing in a task")
 _SEED_ROOM = 32
 """Bytes an agent seed adds to an observation's message, at most: its key, an int of up to
 64 bits, a longer map header."""
-SEED_RANGE = range(-(2**63), 2**64)
-"""The ints msgpack carries (an agent seed outside goes in the observation, which then
-fails as it would over the bus)."""
+_SEED_RANGE = range(-(2**63), 2**64)  # the ints msgpack carries
+
+
+def seeds_carried(seeds: Mapping[str, int]) -> bool:
+    """Whether every one of ``seeds`` is an int the wire carries (what ``ask_all`` takes)."""
+    return all(type(seed) is int and seed in _SEED_RANGE for seed in seeds.values())
 
 
 def with_seeds(observations: Sequence[Observation], seeds: Mapping[str, int]) -> list[Observation]:

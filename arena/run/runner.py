@@ -12,7 +12,7 @@ it when the runner opens: :class:`~parley.arena.run.seats.InProcessSeats` or
 :class:`~parley.arena.run.seats.BusSeats` (batched frames included). Seats acting together
 on one transport are asked in one call; in-process and remote seats in one step are all sent
 before any is awaited. The runner itself keeps only what to do with the answers: retrying a
-refusal, and the reason an episode failed.
+refusal, and the reason an episode failed (:mod:`parley.arena.run.asking`).
 
 One step of one episode::
 
@@ -43,7 +43,7 @@ import dataclasses
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -58,12 +58,12 @@ from parley.arena.run.agent_specs import (
     resolve_agent_spec,
     seat_specs,
 )
-from parley.arena.run.backpressure import backoff, bus_config_for, failure_reason, retryable
+from parley.arena.run.asking import EpisodeFailed, SeatAsking
+from parley.arena.run.backpressure import bus_config_for
 from parley.arena.run.config import RunConfig
-from parley.arena.run.direct import SEED_RANGE, DirectAgents
+from parley.arena.run.direct import DirectAgents, seeds_carried
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, derive_seed, plan_episodes
 from parley.arena.run.frames import FrameBatcher
-from parley.arena.run.gather import send_all_then_gather
 from parley.arena.run.judge import ModelRewards
 from parley.arena.run.peers import AbsentPeers
 from parley.arena.run.process import PlayClock, frozen_heap
@@ -74,9 +74,7 @@ from parley.arena.run.seats import (
     LOCAL_HOST_NAME,
     BusSeats,
     InProcessSeats,
-    Replies,
     SeatTransport,
-    ask_in_order,
 )
 from parley.arena.run.security import (
     ARENA_ACCEPTS,
@@ -88,8 +86,8 @@ from parley.arena.run.security import (
 from parley.arena.run.summary import SummaryBuilder, plain_json
 from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.codec import Codec
-from parley.protocols.errors import BusError, RequestTimeout
-from parley.protocols.messages import Action, Body, Observation
+from parley.protocols.errors import RequestTimeout
+from parley.protocols.messages import Action, Observation
 from parley.scenarios import spec as scenario_spec
 from parley.scenarios.base import ORACLE_KEY, Scenario
 
@@ -106,19 +104,15 @@ __all__ = [
 _NO_INFO: Mapping[str, Any] = {}
 
 
-class _EpisodeFailed(Exception):
-    """Internal: ends an episode early; ``str(exc)`` is the recorded reason."""
-
-
 def _scenario(what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``call(...)``, a scenario hook; a scenario bug fails the episode, never the run."""
     try:
         return call(*args, **kwargs)
     except Exception as exc:
-        raise _EpisodeFailed(f"scenario_error: {what} raised {exc!r}") from exc
+        raise EpisodeFailed(f"scenario_error: {what} raised {exc!r}") from exc
 
 
-class Runner:
+class Runner(SeatAsking):
     """Plays the episodes of one :class:`RunConfig`.
 
     :meth:`run` plays the whole plan and writes the files. To drive episodes yourself (a
@@ -387,7 +381,7 @@ class Runner:
         asked: set[str] = set()
         try:
             await self._play(env, episode, asked)
-        except _EpisodeFailed as exc:
+        except EpisodeFailed as exc:
             episode.failed = str(exc)
         finally:
             await self._notify_end(episode, asked)
@@ -405,12 +399,17 @@ class Runner:
         # Hot path (every step): lookups hoisted; one pass over the live seats.
         scenario, seeds, max_steps = self.config.scenario, plan.agent_seeds, self.config.max_steps
         episode_id, clock, step_env = plan.episode_id, time.perf_counter, env.step
-        beside = self._seeds_beside(seeds)
-        given = seeds if beside else None  # (the seeds, given beside the requests)
+        # Every seat in-process and pipelined (and none privileged: the oracle goes in the
+        # info after the seed): the seeds go beside the requests, and DirectAgents sets each
+        # in its agent's copy as if sent in it (no dict per seat and step to merge, encode
+        # and decode). A seed the wire cannot carry goes in, to fail as over the bus.
+        beside = bool(self._local and self.config.pipeline and not self._privileged)
+        beside = beside and seeds_carried(seeds)
+        given = seeds if beside else None
         n_seats = len(self.seats)
         while env.agents:
             if turn >= max_steps:
-                raise _EpisodeFailed(f"max_steps: no end after {turn} steps")
+                raise EpisodeFailed(f"max_steps: no end after {turn} steps")
             requests: dict[str, Observation] = {}
             for seat in env.agents:
                 info = infos.get(seat, _NO_INFO)
@@ -445,194 +444,11 @@ class Runner:
                 try:
                     step = step_env(full)
                 except Exception as exc:  # (what _scenario does, without a call per step)
-                    raise _EpisodeFailed(f"scenario_error: step raised {exc!r}") from exc
+                    raise EpisodeFailed(f"scenario_error: step raised {exc!r}") from exc
             episode.add_step(turn, requests, actions, *step)
             observations, rewards, _, _, infos = step
             turn += 1
         episode.metrics = dict(_scenario("episode_metrics", env.episode_metrics))
-
-    def _seeds_beside(self, seeds: Mapping[str, int]) -> bool:
-        """Whether this episode's requests go without their agent seed, each given beside
-        its observation to the in-process seats (:meth:`DirectAgents.ask_all`, which puts
-        it in the agent's copy as if it had been sent there): no dict per seat and step to
-        merge, encode and decode. Only when every seat is in-process and asked pipelined,
-        no seat is privileged (the oracle goes in the info after the seed) and every seed
-        is an int the wire carries (another fails as it would over the bus)."""
-        return (
-            self._local is not None
-            and self.config.pipeline
-            and not self._privileged
-            and all(type(seed) is int and seed in SEED_RANGE for seed in seeds.values())
-        )
-
-    def _ask(
-        self,
-        requests: Mapping[str, Observation],
-        episode: str,
-        turn: int,
-        seeds: Mapping[str, int] | None = None,
-    ) -> Coroutine[Any, Any, Replies]:
-        """A coroutine of the reply or failure of each of ``requests``, in order (nothing is
-        sent before it is awaited): :meth:`SeatTransport.ask` over the seats' transports,
-        one call when they share one (then the transport's own coroutine: none of the
-        runner's per step). Seats whose agent may be away are waited for first
-        (:meth:`_ask_present`). ``seeds``: the requests were built without their agent seed
-        (see :meth:`_seeds_beside`). The caller fails the episode or asks again
-        (:meth:`_retry`) when an answer is not an action.
-        """
-        if self._transports is None:
-            raise BusError("the runner's bus is not open: play episodes inside Runner.open()")
-        if self._away_checks:  # seats whose agent may be away: are they here?
-            return self._ask_present(requests, episode, turn, seeds)
-        timeout = self.config.act_timeout
-        shared = self._shared
-        if shared is not None:  # every seat on one transport (the usual case): one call
-            observations = list(requests.values())
-            return self._together(shared, observations, timeout, episode, turn, seeds)
-        return self._send(requests, list(requests), timeout, episode, turn, seeds)
-
-    async def _ask_present(
-        self,
-        requests: Mapping[str, Observation],
-        episode: str,
-        turn: int,
-        seeds: Mapping[str, int] | None,
-    ) -> Replies:
-        """:meth:`_ask` with seats whose agent may be away: wait for them (raises
-        :class:`_EpisodeFailed` naming those that did not come), then ask; requests refused
-        as ``overloaded`` are asked again here, ``act_timeout`` counted from this send
-        (after the wait), so that only actions or a failure come back."""
-        await self._wait_for_absent(requests)
-        sent_at = time.perf_counter()
-        timeout = self.config.act_timeout
-        results = await self._send(requests, list(requests), timeout, episode, turn, seeds)
-        if all(type(result) is Action for result in results):
-            return results
-        actions = await self._retry(requests, results, sent_at, episode, turn, seeds)
-        return [actions[seat] for seat in requests]
-
-    async def _retry(
-        self,
-        requests: Mapping[str, Observation],
-        results: Replies,
-        sent_at: float,
-        episode: str,
-        turn: int,
-        seeds: Mapping[str, int] | None,
-    ) -> dict[str, Action]:
-        """Every seat's action once an answer in ``results`` (to ``requests``, sent at
-        ``sent_at`` by :func:`time.perf_counter`) was not an action: the episode fails with
-        its reason, or the seats refused as ``overloaded`` are asked again after a growing,
-        jittered wait, as long as ``act_timeout`` (counted from the first send) has time
-        left."""
-        clock = time.perf_counter
-        deadline = sent_at + self.config.act_timeout
-        actions: dict[str, Action] = {}
-        todo = list(requests)
-        tries = 0
-        while True:
-            failures: list[str] = []
-            refused: list[str] = []
-            for seat, result in zip(todo, results, strict=False):
-                if isinstance(result, Action):
-                    actions[seat] = result
-                elif retryable(result):
-                    refused.append(seat)
-                else:
-                    failures.append(failure_reason(seat, result))
-            if failures:
-                raise _EpisodeFailed("; ".join(failures))
-            # Sent one at a time, the seats after a refusal were not asked yet.
-            todo = [seat for seat in todo if seat not in actions]
-            if not todo:
-                return actions
-            tries += 1
-            self.overloaded_retries += len(todo)
-            wait = backoff(tries, self._jitter)
-            if clock() + wait >= deadline:
-                raise _EpisodeFailed(
-                    "; ".join(
-                        f"{seat}: timeout: still refused as overloaded after {tries} tries "
-                        f"within act_timeout={self.config.act_timeout:g} s"
-                        for seat in refused or todo
-                    )
-                )
-            await asyncio.sleep(wait)
-            left = max(deadline - clock(), 1e-3)
-            results = await self._send(requests, todo, left, episode, turn, seeds)
-
-    async def _send(
-        self,
-        requests: Mapping[str, Observation],
-        seats: Sequence[str],
-        timeout: float,  # noqa: ASYNC109 -- what is left of the act timeout
-        episode: str,
-        turn: int,
-        seeds: Mapping[str, int] | None = None,
-    ) -> Replies:
-        """The replies (or errors) of ``seats``' requests, in order (as
-        :meth:`SeatTransport.ask`, over the seats' transports; ``seeds``: see :meth:`_ask`)."""
-        pipeline = self.config.pipeline
-        observations = [requests[seat] for seat in seats]
-        transports = self._transports
-        assert transports is not None  # (checked by _ask)
-        shared = self._shared  # every seat on one transport: the usual case
-        if shared is None:
-            if not seats:
-                return []
-            first = transports[seats[0]]
-            if all(transports[seat] is first for seat in seats[1:]):
-                shared = first  # the seats acting now share one
-        if shared is not None:
-            return await self._together(shared, observations, timeout, episode, turn, seeds)
-
-        def request(obs: Observation) -> Coroutine[Any, Any, Body]:
-            transport = transports[obs.agent]
-            return transport.request(obs, timeout=timeout, episode=episode, turn=turn)
-
-        if pipeline:  # in-process and remote seats: every request out, then the replies
-            return await send_all_then_gather([request(obs) for obs in observations])
-        return await ask_in_order(observations, request)
-
-    def _together(
-        self,
-        transport: SeatTransport,
-        observations: list[Observation],
-        timeout: float,
-        episode: str,
-        turn: int,
-        seeds: Mapping[str, int] | None,
-    ) -> Coroutine[Any, Any, Replies]:
-        """``transport.ask`` of ``observations`` (their seats all on ``transport``); with
-        ``seeds`` (see :meth:`_ask`), the in-process transport's, which takes them."""
-        pipeline = self.config.pipeline
-        local = self._local
-        if seeds is not None and local is not None:  # (then local is transport)
-            return local.ask(
-                observations,
-                timeout=timeout,
-                episode=episode,
-                turn=turn,
-                pipeline=pipeline,
-                seeds=seeds,
-            )
-        return transport.ask(
-            observations, timeout=timeout, episode=episode, turn=turn, pipeline=pipeline
-        )
-
-    async def _wait_for_absent(self, requests: Mapping[str, Observation]) -> None:
-        """Wait up to ``join_timeout`` for the agents of the acting seats that are away
-        (remote seats join late); raises :class:`_EpisodeFailed` naming every seat whose
-        agent did not come."""
-        for transport in self._away_checks:
-            missing = transport.missing(list(requests))
-            if not missing:
-                continue
-            absent = await transport.join(missing)
-            if absent:
-                raise _EpisodeFailed(
-                    "; ".join(f"{seat}: not_joined: {why}" for seat, why in absent.items())
-                )
 
     async def _notify_end(self, episode: EpisodeLog, asked: set[str]) -> None:
         """Tell every seat that was asked something that its episode is over (one-way)."""
