@@ -34,9 +34,12 @@ prefilled), ``episodes_per_s``,
 ``speedup_vs_before`` (episodes/s after ÷ before, target >= 2 on 10-turn episodes; it
 includes the shorter folded prompts), ``speedup_same_folding``,
 ``vs_offline`` (episodes/s after ÷ the offline batch's), ``mean_batch_size`` (pool),
-``turns_per_seat_episode`` and ``same_actions`` (share of seat-episodes whose generated
-tokens equal the *before* run's: prefix reuse changes logprobs only by float rounding, so
-a seeded draw that falls within it of a token boundary can flip; ``same_actions_fold`` is
+``continued_share`` (share of later turns whose prompt extends the previous prompt and
+completion as cached: the others missed inside the chat, by a fold or a reply whose ids
+did not come back), ``turns_per_seat_episode`` and ``same_actions`` (share of
+seat-episodes whose generated tokens equal the *before* run's: prefix reuse changes
+logprobs only by float rounding, so a seeded draw that falls within it of a token boundary
+can flip; ``same_actions_fold`` is
 the same between the two folded runs).
 """
 
@@ -171,12 +174,25 @@ async def _play(
         "hit_rate": round(1 - prefilled / prompt, 3) if prompt else 0.0,
         "prefilled_tokens": prefilled,
         "longest_prompt_tokens": longest,
+        "continued_share": _continued_share(seats),
         "turns_per_seat_episode": round(sum(len(s.requests) for s in seats) / len(seats), 2),
         "mean_batch_size": round(
             (pool.stats.batched_requests - requests_before[0]) / max(batches, 1), 2
         ),
     }
     return figures, seats
+
+
+def _continued_share(seats: list[_Seat]) -> float:
+    """Share of later turns whose prompt starts with the previous turn's prompt and
+    generated tokens but the last (what the backend caches): the rest missed the cache
+    inside the chat so far (a fold, or a reply that did not come back as the same ids)."""
+    pairs = [(s, t) for s in seats for t in range(1, len(s.requests))]
+    hits = 0
+    for seat, t in pairs:
+        kept = [*seat.requests[t - 1].prompt_token_ids, *seat.tokens[t - 1][:-1]]
+        hits += list(seat.requests[t].prompt_token_ids[: len(kept)]) == kept
+    return round(hits / max(len(pairs), 1), 3)
 
 
 def _same_actions(a: list[_Seat], b: list[_Seat]) -> float:
