@@ -44,7 +44,9 @@ OpenSpiel's, pinned by the ``games`` extra's ``open-spiel`` version).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
+import logging
 from typing import Any, ClassVar
 
 import numpy as np
@@ -67,7 +69,19 @@ def _pyspiel() -> Any:
         import pyspiel
     except ImportError as exc:
         raise ConfigError(_INSTALL) from exc
+    _python_games()
     return pyspiel
+
+
+@functools.cache
+def _python_games() -> None:
+    """Register OpenSpiel's games written in Python (``python_kuhn_poker``, ...; 0.13 s,
+    once): the catalog and ``openspiel:python_*`` do not depend on whether something else
+    imported them first (the whole test suite saw them, one module's tests did not)."""
+    try:
+        import open_spiel.python.games  # noqa: F401 - registers them with pyspiel
+    except ImportError as exc:  # (a partial install: the C++ games are still there)
+        logging.getLogger(__name__).debug("OpenSpiel's Python games not registered: %s", exc)
 
 
 def _refusal(game_type: Any) -> str:
@@ -352,7 +366,9 @@ class OpenSpielGame(Scenario):
             self._resolve_chance(state, self.rng)
         # (Read every step even in games of terminal rewards: repeated_leduc_poker declares
         # them and pays each hand as it ends.)
-        returns = state.returns()  # (a list of floats; numpy: 3x the cost here)
+        returns = state.returns()  # (a list of floats from C++ games; numpy: 3x the cost here)
+        if type(returns) is not list:  # a game written in Python gives a numpy array
+            returns = [float(value) for value in returns]
         if returns != self._paid:  # (one comparison at C speed on most steps: nothing paid)
             returns, paid = [float(value) for value in returns], self._paid
             for i, seat in enumerate(self.possible_agents):

@@ -255,3 +255,34 @@ def test_a_constrained_llm_seat_never_plays_an_illegal_move(tiny_model_dir: Any)
         assert summary["episodes"]["ok"] == 3
         assert summary["agent_steps"] > 6
         assert summary["invalid_moves"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_games_written_in_python_are_there_whatever_was_imported_first() -> None:
+    """OpenSpiel registers its Python games (python_kuhn_poker, ...) when
+    ``open_spiel.python.games`` is imported: the catalog had them only where something else
+    had imported it (the whole suite did; their numpy returns then failed every reset)."""
+    code = (
+        "from parley.scenarios.imported import catalog\n"
+        "from parley.scenarios import make\n"
+        "ids = {e.id for e in catalog(('openspiel',)) if e.accepted}\n"
+        "print('openspiel:python_kuhn_poker' in ids, 'openspiel:python_tic_tac_toe' in ids)\n"
+        "env = make('openspiel:python_kuhn_poker')\n"
+        "obs, infos = env.reset(seed=3)\n"
+        "total = {}\n"
+        "while env.agents:\n"
+        "    acts = {s: infos[s]['constraint']['choices'][-1] for s in env.agents\n"
+        "            if infos[s].get('to_act')}\n"
+        "    obs, rewards, *_, infos = env.step(acts)\n"
+        "    for s, r in rewards.items(): total[s] = total.get(s, 0.0) + r\n"
+        "print(sorted(total.items()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True
+    )
+    found, paid = out.stdout.strip().splitlines()
+    assert found == "True True"
+    assert paid != "[]"
+    import ast
+
+    assert sum(r for _, r in ast.literal_eval(paid)) == 0.0  # zero-sum, paid as floats
