@@ -6,12 +6,14 @@ the tiny model unless ``--model``; ``--model-size small`` builds a larger one) o
 transformers backend (``--backend vllm``: vLLM's automatic prefix caching, set per engine),
 in one run:
 
-* **before**: the backend without prefix reuse (``prefix_cache_bytes=0``) and the agent's
-  default folding (``fold_to`` 1.0): every turn prefills its whole prompt;
+* **before**: the backend without prefix reuse (``prefix_cache_bytes=0``) and folding
+  just enough (``fold_to`` 1.0, the agent's default until the cache-friendly one): every
+  turn prefills its whole prompt;
 * **after**: prefix reuse on (:mod:`~parley.arena.inference.backends.prefix_cache`) and
-  cache-friendly folding (``--fold-to``, default 0.5: once over its token budget, a chat
-  folds whole old turns down to half the budget, so its beginning changes rarely);
-* **after, fold 1.0**: prefix reuse with the default folding (what folding on every turn
+  the agent's cache-friendly folding (``--fold-to``, default the agent's 0.5: once over its
+  token budget, a chat folds whole old turns down to half the budget, so its beginning
+  changes rarely);
+* **after, fold 1.0**: prefix reuse with folding on every turn over the budget (what that
   costs the cache);
 * **before, folded**: no prefix reuse, ``--fold-to`` folding: folding to half the budget
   also shortens the prompts, so ``speedup_same_folding`` (after ÷ this) is the speed-up of
@@ -27,10 +29,16 @@ such turn misses the cache from its previous completion on).
 
 Keys per scenario: ``prefill_ratio`` = prefilled prompt tokens ÷ Σ over seat-episodes of its
 longest prompt (1.0: each seat-episode prefilled its context once; target <= 1.3 after),
-``hit_rate`` (share of prompt tokens taken from the cache), per arm ``prefilled_tokens`` and
-``longest_prompt_tokens`` (the ratio's two sides: under folding the longest prompt is
-capped by the budget, so shorter prompts can raise the ratio while fewer tokens are
-prefilled), ``episodes_per_s``,
+``hit_rate`` (share of prompt tokens taken from the cache, folding on), per arm
+``prefilled_tokens`` and ``longest_prompt_tokens`` (the ratio's two sides: under folding
+the longest prompt is capped by the budget, so shorter prompts can raise the ratio while
+fewer tokens are prefilled), ``folded_share`` (share of seat-episodes that folded),
+``unfolded_per_longest`` (Σ tokens of each seat-episode's whole chat, nothing folded,
+÷ Σ longest prompt: every token of a chat is computed once at least, prefilled or
+generated, so where seats fold no folding can bring ``prefill_ratio`` much under this) and
+``prefill_ratio_unfolded`` (prefilled ÷ those whole chats' tokens: what folding and misses
+cost over computing each token once; equal to ``prefill_ratio`` where no seat folds, up to
+the text chat's tokens vs the kept ids), ``episodes_per_s``,
 ``speedup_vs_before`` (episodes/s after ÷ before, target >= 2 on 10-turn episodes; it
 includes the shorter folded prompts), ``speedup_same_folding``,
 ``vs_offline`` (episodes/s after ÷ the offline batch's), ``mean_batch_size`` (pool),
@@ -53,6 +61,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+FOLD_TO = 0.5  # LLMAgentConfig.fold_to's default (a test holds them equal)
 TARGETS = {"prefill_ratio": ("<=", 1.3), "speedup_vs_before": (">=", 2.0)}
 # 10+ turns per seat with the tiny model: simple-trade-v0 loses a turn to an invalid move
 # where v1 and later end the game at the first (a random model's first move, usually); its
@@ -77,7 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="episodes at once")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per action")
     parser.add_argument("--max-prompt-tokens", type=int, default=1024, help="agent's budget")
-    parser.add_argument("--fold-to", type=float, default=0.5, help="after-arm folding")
+    parser.add_argument(
+        "--fold-to", type=float, default=FOLD_TO, help="after-arm folding (the agent's default)"
+    )
     parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
     parser.add_argument("--model-size", choices=("tiny", "small"), default="tiny")
     parser.add_argument(
@@ -103,6 +114,7 @@ class _Seat:
 
     def __init__(self, pool: Any, log: list[_Seat]) -> None:
         self.pool = pool
+        self.agent: Any = None  # the seat's LLMAgent (its whole chat, for the unfolded length)
         self.requests: list[Any] = []
         self.tokens: list[list[int]] = []
         log.append(self)
@@ -142,7 +154,10 @@ async def _play(
     def factory(seat: str) -> Any:
         def make_agent() -> Any:
             client = _Seat(pool, seats)
-            return LLMAgent(client, backend.tokenizer, system_prompt=prompts[seat], config=config)
+            client.agent = LLMAgent(
+                client, backend.tokenizer, system_prompt=prompts[seat], config=config
+            )
+            return client.agent
 
         return make_agent
 
@@ -166,11 +181,17 @@ async def _play(
         raise RuntimeError(f"{scenario}: {summary['episodes']['failed']} episodes failed")
     prompt = stats.prompt_tokens - before[0]
     prefilled = stats.prefilled_tokens - before[1]
-    longest = sum(max(len(r.prompt_token_ids) for r in s.requests) for s in seats if s.requests)
+    played = [s for s in seats if s.requests]
+    longest = sum(max(len(r.prompt_token_ids) for r in s.requests) for s in played)
+    unfolded = [s.agent.unfolded_prompt_tokens() for s in played]
+    folded = sum(s.agent.folded > 0 for s in played)
     batches = pool.stats.batches - requests_before[1]
     figures = {
         "episodes_per_s": round(args.episodes / wall, 3),
         "prefill_ratio": round(prefilled / max(longest, 1), 3),
+        "prefill_ratio_unfolded": round(prefilled / max(sum(unfolded), 1), 3),
+        "unfolded_per_longest": round(sum(unfolded) / max(longest, 1), 3),
+        "folded_share": round(folded / max(len(played), 1), 3),
         "hit_rate": round(1 - prefilled / prompt, 3) if prompt else 0.0,
         "prefilled_tokens": prefilled,
         "longest_prompt_tokens": longest,
@@ -290,6 +311,8 @@ async def _bench(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
             **{f"{arm}_{k}": v for arm, figs in arms[spec].items() for k, v in figs.items()},
             "prefill_ratio": after["prefill_ratio"],
             "hit_rate": after["hit_rate"],
+            "prefill_ratio_unfolded": after["prefill_ratio_unfolded"],
+            "folded_share": after["folded_share"],
             "speedup_vs_before": round(after["episodes_per_s"] / plain["episodes_per_s"], 3),
             "speedup_same_folding": round(
                 after["episodes_per_s"] / arms[spec]["before_fold"]["episodes_per_s"], 3

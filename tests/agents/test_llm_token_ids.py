@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from parley.agents.llm import LLMAgent, LLMAgentConfig
-from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
+from parley.arena.inference.backends.tokenizer import HFChatTokenizer
 from parley.protocols.messages import (
     Completion,
     GenerateRequest,
@@ -55,11 +55,6 @@ class Scripted:
             prompt_token_ids=request.prompt_token_ids,
             completions=[completion],
         )
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir: Path) -> HFChatTokenizer:
-    return load_tokenizer(str(tiny_model_dir))
 
 
 async def prompts(
