@@ -13,8 +13,13 @@ rebuilds that chat and, given the tokenizer, **checks it**: ``chat_exact`` is tr
 the chat template applied to the rebuilt chat gives exactly the recorded prompt ids (the
 system prompt is found among ``system_prompts``, the scenario's ``system_prompt(seat)``
 and none; the folding among every possible one, and an observation cut to fit the
-budget as the agent cuts it). Without a tokenizer the chat is built
-from the parsed actions, unfolded, and ``chat_exact`` is None.
+budget as the agent cuts it). An agent that keeps its replies' own token ids
+(``LLMAgentConfig.keep_token_ids``) sends ids that a reply's text need not encode back to
+(a byte token, another merge): the chat exported is then the candidate whose template's
+text is the text the recorded ids decode to (the same system prompt and folding the agent
+used), with ``chat_exact`` False; ``prompt_token_ids`` are always the recorded ones, what
+the model saw. Without a tokenizer the chat is built from the parsed actions, unfolded,
+and ``chat_exact`` is None.
 
 **Control tokens spelled in text.** A seat may write the text of a special token
 (``<|end|>``, ``<|system|>``) into its message; parley's encoder gives the model such text
@@ -116,18 +121,34 @@ def _match(
     history: Sequence[Message], prompt_ids: Sequence[int], systems: Sequence[str], tokenizer: Any
 ) -> tuple[list[Message], str, bool]:
     """The chat among the candidate systems and foldings whose template gives
-    ``prompt_ids`` exactly; else the unfolded chat with the first system, not exact."""
+    ``prompt_ids`` exactly; else the first whose template's text is the text ``prompt_ids``
+    decode to (an agent that keeps its replies' own ids, ``keep_token_ids``, sends ids that
+    the text of a reply need not encode back to), not exact; else the unfolded chat with
+    the first system, not exact."""
     target = list(prompt_ids)
+    text = tokenizer.decode(target)
+    same_text: tuple[list[Message], str] | None = None
+    for messages, system in _candidates(history, len(target), systems, tokenizer):
+        ids = tokenizer.encode_chat(messages)
+        if ids == target:
+            return messages, system, True
+        if same_text is None and tokenizer.decode(ids) == text:
+            same_text = messages, system
+    if same_text is not None:
+        return *same_text, False
+    return _chat(systems[0], history, 0), systems[0], False
+
+
+def _candidates(
+    history: Sequence[Message], length: int, systems: Sequence[str], tokenizer: Any
+) -> Iterator[tuple[list[Message], str]]:
+    """Every chat the agent may have sent: per system, each folding, then the newest
+    observation cut to fit ``length`` tokens."""
     for system in systems:
         for folded in range(len(history)):
-            messages = _chat(system, history, folded)
-            if tokenizer.encode_chat(messages) == target:
-                return messages, system, True
+            yield _chat(system, history, folded), system
     for system in systems:
-        messages = _cut(system, history, len(target), tokenizer)
-        if tokenizer.encode_chat(messages) == target:
-            return messages, system, True
-    return _chat(systems[0], history, 0), systems[0], False
+        yield _cut(system, history, length, tokenizer), system
 
 
 def _cut(system: str, history: Sequence[Message], length: int, tokenizer: Any) -> list[Message]:
