@@ -47,6 +47,7 @@ import bisect
 import functools
 import itertools
 import logging
+import operator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -60,6 +61,7 @@ from parley.scenarios.registry import ScenarioSpec
 
 __all__ = ["OpenSpielGame", "catalog", "load_game", "spec_for"]
 
+_SECOND = operator.itemgetter(1)  # (a chance outcome's probability)
 _INSTALL = 'OpenSpiel is not installed: pip install -e ".[games]" (open-spiel 2.0.2)'
 _BASELINE = "parley.agents.scripted.imported:RandomLegal"
 
@@ -237,6 +239,7 @@ class OpenSpielGame(Scenario):
         # acting()'s seats, replaced when _moves or _chosen change (a tuple: handed out).
         self._acting: tuple[str, ...] = ()
         self._prompts: dict[tuple[str, LegalMoves], str] = {}  # (seat, moves) -> prompt
+        self._endings: dict[tuple[float, ...], str] = {}  # final returns -> notice
         self._misses: dict[str, int] = {}
         self._changed = False  # a move was applied since the acting seats were told
         self._paid = [0.0] * len(seats)  # the returns paid so far, per seat
@@ -387,7 +390,7 @@ class OpenSpielGame(Scenario):
             outcomes = state.chance_outcomes()
             # np.cumsum and np.searchsorted(side="right") give the same pick, at 5x the cost
             # for a few outcomes (the sums are added in the same order).
-            weights = list(itertools.accumulate(p for _, p in outcomes))
+            weights = list(itertools.accumulate(map(_SECOND, outcomes)))
             pick = bisect.bisect_right(weights, rng.random() * weights[-1])
             state.apply_action(outcomes[min(pick, len(outcomes) - 1)][0])
 
@@ -405,9 +408,11 @@ class OpenSpielGame(Scenario):
             self._acting = (seats[player],)
 
     def _legal(self, player: int) -> LegalMoves:
-        actions = self.state_.legal_actions(player)
-        name = self.state_.action_to_string
-        return LegalMoves.of([name(player, a) for a in actions], actions)
+        # (Named anew every time: OpenSpiel's names may depend on the state, chess's do.)
+        state = self.state_
+        actions = state.legal_actions(player)
+        names = map(state.action_to_string, itertools.repeat(player, len(actions)), actions)
+        return LegalMoves.of(tuple(names), actions)
 
     def _observation(self, player: int, state: Any = None) -> str:
         state = self.state_ if state is None else state
@@ -420,8 +425,17 @@ class OpenSpielGame(Scenario):
             self.tell(seat, self._observation(self.index[seat]))
 
     def _tell_end(self) -> None:
-        returns = self.state_.returns()
-        final = ", ".join(f"{s} {returns[i]:g}" for i, s in enumerate(self.possible_agents))
+        returns = tuple(self.state_.returns())
+        # A game's final returns repeat (kuhn_poker has 6): each notice is written once
+        # (not with a zero: 0.0 and -0.0 are one key, "0" and "-0" two notices).
+        notice = self._endings.get(returns)
+        if notice is None:
+            final = ", ".join(f"{s} {returns[i]:g}" for i, s in enumerate(self.possible_agents))
+            notice = f"The game is over. Returns: {final}."
+            if 0.0 not in returns:
+                if len(self._endings) >= 1024:
+                    self._endings.clear()
+                self._endings[returns] = notice
         for seat in self.possible_agents:
             self.tell(seat, self._observation(self.index[seat]))
-        self.announce(f"The game is over. Returns: {final}.")
+        self.announce(notice)

@@ -105,11 +105,17 @@ class _OwnRandom:
     functions, and with stdout dropped (some games print their puzzles; stdout belongs to
     the command: ``parley run --json``); both are put back afterwards.
 
-    One generator per scenario, seeded by :meth:`start` at the start of every episode (with
-    the library seed, before the game is made: draws while it is made are a function of the
+    One generator per scenario, seeded with the library seed at the start of every episode
+    (:meth:`start`: before the game is made, so draws while it is made are a function of the
     seed too; TextArena then seeds it again in ``reset``), keeping its state between calls;
     the shared instance is never touched, so the caller's ``random`` state stays as it was.
     Not reentrant.
+
+    The episode's seed is applied by the first call into ``random`` after :meth:`start`
+    (stand-ins for its functions seed, then hand over to the generator's own): a seed
+    replaces the whole state, so where that first call is TextArena's own ``random.seed``
+    in ``reset`` (most games) the seed before it, ~3 us an episode, is skipped, and where
+    something draws first it draws the same stream as from a generator seeded at once.
     """
 
     # Swapping the module's functions for the generator's bound methods is two dict updates
@@ -120,12 +126,27 @@ class _OwnRandom:
     def __init__(self) -> None:
         self.random = random.Random(0)
         self._functions = {name: getattr(self.random, name) for name in _FUNCTIONS}
+        self._seeding = {name: functools.partial(self._first_call, name) for name in _FUNCTIONS}
+        self._installed = self._functions  # what ``with`` puts behind random's functions
+        self._pending: int | None = None  # the seed the next call into random applies first
+        self._inside = False
         self._saved: dict[str, Any] = {}
         self._stdout: Any = None
 
     def start(self, seed: int) -> None:
-        """Seed the generator for a new episode."""
-        self.random.seed(seed)
+        """Seed the generator for a new episode (on the first call into ``random``)."""
+        self._pending = seed
+        self._installed = self._seeding
+
+    def _first_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._pending is not None:
+            if name != "seed":  # (random.seed(...) replaces the state: nothing to apply)
+                self.random.seed(self._pending)
+            self._pending = None
+            self._installed = self._functions
+            if self._inside:  # (a stand-in kept by the game may be called outside ``with``)
+                vars(random).update(self._functions)
+        return self._functions[name](*args, **kwargs)
 
     def __enter__(self) -> None:
         module = vars(random)
@@ -136,11 +157,13 @@ class _OwnRandom:
             if saved == _SHARED_FUNCTIONS
             else dict(zip(_FUNCTIONS, saved, strict=True))
         )
-        module.update(self._functions)
+        module.update(self._installed)
+        self._inside = True
         self._stdout, sys.stdout = sys.stdout, _SINK
 
     def __exit__(self, *exc: object) -> None:
         sys.stdout = self._stdout
+        self._inside = False
         vars(random).update(self._saved)
 
 

@@ -55,3 +55,72 @@ def test_a_textarena_episode_never_copies_the_callers_random_state(
     assert copies == 0  # (4 per call, 2 calls a step, at first; then 1 an episode)
     assert random.random() == expected  # the caller's stream did not move
     assert {name: getattr(random, name) for name in functions} == functions
+
+
+def test_the_episode_seed_is_applied_by_the_first_call_into_random() -> None:
+    """The generator behind random's functions is seeded by the episode's first call into
+    random, not at once: TextArena's own ``random.seed`` in ``reset`` replaces the whole
+    state, so the seed before it was wasted work (~3 us an episode); a draw before any seed
+    sees the stream of a generator seeded at once, and the caller's stream never moves."""
+    pytest.importorskip("textarena")
+    from parley.scenarios.imported.textarena import _OwnRandom
+
+    own = _OwnRandom()
+    random.seed(3)
+    caller = random.Random(3)
+    own.start(5)
+    with own:
+        pass  # (nothing called: the seed is still to be applied)
+    with own:
+        first = [random.random(), random.randint(0, 9)]
+    expected = random.Random(5)
+    assert first == [expected.random(), expected.randint(0, 9)]
+    own.start(5)
+    with own:
+        random.seed(7)  # (as TextArena's reset does)
+        again = random.random()
+    assert again == random.Random(7).random()
+    own.start(6)
+    with own:
+        kept = random.choice  # a stand-in a game keeps and calls later, outside ``with``
+    assert kept(range(100)) == random.Random(6).choice(range(100))
+    assert random.random() == caller.random()  # the caller's stream did not move
+
+
+@pytest.mark.timeout(60)
+def test_a_textarena_episode_seeds_its_generator_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("textarena")
+    seeds = 0
+    real = random.Random.seed
+
+    def counting(self: random.Random, *args: object, **kwargs: object) -> None:
+        nonlocal seeds
+        seeds += 1
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(random.Random, "seed", counting)
+    env = make("textarena:TicTacToe-v0")
+    env.reset(seed=0)
+    seeds = 0
+    env.reset(seed=1)
+    assert seeds == 1  # TextArena's own, in reset (2 before: the adapter's first)
+
+
+@pytest.mark.timeout(120)
+def test_the_seeded_floor_of_bench_games_seeds_as_the_adapters_do() -> None:
+    """``library_seeded`` charges the library's loop with parley's seeding: its TextArena
+    seed is the one the adapter drew for the recorded episode, and both games report it."""
+    pytest.importorskip("pyspiel")
+    pytest.importorskip("textarena")
+    import numpy as np
+
+    from parley.arena.bench import games
+
+    for episode in games.record("textarena:KuhnPoker-v0", 3):
+        drawn = int(np.random.default_rng(episode.seed).integers(2**31 - 1))
+        assert drawn == episode.library_seed
+    ids = ["openspiel:kuhn_poker", "textarena:KuhnPoker-v0"]
+    results = games.measure(ids, 3, 1, step=lambda line: None)
+    for slug in ("openspiel_kuhn_poker", "textarena_kuhnpoker_v0"):
+        assert results[f"{slug}_steps_per_s_library_seeded"] > 0
+        assert results[f"{slug}_seeded_vs_library"] > 0
