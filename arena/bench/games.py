@@ -15,10 +15,17 @@ understands, :data:`TEXTARENA_MOVES`); then the same moves are timed, the cases 
   then ``get_observation()`` and ``step(text)`` per move, ``close()`` at the end);
 * ``library_state`` (OpenSpiel only, a floor, not a target) — the bare C++ state with only
   what an agent needs before each move (the mover's observation string and the names of its
-  legal moves), then ``apply_action``.
+  legal moves), then ``apply_action``;
+* ``library_seeded`` (not a target) — ``library`` plus what parley's randomness contract
+  adds to it, whatever the adapter does per step: a generator made per episode from the seed
+  of ``reset(seed=...)`` (OpenSpiel: one draw per chance node, the outcomes still replayed;
+  TextArena: the library seed drawn from it, and the episode's own generator put behind
+  ``random``'s functions, stdout dropped, around every call into the library).
 
-``{game}_ratio_vs_library`` is parley's steps/s ÷ the library's (:data:`TARGET`). A library
-that is not installed is skipped with the line that installs it.
+``{game}_ratio_vs_library`` is parley's steps/s ÷ the library's (:data:`TARGET`);
+``{game}_seeded_vs_library`` is ``library_seeded``'s: what that contract alone leaves of the
+library's rate (for TextArena, whose loop parley must run whole, the most parley's ratio can
+be). A library that is not installed is skipped with the line that installs it.
 """
 
 from __future__ import annotations
@@ -158,6 +165,31 @@ def _openspiel_env(game: Any, episodes: list[Episode]) -> float:
     return steps / (time.process_time() - started)
 
 
+def _openspiel_seeded(game: Any, episodes: list[Episode]) -> float:
+    from open_spiel.python import rl_environment
+
+    rng: Any = None
+    seed, outcomes = 0, iter(())
+
+    def replay(state: Any) -> int:
+        nonlocal rng
+        if rng is None:  # made at the first chance node, as the adapter's (a LazyRng)
+            rng = np.random.default_rng(seed)
+        rng.random()  # (what the adapter's draw costs; the outcome is the recorded one)
+        return next(outcomes)
+
+    env = rl_environment.Environment(game, chance_event_sampler=replay)
+    steps = 0
+    started = time.process_time()
+    for episode in episodes:
+        rng, seed, outcomes = None, episode.seed, iter(episode.chance)
+        env.reset()
+        for action in episode.actions:
+            env.step([action])
+        steps += len(episode.actions)
+    return steps / (time.process_time() - started)
+
+
 def _openspiel_state(game: Any, episodes: list[Episode]) -> float:
     observe = (
         "observation_string"
@@ -201,6 +233,30 @@ def _textarena(env_id: str, episodes: list[Episode]) -> float:
     return steps / (time.process_time() - started)
 
 
+def _textarena_seeded(env_id: str, episodes: list[Episode]) -> float:
+    import textarena
+
+    from parley.scenarios.imported.textarena import _OwnRandom, _raw
+
+    own, raw = _OwnRandom(), _raw(env_id)
+    steps = 0
+    started = time.process_time()
+    for episode in episodes:
+        seed = int(np.random.default_rng(episode.seed).integers(2**31 - 1))
+        own.start(seed)
+        with own:
+            env = textarena.make(raw)
+            env.reset(num_players=episode.players, seed=seed)
+        for text in episode.texts:
+            with own:
+                env.get_observation()
+                env.step(action=text)
+        with own:
+            env.close()
+        steps += len(episode.texts)
+    return steps / (time.process_time() - started)
+
+
 def _case(
     loop: Callable[[Any, list[Episode]], float], subject: Any, recorded: list[Episode]
 ) -> Callable[[int], float]:
@@ -234,13 +290,16 @@ def measure(
             game = load_game(name)
             cases["library"] = _case(_openspiel_env, game, recorded)
             cases["library_state"] = _case(_openspiel_state, game, recorded)
+            cases["library_seeded"] = _case(_openspiel_seeded, game, recorded)
         else:
             cases["library"] = _case(_textarena, name, recorded)
+            cases["library_seeded"] = _case(_textarena_seeded, name, recorded)
         step(f"{game_id}: timing {', '.join(cases)}")
         best = best_rates(cases, episodes, repeats)
         for case, rate in best.items():
             results[f"{slug}_steps_per_s_{case}"] = rate
         results[f"{slug}_ratio_vs_library"] = best["parley"] / best["library"]
+        results[f"{slug}_seeded_vs_library"] = best["library_seeded"] / best["library"]
         if "library_state" in best:
             results[f"{slug}_ratio_vs_library_state"] = best["parley"] / best["library_state"]
     return results
@@ -267,12 +326,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(results))
         return 0
     table = Table(title="imported games: env steps/s (CPU time), same moves")
-    for column in ("game", "parley", "library", "ratio", f"target >= {TARGET}", "state floor"):
+    columns = ("game", "parley", "library", "ratio", f"target >= {TARGET}", "state floor", "seeded")
+    for column in columns:
         table.add_column(column, justify="left" if column == "game" else "right")
     for game_id in games:
         slug = _slug(game_id)
         if f"{slug}_skipped" in results:
-            table.add_row(game_id, "-", "-", "-", "skipped", results[f"{slug}_skipped"][:60])
+            table.add_row(game_id, "-", "-", "-", "skipped", results[f"{slug}_skipped"][:60], "")
             continue
         ratio = results[f"{slug}_ratio_vs_library"]
         floor = results.get(f"{slug}_ratio_vs_library_state")
@@ -283,10 +343,13 @@ def run(args: argparse.Namespace) -> int:
             f"{ratio:.2f}",
             "yes" if ratio >= TARGET else "no",
             "" if floor is None else f"{floor:.2f}",
+            f"{results[f'{slug}_seeded_vs_library']:.2f}",
         )
     table.caption = (
         "library: OpenSpiel's rl_environment step, TextArena's unwrapped env step; state "
-        "floor: parley ÷ OpenSpiel's bare C++ state (observation and move names only)"
+        "floor: parley ÷ OpenSpiel's bare C++ state (observation and move names only); "
+        "seeded: the library with parley's per-episode seeding (and TextArena's random "
+        "isolation) ÷ the library"
     )
     console.print(table)
     return 0
