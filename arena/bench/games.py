@@ -169,7 +169,8 @@ def _openspiel_seeded(game: Any, episodes: list[Episode]) -> float:
     from open_spiel.python import rl_environment
 
     rng: Any = None
-    seed, outcomes = 0, iter(())
+    seed = 0
+    outcomes: Iterator[int] = iter(())
 
     def replay(state: Any) -> int:
         nonlocal rng
