@@ -18,7 +18,7 @@ from typing import Any, overload
 import numpy as np
 
 from parley.arena.run.config import RunConfig
-from parley.arena.run.records import EpisodeRecord
+from parley.arena.run.records import EpisodeRecord, frozen_json
 from parley.arena.run.seeds import WORD, derive_rows
 from parley.protocols.messages import Action, Observation, TokenRecord, TurnRecord
 from parley.protocols.messages import Trajectory as TrajectoryMsg
@@ -159,18 +159,51 @@ _Played = tuple[
     dict[str, str],
     dict[str, str],
     "dict[str, list[TokenRecord]] | None",
-    Mapping[str, float],
-    Mapping[str, bool],
-    Mapping[str, bool],
-    Mapping[str, Mapping[str, Any]],
+    "dict[str, str] | None",
+    "dict[str, float] | None",
+    Any,
+    Any,
+    Any,
+    Any,
 ]
 """One step as :meth:`EpisodeLog.add_step` keeps it: turn, the texts each acting seat was
-shown and said, their tokens (``None``: no action had any), rewards, terminations,
-truncations, infos (the env's own mappings, copied where it may reuse them)."""
+shown and said, their tokens (``None``: no action had any), the acting seats' invalid-move
+reasons and the step's rewards that are not 0.0 (``None``: none), then rewards,
+terminations, truncations, infos: the env's own mappings, copied where it may reuse them,
+or, with ``EpisodeLog.frozen_steps``, as their JSON
+(:func:`~parley.arena.run.records.frozen_json`)."""
 
 _BUILDING = threading.Lock()
 """Held while a record's steps are built: a record read on the event loop while the writer
 thread builds it (or the other way round) waits for that one build."""
+
+
+FROZEN_AFTER = 16
+"""Steps an episode keeps as objects before :attr:`EpisodeLog.frozen_steps` keeps them as
+their JSON (those first steps included): a short episode's steps are written soon, and
+encoding them costs more than keeping them (simple-trade-v1's 10 steps); a long one's stay
+alive for longer, which costs more than encoding them (the bench's 50-step broadcast)."""
+
+_EnvDicts = tuple[Any, Any, Any, Any]
+"""A step's rewards, terminations, truncations and infos as kept (see :data:`_Played`)."""
+
+
+def _kept(env_dicts: _EnvDicts, *, copy: bool, frozen: bool) -> _EnvDicts:
+    """A step's rewards, terminations, truncations and infos to keep: with ``frozen``, each
+    as its JSON (:func:`~parley.arena.run.records.frozen_json`); otherwise, and for a value
+    JSON cannot hold (whose write then fails as it would have), copied with ``copy`` (an env
+    that may change them in place later), else as they are."""
+    kept = frozen_json(env_dicts) if frozen else [None] * 4
+    if None in kept:
+        rewards, terminations, truncations, infos = env_dicts
+        if copy:
+            rewards, terminations = dict(rewards), dict(terminations)
+            truncations = dict(truncations)
+            infos = {seat: dict(info) for seat, info in infos.items()}
+        as_is = (rewards, terminations, truncations, infos)
+        kept = [value if json is None else json for json, value in zip(kept, as_is, strict=True)]
+    gains, ends, cuts, info = kept
+    return gains, ends, cuts, info
 
 
 class EpisodeLog:
@@ -200,6 +233,14 @@ class EpisodeLog:
         self.copy_steps = True
         """Copy the mappings ``add_step`` is given (``False``: each step's are new objects
         that nobody changes later, as parley's ``Scenario.step`` returns)."""
+        self.frozen_steps = False
+        """Keep each step's rewards, terminations, truncations and infos as the JSON they
+        will be written as (:func:`~parley.arena.run.records.frozen_json`), not as the
+        env's objects, once the episode has kept :data:`FROZEN_AFTER` steps: only for
+        records that nothing but the records' writer reads (the transcript's steps then
+        hold ``msgspec.Raw`` values, which encode as the same bytes). A long episode's step
+        dicts alive until written cost the loop more than encoding them: the memory, and
+        the collector walking it (issue 33 §5)."""
         self.trajectories = {
             seat: TrajectoryMsg(
                 episode=plan.episode_id, scenario=scenario, agent=seat, seed=plan.seed
@@ -236,13 +277,16 @@ class EpisodeLog:
             # (texts and tokens, not the messages: what is kept until the record is written
             # weighs on the loop's memory and its garbage collector), the env's mappings
             # copied only when the env may reuse them (Scenario.step builds new ones).
-            if self.copy_steps:
-                rewards, terminations = dict(rewards), dict(terminations)
-                truncations = dict(truncations)
-                infos = {seat: dict(info) for seat, info in infos.items()}
+            kept: _EnvDicts = (rewards, terminations, truncations, infos)
+            frozen = self.frozen_steps and len(self._played) >= FROZEN_AFTER
+            if frozen and len(self._played) == FROZEN_AFTER:
+                self._freeze_kept()
+            if self.copy_steps or frozen:
+                kept = _kept(kept, copy=self.copy_steps, frozen=frozen)
             observed: dict[str, str] = {}
             acted: dict[str, str] = {}
             tokens: dict[str, list[TokenRecord]] | None = None
+            invalid: dict[str, str] | None = None
             for seat, action in actions.items():
                 observed[seat] = shown[seat].text
                 acted[seat] = action.text
@@ -250,23 +294,28 @@ class EpisodeLog:
                     if tokens is None:
                         tokens = {}
                     tokens[seat] = list(action.tokens)
-                if str(infos.get(seat, _EMPTY).get("invalid", "")):
+                reason = infos.get(seat, _EMPTY).get("invalid", "")
+                if reason != "" and (reason := str(reason)):  # (the usual "": no str() call)
                     self.invalid_moves += 1
-            self._played.append(
-                (turn, observed, acted, tokens, rewards, terminations, truncations, infos)
-            )
+                    if invalid is None:
+                        invalid = {}
+                    invalid[seat] = reason
         else:
             for seat in actions:
-                invalid = infos.get(seat, _EMPTY).get("invalid", "")
-                if invalid != "" and str(invalid):  # (the usual "" without a str() call)
+                reason = infos.get(seat, _EMPTY).get("invalid", "")
+                if reason != "" and str(reason):  # (the usual "" without a str() call)
                     self.invalid_moves += 1
         trajectories = self.trajectories
+        credited: dict[str, float] | None = None  # the step's rewards that are not 0.0
         for seat, reward in rewards.items():
-            trajectory = trajectories[seat]
             value = float(reward)
             if value:  # adding 0.0 changes no sum (and NaN is truthy: it is added)
-                trajectory.reward += value
+                trajectories[seat].reward += value
+                if credited is None:
+                    credited = {}
+                credited[seat] = value
         if keep:  # (a run that keeps no step reads no component)
+            self._played.append((turn, observed, acted, tokens, invalid, credited, *kept))
             for seat in rewards:
                 components = infos.get(seat, _EMPTY).get("components")
                 if components:
@@ -274,12 +323,20 @@ class EpisodeLog:
                     for name, part in components.items():
                         totals[name] = totals.get(name, 0.0) + float(part)
 
+    def _freeze_kept(self) -> None:
+        """Keep the steps kept so far as their JSON (see :attr:`frozen_steps`)."""
+        self._played = [
+            (*step[:6], *_kept(step[6:], copy=False, frozen=True))  # (copied when kept)
+            for step in self._played
+        ]
+
     def _build(self) -> None:
         """Build the steps played so far into the transcript's steps and the trajectories'
         turns (once: the steps are then forgotten). Hold :data:`_BUILDING`."""
         played, self._played = self._played, []
         steps, trajectories = self.steps, self.trajectories
-        for turn, observed, acted, tokens, rewards, terminations, truncations, infos in played:
+        for turn, observed, acted, tokens, invalid, credited, *env_dicts in played:
+            rewards, terminations, truncations, infos = env_dicts
             steps.append(
                 {
                     "turn": turn,
@@ -298,14 +355,13 @@ class EpisodeLog:
                         observation=observed[seat],
                         action=text,
                         tokens=tokens.get(seat, []) if tokens else [],
-                        invalid=str(infos.get(seat, _EMPTY).get("invalid", "")),
+                        invalid=invalid.get(seat, "") if invalid else "",
                     )
                 )
-            for seat, reward in rewards.items():
-                value = float(reward)
+            for seat, value in credited.items() if credited else ():
                 turns = trajectories[seat].turns
                 # A reward earned on a step the seat sat out belongs to its latest decision.
-                if value and turns:
+                if turns:
                     turns[-1].reward += value
 
     def non_finite(self) -> str:

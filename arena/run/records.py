@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -54,6 +54,33 @@ def encode_json(value: Any) -> bytes:
     JSON encoder writes non-finite floats so, numpy's included: no pass over the value in
     Python, which had cost more than the encoding itself)."""
     return _encoder.encode(value)
+
+
+# The event loop's own (the writer thread encodes with _encoder): one encoder per thread.
+_loop_encoder = msgspec.json.Encoder(enc_hook=_enc_hook, order="sorted")
+
+
+def frozen_json(values: Sequence[Any]) -> list[msgspec.Raw | None]:
+    """Each of ``values`` as :func:`encode_json` writes it, encoded now: a
+    :class:`msgspec.Raw`, which msgspec encodes as those very bytes wherever it sits in a
+    record (and which holds one buffer where a value may hold many objects); ``None`` for
+    a value JSON cannot hold (a dict key that is no string): the caller keeps that value,
+    for its write to fail naming it."""
+    encode = _loop_encoder.encode
+    try:
+        return [msgspec.Raw(encode(value)) for value in values]
+    except _ENCODE_ERRORS:
+        pass  # which ones: one at a time
+    frozen: list[msgspec.Raw | None] = []
+    for value in values:
+        try:
+            frozen.append(msgspec.Raw(encode(value)))
+        except _ENCODE_ERRORS:
+            frozen.append(None)
+    return frozen
+
+
+_ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)  # what msgspec raises
 
 
 @dataclass

@@ -195,17 +195,23 @@ class Runner(SeatAsking):
         self.keep_steps = True
         """Records hold every step (transcript, trajectories' turns); :meth:`run` turns it
         off while no step is read (no ``out``, no ``keep_records``): only the summary is."""
+        self.frozen_steps = False
+        """Records keep each step's env dicts as their JSON (``EpisodeLog.frozen_steps``):
+        :meth:`run` turns it on while only its records' writer reads the steps (``out``,
+        no ``keep_records``, no judge)."""
 
     # ------------------------------------------------------------------ the run
 
     async def run(self) -> RunResult:
         """Play every planned episode and write the output files; returns the summary
         (and the records, with ``keep_records``)."""
-        self.keep_steps = self.config.out is not None or self.keep_records or self.rewards.judged
+        read = self.keep_records or self.rewards.judged  # (steps read by more than the writer)
+        self.keep_steps = self.config.out is not None or read
+        self.frozen_steps = self.config.out is not None and not read
         try:
             return await self._play_plans()
         finally:
-            self.keep_steps = True
+            self.keep_steps, self.frozen_steps = True, False
 
     async def _play_plans(self) -> RunResult:
         plans = plan_episodes(self.config, self.seats)
@@ -377,7 +383,7 @@ class Runner(SeatAsking):
         env = self.rewards.make_env(self.config)
         episode = EpisodeLog(plan, self.config.scenario, self.seats, self.specs)
         episode.copy_steps = type(env).step is not Scenario.step  # (Scenario's are fresh)
-        episode.keep_steps = self.keep_steps
+        episode.keep_steps, episode.frozen_steps = self.keep_steps, self.frozen_steps
         asked: set[str] = set()
         try:
             await self._play(env, episode, asked)

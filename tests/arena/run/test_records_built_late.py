@@ -20,8 +20,8 @@ import msgspec
 import pytest
 
 from parley.arena.run.config import RunConfig
-from parley.arena.run.episode import EpisodeLog, EpisodePlan
-from parley.arena.run.records import EpisodeRecord, encode_json
+from parley.arena.run.episode import FROZEN_AFTER, EpisodeLog, EpisodePlan
+from parley.arena.run.records import EpisodeRecord, RecordsError, RecordWriter, encode_json
 from parley.arena.run.runner import run
 from parley.protocols.messages import Action, Observation, TokenRecord
 from tests.arena.run import test_steps_kept
@@ -49,6 +49,8 @@ RUNS.update(
     {
         # 8 seats acting every step (the bench's broadcast), fresh dicts: nothing copied.
         "broadcast": {"scenario": BROADCAST, "scenario_kwargs": {"steps": 6}, **_COMMON},
+        # Episodes past FROZEN_AFTER steps: with out, their steps are kept as their JSON.
+        "broadcast-long": {"scenario": BROADCAST, "scenario_kwargs": {"steps": 20}, **_COMMON},
         # Another agent in a seat.
         "simple-trade-v1-v0-trader": {
             "scenario": "negotiation/simple-trade-v1",
@@ -75,6 +77,7 @@ RUNS.update(
 # credit, from the runner that built every step on the event loop (before this change).
 PINNED: dict[str, tuple[str, str]] = {
     "broadcast": ("d5ced0c8869a3853", "c234532bc6fd68cf"),
+    "broadcast-long": ("c64cc8b298e574c7", "a586ecbf0c0e30fe"),  # (pinned at 9013437)
     "collaboration/hidden-profile-v2": ("ce1751ddd8ecd6dc", "12d3ba67518f7f35"),
     "collaboration/referential-v1": ("b88b70c338ec23d7", "cfc7a053be6cf853"),
     "count": ("54d6c4a8def48917", "89225f3ff9e8dd6a"),
@@ -128,11 +131,13 @@ def test_files_and_kept_records_are_the_pinned_ones(tmp_path: Path, name: str) -
     assert (files, _credited(kept)) == PINNED[name]
 
 
-def _played(steps: int = 4) -> EpisodeRecord:
+def _played(steps: int = 4, *, frozen: bool = False, info_key: Any = "invalid") -> EpisodeRecord:
     """The record of an episode of two seats, "a" acting every step (with tokens), "b"
-    every other step (rewarded on the steps it sits out too); its steps not built yet."""
+    every other step (rewarded on the steps it sits out too); its steps not built yet
+    (with ``frozen``, kept as their JSON; ``info_key``: b's info key on step 1)."""
     plan = EpisodePlan(index=0, task=0, trial=0, seed=1, agent_seeds={"a": 1, "b": 2})
     log = EpisodeLog(plan, "x", ["a", "b"], {"a": "llm:p", "b": "scripted"})
+    log.frozen_steps = frozen
     for turn in range(steps):
         token = TokenRecord(
             policy="p", policy_version=0, prompt_token_ids=[turn], token_ids=[2], logprobs=[-1]
@@ -149,7 +154,10 @@ def _played(steps: int = 4) -> EpisodeRecord:
             {"a": 1.0, "b": 0.5},
             {"a": False, "b": False},
             {"a": False, "b": False},
-            {"a": {"components": {"task": 1.0}}, "b": {"invalid": "no" if turn == 1 else ""}},
+            {
+                "a": {"components": {"task": 1.0}},
+                "b": {info_key: "no"} if turn == 1 else {"invalid": ""},
+            },
         )
     return log.record()
 
@@ -221,3 +229,55 @@ def test_a_run_with_out_builds_its_steps_on_the_writer_thread(
     monkeypatch.setattr(EpisodeLog, "_build", spy)
     run(RunConfig(progress=False, out=str(tmp_path), **RUNS["negotiation/simple-trade-v1"]))
     assert threads == ["parley-records"] * 6
+
+
+def test_steps_kept_as_their_json_write_the_same_bytes() -> None:
+    """``EpisodeLog.frozen_steps`` (a run with ``out`` whose records only the writer reads):
+    each step's env dicts are kept as their JSON once the episode is long, and the record
+    writes as the objects do."""
+    short = _played(FROZEN_AFTER, frozen=True).transcript["steps"]
+    assert {type(v) for step in short for v in step.values()} == {int, dict}
+    steps = FROZEN_AFTER + 3
+    record = _played(steps, frozen=True)
+    assert record.returns() == [("a", 1.0 * steps), ("b", 0.5 * steps)]
+    assert record.invalid_moves == 1
+    for step in record.transcript["steps"]:  # (the first steps too, once it is long)
+        assert [type(v) for v in step.values()] == [int, dict, dict, *[msgspec.Raw] * 4]
+    assert encode_json(record.transcript) == encode_json(_built(_played(steps)).transcript)
+    assert [encode_json(t) for t in record.trajectories] == [
+        encode_json(t) for t in _played(steps).trajectories
+    ]
+
+
+@pytest.mark.timeout(30)
+def test_a_step_json_cannot_hold_still_fails_its_write(tmp_path: Path) -> None:
+    """A step kept as its JSON that JSON cannot hold (a key that is no string) is kept as
+    it came: its write fails naming the episode, as it did before."""
+    record = _played(FROZEN_AFTER + 1, frozen=True, info_key=1)
+    log = record.log
+    assert log is not None
+    assert log._played[1][-1] == {"a": {"components": {"task": 1.0}}, "b": {1: "no"}}
+    assert type(log._played[0][-1]) is msgspec.Raw
+    writer = RecordWriter(tmp_path)
+    writer.add(record)
+    with pytest.raises(RecordsError, match="t00000-r00"):
+        writer.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("keep", "kept_as"), [(False, msgspec.Raw), (True, dict)])
+def test_a_run_with_out_keeps_long_episodes_steps_as_json_unless_its_records_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: bool, kept_as: type
+) -> None:
+    seen: set[type] = set()
+    build = EpisodeLog._build
+
+    def spy(log: EpisodeLog) -> None:
+        seen.update(type(value) for step in log._played for value in step[-4:])
+        build(log)
+
+    monkeypatch.setattr(EpisodeLog, "_build", spy)
+    config = RunConfig(progress=False, out=str(tmp_path), **RUNS["broadcast"])
+    steps = {"steps": FROZEN_AFTER + 2}
+    run(config.replace(scenario_kwargs=steps), keep_records=keep)
+    assert seen == {kept_as}
