@@ -73,6 +73,9 @@ def _finite(x: float) -> float | None:
 _SCALE = 1074
 """Every finite double is a multiple of 2**-1074 (the smallest subnormal)."""
 
+_PENDING = 64
+"""Distinct values a :class:`Moments` counts before folding them (others fold at once)."""
+
 
 class Moments:
     """Count, sum and sum of squares of a stream of numbers, held exactly.
@@ -80,30 +83,45 @@ class Moments:
     Every float is a multiple of 2**-1074, so both sums are kept as exact integers: the result
     does not depend on the order values were added in (concurrent episodes finish in any
     order) and equals what the whole list would give. Memory stays a few integers however
-    many values are added.
+    many values are added (and a count of each of at most :data:`_PENDING` distinct finite
+    values not folded in yet: the runner's values repeat, rewards and metrics alike, and a
+    count costs a dict update where folding a value costs integer arithmetic on ~1,100-bit
+    numbers; a count of equal values folds to the very sums they would have given).
     """
 
-    __slots__ = ("_nonfinite", "_squares", "_sum", "n")
+    __slots__ = ("_nonfinite", "_pending", "_squares", "_sum", "n")
 
     def __init__(self, values: Iterable[float] = ()) -> None:
         self.n = 0
         self._sum = 0  # sum of the values x 2**_SCALE: an exact integer
         self._squares = 0  # sum of the squares x 2**(2 * _SCALE)
         self._nonfinite = 0.0  # sum of the NaN and infinite values, which no integer holds
+        self._pending: dict[float, int] = {}  # finite value -> times added, not folded yet
         for value in values:
             self.add(value)
 
     def add(self, value: float) -> None:
         """Count one more value."""
         self.n += 1
+        pending = self._pending
+        count = pending.get(value)
+        if count is not None:
+            pending[value] = count + 1
+        elif len(pending) < _PENDING and math.isfinite(value):
+            pending[value] = 1  # (0.0 and -0.0 are one key: both fold to nothing)
+        else:
+            self._fold(value, 1)
+
+    def _fold(self, value: float, count: int) -> None:
+        """Fold ``count`` values equal to ``value`` into the sums."""
         if math.isfinite(value):
             # value = num / 2**k with k <= _SCALE, so both shifts are exact (and fast ints).
             num, den = float(value).as_integer_ratio()
             shift = _SCALE - den.bit_length() + 1
-            self._sum += num << shift
-            self._squares += (num * num) << (2 * shift)
+            self._sum += count * (num << shift)
+            self._squares += count * ((num * num) << (2 * shift))
         else:
-            self._nonfinite += value
+            self._nonfinite += value  # (one at a time: never counted)
 
     def mean_ci(self) -> MeanCI:
         """Mean with a 95% t-interval half-width (sample variance, ``n - 1``).
@@ -115,6 +133,9 @@ class Moments:
         n = self.n
         if n == 0:
             return MeanCI(math.nan, math.nan, 0)
+        for value, count in self._pending.items():
+            self._fold(value, count)
+        self._pending.clear()
         if self._nonfinite:
             return MeanCI(self._nonfinite, math.nan, n)
         mean = float(Fraction(self._sum, 1 << _SCALE)) / n

@@ -74,10 +74,8 @@ class SummaryBuilder:
                 heapq.heappushpop(self._failures, entry)
             self._pass.add(record.task, None)
             return
-        for name, value in record.metrics.items():
-            self._metrics.setdefault(name, Moments()).add(value)
-        for seat, reward in record.returns():  # (builds no turn: this runs on the loop)
-            self._returns.setdefault(seat, Moments()).add(reward)
+        _fold_into(self._metrics, record.metrics.items())
+        _fold_into(self._returns, record.returns())  # (builds no turn: this runs on the loop)
         self._pass.add(record.task, record.metrics.get(SUCCESS_METRIC))
 
     def summary(self) -> dict[str, Any]:
@@ -109,6 +107,15 @@ class SummaryBuilder:
             summary["pass_hat_k"] = {str(k): v for k, v in curve.items()}
             summary["pass_hat_k_tasks"] = self._pass.tasks
         return summary
+
+
+def _fold_into(moments: dict[str, Moments], values: Iterable[tuple[str, float]]) -> None:
+    """Add each named value to its :class:`Moments` (made on a name's first value)."""
+    for name, value in values:
+        held = moments.get(name)
+        if held is None:
+            held = moments[name] = Moments()
+        held.add(value)
 
 
 def summarize(records: Iterable[EpisodeRecord], *, trials: int) -> dict[str, Any]:

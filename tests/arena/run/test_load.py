@@ -26,7 +26,7 @@ from parley.arena.run.agent_specs import AgentFactory, SeatContext, resolve_agen
 from parley.arena.run.config import RunConfig
 from parley.arena.run.records import EpisodeRecord
 from parley.arena.run.runner import Runner, _baseline, run
-from parley.arena.run.stats import _T_975, Moments, PassHatK, pass_hat_k_curve
+from parley.arena.run.stats import _PENDING, _T_975, MeanCI, Moments, PassHatK, pass_hat_k_curve
 from parley.arena.run.summary import MAX_LISTED_FAILURES, SummaryBuilder, failure_kind
 from parley.protocols.bus import BusConfig
 from parley.protocols.errors import ConfigError
@@ -296,6 +296,27 @@ def test_moments_do_not_depend_on_order_and_match_fsum() -> None:
     assert Moments(values).mean_ci() == forward
     assert forward.mean == math.fsum(values) / len(values)
     assert math.isnan(Moments([1.0, math.nan]).mean_ci().mean)
+
+
+def test_moments_counting_repeated_values_give_what_folding_each_gives() -> None:
+    """Moments counts its first distinct values and folds each count once (the runner's
+    rewards and metrics repeat); every other value folds as it comes: the same result."""
+    rng = random.Random(7)
+    repeated = [rng.choice([0.0, -0.0, 1, True, 0.5, -1.25, 1e300]) for _ in range(500)]
+    spread = [rng.uniform(-10, 10) for _ in range(3 * _PENDING)]
+    for values in (repeated, repeated + spread, spread + repeated, [*repeated, math.inf]):
+        reference = Moments()
+        for value in values:  # each folded at once, as before any was counted
+            reference.n += 1
+            reference._fold(value, 1)
+        assert Moments(values).mean_ci() == reference.mean_ci()
+        shuffled = list(values)
+        rng.shuffle(shuffled)
+        assert Moments(shuffled).mean_ci() == reference.mean_ci()
+    counted = Moments([0.5] * 10)
+    assert counted.mean_ci() == MeanCI(0.5, 0.0, 10)
+    counted.add(0.5)  # (after a read: counted again, folded at the next read)
+    assert counted.mean_ci() == MeanCI(0.5, 0.0, 11)
 
 
 def test_only_the_first_failures_in_plan_order_are_listed() -> None:
