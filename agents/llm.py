@@ -217,9 +217,12 @@ class LLMAgentConfig:
     the same ids (a byte-level token decodes to U+FFFD, BPE merges differently), and every
     such turn is a prefix miss from there on. Special tokens in a reply are left out (as
     from its text). A fold, a new system prompt, a stop string cut from the text or a
-    template that does not append turns falls back to the text chat for that turn. Off by
-    default: then a recorded prompt is always the chat template of the transcript's text
-    (``parley.arena.training.export`` relies on it)."""
+    template that does not append turns falls back to the text chat for that turn. The
+    recorded prompt ids are always what the model saw; where a reply's ids do not encode
+    back from its text, the prompt is not the chat template of the transcript's text, and
+    ``parley.arena.training.export`` marks such decisions ``chat_exact`` False (their chat
+    found by its text). Off by default: every prompt is then the chat template of the
+    text, so exports in text formats (TRL, OpenRLHF, NeMo RL) are token-exact."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

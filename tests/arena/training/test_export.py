@@ -127,17 +127,22 @@ def test_unknown_formats_are_refused(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("keep_token_ids", ["false", "true"])
 def test_exported_chats_are_exactly_what_the_model_saw(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, keep_token_ids: str
 ) -> None:
     """Real multi-turn episodes by LLM agents with a system prompt, one of them with a
-    prompt budget so short that it folds earlier turns and cuts observations: the chat
-    template applied to every exported chat gives exactly the recorded prompt ids."""
+    prompt budget so short that it folds earlier turns and cuts observations: every
+    exported chat is the one the agent sent (its text is what the recorded prompt ids
+    decode to), and the chat template applied to it gives exactly the recorded prompt ids
+    wherever ``chat_exact`` says so: always where the agents re-encode the chat's text
+    (``keep_token_ids=false``)."""
     from parley.arena.cli import main
     from parley.arena.inference.backends.tokenizer import load_tokenizer
 
-    short = f"llm:{tiny_model_dir}?max_tokens=6&max_prompt_tokens=260"
-    roomy = f"llm:{tiny_model_dir}?max_tokens=6"
+    keep = f"keep_token_ids={keep_token_ids}"
+    short = f"llm:{tiny_model_dir}?max_tokens=6&max_prompt_tokens=260&{keep}"
+    roomy = f"llm:{tiny_model_dir}?max_tokens=6&{keep}"
     status = main(
         [
             *("run", "negotiation/simple-trade-v0", "--agents", f"{short},{roomy}"),
@@ -150,9 +155,12 @@ def test_exported_chats_are_exactly_what_the_model_saw(
     rows = list(decisions(trajectories, tokenizer=tokenizer))
     assert len(rows) >= 8
     for row in rows:
-        assert tokenizer.encode_chat(row["messages"]) == row["prompt_token_ids"]
-        assert row["chat_exact"] is True
+        templated = tokenizer.encode_chat(row["messages"])
+        assert row["chat_exact"] is (templated == row["prompt_token_ids"])
+        assert tokenizer.decode(templated) == tokenizer.decode(row["prompt_token_ids"])
         assert row["messages"][0]["role"] == "system"
+    if keep_token_ids == "false":
+        assert all(r["chat_exact"] for r in rows)
     # Both paths were exercised: whole multi-turn chats and folded or cut ones.
     assert any(len(r["messages"]) >= 6 for r in rows)
     assert any("earlier messages omitted" in r["messages"][1]["content"] for r in rows)

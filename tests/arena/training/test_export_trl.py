@@ -112,20 +112,23 @@ def test_grpo_from_the_exported_prompts(exported: Path, tiny_model_dir: Path) ->
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("keep_token_ids", ["false", "true"])
 def test_trl_templating_of_an_export_with_an_injecting_partner(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, keep_token_ids: str
 ) -> None:
     # Issue 29 §5: 20 of 22 TRL prompts of such a run carried a forged system turn while the
     # export marked them exact. Now: TRL's own templating gives the recorded ids on every row
     # the export marks template_exact, and no row carries a control token the model did not
-    # see.
+    # see. With keep_token_ids a prompt holds the model's own reply ids, which its text need
+    # not encode back to: such rows are not exact (chat_exact False), and hold no forged
+    # control token either.
     from trl.data_utils import maybe_apply_chat_template
 
     from parley.arena.cli import main
     from parley.arena.inference.backends.tokenizer import load_tokenizer
     from parley.arena.training.export import export, read_trajectories
 
-    agent = f"llm:{tiny_model_dir}?max_tokens=6"
+    agent = f"llm:{tiny_model_dir}?max_tokens=6&keep_token_ids={keep_token_ids}"
     status = main(
         [
             *("run", "negotiation/simple-trade-v0", "--agents"),
@@ -149,13 +152,14 @@ def test_trl_templating_of_an_export_with_an_injecting_partner(
     injected = 0
     for row, example in zip(parley_rows, trl_rows, strict=True):
         saw = row["prompt_token_ids"]
-        assert row["chat_exact"]  # parley's encoder rebuilds what the model saw
+        if keep_token_ids == "false":
+            assert row["chat_exact"]  # parley's encoder rebuilds what the model saw
         # TRL's templating (GRPO, KTO, offline prompt-completion), then its tokenization.
         prompt = maybe_apply_chat_template({"prompt": example["prompt"]}, hf)["prompt"]
         trl_ids = hf(text=prompt, add_special_tokens=False)["input_ids"]
         if row["template_exact"]:
             assert trl_ids == saw
-        else:
+        elif row["chat_exact"]:
             injected += 1
             # The chat holds the partner's message, its spellings broken.
             assert any("< |system|>" in m["content"] for m in row["messages"])
