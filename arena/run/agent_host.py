@@ -219,11 +219,16 @@ class AgentHost:
         """``episode`` is over for ``seat``: close its agent and forget it. ``failed`` is
         the reason when the episode failed (logged at debug level; the agent is closed the
         same way)."""
+        self.end_now(episode, seat, failed)
+
+    def end_now(self, episode: str, seat: str, failed: str | None = None) -> None:
+        """:meth:`end`, from a caller on the event loop that need not await it (the runner's
+        in-process seats: no coroutine per seat and episode)."""
         if failed:
             log.debug("episode %s failed for seat %s: %s", episode, seat, failed)
-        await self._end((episode, seat))
+        self._end((episode, seat))
 
-    async def _end(self, key: tuple[str, str]) -> None:
+    def _end(self, key: tuple[str, str]) -> None:
         agent = self._agents.pop(key, None)
         if agent is None:
             return
@@ -242,7 +247,7 @@ class AgentHost:
         """Close every agent still held, and wait up to :data:`CLOSE_GRACE_S` for the
         ``close()`` calls still running (the endpoint's owner closes the endpoint)."""
         for key in list(self._agents):
-            await self._end(key)
+            self._end(key)
         if not self._closing:
             return
         _, hung = await asyncio.wait(set(self._closing), timeout=CLOSE_GRACE_S)

@@ -298,12 +298,21 @@ class DirectAgents:
         """``episode`` is over for ``seat`` (``failed``: why it failed): its agent is closed
         and forgotten, as the bus's end-of-episode notice does (the host's coroutine, as it
         is: no coroutine of its own per seat and episode)."""
+        self._forget(episode, seat)
+        return self.host.end(episode, seat, failed)
+
+    def end_now(self, episode: str, seat: str, failed: str | None = None) -> None:
+        """:meth:`end`, done before it returns (on the event loop's thread: an agent whose
+        ``close`` suspends finishes it in a task, which :meth:`close` waits for)."""
+        self._forget(episode, seat)
+        self.host.end_now(episode, seat, failed)
+
+    def _forget(self, episode: str, seat: str) -> None:
         held = self._held.get(episode)
         if held is not None:
             held.pop(seat, None)
             if not held:
                 del self._held[episode]
-        return self.host.end(episode, seat, failed)
 
     async def close(self) -> None:
         """Close every agent still held."""

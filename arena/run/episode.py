@@ -311,9 +311,10 @@ class EpisodeLog:
             value = float(reward)
             if value:  # adding 0.0 changes no sum (and NaN is truthy: it is added)
                 trajectories[seat].reward += value
-                if credited is None:
-                    credited = {}
-                credited[seat] = value
+                if keep:
+                    if credited is None:
+                        credited = {}
+                    credited[seat] = value
         if keep:  # (a run that keeps no step reads no component)
             self._played.append((turn, observed, acted, tokens, invalid, credited, *kept))
             for seat in rewards:

@@ -434,16 +434,20 @@ class Runner(SeatAsking):
                 asked.update(requests)
             asked_at = clock()
             results = await self._ask(requests, episode_id, turn, given)
-            actions: dict[str, Action] = {}
-            for seat, result in zip(requests, results, strict=True):
+            actions: dict[str, Action] = dict(zip(requests, results, strict=True))
+            in_order = len(actions) == len(env.agents)  # every live seat, as env.agents lists
+            for result in results:
                 if type(result) is not Action:  # the episode fails, or they are asked again
                     actions = await self._retry(
                         requests, results, asked_at, episode_id, turn, given
                     )
+                    in_order = False  # (seats asked again come last)
                     break
-                actions[seat] = result
             episode.agents_s += clock() - asked_at
-            full = {seat: actions[seat].text if seat in actions else "" for seat in env.agents}
+            if in_order:
+                full = {seat: action.text for seat, action in actions.items()}
+            else:
+                full = {seat: actions[seat].text if seat in actions else "" for seat in env.agents}
             if blocking:  # its step runs subprocesses: keep other episodes going meanwhile
                 step = await asyncio.to_thread(_scenario, "step", step_env, full)
             else:
@@ -462,6 +466,11 @@ class Runner(SeatAsking):
         if transports is None:
             return
         failed = episode.failed or None
+        local = self._local
+        if local is not None:  # every seat in-process: ended now, no coroutine per seat
+            for seat in sorted(asked):
+                local.direct.end_now(episode.plan.episode_id, seat, failed)
+            return
         for seat in sorted(asked):
             await transports[seat].end(episode.plan.episode_id, seat, failed)
 

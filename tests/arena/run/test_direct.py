@@ -9,7 +9,7 @@ wire cannot carry, and an agent per (episode, seat) closed when its episode ends
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -277,3 +277,37 @@ def test_a_close_that_ignores_its_cancel_still_lets_the_host_close(
 
     asyncio.run(outer())
     assert _HangingClose.closes == ["cancelled"]
+
+
+class _Closing(Agent):
+    closed: ClassVar[list[str]] = []
+
+    async def act(self, observation: Observation) -> Action:
+        return Action(agent=observation.agent, text="ok")
+
+    async def close(self) -> None:
+        _Closing.closed.append("closed")
+
+
+@pytest.mark.timeout(30)
+def test_end_now_closes_and_forgets_the_agent_before_it_returns() -> None:
+    """The runner ends in-process seats with ``end_now`` (no coroutine per seat): the agent
+    is closed and forgotten by then, as awaiting ``end`` does; the next episode gets a new
+    one."""
+    _Closing.closed.clear()
+    direct = DirectAgents(AgentHost(None, {"a": _Closing}), Codec(), name="local")
+
+    go = [Observation(agent="a", text="go")]
+
+    async def scenario() -> None:
+        await direct.ask_all(go, timeout=5, episode="e1", sender="x")
+        first = direct._held["e1"]["a"]
+        direct.end_now("e1", "a")
+        assert _Closing.closed == ["closed"]
+        assert "e1" not in direct._held
+        await direct.ask_all(go, timeout=5, episode="e1", sender="x")
+        assert direct._held["e1"]["a"] is not first
+        await direct.close()
+
+    asyncio.run(scenario())
+    assert _Closing.closed == ["closed", "closed"]
