@@ -179,10 +179,11 @@ thread builds it (or the other way round) waits for that one build."""
 
 
 FROZEN_AFTER = 16
-"""Steps an episode keeps as objects before :attr:`EpisodeLog.frozen_steps` keeps them as
-their JSON (those first steps included): a short episode's steps are written soon, and
-encoding them costs more than keeping them (simple-trade-v1's 10 steps); a long one's stay
-alive for longer, which costs more than encoding them (the bench's 50-step broadcast)."""
+"""Steps an episode keeps as objects, by default, before :attr:`EpisodeLog.frozen_steps`
+keeps them as their JSON (those first steps included): a short episode's steps are written
+soon, and encoding them costs more than keeping them (simple-trade-v1's 10 steps); a long
+one's stay alive for longer, which costs more than encoding them (the bench's 50-step
+broadcast). The runner freezes from the first step once its episodes are long."""
 
 _EnvDicts = tuple[Any, Any, Any, Any]
 """A step's rewards, terminations, truncations and infos as kept (see :data:`_Played`)."""
@@ -236,11 +237,14 @@ class EpisodeLog:
         self.frozen_steps = False
         """Keep each step's rewards, terminations, truncations and infos as the JSON they
         will be written as (:func:`~parley.arena.run.records.frozen_json`), not as the
-        env's objects, once the episode has kept :data:`FROZEN_AFTER` steps: only for
+        env's objects, once the episode has kept :attr:`frozen_after` steps: only for
         records that nothing but the records' writer reads (the transcript's steps then
         hold ``msgspec.Raw`` values, which encode as the same bytes). A long episode's step
         dicts alive until written cost the loop more than encoding them: the memory, and
         the collector walking it (issue 33 §5)."""
+        self.frozen_after = FROZEN_AFTER
+        """Steps kept as objects before ``frozen_steps`` applies (0: from the first)."""
+        self.steps_played = 0
         self.trajectories = {
             seat: TrajectoryMsg(
                 episode=plan.episode_id, scenario=scenario, agent=seat, seed=plan.seed
@@ -272,14 +276,15 @@ class EpisodeLog:
         and the seats' turns are built from what is kept here when the record is read."""
         keep = self.keep_steps
         self.agent_steps += len(actions)
+        self.steps_played += 1
         if keep:
             # Hot path (every step): what the step's records will need and nothing more
             # (texts and tokens, not the messages: what is kept until the record is written
             # weighs on the loop's memory and its garbage collector), the env's mappings
             # copied only when the env may reuse them (Scenario.step builds new ones).
             kept: _EnvDicts = (rewards, terminations, truncations, infos)
-            frozen = self.frozen_steps and len(self._played) >= FROZEN_AFTER
-            if frozen and len(self._played) == FROZEN_AFTER:
+            frozen = self.frozen_steps and len(self._played) >= self.frozen_after
+            if frozen and len(self._played) == self.frozen_after:
                 self._freeze_kept()
             if self.copy_steps or frozen:
                 kept = _kept(kept, copy=self.copy_steps, frozen=frozen)

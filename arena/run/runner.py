@@ -62,7 +62,13 @@ from parley.arena.run.asking import EpisodeFailed, SeatAsking
 from parley.arena.run.backpressure import bus_config_for
 from parley.arena.run.config import RunConfig
 from parley.arena.run.direct import DirectAgents, seeds_carried
-from parley.arena.run.episode import EpisodeLog, EpisodePlan, derive_seed, plan_episodes
+from parley.arena.run.episode import (
+    FROZEN_AFTER,
+    EpisodeLog,
+    EpisodePlan,
+    derive_seed,
+    plan_episodes,
+)
 from parley.arena.run.frames import FrameBatcher
 from parley.arena.run.judge import ModelRewards
 from parley.arena.run.peers import AbsentPeers
@@ -199,6 +205,7 @@ class Runner(SeatAsking):
         """Records keep each step's env dicts as their JSON (``EpisodeLog.frozen_steps``):
         :meth:`run` turns it on while only its records' writer reads the steps (``out``,
         no ``keep_records``, no judge)."""
+        self._long_episodes = False  # the latest finished episode: over FROZEN_AFTER steps
 
     # ------------------------------------------------------------------ the run
 
@@ -384,11 +391,14 @@ class Runner(SeatAsking):
         episode = EpisodeLog(plan, self.config.scenario, self.seats, self.specs)
         episode.copy_steps = type(env).step is not Scenario.step  # (Scenario's are fresh)
         episode.keep_steps, episode.frozen_steps = self.keep_steps, self.frozen_steps
+        episode.frozen_after = 0 if self._long_episodes else FROZEN_AFTER
         asked: set[str] = set()
         try:
             await self._play(env, episode, asked)
         except EpisodeFailed as exc:
             episode.failed = str(exc)
+        else:
+            self._long_episodes = episode.steps_played > FROZEN_AFTER
         finally:
             await self._notify_end(episode, asked)
             env.close()
