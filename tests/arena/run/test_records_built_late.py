@@ -270,10 +270,12 @@ def test_a_run_with_out_keeps_long_episodes_steps_as_json_unless_its_records_are
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: bool, kept_as: type
 ) -> None:
     seen: set[type] = set()
+    frozen_after: dict[int, int] = {}
     build = EpisodeLog._build
 
     def spy(log: EpisodeLog) -> None:
         seen.update(type(value) for step in log._played for value in step[-4:])
+        frozen_after[log.plan.index] = log.frozen_after
         build(log)
 
     monkeypatch.setattr(EpisodeLog, "_build", spy)
@@ -281,3 +283,8 @@ def test_a_run_with_out_keeps_long_episodes_steps_as_json_unless_its_records_are
     steps = {"steps": FROZEN_AFTER + 2}
     run(config.replace(scenario_kwargs=steps), keep_records=keep)
     assert seen == {kept_as}
+    # The first episode starts before any has ended; once a long one has ended, those
+    # that start keep their steps as JSON from the first.
+    assert frozen_after[0] == FROZEN_AFTER
+    assert frozen_after[5] == 0
+    assert set(frozen_after.values()) == {FROZEN_AFTER, 0}
