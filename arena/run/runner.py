@@ -45,7 +45,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import fields
-from typing import Any
+from typing import Any, cast
 
 import zmq.asyncio
 from rich.console import Console
@@ -444,7 +444,8 @@ class Runner(SeatAsking):
                 asked.update(requests)
             asked_at = clock()
             results = await self._ask(requests, episode_id, turn, given)
-            actions: dict[str, Action] = dict(zip(requests, results, strict=True))
+            # (every result an Action, checked below; otherwise replaced by _retry's)
+            actions = cast("dict[str, Action]", dict(zip(requests, results, strict=True)))
             in_order = len(actions) == len(env.agents)  # every live seat, as env.agents lists
             for result in results:
                 if type(result) is not Action:  # the episode fails, or they are asked again
