@@ -34,8 +34,9 @@ longest prompt (1.0: each seat-episode prefilled its context once; target <= 1.3
 the longest prompt is capped by the budget, so shorter prompts can raise the ratio while
 fewer tokens are prefilled), ``folded_share`` (share of seat-episodes that folded),
 ``unfolded_per_longest`` (Σ tokens of each seat-episode's whole chat, nothing folded,
-÷ Σ longest prompt: every token of a chat is computed once at least, prefilled or
-generated, so where seats fold no folding can bring ``prefill_ratio`` much under this) and
+÷ Σ longest prompt: every token of a chat is computed once at least, generated (a reply)
+or prefilled unless another seat's cached prompt shares it (a system prompt): where seats
+fold, no folding takes ``prefill_ratio`` below this less those replies and shared tokens) and
 ``prefill_ratio_unfolded`` (prefilled ÷ those whole chats' tokens: what folding and misses
 cost over computing each token once; equal to ``prefill_ratio`` where no seat folds, up to
 the text chat's tokens vs the kept ids), ``episodes_per_s``,
