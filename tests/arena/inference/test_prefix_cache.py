@@ -193,6 +193,25 @@ def test_bench_llm_episodes_reports_prefill_ratios(
     assert figs["same_actions"] == 1.0
 
 
+@pytest.mark.parametrize(
+    "argv", [["--block-size", "32"], ["--backend", "vllm", "--block-size", "0"]]
+)
+def test_bench_llm_episodes_refuses_a_block_size_vllm_would_not_take(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--block-size`` is vLLM's: on the transformers backend (which reuses prefixes token by
+    token) or not positive it is refused before any model loads, saying what to give."""
+    import argparse
+
+    from parley.arena.bench import llm_episodes
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", action="store_true")
+    llm_episodes.add_arguments(parser)
+    assert llm_episodes.run(parser.parse_args(argv)) == 2
+    assert "positive number with --backend vllm" in capsys.readouterr().err
+
+
 async def test_an_adapter_never_reuses_keys_computed_without_it(
     backend: TransformersBackend, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
