@@ -98,6 +98,9 @@ from parley.protocols.messages import (
     WeightUpdate,
 )
 
+# vLLM logs to stdout unless told otherwise, where parley's commands print their results
+# (`--json`, tables): its logs go to stderr, beside parley's own, unless a stream was chosen.
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 vllm: Any = require("vllm", "vllm")
 from vllm.exceptions import VLLMValidationError  # noqa: E402 - after the install hint
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError  # noqa: E402
