@@ -21,13 +21,16 @@ OUTSIDE_CHARSET = re.compile(r"[^\x20-\x7e\n]")
 def printable(text: str) -> str:
     """``text`` with every character outside :data:`CHARSET` escaped (``\\x1b``, ``\\u00e9``);
     text already inside the charset is returned as it is."""
-    # The common case, text inside the charset, is decided at C speed (a text with lines:
-    # the copy with spaces for them, 0.8-1.3 µs for 400 characters, the regex scan 1.2-1.6).
-    if text.isascii() and (
-        text.isprintable() or ("\n" in text and text.replace("\n", " ").isprintable())
-    ):
+    # The common case, text inside the charset, is decided at C speed: deleting the
+    # charset's bytes leaves none (0.3-0.4 µs for 400-850 characters with lines, against
+    # 0.6-1.6 for isprintable on a copy with spaces for them; 1.2-1.6 for the regex scan).
+    if text.isascii() and not text.encode("ascii").translate(None, _INSIDE):
         return text
     return OUTSIDE_CHARSET.sub(_escape, text)
+
+
+_INSIDE = CHARSET.encode("ascii")
+"""The bytes of :data:`CHARSET`, for ``bytes.translate`` to delete."""
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -63,7 +63,7 @@ def test_text_derived_from_a_clean_action_is_still_escaped() -> None:
 
 
 def test_printable_passes_exactly_the_texts_inside_the_charset() -> None:
-    """Its fast paths (isprintable, the copy with spaces for lines) against the regex that
+    """Its fast path (the bytes left once the charset's are deleted) against the regex that
     defines the charset, on random texts with lines, tabs, DEL, NUL, non-ASCII and astral
     characters."""
     import random
