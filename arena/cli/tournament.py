@@ -47,6 +47,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rounds", type=int, default=0, help="swiss rounds (0: log2(agents) + 1)")
     p.add_argument("--concurrency", type=int, default=8, help="episodes at once in a match")
     p.add_argument("--ray", default=None, help="play matches on Ray: local, auto or an address")
+    p.add_argument(
+        "--act-timeout",
+        type=float,
+        default=60.0,
+        help="seconds an agent has to answer; past it, it forfeits the game (default 60)",
+    )
     p.add_argument("--out", required=True, help="league folder (resumed when it exists)")
     p.add_argument("--json", action="store_true", help="print league.json instead of tables")
     p.set_defaults(func=run)
@@ -81,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         concurrency=args.concurrency,
         ray=args.ray,
+        act_timeout=args.act_timeout,
     )
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -137,14 +144,24 @@ def tables(league: dict[str, Any]) -> list[Any]:
                 low, high = cell["ci"]
                 cells.append(f"{cell['win_rate']:.2f} [{low:.2f},{high:.2f}] n={cell['games']}")
         matrix.add_row(a, *cells)
-    scenarios = Table(title="per scenario: mean score (95% interval), win rate")
-    for column in ("scenario", "agent", "games", "mean score", "win rate"):
+    scenarios = Table(
+        title="per scenario: mean score (95% interval) of the games not forfeited, win rate",
+        caption=_unscored(league.get("unscored") or {}),
+    )
+    for column in ("scenario", "agent", "games", "mean score", "win rate", "forfeits"):
         scenarios.add_column(column)
     for scenario, rows in league["scenarios"].items():
         for name, row in rows.items():
             ci = f" +- {row['ci']:.3g}" if row["ci"] is not None else ""
+            mean = f"{row['mean_score']:.3g}{ci}" if row["mean_score"] is not None else "-"
             scenarios.add_row(
-                scenario, name, str(row["games"]), f"{row['mean_score']:.3g}{ci}",
-                f"{row['win_rate']:.2f}",
+                scenario, name, str(row["games"]), mean, f"{row['win_rate']:.2f}",
+                str(row.get("forfeits", 0)),
             )  # fmt: skip
     return [ladder, matrix, scenarios]
+
+
+def _unscored(counts: dict[str, int]) -> str | None:
+    """A caption naming the agents with failed games that no single agent forfeited."""
+    listed = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
+    return f"failed, not scored (not one agent's doing): {listed}" if listed else None

@@ -15,7 +15,7 @@ import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
-from parley.arena.run.backpressure import backoff, failure_reason, retryable
+from parley.arena.run.backpressure import SEPARATOR, backoff, failure_reason, retryable
 from parley.arena.run.config import RunConfig
 from parley.arena.run.gather import send_all_then_gather
 from parley.arena.run.seats import InProcessSeats, Replies, SeatTransport, ask_in_order
@@ -116,7 +116,7 @@ class SeatAsking:
                 else:
                     failures.append(failure_reason(seat, result))
             if failures:
-                raise EpisodeFailed("; ".join(failures))
+                raise EpisodeFailed(SEPARATOR.join(failures))
             # Sent one at a time, the seats after a refusal were not asked yet.
             todo = [seat for seat in todo if seat not in actions]
             if not todo:
@@ -126,7 +126,7 @@ class SeatAsking:
             wait = backoff(tries, self._jitter)
             if clock() + wait >= deadline:
                 raise EpisodeFailed(
-                    "; ".join(
+                    SEPARATOR.join(
                         f"{seat}: timeout: still refused as overloaded after {tries} tries "
                         f"within act_timeout={self.config.act_timeout:g} s"
                         for seat in refused or todo
@@ -206,5 +206,8 @@ class SeatAsking:
             absent = await transport.join(missing)
             if absent:
                 raise EpisodeFailed(
-                    "; ".join(f"{seat}: not_joined: {why}" for seat, why in absent.items())
+                    SEPARATOR.join(
+                        f"{seat}: not_joined: {str(why).replace(SEPARATOR, ', ')}"
+                        for seat, why in absent.items()
+                    )
                 )

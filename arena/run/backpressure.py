@@ -3,13 +3,15 @@
 The framework's own limits must never fail an episode. :func:`bus_config_for` sizes the
 bus bounds of a run from its concurrency and seats; a request a peer still refuses as
 ``overloaded`` (retryable: its agent never saw it) is sent again after :func:`backoff`,
-within the act timeout. :func:`failure_reason` names every other failure as recorded.
+within the act timeout. :func:`failure_reason` names every other failure as recorded, and
+:func:`failed_seats` reads back from a recorded reason the seats whose agents failed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Collection
 
 from parley.arena.run.config import RunConfig
 from parley.protocols.bus import BusConfig
@@ -69,15 +71,40 @@ def failure_reason(seat: str, result: object) -> str:
     other exception is a runner bug and is raised.
     """
     if isinstance(result, RequestTimeout):
-        return f"{seat}: timeout: {result}"
-    if isinstance(result, PeerDead):
-        return f"{seat}: peer_dead: {result}"
-    if isinstance(result, RemoteError):
-        return f"{seat}: agent_error: {result.remote_message}"
-    if isinstance(result, BusError):
-        return f"{seat}: bus_error: {result}"
-    if isinstance(result, ProtocolError):  # e.g. infos holding a value msgpack cannot carry
-        return f"{seat}: protocol_error: {result}"
-    if isinstance(result, BaseException):
+        kind, detail = "timeout", str(result)
+    elif isinstance(result, PeerDead):
+        kind, detail = "peer_dead", str(result)
+    elif isinstance(result, RemoteError):
+        kind, detail = "agent_error", result.remote_message
+    elif isinstance(result, BusError):
+        kind, detail = "bus_error", str(result)
+    elif isinstance(result, ProtocolError):  # e.g. infos holding a value msgpack cannot carry
+        kind, detail = "protocol_error", str(result)
+    elif isinstance(result, BaseException):
         raise result
-    return f"{seat}: bad_reply: expected an action, got {type(result)}"
+    else:
+        kind, detail = "bad_reply", f"expected an action, got {type(result)}"
+    # Several seats' reasons are joined by "; ": an agent's own message cannot add a part
+    # (one naming another seat would blame it: see failed_seats).
+    return f"{seat}: {kind}: {detail.replace(SEPARATOR, ', ')}"
+
+
+SEPARATOR = "; "
+"""Between the reasons of several seats that failed in one step."""
+
+AGENT_FAILURES = frozenset({"timeout", "peer_dead", "not_joined", "agent_error", "bad_reply"})
+"""Failure kinds that are the failing seat's agent's doing (SCHEMA.md's failed episodes)."""
+
+
+def failed_seats(reason: str, seats: Collection[str]) -> list[str] | None:
+    """The seats whose agents made an episode fail, read from its recorded ``reason``
+    (``SEAT: KIND: detail`` parts joined by :data:`SEPARATOR`); ``None`` when a part is not
+    an agent's doing (``scenario_error: ...``, ``max_steps: ...``, a seat's ``bus_error``)
+    or names no seat of ``seats``."""
+    found = []
+    for part in reason.split(SEPARATOR):
+        seat, _, rest = part.partition(": ")
+        if seat not in seats or rest.partition(":")[0] not in AGENT_FAILURES:
+            return None
+        found.append(seat)
+    return found

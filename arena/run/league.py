@@ -14,7 +14,13 @@ same settings skips every match that has its ``result.json`` (resume after a cra
 Ctrl-C). ``ray`` plays each match's episodes on Ray (``RunConfig.ray``).
 
 Scoring: in a finished episode an agent's score is the mean return of its seats; the agent
-with the higher score wins, equal scores are a draw (failed episodes are never scored).
+with the higher score wins, equal scores are a draw. An episode that failed because of one
+agent's seats alone (its agent raised, returned something other than an action, did not
+answer within ``act_timeout``, died or never joined) is that agent's **forfeit**: a loss in
+the matrix and the ratings, and no score (so an agent cannot escape a lost game by crashing
+or stalling in it). Other failed episodes (the scenario raised, no end within ``max_steps``,
+both agents failed, the bus failed) are not scored; each agent's count of them is in
+``unscored``.
 Outputs (``OUT/league.json``, :func:`standings`):
 
 * ``matrix`` — for each ordered pair, the row agent's win rate (draws count half) against the
@@ -25,7 +31,9 @@ Outputs (``OUT/league.json``, :func:`standings`):
 * ``openskill`` — Weng-Lin (openskill's Plackett-Luce) ratings updated game by game in play
   order, ``mu`` with ``mu +- 2 sigma`` (present when openskill is installed: the ``games``
   extra);
-* ``scenarios`` — per scenario and agent: games, mean score with a 95% interval, win rate.
+* ``scenarios`` — per scenario and agent: games, mean score with a 95% interval (over the
+  games it did not forfeit), win rate, forfeits;
+* ``unscored`` — per agent, its failed episodes that no single agent forfeited.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from parley.arena.run.backpressure import failed_seats
 from parley.protocols.errors import ConfigError
 
 __all__ = [
@@ -49,6 +58,10 @@ __all__ = [
 ]
 
 SCHEDULES = ("round-robin", "swiss")
+SCORING = 2
+"""Version of a match's scoring in its ``result.json``; a match scored by another version is
+scored again from its transcripts when the league resumes (1: failed episodes unscored)."""
+DEFAULT_ACT_TIMEOUT = 60.0
 
 
 @dataclasses.dataclass
@@ -76,6 +89,8 @@ class LeagueConfig:
     """Play each match on Ray (``RunConfig.ray``: ``local``, ``auto``, an address)."""
     bootstrap: int = 200
     """Bootstrap resamples for the rating intervals."""
+    act_timeout: float = DEFAULT_ACT_TIMEOUT
+    """Seconds an agent has to answer (``RunConfig.act_timeout``); past it, it forfeits."""
 
     def __post_init__(self) -> None:
         if len(self.agents) < 2:
@@ -88,6 +103,8 @@ class LeagueConfig:
             raise ConfigError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.rounds < 0:
             raise ConfigError(f"rounds must be >= 0, got {self.rounds}")
+        if not self.act_timeout > 0:
+            raise ConfigError(f"act_timeout must be > 0 seconds, got {self.act_timeout}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +127,8 @@ class Match:
         """The match's folder name: readable, and a digest of everything that decides it."""
         decided = [self.scenario, self.seats, config.games_per_pair, config.seed]
         decided.append({name: config.agents[name] for _, name in self.seats})
+        if config.act_timeout != DEFAULT_ACT_TIMEOUT:  # (folders of default leagues unchanged)
+            decided.append(config.act_timeout)
         digest = hashlib.sha256(json.dumps(decided, sort_keys=True).encode()).hexdigest()[:12]
         safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in self.scenario)
         return f"{safe}--{'-'.join(name for _, name in self.seats)}--{digest}"[:160]
@@ -124,13 +143,17 @@ class Game:
     seed: int
     agents: tuple[str, str]
     scores: tuple[float, float]
-    """Mean return of each agent's seats."""
+    """Mean return of each agent's seats (0, 0 in a forfeit: not a score)."""
     run: str
     """The match folder (relative to the league's ``out``)."""
+    forfeit: str = ""
+    """The agent that forfeited the game by failing it (module docstring), or ""."""
 
     @property
     def outcome(self) -> float:
         """1 when the first agent won, 0.5 for a draw, 0 when it lost."""
+        if self.forfeit:
+            return 0.0 if self.forfeit == self.agents[0] else 1.0
         a, b = self.scores
         return 1.0 if a > b + 1e-9 else 0.0 if b > a + 1e-9 else 0.5
 
@@ -180,65 +203,90 @@ def _seats(scenario: str) -> list[str]:
     return list(env.possible_agents)
 
 
-def play_match(config: LeagueConfig, match: Match, *, log: Callable[[str], None]) -> list[Game]:
-    """Play ``match`` (or read it back when its ``result.json`` exists) and score it."""
+def play_match(
+    config: LeagueConfig, match: Match, *, log: Callable[[str], None]
+) -> tuple[list[Game], int]:
+    """Play ``match`` (or read it back when its ``result.json`` exists) and score it: its
+    games, and how many of its episodes failed unscored."""
     from parley.arena.run.config import RunConfig
     from parley.arena.run.runner import run
 
     folder = Path(config.out) / "matches" / match.key(config)
     result = folder / "result.json"
     if result.exists():
-        log(f"resumed {folder.name}")
-        return [_game(row) for row in json.loads(result.read_text())["games"]]
-    run_config = RunConfig(
-        scenario=match.scenario,
-        agents={seat: config.agents[name] for seat, name in match.seats},
-        episodes=config.games_per_pair,
-        seed=config.seed,
-        concurrency=config.concurrency,
-        out=str(folder),
-        progress=False,
-        ray=config.ray,
-        max_failed_fraction=1.0,
-    )
-    if config.ray is None:
-        run(run_config)
-    else:  # (plain run() ignores RunConfig.ray: the Ray runner is its own class)
-        from parley.arena.run.ray_runner import run_on_ray
+        done = json.loads(result.read_text())
+        if done.get("scoring") == SCORING:
+            log(f"resumed {folder.name}")
+            return [_game(row) for row in done["games"]], int(done["unscored"])
+        log(f"scoring again {folder.name}")  # (its run is whole: result.json came after it)
+    else:
+        run_config = RunConfig(
+            scenario=match.scenario,
+            agents={seat: config.agents[name] for seat, name in match.seats},
+            episodes=config.games_per_pair,
+            seed=config.seed,
+            concurrency=config.concurrency,
+            out=str(folder),
+            progress=False,
+            ray=config.ray,
+            max_failed_fraction=1.0,
+            act_timeout=config.act_timeout,
+        )
+        if config.ray is None:
+            run(run_config)
+        else:  # (plain run() ignores RunConfig.ray: the Ray runner is its own class)
+            from parley.arena.run.ray_runner import run_on_ray
 
-        run_on_ray(run_config)
-    games = list(_score(match, folder, config.out))
+            run_on_ray(run_config)
+    games, unscored = _score(match, folder, config.out)
     rows = [dataclasses.asdict(game) for game in games]
     tmp = result.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"match": dataclasses.asdict(match), "games": rows}, indent=1))
+    done = {"match": dataclasses.asdict(match), "games": rows, "unscored": unscored}
+    tmp.write_text(json.dumps({**done, "scoring": SCORING}, indent=1))
     os.replace(tmp, result)  # the match counts as played only once this file is whole
-    log(f"played {folder.name}: {len(games)} scored of {config.games_per_pair}")
-    return games
+    forfeits = sum(bool(game.forfeit) for game in games)
+    log(
+        f"played {folder.name}: {len(games)} scored of {config.games_per_pair}"
+        f" ({forfeits} forfeited, {unscored} failed unscored)"
+    )
+    return games, unscored
 
 
 def _game(row: dict[str, Any]) -> Game:
     return Game(
         row["scenario"], row["episode"], int(row["seed"]), tuple(row["agents"]),
-        tuple(row["scores"]), row["run"],
+        tuple(row["scores"]), row["run"], row["forfeit"],
     )  # fmt: skip
 
 
-def _score(match: Match, folder: Path, out: str) -> Iterable[Game]:
+def _score(match: Match, folder: Path, out: str) -> tuple[list[Game], int]:
+    """The games of ``match``'s transcripts and the number of its failed episodes that no
+    single agent forfeited."""
     a, b = match.agents
     owner = dict(match.seats)
+    run = str(folder.relative_to(out))
+    games, unscored = [], 0
     with open(folder / "transcripts.jsonl", encoding="utf-8") as lines:
         for line in lines:
             episode = json.loads(line)
+            scores, forfeit = (0.0, 0.0), ""
             if episode["status"] != "ok":
-                continue  # failures are never scored
-            returns = episode["returns"]
-            scores = tuple(
-                float(np.mean([returns[s] for s in owner if owner[s] == name])) for name in (a, b)
-            )
-            yield Game(
-                match.scenario, episode["episode"], int(episode["seed"]), (a, b),
-                scores, str(folder.relative_to(out)),  # type: ignore[arg-type]
+                culprits = {owner[seat] for seat in failed_seats(episode["failed"], owner) or ()}
+                if len(culprits) != 1:  # not one agent's doing
+                    unscored += 1
+                    continue
+                forfeit = culprits.pop()
+            else:
+                returns = episode["returns"]
+                scores = tuple(  # type: ignore[assignment]
+                    float(np.mean([returns[s] for s in owner if owner[s] == name]))
+                    for name in (a, b)
+                )
+            games.append(
+                Game(match.scenario, episode["episode"], int(episode["seed"]), (a, b), scores,
+                     run, forfeit)
             )  # fmt: skip
+    return games, unscored
 
 
 def play_league(
@@ -254,6 +302,7 @@ def play_league(
     names = list(config.agents)
     seats = {scenario: _seats(scenario) for scenario in config.scenarios}
     games: list[Game] = []
+    unscored = dict.fromkeys(names, 0)
     rounds = config.rounds or math.ceil(math.log2(len(names))) + 1
     pairs_planned = (
         len(names) * (len(names) - 1) // 2
@@ -271,7 +320,10 @@ def play_league(
             for scenario in config.scenarios:
                 for arranged in arrangements(seats[scenario], a, b):
                     match = dataclasses.replace(arranged, scenario=scenario)
-                    games.extend(play_match(config, match, log=log))
+                    played, failed = play_match(config, match, log=log)
+                    games.extend(played)
+                    unscored[a] += failed
+                    unscored[b] += failed
                     done += config.games_per_pair
                     progress(done, total)
 
@@ -285,6 +337,7 @@ def play_league(
             play_pairs(pairs)
     log(f"rating {len(games)} games")
     table = standings(games, names, bootstrap=config.bootstrap, seed=config.seed)
+    table["unscored"] = unscored
     table["config"] = dataclasses.asdict(config)
     Path(config.out).mkdir(parents=True, exist_ok=True)
     tmp = Path(config.out) / "league.json.tmp"
@@ -363,23 +416,27 @@ def standings(
     for scenario in dict.fromkeys(g.scenario for g in games):
         rows = per_scenario[scenario] = {}
         for name in names:
-            scores, wins = [], []
+            scores, wins, forfeits = [], [], 0
             for g in games:
                 if g.scenario == scenario and name in g.agents:
                     first = g.agents[0] == name
-                    scores.append(g.scores[0 if first else 1])
                     wins.append(g.outcome if first else 1 - g.outcome)
-            if scores:
+                    if g.forfeit:  # (a forfeit has no scores)
+                        forfeits += g.forfeit == name
+                    else:
+                        scores.append(g.scores[0 if first else 1])
+            if wins:
                 half = (
                     1.96 * float(np.std(scores, ddof=1)) / math.sqrt(len(scores))
                     if len(scores) > 1
                     else None
                 )
                 rows[name] = {
-                    "games": len(scores),
-                    "mean_score": float(np.mean(scores)),
+                    "games": len(wins),
+                    "mean_score": float(np.mean(scores)) if scores else None,
                     "ci": half,
                     "win_rate": float(np.mean(wins)),
+                    "forfeits": forfeits,
                 }
     table = {
         "agents": list(names),

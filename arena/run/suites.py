@@ -9,7 +9,13 @@ what was played.
 
 :func:`run_suite` plays each entry as one :class:`~parley.arena.run.config.RunConfig` run
 into ``OUT/NN-family_name-vN/`` and writes ``OUT/report.json`` and ``OUT/report.md``
-(every metric as mean ± 95% CI, pass^k where the scenario reports ``success``). A run
+(every metric as mean ± 95% CI, pass^k where the scenario reports ``success``). An episode
+that failed because of the evaluated agent's seats alone (it raised, did not answer in time,
+died: :func:`~parley.arena.run.backpressure.failed_seats`) is a **forfeit**: the report's
+``success_with_forfeits`` metric and ``pass_hat_k`` count it as a failed trial, so an agent
+cannot leave the tasks it would fail out of its score by crashing or stalling on them (the
+run's own metrics leave every failed episode out; a failure of the scenario or of a
+baseline seat stays out of both). A run
 folder whose ``summary.json`` is complete and records the same digest and agents is read
 back, not played again (resume after a crash or Ctrl-C). :func:`compare_reports` gives,
 for two reports of the same suite, the difference of every metric (B - A) with a 95% Welch
@@ -32,7 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parley.arena.run.stats import t975
+import msgspec
+
+from parley.arena.run.backpressure import failed_seats
+from parley.arena.run.stats import PassHatK, mean_ci, t975
 from parley.protocols.errors import ConfigError
 
 __all__ = [
@@ -49,6 +58,8 @@ __all__ = [
 
 REPORT_SCHEMA = 1
 """Version of the ``report.json`` layout."""
+WITH_FORFEITS = "success_with_forfeits"
+"""The report's success metric counting the evaluated agent's failed episodes as 0."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +243,9 @@ def run_suite(
             _write_json(folder / "summary.json", summary)  # marks the run complete
             ok = summary["episodes"]
             log(f"{where}: {ok['ok']} ok, {ok['failed']} failed")
-        rows.append(report_row(entry, specs, summary, folder.name))
+        evaluated = set(specs) if isinstance(agents, str) else set(agents) & set(specs)
+        row = report_row(entry, specs, summary, folder.name)
+        rows.append(with_forfeits(row, folder / "transcripts.jsonl", evaluated, entry.trials))
     report = {
         "schema": REPORT_SCHEMA,
         "suite": suite.name,
@@ -272,6 +285,49 @@ def report_row(
     }
 
 
+class _Ended(msgspec.Struct):
+    """What :func:`with_forfeits` reads of a ``transcripts.jsonl`` line."""
+
+    task: int
+    status: str
+    failed: str = ""
+    metrics: dict[str, float] = {}
+
+
+def with_forfeits(
+    row: dict[str, Any], transcripts: Path, evaluated: set[str], trials: int
+) -> dict[str, Any]:
+    """``row`` with the evaluated agent's forfeits counted (the module docstring): the
+    ``forfeits`` count, ``pass_hat_k`` over the trials played or forfeited, and the metric
+    :data:`WITH_FORFEITS` where the scenario reports ``success``."""
+    decode = msgspec.json.Decoder(_Ended).decode
+    seats = row["agents"]
+    values: list[float] = []
+    passes = PassHatK(trials)
+    forfeits = 0
+    with open(transcripts, "rb") as lines:
+        for line in lines:
+            ended = decode(line)
+            if ended.status == "ok":
+                success = ended.metrics.get("success")
+            else:
+                culprits = failed_seats(ended.failed, seats)
+                forfeit = culprits is not None and set(culprits) <= evaluated
+                forfeits += forfeit
+                # (the scenario's or a baseline's failure: left out, as in the run's)
+                success = 0.0 if forfeit else None
+            passes.add(ended.task, success)
+            if success is not None:
+                values.append(success)
+    row = {**row, "forfeits": forfeits}
+    if "success" in row["metrics"]:
+        stat = mean_ci(values)
+        sd = stat.ci95 / t975(stat.n - 1) * math.sqrt(stat.n) if stat.n > 1 else None
+        row["metrics"] = {**row["metrics"], WITH_FORFEITS: {**stat.as_dict(), "sd": sd}}
+        row["pass_hat_k"] = {str(k): v for k, v in passes.curve().items()}
+    return row
+
+
 def _cell(mean: float | None, ci: float | None) -> str:
     if mean is None:
         return "—"
@@ -285,14 +341,17 @@ def report_markdown(report: Mapping[str, Any]) -> str:
         "",
         f"suite digest `{report['suite_digest']}`; mean ± 95% CI over episodes.",
         "",
-        "| scenario | episodes ok / failed | success | pass^k (k = 1..) | invalid-move rate |",
+        "| scenario | episodes ok / failed (forfeits) | success, forfeits as 0 | "
+        "pass^k (k = 1..) | invalid-move rate |",
         "|---|---|---|---|---|",
     ]
     for row in report["entries"]:
-        success = row["metrics"].get("success") or {}
+        success = row["metrics"].get(WITH_FORFEITS) or {}
         passes = " / ".join(_cell(v, None) for v in (row.get("pass_hat_k") or {}).values())
+        episodes = row["episodes"]
         lines.append(
-            f"| {row['scenario']} | {row['episodes']['ok']} / {row['episodes']['failed']} | "
+            f"| {row['scenario']} | {episodes['ok']} / {episodes['failed']} "
+            f"({row.get('forfeits', 0)}) | "
             f"{_cell(success.get('mean'), success.get('ci95'))} | {passes or '—'} | "
             f"{_cell(row['invalid_move_rate'], None)} |"
         )

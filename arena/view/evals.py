@@ -1,7 +1,9 @@
 """The eval page of ``parley view``: a ``parley eval`` report folder (``report.json``).
 
 It shows the suite (name, digest, agents), one row per entry (scenario, linked to its run
-page when the run folder is in view; episodes ok / failed; success as mean ± 95% CI;
+page when the run folder is in view; episodes ok / failed (the agent's forfeits); success
+counting forfeits as failures, as mean ± 95% CI (the run's own, over finished episodes, in
+reports from before forfeits);
 pass^k for k = 1..; invalid-move rate), every metric of every entry with its interval and
 count, and, for each other report in view of the same suite digest, ``parley eval --compare
 THIS OTHER``'s table: B - A per metric with its 95% Welch interval
@@ -17,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from parley.arena.run.suites import REPORT_SCHEMA, compare_reports
+from parley.arena.run.suites import REPORT_SCHEMA, WITH_FORFEITS, compare_reports
 from parley.arena.view.data import Source, read_json
 from parley.arena.view.html import Links, esc, num, page, pm
 from parley.protocols.errors import ConfigError
@@ -45,8 +47,9 @@ def _agents(agents: Any) -> str:
 
 def _entries(src: Source, entries: Sequence[Any], runs: Mapping[Path, Source], links: Links) -> str:
     out = [
-        "<table id=eval-entries><tr><th>scenario</th><th>episodes ok / failed</th>"
-        "<th>success (mean ± 95% CI)</th><th>pass^k (k = 1..)</th><th>invalid-move rate</th>"
+        "<table id=eval-entries><tr><th>scenario</th><th>episodes ok / failed (forfeits)</th>"
+        "<th>success, forfeits as 0 (mean ± 95% CI)</th><th>pass^k (k = 1..)</th>"
+        "<th>invalid-move rate</th>"
         "</tr>"
     ]
     for entry in entries:
@@ -57,11 +60,14 @@ def _entries(src: Source, entries: Sequence[Any], runs: Mapping[Path, Source], l
         if found is not None:
             scenario = f'<a class=eval-run href="{esc(links.run(found.id))}">{scenario}</a>'
         episodes = _map(row.get("episodes"))
-        success = _map(_map(row.get("metrics")).get("success"))
+        metrics = _map(row.get("metrics"))
+        success = _map(metrics.get(WITH_FORFEITS, metrics.get("success")))
         passes = " / ".join(num(v) for v in _map(row.get("pass_hat_k")).values()) or "-"
+        forfeits = f" ({num(row['forfeits'])})" if "forfeits" in row else ""
         out.append(
             f"<tr><td>{scenario}</td><td>{num(episodes.get('ok'))} / "
-            f"{num(episodes.get('failed'))}</td><td>{pm(success.get('mean'), success.get('ci95'))}"
+            f"{num(episodes.get('failed'))}{forfeits}</td>"
+            f"<td>{pm(success.get('mean'), success.get('ci95'))}"
             f"</td><td>{passes}</td><td>{num(row.get('invalid_move_rate'))}</td></tr>"
         )
     out.append("</table>")

@@ -118,7 +118,7 @@ def _ladder(ratings: list[Any], skill: list[Any]) -> str:
 
 def _scenarios(per_scenario: Mapping[str, Any]) -> str:
     out = ["<table id=league-scenarios><tr><th>scenario</th><th>agent</th><th>games</th>"
-           "<th>mean score</th><th>95% +-</th><th>win rate</th></tr>"]  # fmt: skip
+           "<th>mean score</th><th>95% +-</th><th>win rate</th><th>forfeits</th></tr>"]  # fmt: skip
     for scenario, rows in per_scenario.items():
         for name, row in rows.items() if isinstance(rows, Mapping) else []:
             if not isinstance(row, Mapping):
@@ -126,7 +126,7 @@ def _scenarios(per_scenario: Mapping[str, Any]) -> str:
             out.append(
                 f"<tr><td>{esc(scenario)}</td><td>{esc(name)}</td><td>{esc(row.get('games'))}"
                 f"</td><td>{num(row.get('mean_score'))}</td><td>{num(row.get('ci'))}</td>"
-                f"<td>{num(row.get('win_rate'), 2)}</td></tr>"
+                f"<td>{num(row.get('win_rate'), 2)}</td><td>{esc(row.get('forfeits', 0))}</td></tr>"
             )
     out.append("</table>")
     return "".join(out)
@@ -150,7 +150,12 @@ def _matches(src: Source, games: list[Any], sources: Mapping[str, Source], links
         cells = []
         for game in rows[:EPISODES_SHOWN]:
             scores = game.get("scores") or []
-            label = " : ".join(num(s, 2) for s in scores) or "-"
+            forfeit = game.get("forfeit")
+            label = (
+                f"forfeited by {esc(forfeit)}"
+                if forfeit
+                else " : ".join(num(s, 2) for s in scores) or "-"
+            )
             episode = str(game.get("episode", ""))
             if found is not None:
                 href = esc(links.episode(found.id, episode))

@@ -3,15 +3,20 @@
 ``Perfect`` plays a minimax move; ``Half`` plays it with probability 1/2 and a random legal
 move otherwise; ``Random`` plays random legal moves. Each reads the board from the first
 three lines of its observation and its moves from ``info["view"]["legal"]``.
+
+Sore losers play random legal moves until their position is lost (the opponent can force a
+win), then fail the game instead of losing it: ``SoreLoser`` raises, with a message that
+blames the other seat in the failure reason's own format; ``Staller`` never answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 
 from parley.agents.scripted.base import ScriptedAgent
 from parley.agents.scripted.imported import legal_moves
-from parley.protocols.messages import Observation
+from parley.protocols.messages import Action, Observation
 
 _LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
 
@@ -35,10 +40,14 @@ def _value(board: str, me: str) -> int:
     return max(-_value(board[:k] + me + board[k + 1 :], other) for k in empty)
 
 
+def _position(observation: Observation) -> tuple[str, str]:
+    """The board (9 characters) and the mover's mark."""
+    return "".join(observation.text.split("\n")[:3]), legal_moves(observation)[0][0]
+
+
 def best_move(observation: Observation) -> str:
     legal = legal_moves(observation)
-    board = "".join(observation.text.split("\n")[:3])
-    me = legal[0][0]
+    board, me = _position(observation)
     other = "o" if me == "x" else "x"
 
     def score(move: str) -> int:
@@ -74,3 +83,25 @@ class Random(ScriptedAgent):
     def decide(self, observation: Observation) -> str:
         legal = legal_moves(observation)
         return legal[int(self.rng.integers(len(legal)))] if legal else ""
+
+
+def _lost(observation: Observation) -> bool:
+    return bool(legal_moves(observation)) and _value(*_position(observation)) < 0
+
+
+class SoreLoser(Random):
+    name = "sore-loser"
+
+    def decide(self, observation: Observation) -> str:
+        if _lost(observation):
+            raise RuntimeError("resigns; player_0: agent_error: x; player_1: timeout: y")
+        return super().decide(observation)
+
+
+class Staller(Random):
+    name = "staller"
+
+    async def act(self, observation: Observation) -> Action:
+        if _lost(observation):
+            await asyncio.sleep(3600)
+        return await super().act(observation)

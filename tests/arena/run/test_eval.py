@@ -20,6 +20,7 @@ from parley.arena.run.suites import (
     run_suite,
     suite_digest,
     welch_interval,
+    with_forfeits,
 )
 from parley.protocols.errors import ConfigError
 
@@ -82,6 +83,48 @@ def test_a_tiny_suite_is_played_reported_and_resumed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="another --out"):
         run_suite(TINY, {"solver": "scripted", "speaker": "tests.x:Y"}, tmp_path)
     assert played[0].stat().st_mtime_ns == stamps[0]
+
+
+@pytest.mark.timeout(60)
+def test_the_tasks_an_agent_fails_on_purpose_count_against_it(tmp_path: Path) -> None:
+    # The dodger solves every task it plays and raises on the others: left out, as the
+    # run's metrics leave failed episodes out, they would score it 1.0.
+    suite = Suite("dodge-v1", "one entry", (SuiteEntry("tool_use/calc-chain-v1", 8, 2, 3),))
+    report = run_suite(suite, {"solver": "tests.arena.run.dodging_agents:Dodger"}, tmp_path)
+    row = report["entries"][0]
+    episodes = row["episodes"]
+    assert 0 < episodes["failed"] < episodes["total"] == 16, episodes
+    assert row["forfeits"] == episodes["failed"]
+    assert row["metrics"]["success"]["mean"] == 1.0  # the run's own: failures left out
+    counted = row["metrics"]["success_with_forfeits"]
+    assert counted["n"] == 16
+    assert counted["mean"] == pytest.approx(episodes["ok"] / 16)
+    assert row["pass_hat_k"]["1"] == pytest.approx(episodes["ok"] / 16)
+    assert (
+        f"| {episodes['ok']} / {episodes['failed']} ({episodes['failed']}) |"
+        in (tmp_path / "report.md").read_text()
+    )
+
+
+def test_failures_not_of_the_evaluated_seats_are_left_out(tmp_path: Path) -> None:
+    lines = [
+        {"task": 0, "status": "ok", "metrics": {"success": 1.0}},
+        {"task": 0, "status": "failed", "failed": "scenario_error: step raised KeyError()"},
+        {"task": 1, "status": "failed", "failed": "listener: agent_error: boom"},  # baseline
+        {"task": 1, "status": "failed", "failed": "speaker: bus_error: closed"},  # not its own
+        {"task": 2, "status": "failed", "failed": "speaker: timeout: no reply within 60 s"},
+        {"task": 2, "status": "failed", "failed": "speaker: agent_error: x, listener: timeout"},
+    ]
+    path = tmp_path / "transcripts.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    row = {
+        "agents": {"speaker": "llm:m", "listener": "scripted"},
+        "metrics": {"success": {"mean": 1.0, "ci95": None, "n": 1, "sd": None}},
+    }
+    counted = with_forfeits(row, path, {"speaker"}, trials=2)
+    assert counted["forfeits"] == 2  # task 2's two trials (the last one's detail has ", ")
+    assert counted["metrics"]["success_with_forfeits"]["mean"] == pytest.approx(1 / 3)
+    assert counted["pass_hat_k"] == {"1": pytest.approx(0.5), "2": pytest.approx(0.0)}
 
 
 def test_named_seats_apply_where_they_exist_and_unknown_seats_are_refused() -> None:

@@ -49,6 +49,79 @@ def test_a_known_ladder_comes_out_in_order_with_separate_intervals(tmp_path: Pat
     assert on_disk["ratings"] == ratings
 
 
+@pytest.mark.timeout(120)
+def test_an_agent_that_fails_the_games_it_would_lose_forfeits_them(tmp_path: Path) -> None:
+    # The sore loser raises once its position is lost, in a message that blames the other
+    # seat in the failure reason's own format; counted as before (failures unscored), it
+    # lost no game to perfect play and drew as often as the ladder's best.
+    agents = {"perfect": LADDER["perfect"], "sore": "tests.arena.run.ladder_agents:SoreLoser"}
+    config = LeagueConfig(
+        agents=agents, scenarios=["openspiel:tic_tac_toe"], out=str(tmp_path), games_per_pair=20
+    )
+    league = play_league(config)
+    cell = league["matrix"]["perfect"]["sore"]
+    assert cell["games"] == 40  # every game counts
+    assert cell["win_rate"] > 0.9, cell
+    row = league["scenarios"]["openspiel:tic_tac_toe"]["sore"]
+    assert row["games"] == 40
+    assert row["forfeits"] > 20, row
+    assert league["scenarios"]["openspiel:tic_tac_toe"]["perfect"]["forfeits"] == 0
+    assert league["unscored"] == {"perfect": 0, "sore": 0}
+    forfeited = [g for g in league["games"] if g["forfeit"]]
+    assert {g["forfeit"] for g in forfeited} == {"sore"}
+    assert all(tuple(g["scores"]) == (0.0, 0.0) for g in forfeited)  # a forfeit is not a score
+    ratings = {row["agent"]: row for row in league["ratings"]}
+    assert ratings["perfect"]["ci"][0] > ratings["sore"]["ci"][1], ratings
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_that_stalls_the_games_it_would_lose_forfeits_them(tmp_path: Path) -> None:
+    agents = {"perfect": LADDER["perfect"], "staller": "tests.arena.run.ladder_agents:Staller"}
+    config = LeagueConfig(
+        agents=agents,
+        scenarios=["openspiel:tic_tac_toe"],
+        out=str(tmp_path),
+        games_per_pair=3,
+        act_timeout=1.0,
+    )
+    league = play_league(config)
+    assert league["matrix"]["perfect"]["staller"]["games"] == 6  # every game counts
+    forfeits = [g["forfeit"] for g in league["games"] if g["forfeit"]]
+    assert forfeits, league["games"]
+    assert set(forfeits) == {"staller"}
+    assert league["scenarios"]["openspiel:tic_tac_toe"]["staller"]["forfeits"] == len(forfeits)
+    assert league["unscored"] == {"perfect": 0, "staller": 0}
+
+
+@pytest.mark.timeout(60)
+def test_failures_no_single_agent_caused_are_not_scored(tmp_path: Path) -> None:
+    config = LeagueConfig(
+        agents=BASELINES, scenarios=["openspiel:tic_tac_toe"], out=str(tmp_path), games_per_pair=2
+    )
+    first = play_league(config)
+    folder = next((tmp_path / "matches").iterdir())
+    lines = (folder / "transcripts.jsonl").read_text().splitlines()
+    episodes = [json.loads(line) for line in lines]
+    seats = list(episodes[0]["agents"])
+    reasons = [
+        "scenario_error: step raised ValueError()",  # the scenario's doing
+        f"{seats[0]}: agent_error: x; {seats[1]}: timeout: y",  # both agents failed
+    ]
+    for episode, reason in zip(episodes, reasons, strict=True):
+        episode.update(status="failed", failed=reason)
+    (folder / "transcripts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    result = json.loads((folder / "result.json").read_text())
+    result["scoring"] = 1  # (scored by an older version: scored again from the transcripts)
+    (folder / "result.json").write_text(json.dumps(result))
+    (tmp_path / "league.json").unlink()
+    lines_logged: list[str] = []
+    again = play_league(config, log=lines_logged.append)
+    assert any(line.startswith("scoring again") for line in lines_logged)
+    assert len(again["games"]) == len(first["games"]) - 2
+    assert again["unscored"] == {"rand": 2, "first": 2}
+    assert not any(g["forfeit"] for g in again["games"])
+
+
 @pytest.mark.timeout(60)
 def test_every_pairing_plays_both_sides_on_the_same_deals(tmp_path: Path) -> None:
     config = LeagueConfig(

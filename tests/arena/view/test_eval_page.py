@@ -58,8 +58,9 @@ def test_the_eval_page_shows_the_report_and_its_comparison_escaped(tmp_path: Pat
     entries = re.search(r"<table id=eval-entries>.*?</table>", html)
     assert entries is not None
     first = report["entries"][0]
-    success = first["metrics"]["success"]
+    success = first["metrics"]["success_with_forfeits"]  # (the agent's forfeits count)
     assert f"{success['mean']:.3f} ± {success['ci95']:.3f}" in entries.group(0)
+    assert f"{first['episodes']['ok']} / 0 (0)" in entries.group(0)
     passes = " / ".join(f"{v:.3f}" for v in first["pass_hat_k"].values())
     assert passes in entries.group(0)  # pass^1 / pass^2
     run_link = links.run(next(s.id for s in sources.values() if s.path.parent == a_dir))
