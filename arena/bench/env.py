@@ -47,7 +47,8 @@ interleaved with a plain Python loop that steps the same env and awaits the same
   (:mod:`~parley.arena.bench.floors`): ``copy_floor_ratio_vs_plain_loop`` (every
   observation a bare msgpack round trip, CPU time: a ceiling for ``runner_ratio_*``) and
   ``raw_pyzmq_ratio_vs_plain_loop`` (every ``act`` a raw pyzmq round trip to another
-  process, wall clock: the transport alone, beside ``remote_ratio_*``).
+  process, wall clock: the transport alone, beside ``remote_ratio_*``);
+  ``runner_ratio_vs_copy_floor`` is the runner's over the copy floor's (target >= 0.85).
 
 And simple-trade v0/v1 env steps/s beside TextArena 0.7.4's SimpleNegotiation with the
 same trivial moves, and with every move a text that never recurs (``_distinct_moves``, as a
@@ -98,6 +99,8 @@ TARGETS = {
     "runner_ratio_vs_plain_loop_simple_trade": (">=", 0.7),
     "remote_ratio_vs_plain_loop_simple_trade": (">=", 0.3),
     "runner_out_ratio_vs_runner": (">=", 0.8),
+    "runner_ratio_vs_copy_floor": (">=", 0.85),
+    "runner_ratio_vs_copy_floor_simple_trade": (">=", 0.85),
     "remote_batched_ratio_vs_plain_loop": (">=", 0.5),
     "runner_out_ratio_vs_runner_simple_trade": (">=", 0.8),
     "simple_trade_v0_ratio_vs_textarena": (">=", 1.0),
@@ -472,6 +475,7 @@ def _overhead(args: argparse.Namespace, work: Workload, results: dict[str, Any])
     if "runner" in best:
         results[f"runner_ratio_vs_plain_loop{suffix}"] = best["runner"][0] / plain_cpu
         results[f"copy_floor_ratio_vs_plain_loop{suffix}"] = best["copy_floor"][0] / plain_cpu
+        results[f"runner_ratio_vs_copy_floor{suffix}"] = best["runner"][0] / best["copy_floor"][0]
         # --out: what the event loop's thread spends (the target: encoding and writing run
         # on the records' writer thread) and what the whole process spends, writer included.
         results[f"runner_out_ratio_vs_runner{suffix}"] = loop_cpu["runner_out"] / loop_cpu["runner"]

@@ -40,6 +40,10 @@ __all__ = ["DirectAgents"]
 
 log = logging.getLogger("parley.arena.run")
 
+Waiting = list[tuple[int, Observation, "asyncio.Task[None]"]]
+"""The acts :meth:`DirectAgents.start_all` left suspended: each one's index in the results,
+its observation and the task finishing it (:meth:`DirectAgents.finish` waits for them)."""
+
 # What encoding a value outside the closed protocol may raise: the codec then decides.
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError)
 _DECODE_ERRORS = (msgspec.DecodeError, ValueError, TypeError, RecursionError)
@@ -182,6 +186,23 @@ class DirectAgents:
         seat's seed in ``info[AGENT_SEED_KEY]`` as if it had been sent there
         (:func:`with_seeds`), without a dict merged, encoded and decoded per seat.
         """
+        results, waiting = self.start_all(observations, episode=episode, sender=sender, seeds=seeds)
+        if waiting:
+            await self.finish(waiting, results, timeout)
+        return results
+
+    def start_all(
+        self,
+        observations: Sequence[Observation],
+        *,
+        episode: str,
+        sender: str,
+        seeds: Mapping[str, int] | None = None,
+    ) -> tuple[list[Body | BaseException], Waiting]:
+        """:meth:`ask_all` up to its first wait, on the caller's thread: every ``act`` run
+        to its first suspension. Returns the results (those of the acts that suspended
+        still pending) and those acts, which :meth:`finish` waits for; none, usually (an
+        agent that answers without suspending): then the results are every reply."""
         # The acts are awaited in turn by one coroutine (:meth:`_act_all`) that this call
         # drives itself: scripted agents that answer without suspending cost no task, no
         # timer and no StopIteration each (one per step). When an act suspends, that
@@ -191,7 +212,7 @@ class DirectAgents:
         seen = self._seen_all(observations, sender, episode, seeds)
         count = len(seen)
         results: list[Body | BaseException] = [_PENDING] * count
-        waiting: list[tuple[int, Observation, asyncio.Task[None]]] = []
+        waiting: Waiting = []
         start = 0
         while start < count:
             acts = self._act_all(seen, results, start, episode, sender)
@@ -204,9 +225,7 @@ class DirectAgents:
             results[at] = _DETACHED
             waiting.append((at, cast(Observation, seen[at]), _finish_in_task(acts, yielded)))
             start = at + 1
-        if waiting:
-            await self._finish(waiting, results, timeout)
-        return results
+        return results, waiting
 
     async def _act_all(
         self,
@@ -263,9 +282,9 @@ class DirectAgents:
             if detached:
                 return
 
-    async def _finish(
+    async def finish(
         self,
-        waiting: list[tuple[int, Observation, asyncio.Task[None]]],
+        waiting: Waiting,
         results: list[Body | BaseException],
         timeout: float,  # noqa: ASYNC109 -- what is left of the act timeout
     ) -> None:

@@ -443,7 +443,20 @@ class Runner(SeatAsking):
             if len(asked) < n_seats:  # (once every seat was asked, none is new)
                 asked.update(requests)
             asked_at = clock()
-            results = await self._ask(requests, episode_id, turn, given)
+            local = self._local
+            if given is not None and local is not None:
+                # Every seat in-process (see `beside`): DirectAgents.ask_all's two halves
+                # called here, each act run to its first suspension on this thread (a
+                # scripted agent's to its answer), those that suspended then awaited: the
+                # same copies, sends and waits, without a coroutine and the transport's
+                # calls per step (issue 33 §5).
+                results, waiting = local.direct.start_all(
+                    list(requests.values()), episode=episode_id, sender=ARENA_NAME, seeds=given
+                )
+                if waiting:
+                    await local.direct.finish(waiting, results, self.config.act_timeout)
+            else:
+                results = await self._ask(requests, episode_id, turn, given)
             # (every result an Action, checked below; otherwise replaced by _retry's)
             actions = cast("dict[str, Action]", dict(zip(requests, results, strict=True)))
             in_order = len(actions) == len(env.agents)  # every live seat, as env.agents lists

@@ -29,6 +29,7 @@ def test_bench_env_json_reports_the_runner_ratios(
                 "env_step_ratio_vs_bare", "agent_steps_per_s_plain_loop",
                 "copy_floor_ratio_vs_plain_loop", "raw_pyzmq_ratio_vs_plain_loop",
                 "copy_floor_ratio_vs_plain_loop_simple_trade",
+                "runner_ratio_vs_copy_floor", "runner_ratio_vs_copy_floor_simple_trade",
                 "raw_pyzmq_ratio_vs_plain_loop_simple_trade",
                 "runner_out_ratio_vs_runner", "runner_out_ratio_vs_runner_simple_trade",
                 "runner_out_process_cpu_ratio_vs_runner",

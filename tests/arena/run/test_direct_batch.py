@@ -98,6 +98,30 @@ def test_an_act_that_suspends_does_not_hold_back_the_seats_after_it() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_start_all_answers_at_once_and_leaves_only_the_suspended_acts_to_finish() -> None:
+    """The runner's in-process step: :meth:`DirectAgents.start_all` on its own thread, then
+    :meth:`DirectAgents.finish` only for the acts that suspended; the same results as
+    ``ask_all``'s, in order."""
+    _Log.events.clear()
+    plain = [Observation(agent=seat, text="go", info={"pair": (1,)}) for seat in "ab"]
+    direct = _direct("abc")
+
+    async def steps() -> tuple[Any, Any, Any]:
+        at_once, none_waiting = direct.start_all(plain, episode="e1", sender="arena")
+        observations = [*plain, Observation(agent="c", text="go", info={"sleep": 0.01})]
+        results, waiting = direct.start_all(observations, episode="e2", sender="arena")
+        assert [index for index, *_ in waiting] == [2]  # c's act is still running
+        await direct.finish(waiting, results, 2.0)
+        return at_once, none_waiting, results
+
+    at_once, none_waiting, results = asyncio.run(steps())
+    assert none_waiting == []
+    assert [r.text for r in at_once] == ["a saw [1]", "b saw [1]"]
+    assert [r.text for r in results] == ["a saw [1]", "b saw [1]", "c saw None"]
+    assert results == _ask_all(_direct("abc"), [*plain, Observation(agent="c", text="go")])
+
+
+@pytest.mark.timeout(10)
 def test_a_hang_among_seats_times_out_alone() -> None:
     observations = [
         Observation(agent="a", text="go", info={"sleep": 3600}),
