@@ -82,9 +82,17 @@ from gymnasium.spaces import Text
 from pettingzoo import ParallelEnv
 
 from parley.protocols.errors import ConfigError, ParleyError
-from parley.scenarios.charset import CHARSET, OUTSIDE_CHARSET, printable
+from parley.scenarios.charset import CHARSET, printable
 from parley.scenarios.events import Event, split_address
-from parley.scenarios.helpers import LazyRng, NoDraws, all_clean, json_default
+from parley.scenarios.helpers import (
+    LazyRng,
+    NoDraws,
+    TextMemo,
+    all_clean,
+    check_action,
+    json_default,
+)
+from parley.scenarios.observing import DEFAULT_PROMPT, observe
 
 __all__ = [
     "CHARSET",
@@ -100,7 +108,6 @@ ORACLE_KEY = "oracle"
 """``Observation.info`` key of :meth:`Scenario.oracle`'s data, for privileged local agents."""
 
 _STATE_MAX_LENGTH = 1 << 24
-_DEFAULT_PROMPT = "Your move."
 
 
 class StepContractError(ParleyError, TypeError):
@@ -194,6 +201,14 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._own_prompt = cls.prompt is not Scenario.prompt
         self._own_view = cls.view is not Scenario.view
         self._own_constraint = cls.constraint is not Scenario.constraint
+        self._own_resolve = cls.resolve is not Scenario.resolve
+        self._no_draws = NoDraws(cls)
+        self._escaped_prompts = TextMemo(printable, 1024)  # prompt texts, escaped (see observe)
+        # Per-seat dicts that step copies (a copy is ~3x cheaper than dict.fromkeys).
+        self._zeros: dict[str, float] = {}
+        self._falses: dict[str, bool] = {}
+        self._templates_of: list[str] | None = None  # the agents list they are for
+        self._templates_src: list[str] = []  # a copy of its seats when they were made
         self._step_components: dict[str, dict[str, float]] = {}
         self._totals: dict[str, dict[str, float]] = {}
         self._invalid: dict[str, str] = {}
@@ -240,7 +255,7 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
 
     def prompt(self, seat: str) -> str:
         """The last line of an acting seat's observation: what to do now and how."""
-        return _DEFAULT_PROMPT
+        return DEFAULT_PROMPT
 
     def constraint(self, seat: str) -> dict[str, Any] | None:
         """Structured-output constraint for an LLM in this seat now (Constraint fields)."""
@@ -390,8 +405,10 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         suite) calls :meth:`redraw_private` between :meth:`new_episode` and :meth:`brief`."""
         if seed is not None:  # (made on first use: LazyRng)
             self.seed_rng(seed)
-        self.agents = list(self.possible_agents)
-        self._live = frozenset(self.agents)
+        self.agents = agents = list(self.possible_agents)
+        self._live = frozenset(agents)
+        if agents == self._templates_src:  # (the last episode's seats: keep step's templates)
+            self._templates_of = agents
         self.turn = 0
         self._events = []  # a fresh list: a caller may still hold the last episode's
         self._raw_events = []
@@ -403,12 +420,12 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._invalid_count = 0
         self._done = False
         self._truncated = False
-        self.new_episode(self.rng if self.new_episode_draws else cast(Any, NoDraws(type(self))))
-        redraw = (options or {}).get("redraw_private")
+        self.new_episode(self.rng if self.new_episode_draws else cast(Any, self._no_draws))
+        redraw = options.get("redraw_private") if options else None
         if redraw is not None:
             self.redraw_private(redraw["keep"], np.random.default_rng(redraw["seed"]))
         self.brief()
-        return self._observe(set(self.acting()), False)
+        return observe(self, set(self.acting()), False)
 
     @final
     def step(
@@ -461,7 +478,7 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
                 self._clean = action
                 reason = play(agent, action)
             else:
-                reason = self._check(agent, action)
+                reason = check_action(action, limit)
                 if reason is None:
                     reason = play(agent, action)
                 elif self.refused_move_takes_turn:
@@ -469,7 +486,7 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
             if reason is not None:
                 self._record_invalid(agent, reason)
         done = self._done
-        if not done:
+        if not done and self._own_resolve:
             self.resolve()
             done = self._done
         self.turn = turn = self.turn + 1
@@ -477,18 +494,33 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
             self._truncated = True
         truncated = self._truncated and not done
         ended = done or truncated
-        observations, infos = self._observe(() if ended else set(self.acting()), ended)
-        rewards = dict.fromkeys(agents, 0.0)
+        if ended:
+            observations, infos = observe(self, (), True)
+        else:
+            asked: Collection[str] = self.acting()  # (a set where tests need one)
+            if (type(asked) is not tuple and type(asked) is not list) or len(asked) > 4:
+                asked = set(asked)
+            observations, infos = observe(self, asked, False)
+        zeros = self._zeros
+        if len(zeros) != len(agents) or self._templates_of is not agents:
+            zeros = self._templates(agents)
+        rewards = zeros.copy()
         paid = self._step_components
         if paid:
             for agent, comps in paid.items():
                 if agent in rewards:
                     rewards[agent] = float(sum(comps.values()))
-        terminations = dict.fromkeys(agents, done)
-        truncations = dict.fromkeys(agents, truncated)
         if ended:
             self.agents = []
-        return observations, rewards, terminations, truncations, infos
+            return (
+                observations,
+                rewards,
+                dict.fromkeys(agents, done),
+                dict.fromkeys(agents, truncated),
+                infos,
+            )
+        falses = self._falses
+        return observations, rewards, falses.copy(), falses.copy(), infos
 
     @final
     def state(self) -> str:
@@ -534,18 +566,6 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         return metrics
 
     # ------------------------------------------------------------------ internals
-    def _check(self, seat: str, action: Any) -> str | None:
-        # Equivalent to ``not action_space.contains(action)`` (CHARSET is fixed), at C speed.
-        if not isinstance(action, str):
-            return f"action must be a string, got {type(action).__name__}"
-        if len(action) > self.max_action_length:
-            return f"action is {len(action)} characters long; at most {self.max_action_length}"
-        if OUTSIDE_CHARSET.search(action) is None:
-            return None
-        bad = sorted(set(OUTSIDE_CHARSET.findall(action)))
-        shown = "".join(bad[:10]).encode("ascii", "backslashreplace").decode("ascii")
-        return f"action uses characters outside printable ASCII and newline: {shown!r}"
-
     def _record_invalid(self, seat: str, reason: str) -> None:
         reason = printable(reason)
         self._invalid[seat] = reason
@@ -554,44 +574,8 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._inbox[seat].append(f"Invalid move: {reason}")
         self.reward(seat, "invalid", -self.invalid_penalty)
 
-    def _observe(
-        self, acting: Collection[str], ended: bool
-    ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-        # Hot path (every step, every seat): lookups hoisted; default hooks not called.
-        observations: dict[str, str] = {}
-        infos: dict[str, dict[str, Any]] = {}
-        limit, turn = self.max_observation_length, self.turn
-        paid, invalid, inbox = self._step_components, self._invalid, self._inbox
-        prompt = self.prompt if self._own_prompt else None
-        view = self.view if self._own_view else None
-        constraint_of = self.constraint if self._own_constraint else None
-        for agent in self.agents:
-            lines = inbox[agent]
-            if agent in acting:
-                to_act = True
-                lines.append(_DEFAULT_PROMPT if prompt is None else printable(prompt(agent)))
-                text = "\n".join(lines)
-                # Emptied only when the seat is asked: the runner delivers only acting seats'
-                # observations, so the others keep their lines until their turn.
-                lines.clear()
-            else:
-                to_act = False
-                text = "\n".join([*lines, "The episode is over."] if ended else lines)
-            observations[agent] = text if len(text) <= limit else self._fit(text)
-            # "components" dicts are fresh per step (step() replaces them): safe to hand out.
-            infos[agent] = info = {
-                "to_act": to_act,
-                "turn": turn,
-                "components": (paid.get(agent) or {}) if paid else {},
-                "view": {} if view is None else view(agent),
-            }
-            if invalid and agent in invalid:
-                info["invalid"] = invalid[agent]
-            if to_act and constraint_of is not None:
-                constraint = constraint_of(agent)
-                if constraint is not None:
-                    info["constraint"] = constraint
-        return observations, infos
-
-    def _fit(self, text: str) -> str:  # (only called for a text over the limit)
-        return "[...]" + text[len(text) - self.max_observation_length + 5 :]
+    def _templates(self, agents: list[str]) -> dict[str, float]:
+        self._templates_of, self._templates_src = agents, list(agents)
+        self._falses = dict.fromkeys(agents, False)
+        self._zeros = zeros = dict.fromkeys(agents, 0.0)
+        return zeros

@@ -7,7 +7,9 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-__all__ = ["LazyRng", "NoDraws", "TextMemo", "all_clean", "json_default"]
+from parley.scenarios.charset import OUTSIDE_CHARSET
+
+__all__ = ["LazyRng", "NoDraws", "TextMemo", "all_clean", "check_action", "json_default"]
 
 T = TypeVar("T")
 
@@ -32,6 +34,20 @@ def all_clean(actions: Collection[Any], limit: int) -> bool:
     except TypeError:  # not all strings: the per-action check names the culprit
         return False
     return len(joined) <= limit and joined.isascii() and joined.isprintable()
+
+
+def check_action(action: Any, limit: int) -> str | None:
+    """Why ``action`` is not in an action space of ``limit`` characters (``None``: it is):
+    ``not action_space.contains(action)`` (:data:`CHARSET` is fixed), at C speed."""
+    if not isinstance(action, str):
+        return f"action must be a string, got {type(action).__name__}"
+    if len(action) > limit:
+        return f"action is {len(action)} characters long; at most {limit}"
+    if OUTSIDE_CHARSET.search(action) is None:
+        return None
+    bad = sorted(set(OUTSIDE_CHARSET.findall(action)))
+    shown = "".join(bad[:10]).encode("ascii", "backslashreplace").decode("ascii")
+    return f"action uses characters outside printable ASCII and newline: {shown!r}"
 
 
 def json_default(value: Any) -> Any:

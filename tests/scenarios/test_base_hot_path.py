@@ -105,3 +105,82 @@ def test_a_seat_not_asked_keeps_its_lines_until_it_is() -> None:
     observations, _, _, _, _ = env.step({"a": "five", "b": "six", "c": "seven"})
     assert observations["b"] == "a: one\na: four\na: five\nc: seven\nYour move."
     assert observations["a"] == "b: six\nc: seven\nYour move."
+
+
+def test_step_dicts_are_fresh_every_step() -> None:
+    env = Room()
+    env.reset(seed=0)
+    _, rewards, terminations, truncations, infos = env.step({"a": "one", "b": "xb", "c": "two"})
+    for returned in (rewards, terminations, truncations):
+        for seat in list(returned):
+            returned[seat] = 7
+    infos["b"]["components"]["invalid"] = 99.0
+    infos["a"]["components"]["task"] = 5.0
+    _, rewards, terminations, truncations, infos = env.step({"a": "xa", "b": "ok", "c": "ok"})
+    assert rewards == {"a": 0.0, "b": 0.0, "c": 0.0}
+    assert terminations == truncations == {"a": False, "b": False, "c": False}
+    assert infos["a"]["components"] == {"invalid": -0.0}
+    assert infos["b"]["components"] == {}
+    assert "invalid" not in infos["b"]
+    assert env.totals("b") == {"invalid": -0.0}
+
+
+class Prompted(Room):
+    """Room whose prompt (outside the charset) and acting seats (any collection) vary."""
+
+    prompt_text = "Move \x1b now"
+    asked: Any = ("a", "b")
+    lazy = False  # acting() as an iterator
+
+    def acting(self) -> Any:
+        return iter(self.asked) if self.lazy else self.asked
+
+    def prompt(self, agent: str) -> str:
+        return self.prompt_text
+
+
+def test_prompts_are_escaped_every_time_and_any_acting_collection_is_asked() -> None:
+    env = Prompted()
+    observations, _ = env.reset(seed=0)
+    assert observations["a"] == "welcome\nMove \\x1b now"
+    asked: list[tuple[Any, bool]] = [
+        (["b", "c"], False),
+        (["c"], True),
+        ({"a", "b", "c"}, False),
+        (("a",), False),
+        (["a", "b", "c"], True),
+        ("a", False),
+    ]
+    for acting, lazy in asked:
+        env.asked, env.lazy = acting, lazy
+        observations, _, _, _, infos = env.step({"a": "hi", "b": "ok", "c": "yo"})
+        assert {seat for seat in infos if infos[seat]["to_act"]} == set(acting)
+        for seat in acting:
+            assert observations[seat].endswith("Move \\x1b now")
+    env.prompt_text = "Other\x00"
+    observations, _, _, _, _ = env.step({"a": "hi"})
+    assert observations["a"] == "Other\\x00"
+
+
+def test_a_long_observation_is_cut_from_the_front() -> None:
+    env = Room()
+    env.max_observation_length = 30
+    env.reset(seed=0)
+    observations, _, _, _, _ = env.step({"a": "a" * 20, "b": "b" * 20, "c": "ok"})
+    whole = "b: " + "b" * 20 + "\nYour move."
+    assert observations["c"] == "[...]" + whole[-25:]
+    assert len(observations["c"]) == 30
+
+
+def test_step_dicts_follow_the_live_seats_across_episodes() -> None:
+    env = Room()
+    for seed in range(2):
+        env.reset(seed=seed)
+        _, rewards, terminations, _, _ = env.step({"a": "hi", "b": "ok", "c": "yo"})
+        assert list(rewards) == list(terminations) == ["a", "b", "c"]
+    env.agents = ["a", "c"]  # a subclass dropping a seat mid-episode
+    _, rewards, terminations, truncations, infos = env.step({"a": "hi", "c": "yo"})
+    assert list(rewards) == list(terminations) == list(truncations) == list(infos) == ["a", "c"]
+    env.agents.remove("c")  # or changing the list in place
+    _, rewards, _, truncations, _ = env.step({"a": "hi"})
+    assert list(rewards) == list(truncations) == ["a"]
