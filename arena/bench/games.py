@@ -8,6 +8,9 @@ understands, :data:`TEXTARENA_MOVES`); then the same moves are timed, the cases 
 
 * ``parley`` — the scenario made once, ``reset(seed=...)`` per episode, ``env.step`` per move
   (every seat's observation, infos, constraint and view built each step);
+* ``hooks`` (not a target) — the same scenario and moves through its hooks alone
+  (:func:`play_hooks`): what ``env.step``'s machinery adds is ``parley``'s difference from
+  it;
 * ``library`` — the library's own environment step on the same moves:
   OpenSpiel's ``rl_environment.Environment`` (made once, ``reset()`` per episode,
   ``step([action])``; its chance events replayed from the parley episode, so the deals are the
@@ -25,7 +28,8 @@ understands, :data:`TEXTARENA_MOVES`); then the same moves are timed, the cases 
 ``{game}_ratio_vs_library`` is parley's steps/s ÷ the library's (:data:`TARGET`);
 ``{game}_seeded_vs_library`` is ``library_seeded``'s: what that contract alone leaves of the
 library's rate (for TextArena, whose loop parley must run whole, the most parley's ratio can
-be). A library that is not installed is skipped with the line that installs it.
+be); ``{game}_hooks_vs_library`` is ``hooks``'s (the adapter with the library, less the step
+machinery). A library that is not installed is skipped with the line that installs it.
 """
 
 from __future__ import annotations
@@ -145,6 +149,30 @@ def _parley(game_id: str, episodes: list[Episode]) -> float:
         env.reset(seed=episode.seed)
         for actions in episode.steps:
             env.step(actions)
+        steps += len(episode.steps)
+    return steps / (time.process_time() - started)
+
+
+def play_hooks(env: Any, episode: Episode) -> None:
+    """Play ``episode`` through ``env``'s hooks alone: ``reset(seed=...)``, then per move
+    ``acting``, ``play`` and ``resolve``, without the machinery of ``env.step`` (the
+    caller-contract and charset checks, every seat's observation and infos, the invalid-move
+    record, the reward and termination dicts)."""
+    env.reset(seed=episode.seed)
+    for actions in episode.steps:
+        for seat in env.acting():
+            env.play(seat, actions.get(seat, ""))
+        env.resolve()
+
+
+def _hooks(game_id: str, episodes: list[Episode]) -> float:
+    from parley.scenarios import make
+
+    env = make(game_id)
+    steps = 0
+    started = time.process_time()
+    for episode in episodes:
+        play_hooks(env, episode)
         steps += len(episode.steps)
     return steps / (time.process_time() - started)
 
@@ -284,7 +312,10 @@ def measure(
         step(f"{game_id}: recording {episodes} episodes")
         recorded = record(game_id, episodes)
         name = game_id.partition(":")[2]
-        cases = {"parley": _case(_parley, game_id, recorded)}
+        cases = {
+            "parley": _case(_parley, game_id, recorded),
+            "hooks": _case(_hooks, game_id, recorded),
+        }
         if _library(game_id) == "openspiel":
             from parley.scenarios.imported.openspiel import load_game
 
@@ -301,6 +332,7 @@ def measure(
             results[f"{slug}_steps_per_s_{case}"] = rate
         results[f"{slug}_ratio_vs_library"] = best["parley"] / best["library"]
         results[f"{slug}_seeded_vs_library"] = best["library_seeded"] / best["library"]
+        results[f"{slug}_hooks_vs_library"] = best["hooks"] / best["library"]
         if "library_state" in best:
             results[f"{slug}_ratio_vs_library_state"] = best["parley"] / best["library_state"]
     return results
@@ -327,13 +359,23 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(results))
         return 0
     table = Table(title="imported games: env steps/s (CPU time), same moves")
-    columns = ("game", "parley", "library", "ratio", f"target >= {TARGET}", "state floor", "seeded")
+    columns = (
+        "game",
+        "parley",
+        "library",
+        "ratio",
+        f"target >= {TARGET}",
+        "state floor",
+        "seeded",
+        "hooks",
+    )
     for column in columns:
         table.add_column(column, justify="left" if column == "game" else "right")
     for game_id in games:
         slug = _slug(game_id)
         if f"{slug}_skipped" in results:
-            table.add_row(game_id, "-", "-", "-", "skipped", results[f"{slug}_skipped"][:60], "")
+            skipped = results[f"{slug}_skipped"][:60]
+            table.add_row(game_id, "-", "-", "-", "skipped", skipped, "", "")
             continue
         ratio = results[f"{slug}_ratio_vs_library"]
         floor = results.get(f"{slug}_ratio_vs_library_state")
@@ -345,12 +387,14 @@ def run(args: argparse.Namespace) -> int:
             "yes" if ratio >= TARGET else "no",
             "" if floor is None else f"{floor:.2f}",
             f"{results[f'{slug}_seeded_vs_library']:.2f}",
+            f"{results[f'{slug}_hooks_vs_library']:.2f}",
         )
     table.caption = (
         "library: OpenSpiel's rl_environment step, TextArena's unwrapped env step; state "
         "floor: parley ÷ OpenSpiel's bare C++ state (observation and move names only); "
         "seeded: the library with parley's per-episode seeding (and TextArena's random "
-        "isolation) ÷ the library"
+        "isolation) ÷ the library; hooks: the scenario's hooks alone (no env.step "
+        "machinery) ÷ the library"
     )
     console.print(table)
     return 0

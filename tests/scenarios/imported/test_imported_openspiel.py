@@ -210,6 +210,14 @@ def test_spec_resolves_lazily_with_parameters_and_refuses_with_a_reason() -> Non
         spec("openspiel:no_such_game")
 
 
+def _fresh(code: str) -> str:
+    """What ``code`` prints when run in a fresh interpreter (nothing imported yet), stripped."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True
+    )
+    return out.stdout.strip()
+
+
 @pytest.mark.timeout(60)
 def test_building_a_builtin_scenario_imports_no_game_library() -> None:
     code = (
@@ -218,10 +226,7 @@ def test_building_a_builtin_scenario_imports_no_game_library() -> None:
         "make('negotiation/deal-or-no-deal-v3').reset(seed=0); registry()\n"
         "print(sorted(m for m in ('pyspiel', 'textarena', 'openskill') if m in sys.modules))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True
-    )
-    assert out.stdout.strip() == "[]"
+    assert _fresh(code) == "[]"
 
 
 def test_parley_list_all_shows_the_games_with_seats_and_the_refused_with_reasons(
@@ -277,10 +282,7 @@ def test_games_written_in_python_are_there_whatever_was_imported_first() -> None
         "    for s, r in rewards.items(): total[s] = total.get(s, 0.0) + r\n"
         "print(sorted(total.items()))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50, check=True
-    )
-    found, paid = out.stdout.strip().splitlines()
+    found, paid = _fresh(code).splitlines()
     assert found == "True True"
     assert paid != "[]"
     import ast

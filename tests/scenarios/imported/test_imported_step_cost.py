@@ -124,3 +124,53 @@ def test_the_seeded_floor_of_bench_games_seeds_as_the_adapters_do() -> None:
     for slug in ("openspiel_kuhn_poker", "textarena_kuhnpoker_v0"):
         assert results[f"{slug}_steps_per_s_library_seeded"] > 0
         assert results[f"{slug}_seeded_vs_library"] > 0
+        assert results[f"{slug}_hooks_vs_library"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_the_hooks_case_of_bench_games_plays_parleys_episodes() -> None:
+    """``hooks`` times the scenario's hooks without ``env.step``'s machinery: on the recorded
+    moves it reaches the same end with the same scores as ``env.step`` did."""
+    pytest.importorskip("pyspiel")
+    pytest.importorskip("textarena")
+    from parley.arena.bench import games
+
+    for game_id in ("openspiel:kuhn_poker", "openspiel:tic_tac_toe", "textarena:KuhnPoker-v0"):
+        stepped, hooked = make(game_id), make(game_id)
+        for episode in games.record(game_id, 8):
+            stepped.reset(seed=episode.seed)
+            for actions in episode.steps:
+                stepped.step(actions)
+            games.play_hooks(hooked, episode)
+            assert not stepped.agents, game_id
+            assert not hooked.acting(), game_id  # (the episode is over there too)
+            for seat in stepped.possible_agents:
+                task = stepped.totals(seat).get("task")
+                assert hooked.totals(seat).get("task") == task, (game_id, episode.seed)
+
+
+@pytest.mark.timeout(120)
+def test_games_named_by_action_name_their_moves_as_the_state_does() -> None:
+    """The games whose moves are named once per (player, legal actions), not at every step:
+    on random play (hands of leduc_poker with 3 players too) every seat's legal moves are what
+    the state names now."""
+    pytest.importorskip("pyspiel")
+    from parley.scenarios.imported import openspiel
+
+    ids = [f"openspiel:{name}" for name in sorted(openspiel._NAMES_BY_ACTION)]
+    for scenario_id in [*ids, "openspiel:leduc_poker(players=3)"]:
+        env = make(scenario_id)
+        assert env._named is not None, scenario_id
+        rng = random.Random(0)
+        for seed in range(30):
+            _, infos = env.reset(seed=seed)
+            while env.agents:
+                state = env.state_
+                for seat, moves in env._moves.items():
+                    player = env.index[seat]
+                    actions = state.legal_actions(player)
+                    names = [state.action_to_string(player, a) for a in actions]
+                    assert moves.shown == LegalMoves.of(names, actions).shown, scenario_id
+                acts = {s: rng.choice(infos[s]["view"]["legal"]) for s in env.acting()}
+                _, _, _, _, infos = env.step(acts)
+    assert make("openspiel:chess")._named is None  # (its names depend on the position)
