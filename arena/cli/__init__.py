@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["main"]
 
 COMMANDS: tuple[str, ...] = (
     "list",

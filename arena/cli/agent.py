@@ -30,7 +30,7 @@ __all__ = ["add_parser"]
 
 
 def add_parser(sub: Any) -> None:
-    from parley.arena.cli.common import add_peer_timeout
+    from parley.arena.cli.common import add_peer_timeout, add_scenario_and_agent_options
 
     p = sub.add_parser(
         "agent",
@@ -69,13 +69,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--server-key", metavar="KEY", help="the arena's public key: a .key file or 40 Z85 chars"
     )
-    p.add_argument(
-        "-o",
-        "--agent-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="option for the agent-spec resolver (VALUE read as YAML); repeatable",
+    add_scenario_and_agent_options(
+        p, scenario=False, agent_help="option for the agent-spec resolver"
     )
     p.set_defaults(func=main)
 

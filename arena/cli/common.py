@@ -39,6 +39,7 @@ __all__ = [
     "check_key_path",
     "valid_keys_hint",
     "add_peer_timeout",
+    "add_scenario_and_agent_options",
 ]
 
 LOG_WIDTH = 160
@@ -70,6 +71,24 @@ def add_peer_timeout(parser: Any) -> None:
         "process) before it counts as gone (default 60); a peer whose connection closed is "
         "gone within a few seconds whatever this is",
     )
+
+
+def add_scenario_and_agent_options(
+    parser: Any, *, scenario: bool = True, agent_help: str = "option for agent-spec resolvers"
+) -> None:
+    """The repeatable ``KEY=VALUE`` flags (VALUE read as YAML) that
+    :func:`parley.arena.cli.run.parse_assignments` reads: ``-s/--scenario-arg``, the scenario's
+    keyword arguments (unless ``scenario`` is false), and ``-o/--agent-option``, options for
+    the agent-spec resolvers (``agent_help`` starts its help)."""
+    flags = [(("-s", "--scenario-arg"), "scenario keyword argument")] if scenario else []
+    for names, what in [*flags, (("-o", "--agent-option"), agent_help)]:
+        parser.add_argument(
+            *names,
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help=f"{what} (VALUE read as YAML); repeatable",
+        )
 
 
 def error_line(command: str, message: str) -> None:

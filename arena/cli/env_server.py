@@ -27,6 +27,8 @@ PROTOCOLS = ("openenv",)
 
 
 def add_parser(sub: Any) -> None:
+    from parley.arena.cli.common import add_scenario_and_agent_options
+
     p = sub.add_parser(
         "env-server",
         help="serve a scenario to an outside trainer playing its learner seat (OpenEnv)",
@@ -63,22 +65,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--max-steps", type=int, default=10_000, help="steps before an episode fails")
     p.add_argument("--seed", type=int, default=0, help="seeds of resets without one derive from it")
-    p.add_argument(
-        "-s",
-        "--scenario-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="scenario keyword argument (VALUE read as YAML); repeatable",
-    )
-    p.add_argument(
-        "-o",
-        "--agent-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="option for agent-spec resolvers (VALUE read as YAML); repeatable",
-    )
+    add_scenario_and_agent_options(p)
     p.add_argument("--pool", help="bus address of an inference pool for llm: agents")
     p.add_argument("--listen", default="", help="bus address remote agents connect to")
     p.set_defaults(func=main)

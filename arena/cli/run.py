@@ -26,6 +26,8 @@ _SEAT_ASSIGNMENT = re.compile(r"^[A-Za-z0-9_.-]+=")
 
 
 def add_parser(sub: Any) -> None:
+    from parley.arena.cli.common import add_scenario_and_agent_options
+
     p = sub.add_parser(
         "run",
         help="play episodes of a scenario with agents in seats",
@@ -116,22 +118,7 @@ def add_parser(sub: Any) -> None:
         metavar="KEY",
         help="compare this key of JSON actions with the scenario oracle's (e.g. answer)",
     )
-    p.add_argument(
-        "-s",
-        "--scenario-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="scenario keyword argument (VALUE read as YAML); repeatable",
-    )
-    p.add_argument(
-        "-o",
-        "--agent-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="option for agent-spec resolvers (VALUE read as YAML); repeatable",
-    )
+    add_scenario_and_agent_options(p)
     p.add_argument("--pool", help="bus address of an inference pool for llm: agents")
     p.add_argument(
         "--pool-key",

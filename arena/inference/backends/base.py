@@ -223,6 +223,23 @@ class Backend(ABC):
             except BackendError as exc:
                 raise RequestError("constraint", str(exc)) from exc
 
+    def check_prompt(self, request: GenerateRequest, vocab_size: int) -> None:
+        """Raise :class:`RequestError` when the prompt (``prompt_token_ids``, else ``prompt``
+        encoded by :attr:`tokenizer`) holds a token outside ``[0, vocab_size)`` or leaves no
+        room in :attr:`max_context` for one new token: the limits a backend that tokenizes
+        locally adds in its :meth:`validate`."""
+        ids = request.prompt_token_ids or self.tokenizer.encode(request.prompt)
+        if not all(0 <= t < vocab_size for t in ids):
+            raise RequestError(
+                "prompt_token_ids", f"prompt_token_ids outside the vocabulary [0, {vocab_size})"
+            )
+        if len(ids) >= self.max_context:
+            raise RequestError(
+                "prompt",
+                f"prompt of {len(ids)} tokens does not fit the context of {self.max_context} "
+                "(prompt + at least one new token); shorten the prompt",
+            )
+
     def check_constraint(self, constraint: Constraint) -> None:
         """Raise :class:`BackendError` if this backend cannot enforce ``constraint``.
 

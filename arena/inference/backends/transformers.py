@@ -243,18 +243,7 @@ class TransformersBackend(Backend):
 
     def validate(self, request: GenerateRequest) -> None:
         super().validate(request)
-        ids = request.prompt_token_ids or self._tokenizer.encode(request.prompt)
-        if not all(0 <= t < self._vocab.size for t in ids):
-            raise RequestError(
-                "prompt_token_ids",
-                f"prompt_token_ids outside the vocabulary [0, {self._vocab.size})",
-            )
-        if len(ids) >= self._context:
-            raise RequestError(
-                "prompt",
-                f"prompt of {len(ids)} tokens does not fit the context of {self._context} "
-                "(prompt + at least one new token); shorten the prompt",
-            )
+        self.check_prompt(request, self._vocab.size)
         if request.constraint is not None:
             if self._vocab.eos_id < 0:
                 raise RequestError("constraint", "constraints need a tokenizer with an eos token")

@@ -272,18 +272,7 @@ class VLLMBackend(Backend):
 
     def validate(self, request: GenerateRequest) -> None:
         super().validate(request)
-        ids = request.prompt_token_ids or self._tokenizer.encode(request.prompt)
-        if not all(0 <= t < self._vocab_size for t in ids):
-            raise RequestError(
-                "prompt_token_ids",
-                f"prompt_token_ids outside the vocabulary [0, {self._vocab_size})",
-            )
-        if len(ids) >= self._max_len:
-            raise RequestError(
-                "prompt",
-                f"prompt of {len(ids)} tokens does not fit the context of {self._max_len} "
-                "(prompt + at least one new token); shorten the prompt",
-            )
+        self.check_prompt(request, self._vocab_size)
 
     def check_constraint(self, constraint: Constraint) -> None:
         """Refuse (:class:`ConstraintError`) what the transformers backend refuses, before

@@ -19,6 +19,7 @@ from parley.protocols.messages import (  # noqa: E402
     SamplingParams,
     WeightUpdate,
 )
+from tests.arena.inference.backend_util import chat, request  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,14 +30,6 @@ async def backend(tiny_model_dir: Path) -> TransformersBackend:
     assert isinstance(b, TransformersBackend)
     yield b
     await b.close()
-
-
-def chat(backend: TransformersBackend, text: str) -> list[int]:
-    return backend.tokenizer.encode_chat([{"role": "user", "content": text}])
-
-
-def request(ids: list[int], **params: object) -> GenerateRequest:
-    return GenerateRequest(prompt_token_ids=ids, params=SamplingParams(**params))  # type: ignore[arg-type]
 
 
 PROMPTS = ["hi", "I offer 2 books and 1 hat", "deny", "What is your name? " * 4, "3", "ok ok"]

@@ -28,6 +28,7 @@ from parley.protocols.messages import (  # noqa: E402
     SamplingParams,
     WeightUpdate,
 )
+from tests.arena.inference.backend_util import chat, request  # noqa: E402
 
 pytestmark = [
     pytest.mark.vllm,
@@ -54,14 +55,6 @@ async def backend(model_dir: Path) -> AsyncIterator[VLLMBackend]:
     assert isinstance(b, VLLMBackend)
     yield b
     await b.close()
-
-
-def chat(b: VLLMBackend, text: str) -> list[int]:
-    return b.tokenizer.encode_chat([{"role": "user", "content": text}])
-
-
-def request(ids: list[int], **params: object) -> GenerateRequest:
-    return GenerateRequest(prompt_token_ids=ids, params=SamplingParams(**params))  # type: ignore[arg-type]
 
 
 def reference_logprobs(

@@ -10,18 +10,17 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.arena.view.browser import ARTIFACTS, MISSING, LoopThread, find_chromium, skip_unless_ci
+from tests.arena.view.browser import ARTIFACTS, LoopThread, find_chromium, skip_unless_ci
 
 skip_unless_ci()
 CHROMIUM = find_chromium()
 if CHROMIUM is not None:
-    from playwright.sync_api import Page, expect, sync_playwright
+    from playwright.sync_api import Page, expect
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from parley.arena.run.agent_specs import SeatContext, resolve_agent_spec  # noqa: E402
@@ -32,28 +31,6 @@ from parley.arena.view.server import start  # noqa: E402
 from tests.arena.view.test_human import counts, give_all  # noqa: E402
 
 SCENARIO = "negotiation/deal-or-no-deal-v1"
-
-
-@pytest.fixture(scope="module")
-def page() -> Iterator[Page]:
-    if CHROMIUM is None:
-        pytest.fail(MISSING)  # in CI: a missing browser is a failure
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        context = browser.new_page(viewport={"width": 1280, "height": 900})
-        errors: list[str] = []
-        context.on("pageerror", lambda e: errors.append(str(e)))
-        yield context
-        browser.close()
-        assert errors == [], f"script errors in the pages: {errors}"
-
-
-@pytest.fixture
-def loop() -> Iterator[LoopThread]:
-    thread = LoopThread()
-    yield thread
-    thread.stop()
 
 
 def _viewer(loop: LoopThread, roots: list[Path]) -> tuple[Any, str]:

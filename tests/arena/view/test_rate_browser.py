@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from parley.agents.base import Agent
 from parley.protocols.messages import Action, Observation
-from tests.arena.view.browser import ARTIFACTS, MISSING, LoopThread, find_chromium, skip_unless_ci
+from tests.arena.view.browser import ARTIFACTS, LoopThread, find_chromium, skip_unless_ci
 
 skip_unless_ci()
 CHROMIUM = find_chromium()
 if CHROMIUM is not None:
-    from playwright.sync_api import Page, expect, sync_playwright
+    from playwright.sync_api import Page, expect
 
 from parley.arena.run.config import RunConfig  # noqa: E402
 from parley.arena.run.runner import Runner  # noqa: E402
@@ -52,28 +51,6 @@ class PoliteAgent(Agent):
         else:
             text = f"hello{self.please} {MARKUP}" if self.turns == 1 else "<selection>"
         return Action(agent=observation.agent, text=text)
-
-
-@pytest.fixture(scope="module")
-def page() -> Iterator[Page]:
-    if CHROMIUM is None:
-        pytest.fail(MISSING)  # in CI: a missing browser is a failure
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        context = browser.new_page(viewport={"width": 1280, "height": 900})
-        errors: list[str] = []
-        context.on("pageerror", lambda e: errors.append(str(e)))
-        yield context
-        browser.close()
-        assert errors == [], f"script errors in the pages: {errors}"
-
-
-@pytest.fixture
-def loop() -> Iterator[LoopThread]:
-    thread = LoopThread()
-    yield thread
-    thread.stop()
 
 
 def polite_run(loop: LoopThread, folder: Path, tasks: int) -> Path:
