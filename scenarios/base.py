@@ -87,7 +87,6 @@ from parley.scenarios.events import Event, split_address
 from parley.scenarios.helpers import (
     LazyRng,
     NoDraws,
-    TextMemo,
     all_clean,
     check_action,
     json_default,
@@ -203,7 +202,6 @@ class Scenario(LazyRng, ParallelEnv[str, str, str]):  # type: ignore[misc]
         self._own_constraint = cls.constraint is not Scenario.constraint
         self._own_resolve = cls.resolve is not Scenario.resolve
         self._no_draws = NoDraws(cls)
-        self._escaped_prompts = TextMemo(printable, 1024)  # prompt texts, escaped (see observe)
         # Per-seat dicts that step copies (a copy is ~3x cheaper than dict.fromkeys).
         self._zeros: dict[str, float] = {}
         self._falses: dict[str, bool] = {}

@@ -6,13 +6,22 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+from parley.scenarios.charset import printable
+from parley.scenarios.helpers import TextMemo
+
 if TYPE_CHECKING:
     from parley.scenarios.base import Scenario
 
-__all__ = ["DEFAULT_PROMPT", "observe"]
+__all__ = ["DEFAULT_PROMPT", "ESCAPED_PROMPTS", "observe"]
 
 DEFAULT_PROMPT = "Your move."
 """The prompt of a scenario that leaves :meth:`Scenario.prompt` as the base defines it."""
+
+ESCAPED_PROMPTS: TextMemo[str] = TextMemo(printable, 4096)
+"""Prompt texts, escaped: one memo for the process, not one per instance (``printable`` is
+a pure function), so an env made per episode or per batch of episodes (the runner, ``parley
+bench games``) finds the prompts its game's positions repeat (a miss escapes the text, ~0.2
+us for 100 characters, and inserts it)."""
 
 
 def observe(
@@ -27,7 +36,7 @@ def observe(
     prompt = env.prompt if env._own_prompt else None
     view = env.view if env._own_view else None
     constraint_of = env.constraint if env._own_constraint else None
-    escaped = env._escaped_prompts  # (hooks often return the same few texts: each escaped once)
+    escaped = ESCAPED_PROMPTS  # (hooks often return the same few texts: each escaped once)
     for agent in env.agents:
         lines = inbox[agent]
         if agent in acting:

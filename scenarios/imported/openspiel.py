@@ -62,6 +62,7 @@ from parley.scenarios.registry import ScenarioSpec
 __all__ = ["OpenSpielGame", "catalog", "load_game", "spec_for"]
 
 _SECOND = operator.itemgetter(1)  # (a chance outcome's probability)
+_CHANCE, _SIMULTANEOUS = -1, -2  # OpenSpiel's kChancePlayerId, kSimultaneousPlayerId
 _INSTALL = 'OpenSpiel is not installed: pip install -e ".[games]" (open-spiel 2.0.2)'
 _BASELINE = "parley.agents.scripted.imported:RandomLegal"
 
@@ -127,6 +128,10 @@ _NAMES_VERSION = "2.0.2"
 every step)."""
 _NAMED: dict[str, dict[tuple[int, tuple[int, ...]], LegalMoves]] = {}
 """Per loaded game (:data:`_NAMES_BY_ACTION` only): (player, legal actions) -> its moves."""
+
+_PROMPTS: dict[tuple[str, LegalMoves], str] = {}
+"""(seat, moves) -> the prompt, for every instance: a game's positions repeat their move
+lists across episodes and instances (LegalMoves are shared: :meth:`LegalMoves.of`)."""
 
 _GAMES: dict[str, Any] = {}
 """Games loaded so far, by name: a game object is immutable (states are made from it), and
@@ -265,7 +270,6 @@ class OpenSpielGame(Scenario):
         self._chosen: dict[str, int] = {}  # simultaneous node: seat -> chosen action
         # acting()'s seats, replaced when _moves or _chosen change (a tuple: handed out).
         self._acting: tuple[str, ...] = ()
-        self._prompts: dict[tuple[str, LegalMoves], str] = {}  # (seat, moves) -> prompt
         self._endings: dict[tuple[float, ...], str] = {}  # final returns -> notice
         self._misses: dict[str, int] = {}
         self._changed = False  # a move was applied since the acting seats were told
@@ -298,7 +302,7 @@ class OpenSpielGame(Scenario):
 
     def play(self, seat: str, action: str) -> str | None:
         moves, reason = self._moves[seat], None
-        chosen = moves.find(action)
+        chosen = moves.by_text.get(action.strip().lower())  # (moves.find, inlined: hot)
         if chosen is not None:  # a legal move (the common case): no generator needed
             self._misses[seat] = 0
         else:
@@ -329,12 +333,12 @@ class OpenSpielGame(Scenario):
     def prompt(self, seat: str) -> str:
         # A game's positions repeat their move lists: each prompt is made once (bounded).
         moves = self._moves[seat]
-        text = self._prompts.get((seat, moves))
+        text = _PROMPTS.get((seat, moves))
         if text is None:
-            if len(self._prompts) >= 4096:
-                self._prompts.clear()
+            if len(_PROMPTS) >= 4096:
+                _PROMPTS.clear()
             text = f"Your move as {seat}. Answer with one legal move: {moves.listed()}"
-            self._prompts[seat, moves] = text
+            _PROMPTS[seat, moves] = text
         return text
 
     def constraint(self, seat: str) -> dict[str, Any] | None:
@@ -342,8 +346,9 @@ class OpenSpielGame(Scenario):
 
     def view(self, seat: str) -> dict[str, Any]:
         moves = self._moves.get(seat)
-        legal = list(moves.shown) if moves is not None and seat not in self._chosen else []
-        return {"player": self.index[seat], "legal": legal}
+        if moves is None or (self._chosen and seat in self._chosen):
+            return {"player": self.index[seat], "legal": []}
+        return {"player": self.index[seat], "legal": list(moves.shown)}
 
     def system_prompt(self, seat: str) -> str:
         kind = self.game.get_type()
@@ -389,16 +394,21 @@ class OpenSpielGame(Scenario):
 
     def _after_move(self) -> None:
         self._changed = True
-        self._advance()
+        player = self._advance()
         if self._done:
             return
-        self._refresh()
+        self._refresh(player)
 
-    def _advance(self) -> None:
-        """Resolve chance nodes, pay the change of the returns, finish at the end."""
+    def _advance(self) -> int:
+        """Resolve chance nodes, pay the change of the returns, finish at the end; return
+        OpenSpiel's ``current_player()`` after the chance nodes."""
         state = self.state_
-        if state.is_chance_node():
+        # (OpenSpiel's IsChanceNode and IsSimultaneousNode are this comparison, in C++: one
+        # call, read once a move, instead of one call each.)
+        player = state.current_player()
+        if player == _CHANCE:
             self._resolve_chance(state, self.rng)
+            player = state.current_player()
         # (Read every step even in games of terminal rewards: repeated_leduc_poker declares
         # them and pays each hand as it ends.)
         returns = state.returns()  # (a list of floats from C++ games; numpy: 3x the cost here)
@@ -415,6 +425,7 @@ class OpenSpielGame(Scenario):
             self._acting = ()
             self.finish()
             self._tell_end()
+        return int(player)
 
     @staticmethod
     def _resolve_chance(state: Any, rng: np.random.Generator) -> None:
@@ -426,18 +437,20 @@ class OpenSpielGame(Scenario):
             pick = bisect.bisect_right(weights, rng.random() * weights[-1])
             state.apply_action(outcomes[min(pick, len(outcomes) - 1)][0])
 
-    def _refresh(self) -> None:
-        """The legal moves of every seat asked now."""
+    def _refresh(self, player: int | None = None) -> None:
+        """The legal moves of every seat asked now (``player``: ``current_player()``)."""
         state = self.state_
         seats = self.possible_agents
-        if self._simultaneous_game and state.is_simultaneous_node():
+        if player is None:
+            player = state.current_player()
+        if self._simultaneous_game and player == _SIMULTANEOUS:
             players = [p for p in range(self.num_seats) if state.legal_actions(p)]
             self._moves = {seats[p]: self._legal(p) for p in players}
             self._acting = tuple(seat for seat in self._moves if seat not in self._chosen)
         else:
-            player = state.current_player()
-            self._moves = {seats[player]: self._legal(player)}
-            self._acting = (seats[player],)
+            seat = seats[player]
+            self._moves = {seat: self._legal(player)}
+            self._acting = (seat,)
 
     def _legal(self, player: int) -> LegalMoves:
         state = self.state_
@@ -465,8 +478,14 @@ class OpenSpielGame(Scenario):
         return str(state.information_state_string(player))
 
     def _tell_acting(self) -> None:
-        for seat in self.acting():
-            self.tell(seat, self._observation(self.index[seat]))
+        # (Every step: _observation's choice made once, not per seat.)
+        state, index, tell = self.state_, self.index, self.tell
+        if self._use_observation:
+            observe = state.observation_string
+        else:
+            observe = state.information_state_string
+        for seat in self._acting:
+            tell(seat, str(observe(index[seat])))
 
     def _tell_end(self) -> None:
         returns = tuple(self.state_.returns())
