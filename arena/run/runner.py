@@ -45,7 +45,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import fields
-from typing import Any, cast
+from typing import Any
 
 import zmq.asyncio
 from rich.console import Console
@@ -457,20 +457,21 @@ class Runner(SeatAsking):
                     await local.direct.finish(waiting, results, self.config.act_timeout)
             else:
                 results = await self._ask(requests, episode_id, turn, given)
-            # (every result an Action, checked below; otherwise replaced by _retry's)
-            actions = cast("dict[str, Action]", dict(zip(requests, results, strict=True)))
-            in_order = len(actions) == len(env.agents)  # every live seat, as env.agents lists
-            for result in results:
+            # Each result an Action, its text for env.step (in env.agents' order: requests
+            # was built in it); otherwise every action as _retry gives it.
+            actions: dict[str, Action] = {}
+            full: dict[str, str] = {}
+            for seat, result in zip(requests, results, strict=True):
                 if type(result) is not Action:  # the episode fails, or they are asked again
                     actions = await self._retry(
                         requests, results, asked_at, episode_id, turn, given
                     )
-                    in_order = False  # (seats asked again come last)
+                    full = {}  # (seats asked again come last: rebuilt below)
                     break
+                actions[seat] = result
+                full[seat] = result.text
             episode.agents_s += clock() - asked_at
-            if in_order:
-                full = {seat: action.text for seat, action in actions.items()}
-            else:
+            if len(full) != len(env.agents):  # seats that sit out (or asked again) say ""
                 full = {seat: actions[seat].text if seat in actions else "" for seat in env.agents}
             if blocking:  # its step runs subprocesses: keep other episodes going meanwhile
                 step = await asyncio.to_thread(_scenario, "step", step_env, full)

@@ -311,3 +311,45 @@ def test_end_now_closes_and_forgets_the_agent_before_it_returns() -> None:
 
     asyncio.run(scenario())
     assert _Closing.closed == ["closed", "closed"]
+
+
+class _PlainDef(Agent):
+    """``act`` a plain function: returns an Action, raises StopIteration, or returns a
+    future the loop resolves later (what an agent may hand a runner that awaits it)."""
+
+    def act(self, observation: Observation) -> Any:
+        how = observation.info["how"]
+        if how == "action":
+            return Action(agent=observation.agent, text="not awaitable")
+        if how == "stop":
+            raise StopIteration("out of moves")
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(future.set_result, Action(agent="a", text="later"))
+        return future
+
+
+async def _await_error(value: Any) -> str:
+    """What awaiting ``value`` raises, as the bus's handler words it."""
+    try:
+        await value
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    raise AssertionError("awaited")
+
+
+@pytest.mark.timeout(10)
+def test_an_act_that_is_no_coroutine_fails_or_answers_as_when_awaited() -> None:
+    """Acts are driven without a coroutine around them (issue 33 §5): one that returns a
+    non-awaitable, or raises StopIteration before any await, fails with the words the bus's
+    handler (which awaits it) gives; one that returns a future is awaited."""
+    expected = asyncio.run(_await_error(Action(agent="a", text="not awaitable")))
+    with pytest.raises(RemoteError) as caught:
+        _ask(_agents(a=_PlainDef), "a", how="action")
+    assert caught.value.code == "handler_failed"
+    assert caught.value.remote_message == expected
+    with pytest.raises(RemoteError) as caught:
+        _ask(_agents(a=_PlainDef), "a", how="stop")
+    assert caught.value.remote_message == "StopIteration: out of moves"
+    action = _ask(_agents(a=_PlainDef), "a", how="future")
+    assert isinstance(action, Action)
+    assert action.text == "later"
