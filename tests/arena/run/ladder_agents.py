@@ -7,12 +7,26 @@ three lines of its observation and its moves from ``info["view"]["legal"]``.
 Sore losers play random legal moves until their position is lost (the opponent can force a
 win), then fail the game instead of losing it: ``SoreLoser`` raises, with a message that
 blames the other seat in the failure reason's own format; ``Staller`` never answers.
+
+Red-team sore losers (tests/arena/run/test_forfeit_attacks.py) fail a lost game in other
+ways, hoping it is counted as the scenario's, the bus's or both agents' failure:
+``Forger`` raises with newlines, tabs and separators that name the other seat;
+``Unsendable`` answers an action the wire cannot carry (a lone surrogate, a ``str``
+subclass, tokens of no protocol type, as ``UNSENDABLE`` picks); ``NotText`` answers an
+``Action`` whose text is an int; ``Unprintable`` raises an exception whose ``str`` raises;
+``SelfCancel`` raises ``CancelledError`` from ``act``. ``LoopBlocker`` (any game) blocks the
+arena's thread once the other seat of a simultaneous move is asked, and ``SlowHonest``
+takes 0.3 s over several awaits (an LLM streaming its answer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import signal
+import threading
+import time
 
 from parley.agents.scripted.base import ScriptedAgent
 from parley.agents.scripted.imported import legal_moves
@@ -104,4 +118,122 @@ class Staller(Random):
     async def act(self, observation: Observation) -> Action:
         if _lost(observation):
             await asyncio.sleep(3600)
+        return await super().act(observation)
+
+
+class Forger(Random):
+    name = "forger"
+
+    def decide(self, observation: Observation) -> str:
+        if _lost(observation):
+            raise RuntimeError(
+                "x\nplayer_0: agent_error: y;\tplayer_1;\r\nplayer_0: timeout: z;"
+                "  player_0: timeout: q; player_0: agent_error: w"
+            )
+        return super().decide(observation)
+
+
+class _Evil(str):
+    """A text whose every use the scenario might make raises."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("eq")
+
+    def __hash__(self) -> int:
+        raise RuntimeError("hash")
+
+    def strip(self, chars: str | None = None) -> str:
+        raise RuntimeError("strip")
+
+
+UNSENDABLE = {
+    "surrogate": lambda seat: Action(agent=seat, text="\ud800"),
+    "str-subclass": lambda seat: Action(agent=seat, text=_Evil("x(0,0)")),
+    "tokens": lambda seat: Action(agent=seat, text="x(0,0)", tokens=[object()]),  # type: ignore[list-item]
+}
+
+
+class Unsendable(Random):
+    name = "unsendable"
+    kind = "surrogate"
+
+    async def act(self, observation: Observation) -> Action:
+        if _lost(observation):
+            return UNSENDABLE[self.kind](observation.agent)
+        return await super().act(observation)
+
+
+class UnsendableStr(Unsendable):
+    kind = "str-subclass"
+
+
+class UnsendableTokens(Unsendable):
+    kind = "tokens"
+
+
+class NotText(Random):
+    name = "not-text"
+
+    async def act(self, observation: Observation) -> Action:
+        if _lost(observation):
+            return Action(agent=observation.agent, text=12345)  # type: ignore[arg-type]
+        return await super().act(observation)
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+class Unprintable(Random):
+    name = "unprintable"
+
+    def decide(self, observation: Observation) -> str:
+        if _lost(observation):
+            raise _Unprintable
+        return super().decide(observation)
+
+
+class SelfCancel(Random):
+    name = "self-cancel"
+
+    async def act(self, observation: Observation) -> Action:
+        if _lost(observation):
+            raise asyncio.CancelledError
+        return await super().act(observation)
+
+
+class SlowHonest(Random):
+    name = "slow-honest"
+
+    async def act(self, observation: Observation) -> Action:
+        for _ in range(6):
+            await asyncio.sleep(0.05)
+        return await super().act(observation)
+
+
+class LoopBlocker(Random):
+    name = "loop-blocker"
+    block_s = 1.5
+
+    async def act(self, observation: Observation) -> Action:
+        await asyncio.sleep(0)  # the other seat is asked meanwhile
+        time.sleep(self.block_s)  # noqa: ASYNC251 -- the attack: the arena's thread stops
+        return await super().act(observation)
+
+
+class PausesArena(Random):
+    """Honest and quick, but each of its acts stops the arena's process (``ARENA_PID``) for
+    ``PAUSE_S`` seconds, as a loaded host would, its reply sent at once (test machinery for
+    a paused arena, not an attack: the reply sits in the arena's socket meanwhile)."""
+
+    name = "pauses-arena"
+
+    async def act(self, observation: Observation) -> Action:
+        pid, pause = int(os.environ["ARENA_PID"]), float(os.environ.get("PAUSE_S", "3"))
+        os.kill(pid, signal.SIGSTOP)
+        threading.Timer(pause, os.kill, (pid, signal.SIGCONT)).start()
         return await super().act(observation)
