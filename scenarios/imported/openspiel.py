@@ -425,7 +425,7 @@ class OpenSpielGame(Scenario):
             self._acting = ()
             self.finish()
             self._tell_end()
-        return int(player)
+        return player  # type: ignore[no-any-return]
 
     @staticmethod
     def _resolve_chance(state: Any, rng: np.random.Generator) -> None:
@@ -447,14 +447,18 @@ class OpenSpielGame(Scenario):
             players = [p for p in range(self.num_seats) if state.legal_actions(p)]
             self._moves = {seats[p]: self._legal(p) for p in players}
             self._acting = tuple(seat for seat in self._moves if seat not in self._chosen)
-        else:
+        else:  # (one seat: _legal's lookup inlined, the common case of every move)
             seat = seats[player]
-            self._moves = {seat: self._legal(player)}
+            actions = state.legal_actions(player)
+            named = self._named
+            moves = None if named is None else named.get((player, tuple(actions)))
+            self._moves = {seat: self._legal(player, actions) if moves is None else moves}
             self._acting = (seat,)
 
-    def _legal(self, player: int) -> LegalMoves:
+    def _legal(self, player: int, actions: list[int] | None = None) -> LegalMoves:
         state = self.state_
-        actions = state.legal_actions(player)
+        if actions is None:
+            actions = state.legal_actions(player)
         named = self._named
         if named is None:  # (named anew every time: OpenSpiel's names may depend on the state)
             return self._name(player, actions)

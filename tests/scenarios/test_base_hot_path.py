@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parley.scenarios.base import Event, Scenario
+from parley.scenarios.base import Event, Scenario, printable
 
 
 class Room(Scenario):  # type: ignore[misc]
@@ -184,3 +184,18 @@ def test_step_dicts_follow_the_live_seats_across_episodes() -> None:
     env.agents.remove("c")  # or changing the list in place
     _, rewards, _, truncations, _ = env.step({"a": "hi"})
     assert list(rewards) == list(truncations) == ["a"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(
+        st.sampled_from(["a", " ", "\n", "\t", "\r", "\x7f", "\x00", "\u00e9", "\ud800", "~"]),
+        max_size=120,
+    )
+)
+def test_tell_escapes_as_printable_does_short_and_long(text: str) -> None:
+    env = Room()
+    env.reset(seed=0)
+    env._inbox["a"].clear()
+    env.tell("a", text)
+    assert env._inbox["a"] == [printable(text)]
