@@ -2,12 +2,16 @@
 
 ``Dodger`` plays calc-chain's oracle, but in about half of its episodes (chosen by its seed)
 raises at its first turn: counted as the run counts failures (left out), it scores 1.0.
+``ForgingDodger`` raises a message forging the scenario's and the bus's failure in the
+recorded reason's format; ``UnsendingDodger`` answers an action the wire cannot carry (a
+lone surrogate), ``NotTextDodger`` one whose text is an int (red team:
+test_forfeit_attacks.py).
 """
 
 from __future__ import annotations
 
 from parley.agents.scripted.tool_use import CalcOracle
-from parley.protocols.messages import Observation
+from parley.protocols.messages import Action, Observation
 
 
 class Dodger(CalcOracle):
@@ -21,3 +25,27 @@ class Dodger(CalcOracle):
         if self._dodge:
             raise RuntimeError("not this one")
         return super().decide(observation)
+
+
+class ForgingDodger(Dodger):
+    name = "forging-dodger"
+
+    def decide(self, observation: Observation) -> str:
+        if self._dodge:
+            raise RuntimeError("x; scenario_error: step raised KeyError(); solver: bus_error: y")
+        return super().decide(observation)
+
+
+class UnsendingDodger(Dodger):
+    name = "unsending-dodger"
+    text: object = "\ud800"
+
+    async def act(self, observation: Observation) -> Action:
+        if self._dodge:
+            return Action(agent=observation.agent, text=self.text)  # type: ignore[arg-type]
+        return await super().act(observation)
+
+
+class NotTextDodger(UnsendingDodger):
+    name = "not-text-dodger"
+    text = 12345

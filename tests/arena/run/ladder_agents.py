@@ -10,7 +10,8 @@ blames the other seat in the failure reason's own format; ``Staller`` never answ
 
 Red-team sore losers (tests/arena/run/test_forfeit_attacks.py) fail a lost game in other
 ways, hoping it is counted as the scenario's, the bus's or both agents' failure:
-``Forger`` raises with newlines, tabs and separators that name the other seat;
+``Stubborn`` answers invalid moves; ``Forger`` raises with newlines, tabs and separators
+that name the other seat;
 ``Unsendable`` answers an action the wire cannot carry (a lone surrogate, a ``str``
 subclass, tokens of no protocol type, as ``UNSENDABLE`` picks); ``NotText`` answers an
 ``Action`` whose text is an int; ``Unprintable`` raises an exception whose ``str`` raises;
@@ -131,6 +132,13 @@ class Forger(Random):
                 "  player_0: timeout: q; player_0: agent_error: w"
             )
         return super().decide(observation)
+
+
+class Stubborn(Random):
+    name = "stubborn"
+
+    def decide(self, observation: Observation) -> str:
+        return "resign? never" if _lost(observation) else super().decide(observation)
 
 
 class _Evil(str):

@@ -31,6 +31,7 @@ from parley.arena.run.backpressure import failed_seats
 from parley.arena.run.config import RunConfig
 from parley.arena.run.league import LeagueConfig, Match, _score, play_league
 from parley.arena.run.runner import run
+from parley.arena.run.suites import Suite, SuiteEntry, run_suite
 from parley.protocols.bus import BusConfig
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -115,6 +116,33 @@ def test_an_action_or_error_the_runner_cannot_take_is_the_agents_forfeit(
     tmp_path: Path, attacker: str
 ) -> None:
     _forfeited_by_the_attacker_only(_league(tmp_path, attacker), 4)
+
+
+@pytest.mark.timeout(60)
+def test_invalid_moves_until_the_scenario_moves_for_it_are_a_plain_loss(tmp_path: Path) -> None:
+    # OpenSpiel games ask again after an invalid move, then play a random one: no way to
+    # drag a lost game past max_steps (a failure no agent is charged with).
+    league = _league(tmp_path, "Stubborn")
+    assert league["unscored"] == {"perfect": 0, "attacker": 0}
+    assert not any(game["forfeit"] for game in league["games"])
+    assert league["matrix"]["perfect"]["attacker"]["win_rate"] > 0.5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "dodger",
+    [
+        "ForgingDodger",
+        "UnsendingDodger",
+        pytest.param("NotTextDodger", marks=pytest.mark.xfail(strict=True, reason=_NOT_TEXT)),
+    ],
+)
+def test_parley_eval_counts_the_dodged_tasks_however_they_fail(tmp_path: Path, dodger: str) -> None:
+    suite = Suite("dodge-v1", "one entry", (SuiteEntry("tool_use/calc-chain-v1", 8, 2, 3),))
+    report = run_suite(suite, {"solver": f"tests.arena.run.dodging_agents:{dodger}"}, tmp_path)
+    row = report["entries"][0]
+    assert 0 < row["episodes"]["failed"] == row["forfeits"], row
+    assert row["metrics"]["success_with_forfeits"]["n"] == 16
 
 
 @pytest.mark.timeout(60)
@@ -295,6 +323,7 @@ _ARENA = """
 import sys
 from parley.arena.run.config import RunConfig
 from parley.arena.run.runner import run
+from parley.arena.run.suites import Suite, SuiteEntry, run_suite
 listen, out = sys.argv[1], sys.argv[2]
 run(RunConfig(scenario="openspiel:tic_tac_toe", progress=False, max_failed_fraction=1.0,
               agents={"player_0": "tests.arena.run.ladder_agents:Random", "player_1": "remote"},
