@@ -245,3 +245,12 @@ class PausesArena(Random):
         os.kill(pid, signal.SIGSTOP)
         threading.Timer(pause, os.kill, (pid, signal.SIGCONT)).start()
         return await super().act(observation)
+
+
+class LoopBlockerResigns(LoopBlocker):
+    """:class:`LoopBlocker`, then raises: both seats failed, it hopes (not scored)."""
+
+    name = "loop-blocker-resigns"
+
+    def decide(self, observation: Observation) -> str:
+        raise RuntimeError("resigns")
