@@ -186,6 +186,8 @@ async def answer(env):
         return Error(code="scenario_error", message=FORGED)
     if mode == "overloaded":  # "not me, the bus": refused as overloaded, forever
         return Error(code="overloaded", message="busy", retryable=True)
+    if mode == "other-seat":  # answers as if it were player_0
+        return Action(agent="player_0", text=obs.info["view"]["legal"][0])
     if mode == "kill":  # dies when asked (in a simultaneous move: as its opponent is)
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "flood":  # floods the arena while its opponent is asked, then answers
@@ -274,6 +276,18 @@ def test_a_remote_agent_that_answers_but_not_with_an_action_forfeits(
     games, unscored = _scored(tmp_path, TTT)
     assert unscored == 0, [episode["failed"] for episode in episodes]
     assert [game.forfeit for game in games] == ["attacker"] * len(episodes)
+
+
+@pytest.mark.timeout(60)
+def test_a_remote_agent_answering_in_the_other_seats_name_plays_its_own(tmp_path: Path) -> None:
+    # The arena names the seat of a reply by its request, never by the reply's own claim.
+    argv = [sys.executable, "-c", _RAW, "other-seat"]
+    episodes = _remote_run(tmp_path, RPS, lambda address: [*argv, address])
+    assert [episode["status"] for episode in episodes] == ["ok", "ok"]
+    for episode in episodes:  # player_0's own move stands beside it
+        actions = episode["steps"][0]["actions"]
+        assert actions["player_1"] == "Rock", actions
+        assert actions["player_0"] in ("Rock", "Paper", "Scissors"), actions
 
 
 @pytest.mark.timeout(60)
