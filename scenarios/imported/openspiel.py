@@ -123,9 +123,15 @@ _NAMES_BY_ACTION = frozenset(
         "tiny_hanabi",
     }
 )
+# Games whose State::Returns() are zeros until the end and whose CurrentPlayer() is
+# kTerminalPlayerId exactly at the end in open-spiel 2.0.2 (read in games/*.cc; a test plays
+# them out): a move that leaves a player to act needs neither returns() nor is_terminal()
+# (two pybind calls, ~0.2 us of a tic-tac-toe step). Not every game of terminal rewards:
+# repeated_leduc_poker declares them and pays each hand.
+_PAID_AT_END = frozenset({"kuhn_poker", "tic_tac_toe"})
 _NAMES_VERSION = "2.0.2"
-"""The OpenSpiel version whose sources :data:`_NAMES_BY_ACTION` was read in (another names
-every step)."""
+"""The OpenSpiel version whose sources :data:`_NAMES_BY_ACTION` and :data:`_PAID_AT_END`
+were read in (another names every step and reads the returns every step)."""
 _NAMED: dict[str, dict[tuple[int, tuple[int, ...]], LegalMoves]] = {}
 """Per loaded game (:data:`_NAMES_BY_ACTION` only): (player, legal actions) -> its moves."""
 
@@ -274,11 +280,11 @@ class OpenSpielGame(Scenario):
         self._misses: dict[str, int] = {}
         self._changed = False  # a move was applied since the acting seats were told
         self._paid = [0.0] * len(seats)  # the returns paid so far, per seat
+        known = _pyspiel().__version__ == _NAMES_VERSION
         self._named = (
-            _NAMED.setdefault(game, {})
-            if kind.short_name in _NAMES_BY_ACTION and _pyspiel().__version__ == _NAMES_VERSION
-            else None
+            _NAMED.setdefault(game, {}) if known and kind.short_name in _NAMES_BY_ACTION else None
         )
+        self._paid_at_end = known and kind.short_name in _PAID_AT_END
 
     # ------------------------------------------------------------------ hooks
 
@@ -409,6 +415,8 @@ class OpenSpielGame(Scenario):
         if player == _CHANCE:
             self._resolve_chance(state, self.rng)
             player = state.current_player()
+        if player >= 0 and self._paid_at_end:  # (a player to act: not the end, nothing paid)
+            return player  # type: ignore[no-any-return]
         # (Read every step even in games of terminal rewards: repeated_leduc_poker declares
         # them and pays each hand as it ends.)
         returns = state.returns()  # (a list of floats from C++ games; numpy: 3x the cost here)

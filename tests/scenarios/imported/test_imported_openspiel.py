@@ -288,3 +288,28 @@ def test_games_written_in_python_are_there_whatever_was_imported_first() -> None
     import ast
 
     assert sum(r for _, r in ast.literal_eval(paid)) == 0.0  # zero-sum, paid as floats
+
+
+@pytest.mark.parametrize("name", ["kuhn_poker", "kuhn_poker(players=3)", "tic_tac_toe"])
+def test_games_paid_at_the_end_pay_nothing_before_it_and_say_whose_turn_it_is(name: str) -> None:
+    """What the adapter relies on to skip ``returns()`` and ``is_terminal()`` after a move
+    that leaves a player to act (:data:`_PAID_AT_END`), on random play-outs."""
+    from parley.scenarios.imported.openspiel import _PAID_AT_END, load_game
+
+    game = load_game(name)
+    assert game.get_type().short_name in _PAID_AT_END
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        state = game.new_initial_state()
+        while True:
+            player = state.current_player()
+            assert (player == pyspiel.PlayerId.TERMINAL) == state.is_terminal()
+            if state.is_terminal():
+                break
+            assert all(value == 0.0 for value in state.returns())
+            actions = (
+                [a for a, _ in state.chance_outcomes()]
+                if state.is_chance_node()
+                else state.legal_actions()
+            )
+            state.apply_action(actions[int(rng.integers(len(actions)))])
