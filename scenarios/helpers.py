@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -98,7 +98,7 @@ class TextMemo(Generic[T]):
 
 _FIRST_STATES_CAP = 1024
 """Seeds whose first generator state :class:`LazyRng` remembers (least recently used go)."""
-_FIRST_STATES: dict[int, dict[str, Any]] = {}  # seed -> state, oldest first (an LRU)
+_FIRST_STATES: dict[int, Mapping[str, Any]] = {}  # seed -> state, oldest first (an LRU)
 _FIRST_STATES_LOCK = threading.Lock()  # (episodes reset in worker threads too)
 
 
