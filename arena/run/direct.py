@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
-from types import CoroutineType
 from typing import Any, cast
 
 import msgspec
@@ -143,7 +142,7 @@ class DirectAgents:
     ) -> Body | RemoteError:
         """The runner's decoded copy of what ``agent`` returned for ``obs``, or the bus's
         ``bad_message`` error for an action the wire cannot carry (the agent's failure).
-        (:meth:`_answered` keeps a plain action as it is without this call.)"""
+        (:meth:`_act_all` keeps a plain action as it is without this call.)"""
         action = self.host.own(returned, obs, agent)
         codec = self._codec
         try:
@@ -204,36 +203,61 @@ class DirectAgents:
         to its first suspension. Returns the results (those of the acts that suspended
         still pending) and those acts, which :meth:`finish` waits for; none, usually (an
         agent that answers without suspending): then the results are every reply."""
-        # Each act's coroutine is driven here, in the caller's frame: an agent that answers
-        # without suspending (a scripted one) costs its own coroutine and nothing around it
-        # (no coroutine of ours, no task, no timer). One that suspends is finished, with
-        # the checks of its answer, in a task of its own, and the next seat's act starts:
-        # every act starts before any is awaited (issue 33 §5).
+        # The acts are awaited in turn by one coroutine (:meth:`_act_all`) that this call
+        # drives itself: scripted agents that answer without suspending cost no task, no
+        # timer and no StopIteration each (one per step). When an act suspends, that
+        # coroutine is left to finish it alone in a task (its slot, the first one still
+        # pending, is marked detached: it stops after that act) and a new one goes on from
+        # the next seat, so every act still starts before any is awaited.
         seen = self._seen_all(observations, sender, episode, seeds)
+        count = len(seen)
+        results: list[Body | BaseException] = [_PENDING] * count
+        waiting: Waiting = []
+        start = 0
+        while start < count:
+            acts = self._act_all(seen, results, start, episode, sender)
+            try:
+                yielded = acts.send(None)
+            except StopIteration:
+                break  # every act from ``start`` on answered at once: the usual step
+            # Its act is the first without a result (those before it have theirs).
+            at = next(i for i in range(start, count) if results[i] is _PENDING)
+            results[at] = _DETACHED
+            waiting.append((at, cast(Observation, seen[at]), _finish_in_task(acts, yielded)))
+            start = at + 1
+        return results, waiting
+
+    async def _act_all(
+        self,
+        seen: Sequence[Observation | ProtocolError],
+        results: list[Body | BaseException],
+        start: int,
+        episode: str,
+        sender: str,
+    ) -> None:
+        """Await the ``act`` of each of ``seen`` from ``start`` on, each outcome into
+        ``results`` (see :meth:`ask_all`); stop after an act whose slot was marked
+        :data:`_DETACHED` while it was suspended."""
+        host, limit = self.host, self._plain_limit
         held = self._held.get(episode)
         if held is None:
             held = self._held[episode] = {}
-        limit = self._plain_limit
-        results: list[Body | BaseException] = []
-        waiting: Waiting = []
-        for obs in seen:
+        for index in range(start, len(seen)):
+            obs = seen[index]
             if type(obs) is not Observation:  # the wire cannot carry it: no agent sees it
-                results.append(cast(ProtocolError, obs))
+                results[index] = cast(ProtocolError, obs)
                 continue
+            result: Body | BaseException
             try:
                 agent = held.get(obs.agent)
                 if agent is None:
-                    agent = held[obs.agent] = self.host.agent(episode, obs)
-                act = agent.act(obs)
-                if type(act) is not CoroutineType:  # (awaited as the bus's handler awaits it)
-                    act = _awaited(act)
+                    agent = held[obs.agent] = host.agent(episode, obs)
+                # (an act that returns no awaitable fails with Python's words, as when the
+                # bus's handler awaits it)
+                returned = await agent.act(obs)
             except Exception as exc:
-                results.append(self._failed(exc, sender))
-                continue
-            try:
-                yielded = act.send(None)
-            except StopIteration as stop:
-                returned = stop.value
+                result = self._failed(exc, sender)
+            else:
                 if (
                     type(returned) is Action
                     and returned.agent == obs.agent
@@ -245,46 +269,18 @@ class DirectAgents:
                     # An Action in the seat is what AgentHost.own returns as it is, and a
                     # plain ASCII text without tokens decodes as itself: the round trip,
                     # which could not change it, is skipped (the usual answer).
-                    results.append(returned)
+                    result = returned
                 else:
-                    results.append(self._answered(returned, obs, agent, episode, sender))
-            except Exception as exc:
-                results.append(self._failed(exc, sender))
-            else:
-                finishing = self._finish_act(act, yielded, obs, agent, episode, sender)
-                task = asyncio.ensure_future(_into(results, len(results), finishing))
-                waiting.append((len(results), obs, task))
-                results.append(_PENDING)
-        return results, waiting
-
-    def _answered(
-        self, returned: Any, obs: Observation, agent: Agent, episode: str, sender: str
-    ) -> Body | BaseException:
-        """What the runner gets for ``returned``, the answer of ``agent`` to ``obs``: its
-        decoded copy, or the failure (what :meth:`start_all` gives a plain action as it is,
-        without this call, equals)."""
-        try:
-            return self._returned(returned, obs, agent, episode)
-        except ProtocolError as exc:
-            return exc
-        except Exception as exc:
-            return self._failed(exc, sender)
-
-    async def _finish_act(
-        self,
-        act: Coroutine[Any, Any, Any],
-        yielded: Any,
-        obs: Observation,
-        agent: Agent,
-        episode: str,
-        sender: str,
-    ) -> Body | BaseException:
-        """The outcome of ``act``, suspended at ``yielded`` (see :meth:`start_all`)."""
-        try:
-            returned = await _drive(act, yielded)
-        except Exception as exc:
-            return self._failed(exc, sender)
-        return self._answered(returned, obs, agent, episode, sender)
+                    try:
+                        result = self._returned(returned, obs, agent, episode)
+                    except ProtocolError as exc:
+                        result = exc
+                    except Exception as exc:
+                        result = self._failed(exc, sender)
+            detached = results[index] is _DETACHED  # (ask_all went on without this pass)
+            results[index] = result
+            if detached:
+                return
 
     async def finish(
         self,
@@ -344,6 +340,7 @@ class DirectAgents:
 
 
 _PENDING = RuntimeError("internal: request not finished")
+_DETACHED = RuntimeError("internal: request finishing in a task")
 
 _SEED_ROOM = 32
 """Bytes an agent seed adds to an observation's message, at most: its key, an int of up to
@@ -365,14 +362,10 @@ def with_seeds(observations: Sequence[Observation], seeds: Mapping[str, int]) ->
     ]
 
 
-async def _awaited(act: Any) -> Any:
-    """``await act``, for an ``act`` that returned something other than a coroutine (an
-    awaitable, or not: then Python's own words, as when the bus's handler awaits it)."""
-    return await act
+def _finish_in_task(acts: Coroutine[Any, Any, None], yielded: Any) -> asyncio.Task[None]:
+    """A task that drives ``acts``, suspended at ``yielded`` outside one, to its end."""
 
+    async def finish() -> None:
+        await _drive(cast("Coroutine[Any, Any, Body]", acts), yielded)
 
-async def _into(
-    results: list[Body | BaseException], index: int, outcome: Coroutine[Any, Any, Any]
-) -> None:
-    """Put what ``outcome`` returns in ``results[index]``."""
-    results[index] = await outcome
+    return asyncio.ensure_future(finish())
