@@ -20,6 +20,9 @@ from parley.protocols.errors import BusError, RequestTimeout
 from parley.protocols.messages import Body, Envelope
 
 CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
+LATE_S = 0.05
+"""How late the deadline timer may fire before it counts as the endpoint having stood still
+(the process stopped or descheduled on a loaded host, or its event loop blocked)."""
 
 
 class Requests:
@@ -32,8 +35,10 @@ class Requests:
         self._sender = sender
         self._ids = itertools.count(1)
         self.pending = 0
-        # A heap of (when, request id, link, limit) under one timer (see _arm).
-        self.deadlines: list[tuple[float, int, Link, float]] = []
+        # A heap of (when, request id, link, limit, spare, armed) under one timer (see _arm;
+        # spare: how much longer it may yet be put off for the endpoint's stalls; armed:
+        # when it was sent, by the loop's clock).
+        self.deadlines: list[tuple[float, int, Link, float, float, float]] = []
         self.timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
 
@@ -111,9 +116,11 @@ class Requests:
         """
         loop = self._shared.loop
         assert loop is not None
-        when = loop.time() + limit
+        now = loop.time()
+        when = now + limit
         heap = self.deadlines
-        heapq.heappush(heap, (when, rid, link, limit))  # rids are unique: links never compared
+        # (rids are unique: links are never compared)
+        heapq.heappush(heap, (when, rid, link, limit, limit, now))
         if when < self._timer_at:
             if self.timer is not None:
                 self.timer.cancel()
@@ -124,14 +131,35 @@ class Requests:
             heapq.heapify(heap)
 
     def _expire_due(self) -> None:
-        """The deadline timer: expire every request that is due, then wait for the next."""
+        """The deadline timer: expire every request that is due, then wait for the next.
+
+        A timer that fires more than :data:`LATE_S` late means the endpoint stood still
+        (stopped, descheduled, its loop blocked) while its peers ran: their replies may be
+        waiting unread in the socket, and the loop runs this timer before it reads them.
+        Every deadline of a request sent before the timer was due is then put off by the
+        lateness (one sent once the loop ran again, in this very turn, lived through no
+        stall), counted from now for those already due, in all by at most its own limit (so
+        that every request still ends); the replies are read first: a stall of the waiting
+        side is not the peer's timeout.
+        """
         loop = self._shared.loop
         assert loop is not None
+        now = loop.time()
+        fired_for = self._timer_at
+        late = now - fired_for
         self.timer, self._timer_at = None, math.inf
         heap = self.deadlines
-        due = loop.time() + CLOCK_RESOLUTION  # as the event loop decides "due"
+        if late > LATE_S:
+            heap[:] = [
+                (max(when, now) + put_off, rid, link, limit, spare - put_off, armed)
+                for when, rid, link, limit, spare, armed in heap
+                if rid in link.pending
+                for put_off in (min(late, spare) if armed <= fired_for else 0.0,)
+            ]
+            heapq.heapify(heap)
+        due = now + CLOCK_RESOLUTION  # as the event loop decides "due"
         while heap and (heap[0][0] <= due or heap[0][1] not in heap[0][2].pending):
-            _, rid, link, limit = heapq.heappop(heap)
+            _, rid, link, limit, _, _ = heapq.heappop(heap)
             fut = link.pending.pop(rid, None)
             if fut is not None and not fut.done():
                 fut.set_exception(

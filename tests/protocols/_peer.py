@@ -1,8 +1,8 @@
 """A bus peer run in a spawned process by the multi-process tests.
 
-It answers ``Observation`` requests with the upper-cased text (``"hang"`` never answers),
-requests its peer once after connecting, echoes broadcasts back as ``Chat``, and reports
-what happened on a pipe until told to stop.
+It answers ``Observation`` requests with the upper-cased text (``"hang"`` never answers,
+``"slow"`` 0.1 s later), requests its peer once after connecting, echoes broadcasts back as
+``Chat``, and reports what happened on a pipe until told to stop.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ async def _peer(role: str, address: str, name: str, conn: Any, config: dict[str,
             assert isinstance(env.body, Observation)
             if env.body.text == "hang":
                 await hang.wait()
+            if env.body.text == "slow":  # (answered 0.1 s later)
+                await asyncio.sleep(0.1)
             return Action(agent=name, text=env.body.text.upper())
 
         async def on_broadcast(env: Envelope) -> None:

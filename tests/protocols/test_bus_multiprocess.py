@@ -1,5 +1,6 @@
 """The bus between spawned processes over ipc:// and tcp://: request/reply both ways,
-broadcast, a SIGKILLed peer detected with its requests failed, CURVE refusing wrong keys."""
+broadcast, a SIGKILLed peer detected with its requests failed, a SIGSTOPped requester not
+charging its peer a timeout, CURVE refusing wrong keys."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -16,7 +18,7 @@ import pytest
 import zmq
 
 from parley.protocols.bus import BusConfig, Endpoint
-from parley.protocols.errors import BusError, PeerDead
+from parley.protocols.errors import BusError, PeerDead, RequestTimeout
 from parley.protocols.messages import Action, Chat, Envelope, Observation
 from tests.protocols._peer import PROCESS_CONFIG, run_peer
 
@@ -110,6 +112,50 @@ async def test_request_reply_and_broadcast(transport: str) -> None:
             assert await ep.publish("episode/7", Chat(sender="arena", text="deal?")) == 2
             await asyncio.wait_for(_until(lambda: len(echoes) == 2), 10)
             assert sorted(echoes) == ["alice: episode/7 deal?", "bob: episode/7 deal?"]
+
+
+def _stop_me_for(seconds: float) -> subprocess.Popen[bytes]:
+    """Stop this process (SIGSTOP) now, and resume it (SIGCONT) ``seconds`` later, as a
+    loaded host or a debugger would: its zmq I/O thread stands still too."""
+    pid = os.getpid()
+    return subprocess.Popen(["sh", "-c", f"kill -STOP {pid}; sleep {seconds}; kill -CONT {pid}"])
+
+
+async def test_a_stopped_requester_takes_the_reply_that_came_in_time() -> None:
+    """The requesting process is stopped past a request's limit; the peer answers 0.1 s
+    after the request, while it is stopped. On SIGCONT the loop runs the deadline timer
+    before it has read the reply (zmq's I/O thread was stopped too): the reply must win
+    (before the bus put its deadlines off for a late timer, the timeout won most times).
+    A silent peer still times out, by at most its limit past the stall, and a request sent
+    after the stall gets its own limit."""
+    async with arena("ipc") as (ep, address):
+        ep.on(Observation, _upper)
+        loop = asyncio.get_running_loop()
+        with peers(("connect", address, "alice", PROCESS_CONFIG)) as (alice,):
+            await alice.report()
+            for _ in range(4):
+                asked = asyncio.ensure_future(
+                    ep.request("alice", Observation(agent="a", text="slow"), timeout=0.3)
+                )
+                await asyncio.sleep(0)  # (sent)
+                stopper = _stop_me_for(1.0)
+                reply = await asked
+                assert reply == Action(agent="alice", text="SLOW")
+                stopper.wait()
+            silent = asyncio.ensure_future(
+                ep.request("alice", Observation(agent="a", text="hang"), timeout=0.3)
+            )
+            await asyncio.sleep(0)
+            sent = loop.time()
+            stopper = _stop_me_for(1.0)
+            with pytest.raises(RequestTimeout, match=r"within 0\.3 s"):
+                await silent
+            stopper.wait()
+            assert loop.time() - sent < 1.0 + 2 * 0.3 + 1.0
+            took = loop.time()
+            with pytest.raises(RequestTimeout):
+                await ep.request("alice", Observation(agent="a", text="hang"), timeout=0.2)
+            assert 0.19 <= loop.time() - took < 1.2
 
 
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])

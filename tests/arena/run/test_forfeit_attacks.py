@@ -352,19 +352,12 @@ run(RunConfig(scenario="openspiel:tic_tac_toe", progress=False, max_failed_fract
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(
-    strict=False,  # (a race: the reply wins when zmq's I/O thread runs first on SIGCONT)
-    reason="hole: the arena's act timer fires on resume before the receive loop reads a "
-    "reply that arrived during the pause: an honest remote agent that answered at once is "
-    "charged a timeout (its forfeit). Fix in protocols/bus/requests.py (_expire_due): when "
-    "the timer fires more than 50 ms late (the loop did not run), the due deadlines are put "
-    "off by that lateness, once (verified by a monkeypatch: 0 of 9 episodes charged, 8 of 9 "
-    "without)",
-)
 def test_an_honest_remote_agent_is_not_charged_for_the_arenas_pause(tmp_path: Path) -> None:
     # The arena runs in a process of its own; the remote agent answers each request at once
     # but first stops the arena for 2.5 s (SIGSTOP, SIGCONT: a loaded host), over a 1 s
-    # act_timeout. Its replies sat in the arena's socket in time.
+    # act_timeout. Its replies sat in the arena's socket in time. (Before the bus put its
+    # deadlines off for a late timer, 8 of 9 such episodes failed: a race, the reply won
+    # when zmq's I/O thread ran first on SIGCONT; test_bus_multiprocess pins the bus's part.)
     listen, out = f"ipc://{tmp_path}/arena.sock", tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     arena = subprocess.Popen([sys.executable, "-c", _ARENA, listen, str(out)], cwd=ROOT, env=env)
