@@ -35,8 +35,9 @@ def test_a_recurring_seed_draws_what_a_new_generator_draws(seeds: list[int]) -> 
 
 def test_the_generator_it_made_is_reused_and_an_assigned_one_never_is() -> None:
     owner = LazyRng()
-    owner.seed_rng(11)
-    made = owner.rng
+    for _ in range(2):  # (a seed's state is kept from its second time on)
+        owner.seed_rng(11)
+        made = owner.rng
     owner.seed_rng(11)
     assert owner.rng is made  # re-seeded in place, not made again
     mine = np.random.default_rng(3)
@@ -51,17 +52,25 @@ def test_the_generator_it_made_is_reused_and_an_assigned_one_never_is() -> None:
 def test_the_memo_is_bounded_and_keeps_the_recently_used() -> None:
     cap = helpers._FIRST_STATES_CAP
     owner = LazyRng()
-    owner.seed_rng(10**9)
-    _ = owner.rng
-    for seed in range(cap + 20):
-        owner.seed_rng(10**9 + 1 + seed)
+
+    def see(seed: int) -> None:
+        owner.seed_rng(seed)
         _ = owner.rng
+
+    see(10**9)
+    see(10**9)
+    for seed in range(cap + 20):
+        see(10**9 + 1 + seed)
+        see(10**9 + 1 + seed)  # (seen twice: its state is kept)
         if seed % 100 == 0:
-            owner.seed_rng(10**9)  # used often: never the least recent
-            _ = owner.rng
+            see(10**9)  # used often: never the least recent
     assert len(helpers._FIRST_STATES) <= cap
     assert 10**9 in helpers._FIRST_STATES
     assert 10**9 + 1 not in helpers._FIRST_STATES
+    for seed in range(5 * cap):  # fresh seeds: none kept, the set of seen ones bounded
+        see(2 * 10**9 + seed)
+    assert len(helpers._SEEN) <= 4 * cap
+    assert 2 * 10**9 not in helpers._FIRST_STATES
 
 
 def test_episodes_on_one_env_equal_episodes_on_fresh_ones() -> None:
