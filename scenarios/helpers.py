@@ -70,6 +70,9 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"state holds a {type(value).__name__}, which has no JSON form")
 
 
+_ABSENT: Any = object()
+
+
 # A plain dict emptied when full rather than an LRU: a miss costs one lookup and one insert,
 # an LRU's bookkeeping several times that, and most of a language model's moves never recur
 # whole, while a scripted agent's few moves recur in every episode.
@@ -87,8 +90,11 @@ class TextMemo(Generic[T]):
 
     def __call__(self, text: str) -> T:
         memo = self.memo
-        if text in memo:
-            return memo[text]
+        # One lookup (not ``in`` then ``[]``): a memo shared by threads (observing.py's
+        # prompts, runner worker threads) may be emptied by another between two.
+        result = memo.get(text, _ABSENT)
+        if result is not _ABSENT:
+            return result  # type: ignore[no-any-return]
         self.misses += 1
         result = self.fn(text)
         if len(memo) >= self.cap:
