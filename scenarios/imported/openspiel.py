@@ -415,7 +415,7 @@ class OpenSpielGame(Scenario):
         if player == _CHANCE:
             self._resolve_chance(state, self.rng)
             player = state.current_player()
-        if player >= 0 and self._paid_at_end:  # (a player to act: not the end, nothing paid)
+        if self._paid_at_end and player >= 0:  # (a player to act: not the end, nothing paid)
             return player  # type: ignore[no-any-return]
         # (Read every step even in games of terminal rewards: repeated_leduc_poker declares
         # them and pays each hand as it ends.)
