@@ -14,7 +14,8 @@ transcripts identical:
 - an agent that raises, or returns something other than an ``Action``, is a
   :class:`RemoteError` ``handler_failed`` with the message the bus sends, logged the same way;
 - an agent that does not answer within the timeout is a :class:`RequestTimeout` (its
-  ``act`` is then cancelled).
+  ``act`` is then cancelled); time past it that the loop stood still (the process stopped,
+  another agent blocking it) is given back first, as the bus does.
 
 :meth:`DirectAgents.ask_all` asks several seats at once, as the pipelined runner does over
 the bus: every ``act`` runs to its first suspension before any is awaited.
@@ -32,6 +33,7 @@ import msgspec
 from parley.agents.base import Agent
 from parley.arena.run.agent_host import AGENT_SEED_KEY, AgentHost
 from parley.arena.run.gather import _drive
+from parley.protocols.bus.requests import LATE_S
 from parley.protocols.codec import Codec
 from parley.protocols.errors import ProtocolError, RemoteError, RequestTimeout
 from parley.protocols.messages import Action, AnyBody, Body, Envelope, Observation
@@ -147,12 +149,13 @@ class DirectAgents:
         codec = self._codec
         try:
             envelope = Envelope(body=action, sender=self._name, episode=episode)
-            frames = codec.encode(envelope)
+            return codec.decode(codec.encode(envelope)).body
         except ProtocolError as exc:
-            # What an agent host over the bus answers when it cannot send its reply.
+            # What an agent host over the bus answers when it cannot send its reply; an
+            # action that encodes but does not decode (a text that is no str) is the
+            # agent's too, not the run's protocol error.
             message = f"reply not sendable: {exc.reason}"
             return RemoteError("bad_message", message, peer=self._name)
-        return codec.decode(frames).body
 
     async def request(
         self,
@@ -257,6 +260,13 @@ class DirectAgents:
                 returned = await agent.act(obs)
             except Exception as exc:
                 result = self._failed(exc, sender)
+            except asyncio.CancelledError as exc:
+                # The act's own CancelledError (no one cancels this act's task) is its
+                # failure; a cancellation of the episode goes on.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                result = self._failed(exc, sender)
             else:
                 if (
                     type(returned) is Action
@@ -291,8 +301,16 @@ class DirectAgents:
         """Wait up to ``timeout`` for the acts that suspended (each task fills its own
         result); a request whose act is not done by then is a :class:`RequestTimeout`."""
         tasks = {task for *_, task in waiting}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         try:
-            await asyncio.wait(tasks, timeout=timeout)
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
+            late = loop.time() - deadline
+            if pending and late > LATE_S:
+                # The loop stood still past the deadline (the process stopped or another
+                # in-process agent blocked it): the acts still pending lost that time, as
+                # the bus gives it back to requests (protocols.bus.requests).
+                await asyncio.wait(pending, timeout=min(late, timeout))
         except asyncio.CancelledError:
             for task in tasks:
                 task.cancel()  # the episode was cancelled: so are the agents' acts
@@ -308,8 +326,11 @@ class DirectAgents:
             if error is not None:  # (what an act raises is its result: only BaseException)
                 raise error
 
-    def _failed(self, exc: Exception, sender: str) -> RemoteError:
-        message = f"{type(exc).__name__}: {exc}"
+    def _failed(self, exc: BaseException, sender: str) -> RemoteError:
+        try:
+            message = f"{type(exc).__name__}: {exc}"
+        except Exception as why:  # (an agent's exception whose str() raises is its failure)
+            message = f"{type(exc).__name__}: (its message raised {type(why).__name__})"
         log.warning("%s: handler for observation from %s failed: %s", self._name, sender, message)
         return RemoteError("handler_failed", message, peer=self._name)
 

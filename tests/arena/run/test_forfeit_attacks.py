@@ -7,13 +7,15 @@ openspiel:matrix_rps; in-process agents in a real tournament, remote ones as rea
 over an ipc socket. Each test asserts the verdict the rule promises: a game failed by one
 agent's seats alone is that agent's forfeit, whatever the failure looks like.
 
-Attacks marked ``xfail`` are holes found here whose fix lies outside the files this suite's
-author could change (arena/run/direct.py, protocols/bus/requests.py): each says where.
+Holes found here and fixed: an in-process action whose text is no str was the run's
+protocol error (unscored), an exception whose str() raises or a CancelledError raised by
+``act`` ended the run, an agent blocking the event loop had its opponent charged the
+timeout, and an arena paused past the act timeout charged a remote agent whose reply was
+waiting in its socket (arena/run/direct.py, protocols/bus/requests.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -77,21 +79,6 @@ def test_a_forged_reason_with_newlines_tabs_and_separators_still_names_the_liar(
     assert all(len(failed_seats(reason, SEATS) or ()) == 1 for reason in forged)
 
 
-_NOT_TEXT = (
-    "hole: an in-process Action whose text is an int encodes but fails the decoded copy's "
-    "type check, recorded as protocol_error (unscored, as the observation's own encoding "
-    "failure). Fix in arena/run/direct.py (_act_all): a ProtocolError of the agent's reply "
-    "is RemoteError('bad_message', 'reply not sendable: ...'), as over the bus"
-)
-_RUN_ENDS = (
-    "hole (denial of service): an exception whose str() raises, or a CancelledError raised "
-    "by act itself, ends the whole run (and the league, again on every resume). Fix in "
-    "arena/run/direct.py: _failed formats the message defensively; _act_all treats a "
-    "CancelledError from act while its task is not being cancelled (task.cancelling() == 0) "
-    "as the agent's failure"
-)
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "attacker",
@@ -101,15 +88,12 @@ _RUN_ENDS = (
         "Unsendable",
         "UnsendableStr",
         "UnsendableTokens",
-        pytest.param("NotText", marks=pytest.mark.xfail(strict=True, reason=_NOT_TEXT)),
-        pytest.param(
-            "Unprintable",
-            marks=pytest.mark.xfail(strict=True, raises=RuntimeError, reason=_RUN_ENDS),
-        ),
-        pytest.param(
-            "SelfCancel",
-            marks=pytest.mark.xfail(strict=True, raises=asyncio.CancelledError, reason=_RUN_ENDS),
-        ),
+        # An int for a text: it encodes, but the decoded copy fails its type check.
+        "NotText",
+        # An exception whose str() raises; a CancelledError raised by act itself: each
+        # ended the whole run (and the league, again on every resume).
+        "Unprintable",
+        "SelfCancel",
     ],
 )
 def test_an_action_or_error_the_runner_cannot_take_is_the_agents_forfeit(
@@ -134,7 +118,7 @@ def test_invalid_moves_until_the_scenario_moves_for_it_are_a_plain_loss(tmp_path
     [
         "ForgingDodger",
         "UnsendingDodger",
-        pytest.param("NotTextDodger", marks=pytest.mark.xfail(strict=True, reason=_NOT_TEXT)),
+        "NotTextDodger",
     ],
 )
 def test_parley_eval_counts_the_dodged_tasks_however_they_fail(tmp_path: Path, dodger: str) -> None:
@@ -146,14 +130,6 @@ def test_parley_eval_counts_the_dodged_tasks_however_they_fail(tmp_path: Path, d
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: an in-process agent that blocks the event loop past act_timeout while the "
-    "other seat of a simultaneous move is asked has that honest seat charged the timeout: "
-    "its forfeit, or (the blocker raising too) a game no one is charged with. Fix in "
-    "arena/run/direct.py (finish): time past the deadline that the loop did not run is "
-    "given back (verified by a monkeypatch: 0 of 4 honest forfeits, 4 of 4 the blocker's)",
-)
 @pytest.mark.parametrize("blocker", ["LoopBlocker", "LoopBlockerResigns"])
 def test_an_agent_that_blocks_the_arena_cannot_make_its_opponent_fail(
     tmp_path: Path, blocker: str
