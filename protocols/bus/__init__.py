@@ -28,6 +28,10 @@ Contracts
 * **Requests.** ``request`` returns the reply body, or raises :class:`RemoteError` (the
   peer answered ``Error``), :class:`PeerDead` (the peer died or said ``Bye`` while the request
   was pending) or :class:`RequestTimeout`. Every request ends in exactly one of these.
+  A timeout counts the time this endpoint ran: when its deadline timer fires more than
+  50 ms late (the process stopped or descheduled, its loop blocked), the deadlines of the
+  requests sent before are put off by that stall, in all by at most their own limit, so
+  that replies that arrived meanwhile are read first.
   Either side of a connection may send requests. Handlers registered with :meth:`Endpoint.on`
   answer them: a handler returning ``None`` replies ``Ok``; a handler raising replies
   ``Error(handler_failed)``; an unknown kind gets ``Error(no_handler)``.
