@@ -78,3 +78,15 @@ def pausing(
     finally:
         done.set()
         thread.join()
+
+
+def finish(proc: subprocess.Popen[bytes], what: str, timeout: float) -> tuple[str, str]:
+    """Wait for ``proc`` (killed if it runs past ``timeout`` s: only against a hang); its
+    stdout and stderr. Fails unless it exits 0, with the end of its stderr."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        stop(proc)
+    said = (err or b"").decode(errors="replace")
+    assert proc.returncode == 0, f"{what} exited {proc.returncode}:\n{said[-4000:]}"
+    return (out or b"").decode(errors="replace"), said

@@ -18,6 +18,10 @@ subclass, tokens of no protocol type, as ``UNSENDABLE`` picks); ``NotText`` answ
 ``SelfCancel`` raises ``CancelledError`` from ``act``. ``LoopBlocker`` (any game) blocks the
 arena's thread once the other seat of a simultaneous move is asked, and ``SlowHonest``
 takes 0.3 s over several awaits (an LLM streaming its answer).
+
+For leagues of several games (tests/load/test_busy_tournament.py), ``PerfectAnyGame`` and
+``HalfAnyGame`` play as ``Perfect`` and ``Half`` on tic-tac-toe and the first legal move in
+any other game (``Perfect`` reads a tic-tac-toe board whatever the game, and fails there).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import re
 import signal
 import threading
 import time
@@ -254,3 +259,31 @@ class LoopBlockerResigns(LoopBlocker):
 
     def decide(self, observation: Observation) -> str:
         raise RuntimeError("resigns")
+
+
+_CELL = re.compile(r"[xo]\(\d,\d\)")
+
+
+def _first_unless_tic_tac_toe(observation: Observation) -> str | None:
+    """The first legal move in a game other than tic-tac-toe ("" when none); None in
+    tic-tac-toe (its moves are cells such as ``x(0,2)``)."""
+    legal = legal_moves(observation)
+    if legal and _CELL.fullmatch(legal[0]):
+        return None
+    return legal[0] if legal else ""
+
+
+class PerfectAnyGame(Perfect):
+    name = "perfect-any-game"
+
+    def decide(self, observation: Observation) -> str:
+        first = _first_unless_tic_tac_toe(observation)
+        return super().decide(observation) if first is None else first
+
+
+class HalfAnyGame(Half):
+    name = "half-any-game"
+
+    def decide(self, observation: Observation) -> str:
+        first = _first_unless_tic_tac_toe(observation)
+        return super().decide(observation) if first is None else first
