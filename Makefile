@@ -82,8 +82,9 @@ test-fast: lint
 test-long: $(VLLM) $(NEMO_GYM)
 	$(BIN)/pytest -q -m long --durations=15
 
-# The load suite: the README's llm: command, a --pool run and a remote-agent run with every
-# core busy and the arena paused in turn (SIGSTOP/SIGCONT), against quiet runs (minutes).
+# The load suite: the README's llm: command, a --pool run, a remote-agent run and a
+# tournament with every core busy and the arena paused in turn (SIGSTOP/SIGCONT), against
+# quiet runs (minutes).
 test-load: $(VLLM)
 	$(BIN)/pytest -q -m load tests/load
 

@@ -105,6 +105,16 @@ class LeagueConfig:
             raise ConfigError(f"rounds must be >= 0, got {self.rounds}")
         if not self.act_timeout > 0:
             raise ConfigError(f"act_timeout must be > 0 seconds, got {self.act_timeout}")
+        for name, spec in self.agents.items():
+            if spec.strip().partition(":")[0] == "remote":
+                # (each match binds its own private address: no remote agent could join,
+                # and every game would wait out join_timeout)
+                raise ConfigError(
+                    f"agent {name!r}: {spec!r} plays from another process, and a tournament "
+                    "hosts its agents in-process (its matches' buses are private); give a "
+                    "module:Class, file.py:Class, scripted or llm:PATH spec, or play remote "
+                    "agents with parley run --listen"
+                )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.busy import busy_cores, pausing, stop
+from tests.busy import busy_cores, finish, pausing, stop
 
 pytestmark = [pytest.mark.load, pytest.mark.timeout(900)]
 
@@ -50,13 +50,7 @@ def _parley(*argv: str) -> subprocess.Popen[bytes]:
 
 def _finish(proc: subprocess.Popen[bytes], what: str, timeout: float = RUN_TIMEOUT_S) -> str:
     """Wait for ``proc``; its stderr. Fails unless it exits 0 within ``timeout``."""
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    finally:
-        stop(proc)
-    text = (err or b"").decode(errors="replace")
-    assert proc.returncode == 0, f"{what} exited {proc.returncode}:\n{text[-4000:]}"
-    return text
+    return finish(proc, what, timeout)[1]
 
 
 @contextlib.contextmanager

@@ -202,6 +202,12 @@ def test_parley_tournament_command_writes_the_league(
     assert printed["agents"] == ["rand", "first"]
     assert (out / "league.json").exists()
     assert main([*args, "--agents", "a=scripted,a=scripted", "--out", str(out)]) == 2
+    # A remote agent could never join a match's private bus: refused at once, not a wait of
+    # join_timeout per game.
+    remote = ["--agents", "r=remote,first=scripted", "--out", str(tmp_path / "remote")]
+    assert main([*args, *remote]) == 2
+    assert "tournament hosts its agents in-process" in capsys.readouterr().err
+    assert not (tmp_path / "remote" / "matches").exists()
 
 
 @pytest.mark.timeout(60)
