@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -18,7 +16,6 @@ __all__ = [
     "all_clean",
     "check_action",
     "json_default",
-    "seeded_rng",
 ]
 
 T = TypeVar("T")
@@ -103,74 +100,25 @@ class TextMemo(Generic[T]):
         return result
 
 
-_FIRST_STATES_CAP = 1024
-"""Recurring seeds whose first generator state :class:`LazyRng` keeps (least recently used
-go); seeds seen once are kept in a set of 4x as many, emptied when full."""
-_FIRST_STATES: OrderedDict[int, Mapping[str, Any]] = OrderedDict()  # oldest first
-_SEEN: set[int] = set()  # seeds seen once: a fresh seed costs an entry here, not a state read
-_FIRST_STATES_LOCK = threading.Lock()  # (episodes reset in worker threads too)
-
-
-def seeded_rng(seed: int, reusable: np.random.Generator | None) -> np.random.Generator:
-    """``np.random.default_rng(seed)``'s generator, drawing the same stream. From the third
-    time a seed is seen (the second keeps its first state) ``reusable``, a generator this
-    process made whose holder is done with it, is set to that state and returned: ~0.8 us
-    against ~6 for a new generator. Pays where seeds recur: a tournament replays the same
-    seeds for every pair, a benchmark replays its episodes; fresh seeds (a training run)
-    make a generator each, plus a set entry. The reused generator's
-    ``bit_generator.seed_seq`` stays the one it was made with (nothing in parley spawns from
-    it)."""
-    state = _FIRST_STATES.get(seed)  # (one C call, atomic: no lock on the fresh-seed path)
-    if state is not None:
-        with _FIRST_STATES_LOCK:
-            if seed in _FIRST_STATES:
-                _FIRST_STATES.move_to_end(seed)
-        if reusable is not None:
-            reusable.bit_generator.state = state
-            return reusable
-        return np.random.default_rng(seed)
-    rng = np.random.default_rng(seed)
-    if seed in _SEEN:  # a recurring seed: its first state is worth a read (~0.7 us) now
-        first = rng.bit_generator.state  # (a fresh dict, never changed)
-        with _FIRST_STATES_LOCK:
-            _FIRST_STATES[seed] = first
-            if len(_FIRST_STATES) > _FIRST_STATES_CAP:
-                _FIRST_STATES.popitem(last=False)
-    else:
-        if len(_SEEN) >= 4 * _FIRST_STATES_CAP:
-            _SEEN.clear()
-        _SEEN.add(seed)
-    return rng
-
-
-# Lazy because a generator costs ~6 us to make (15-20 on slower machines), per scenario or
-# agent and episode in a run, and many never draw.
+# Lazy because a generator costs ~15-20 us to make, per scenario or agent and episode in a
+# run, and many never draw.
 class LazyRng:
     """An ``rng`` made on first use: :meth:`seed_rng` with a non-negative int only records
     the seed, and the generator made from it later draws the same stream as one made at once
     (nothing drew in between); other seeds (``None``: OS entropy, numpy's seed types, or
-    numpy's error) make it at once.
-
-    A seed seen before (:func:`seeded_rng`) re-seeds the generator this object made last,
-    rather than making another: the same object then serves the new episode (one that the
-    caller assigned, ``obj.rng = ...``, is never re-seeded)."""
+    numpy's error) make it at once."""
 
     # Plain attributes (class defaults): touching an instance's __dict__ would make its every
     # attribute load slower.
     _rng: np.random.Generator | None = None
     _seed: int | None = None
-    _made: np.random.Generator | None = None  # the last generator made from an int seed
 
     @property
     def rng(self) -> np.random.Generator:
         """The generator: seeded by the last :meth:`seed_rng`; until then, OS entropy."""
         rng = self._rng
         if rng is None:
-            seed = self._seed
-            if seed is None:
-                rng = self._rng = np.random.default_rng()
-            else:
-                rng = self._rng = self._made = seeded_rng(seed, self._made)
+            rng = self._rng = np.random.default_rng(self._seed)
         return rng
 
     @rng.setter

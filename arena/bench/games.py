@@ -7,10 +7,7 @@ understands, :data:`TEXTARENA_MOVES`); then the same moves are timed, the cases 
 (:func:`~parley.arena.bench.textarena.best_rates`, in CPU time), through:
 
 * ``parley`` — the scenario made once, ``reset(seed=...)`` per episode, ``env.step`` per move
-  (every seat's observation, infos, constraint and view built each step). The timings replay
-  the recorded seeds, as a tournament replays its seeds for every pair: parley's memo of seed
-  -> first generator state (:func:`~parley.scenarios.helpers.seeded_rng`) pays here, where a
-  run of fresh seeds makes a generator per episode (``library_seeded`` below does);
+  (every seat's observation, infos, constraint and view built each step);
 * ``hooks`` (not a target) — the same scenario and moves through its hooks alone
   (:func:`play_hooks`): what ``env.step``'s machinery adds is ``parley``'s difference from
   it;
