@@ -490,8 +490,12 @@ class OpenSpielGame(Scenario):
         return str(state.information_state_string(player))
 
     def _tell_acting(self) -> None:
-        # (Every step: _observation's choice made once, not per seat.)
         state, index, tell = self.state_, self.index, self.tell
+        if type(self)._observation is not OpenSpielGame._observation:  # (a subclass's words)
+            for seat in self._acting:
+                tell(seat, self._observation(index[seat]))
+            return
+        # (Every step: _observation's choice made once, not per seat.)
         if self._use_observation:
             observe = state.observation_string
         else:
