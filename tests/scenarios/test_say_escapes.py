@@ -63,20 +63,24 @@ def test_text_derived_from_a_clean_action_is_still_escaped() -> None:
 
 
 def test_printable_passes_exactly_the_texts_inside_the_charset() -> None:
-    """Its fast path (the bytes left once the charset's are deleted) against the regex that
-    defines the charset, on random texts with lines, tabs, DEL, NUL, non-ASCII and astral
-    characters."""
+    """Its fast paths (short texts: isprintable with newlines as spaces; longer: the bytes
+    left once the charset's are deleted) against the regex that defines the charset, on
+    random texts with lines, tabs, DEL, NUL, non-ASCII and astral characters, on both sides
+    of the length where the paths part."""
     import random
 
-    from parley.scenarios.charset import OUTSIDE_CHARSET, printable
+    from parley.scenarios.charset import _SHORT, OUTSIDE_CHARSET, _escape, printable
 
     rng = random.Random(5)
     rare = [chr(c) for c in range(0x20)] + ["\x7f", "é", "\u2028", "\U0001f600"]
-    for _ in range(20_000):
+    lengths = [(0, 40), (_SHORT - 3, _SHORT + 3), (_SHORT + 4, 3 * _SHORT)]
+    for trial in range(24_000):
+        low, high = lengths[trial % 3]
+        odds = rng.choice([0.0, 0.003, 0.03])
         text = "".join(
-            rng.choice(rare) if rng.random() < 0.03 else rng.choice("ab \n~")
-            for _ in range(rng.randint(0, 40))
+            rng.choice(rare) if rng.random() < odds else rng.choice("ab \n~")
+            for _ in range(rng.randint(low, high))
         )
         out = printable(text)
         assert (out is text) == (OUTSIDE_CHARSET.search(text) is None), repr(text)
-        assert OUTSIDE_CHARSET.search(out) is None
+        assert out == OUTSIDE_CHARSET.sub(_escape, text), repr(text)
