@@ -138,9 +138,10 @@ class Requests:
         waiting unread in the socket, and the loop runs this timer before it reads them.
         Every deadline of a request sent before the timer was due is then put off by the
         lateness (one sent once the loop ran again, in this very turn, lived through no
-        stall), counted from now for those already due, in all by at most its own limit (so
-        that every request still ends); the replies are read first: a stall of the waiting
-        side is not the peer's timeout.
+        stall), counted from now for those already due; the replies are read first: a stall
+        of the waiting side is not the peer's timeout. Each move, the overdue time included,
+        is charged to the request's allowance (its own limit), so every request ends by
+        twice its limit plus at most two late firings' lateness.
         """
         loop = self._shared.loop
         assert loop is not None
@@ -150,11 +151,15 @@ class Requests:
         self.timer, self._timer_at = None, math.inf
         heap = self.deadlines
         if late > LATE_S:
+            # The whole move is charged (an overdue one's wait from its deadline to now
+            # too: a loop lagging 60 ms at every timer had a request end at 3.6x its limit).
             heap[:] = [
-                (max(when, now) + put_off, rid, link, limit, spare - put_off, armed)
+                (moved, rid, link, limit, max(0.0, spare - (moved - when)), armed)
+                if armed <= fired_for
+                else (when, rid, link, limit, spare, armed)
                 for when, rid, link, limit, spare, armed in heap
                 if rid in link.pending
-                for put_off in (min(late, spare) if armed <= fired_for else 0.0,)
+                for moved in (max(when, now) + min(late, spare),)
             ]
             heapq.heapify(heap)
         due = now + CLOCK_RESOLUTION  # as the event loop decides "due"
