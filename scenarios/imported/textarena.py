@@ -88,6 +88,8 @@ _SAVE = operator.itemgetter(*_FUNCTIONS)
 _SHARED_FUNCTIONS = _SAVE(vars(random))
 _RESTORE_SHARED = dict(zip(_FUNCTIONS, _SHARED_FUNCTIONS, strict=True))
 """``random``'s own functions (what a caller almost always has), to put back in one update."""
+_MODULE: dict[str, Any] = vars(random)
+"""``random``'s namespace (the same dict for the process: looked up once, not per swap)."""
 
 
 class _Sink(io.TextIOBase):
@@ -145,26 +147,27 @@ class _OwnRandom:
             self._pending = None
             self._installed = self._functions
             if self._inside:  # (a stand-in kept by the game may be called outside ``with``)
-                vars(random).update(self._functions)
+                _MODULE.update(self._functions)
         return self._functions[name](*args, **kwargs)
 
+    # (A swap is ~1.05 us: two 23-name updates, 0.25 each, the save and its check 0.22;
+    # vars(random) per call and ``*exc`` cost 0.14 more.)
     def __enter__(self) -> None:
-        module = vars(random)
-        saved = _SAVE(module)
+        saved = _SAVE(_MODULE)
         # (the tuples compare by identity first: the common case costs no call)
         self._saved = (
             _RESTORE_SHARED
             if saved == _SHARED_FUNCTIONS
             else dict(zip(_FUNCTIONS, saved, strict=True))
         )
-        module.update(self._installed)
+        _MODULE.update(self._installed)
         self._inside = True
         self._stdout, sys.stdout = sys.stdout, _SINK
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
         sys.stdout = self._stdout
         self._inside = False
-        vars(random).update(self._saved)
+        _MODULE.update(self._saved)
 
 
 @functools.cache  # (TextArena's registry is fixed once imported)
@@ -376,6 +379,21 @@ def _number(value: Any) -> float | None:
 def _format(messages: Any) -> str:
     """TextArena's raw observation (a list of (sender, text, kind), or of (text, kind) in some
     single-player games) as lines: ``[GAME] ...``, ``[Player i] ...``."""
+    if type(messages) is list:
+        # The common form (tuples of an int sender in _TAGS and a str text, as the loop below
+        # reads them) in one comprehension: 0.62-0.68 against 0.74-0.78 us for a KuhnPoker or
+        # TicTacToe observation. Any other item raises (``None + text``: True and 1.0 equal
+        # keys of _TAGS but print otherwise) and the loop below gives every line.
+        try:
+            return "\n".join(
+                [
+                    (_TAGS[item[0]] if type(item) is tuple and type(item[0]) is int else None)
+                    + item[1]
+                    for item in messages
+                ]
+            )
+        except (KeyError, TypeError, IndexError):
+            pass
     if isinstance(messages, str):
         return messages
     lines = []
