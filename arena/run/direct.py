@@ -287,9 +287,13 @@ class DirectAgents:
                         result = exc
                     except Exception as exc:
                         result = self._failed(exc, sender)
-            detached = results[index] is _DETACHED  # (ask_all went on without this pass)
-            results[index] = result
-            if detached:
+            slot = results[index]
+            if slot is _PENDING or slot is _DETACHED:
+                results[index] = result
+            if slot is not _PENDING:
+                # Detached (ask_all went on without this pass), or timed out by finish and
+                # outlived its cancel: this pass ends with its act (the results the runner
+                # got stay as they are, and no later seat's act is called twice).
                 return
 
     async def finish(
@@ -321,6 +325,9 @@ class DirectAgents:
                 results[index] = RequestTimeout(
                     f"no reply from {self._name} ({seen.agent}) within {timeout:g} s"
                 )
+                continue
+            if task.cancelled():  # (no one else cancels it: the act cancelled its own task)
+                results[index] = self._failed(asyncio.CancelledError(), "the runner")
                 continue
             error = task.exception()
             if error is not None:  # (what an act raises is its result: only BaseException)
