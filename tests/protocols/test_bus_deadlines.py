@@ -18,7 +18,8 @@ from parley.protocols.bus import BusConfig, Endpoint
 from parley.protocols.errors import BusError, RequestTimeout
 from parley.protocols.messages import Action, Envelope, Observation
 
-FAST = BusConfig(heartbeat_interval=0.1, peer_timeout=5.0, request_timeout=30.0)
+# (max_handlers: test_bus_stall_deadlines keeps 2,048 silent requests waiting at once)
+FAST = BusConfig(heartbeat_interval=0.1, peer_timeout=5.0, request_timeout=30.0, max_handlers=5000)
 
 
 @pytest.fixture

@@ -7,42 +7,18 @@ after a stall keeps its own limit."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-import zmq
 
-from parley.protocols.bus import BusConfig, Endpoint
+from parley.protocols.bus import Endpoint
 from parley.protocols.errors import RequestTimeout
-from parley.protocols.messages import Action, Envelope, Observation
+from parley.protocols.messages import Observation
+from tests.protocols.test_bus_deadlines import _answer_unless_silent, pair
 
-FAST = BusConfig(heartbeat_interval=0.1, peer_timeout=30.0, request_timeout=30.0, max_handlers=5000)
-
-
-@pytest.fixture
-async def pair() -> AsyncIterator[tuple[Endpoint, Endpoint]]:
-    ctx = zmq.Context()
-    server = Endpoint("arena", config=FAST, context=ctx)
-    client = Endpoint("alice", config=FAST, context=ctx)
-    try:
-        address = await server.bind(f"inproc://stall-{os.urandom(4).hex()}")
-        await asyncio.wait_for(client.connect(address), 5)
-        await asyncio.wait_for(server.wait_for_peer("alice", 5), 6)
-        yield server, client
-    finally:
-        await client.close()
-        await server.close()
-        ctx.term()
-
-
-async def _answer_unless_silent(env: Envelope) -> Action:
-    assert isinstance(env.body, Observation)
-    if env.body.text == "silent":
-        await asyncio.sleep(3600)
-    return Action(agent=env.body.agent, text="ok")
+__all__ = ["pair"]  # (the fixture, shared)
 
 
 def _stand_still(seconds: float) -> None:
