@@ -70,8 +70,8 @@ async def test_a_loop_lagging_at_every_round_still_ends_a_silent_request(
     pair: tuple[Endpoint, Endpoint], lag: float
 ) -> None:
     """Every timer of the loop fires ``lag`` late: a request nobody answers still times out,
-    within twice its limit plus the rounds the loop stood still (a lag under 50 ms puts
-    nothing off)."""
+    within twice its limit plus a few rounds' lag (a loop lagging 60 ms at every timer had
+    a 0.3 s request end at 1.08 s when only the put-off was charged)."""
     server, client = pair
     server.on(Observation, _answer_unless_silent)
     loop = asyncio.get_running_loop()
@@ -82,7 +82,7 @@ async def test_a_loop_lagging_at_every_round_still_ends_a_silent_request(
             await client.request("arena", Observation(agent="a", text="silent"), timeout=limit)
         took, stood = loop.time() - sent, (rounds[0] - first) * lag
     assert limit - 0.01 <= took
-    bound = 2 * limit + 4 * lag + 0.2 if lag > 0.05 else limit + 3 * lag + 0.2
+    bound = 2 * limit + 4 * lag + 0.2  # (a loaded host makes a 30 ms lag a late one too)
     assert took < bound, (took, stood, rounds[0] - first)
     assert client._requests.deadlines == []
     assert client._requests.timer is None
