@@ -336,8 +336,10 @@ class DirectAgents:
     def _failed(self, exc: BaseException, sender: str) -> RemoteError:
         try:
             message = f"{type(exc).__name__}: {exc}"
-        except Exception as why:  # (an agent's exception whose str() raises is its failure)
-            message = f"{type(exc).__name__}: (its message raised {type(why).__name__})"
+        except Exception:  # (an agent's exception whose str() raises is its failure)
+            # (the class's own name: a metaclass may make __name__ raise too)
+            name = _TYPE_NAME.__get__(type(exc), type)
+            message = f"{name}: (its message could not be made)"
         log.warning("%s: handler for observation from %s failed: %s", self._name, sender, message)
         return RemoteError("handler_failed", message, peer=self._name)
 
@@ -367,6 +369,7 @@ class DirectAgents:
         await self.host.close()
 
 
+_TYPE_NAME = type.__dict__["__name__"]  # (a class's name as Python keeps it, no lookup)
 _PENDING = RuntimeError("internal: request not finished")
 _DETACHED = RuntimeError("internal: request finishing in a task")
 

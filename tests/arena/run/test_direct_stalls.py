@@ -196,3 +196,37 @@ def test_a_blocked_loop_gives_its_time_back_to_the_act_still_pending() -> None:
     results, took = _run_clean(main())
     assert [type(r) for r in results] == [Action, Action, RequestTimeout]
     assert took < 0.8 + 2 * 0.3 + 0.2
+
+
+class _NamelessMeta(type):
+    @property
+    def __name__(cls) -> str:  # type: ignore[override]
+        raise RuntimeError("no name either")
+
+
+class _Nameless(Exception, metaclass=_NamelessMeta):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+class _RaisesNameless(Agent):
+    async def act(self, observation: Observation) -> Action:
+        if observation.info.get("sleep"):
+            await asyncio.sleep(0.01)
+        raise _Nameless
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("sleep", [False, True])
+def test_an_exception_whose_class_name_raises_too_is_the_agents_failure(sleep: bool) -> None:
+    direct = _agents(a=_RaisesNameless, b=_Quick)
+
+    async def main() -> list[Any]:
+        obs = [*_obs("a", sleep=sleep), *_obs("b")]
+        return await direct.ask_all(obs, timeout=2, episode="e", sender="arena")
+
+    results = _run_clean(main())
+    assert isinstance(results[0], RemoteError)
+    assert results[0].code == "handler_failed"
+    assert "_Nameless" in results[0].remote_message
+    assert isinstance(results[1], Action)
