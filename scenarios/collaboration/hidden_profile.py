@@ -85,6 +85,7 @@ import numpy as np
 
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario, split_address
+from parley.scenarios.declaring import quoted_description, text_metadata
 from parley.scenarios.registry import registered
 
 # The versions; the rules' helpers (for scripted agents and tests) are imported by path.
@@ -177,11 +178,7 @@ _BASELINES = {
 class HiddenProfileV0(Scenario):
     """A hidden-profile team decision; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "collaboration/hidden-profile-v0",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("collaboration/hidden-profile-v0")
     default_invalid_penalty = 0.05
     profile: ProfileState
 
@@ -342,10 +339,7 @@ SHARE = "share"
 class HiddenProfileV1(HiddenProfileV0):
     """v1: hidden-profile with the ``talk`` and ``notebook`` arguments; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        **HiddenProfileV0.metadata,
-        "name": "collaboration/hidden-profile-v1",
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("collaboration/hidden-profile-v1")
 
     def __init__(
         self,
@@ -450,16 +444,12 @@ class HiddenProfileV1(HiddenProfileV0):
 
 @registered(
     baselines=_BASELINES,
-    description="collaboration/hidden-profile-v1 with quote_messages on: "
-    "a message cannot forge a line.",
+    description=quoted_description(HiddenProfileV1),
 )
 class HiddenProfileV2(HiddenProfileV1):
     """v2: v1 with ``quote_messages`` on; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        **HiddenProfileV0.metadata,
-        "name": "collaboration/hidden-profile-v2",
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("collaboration/hidden-profile-v2")
     quote_messages = True
 
 

@@ -77,6 +77,7 @@ import numpy as np
 
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
+from parley.scenarios.declaring import text_metadata
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.registry import registered
 
@@ -129,11 +130,7 @@ _ABOUT = (
 class ReferentialV0(Scenario):
     """Lazaridou et al.'s referential game; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "collaboration/referential-v0",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("collaboration/referential-v0")
     ref: RefState
 
     def snapshot(self) -> Any:
@@ -276,10 +273,7 @@ class ReferentialV0(Scenario):
 class ReferentialV1(RefusedMoveTakesTurn, ReferentialV0):
     """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        **ReferentialV0.metadata,
-        "name": "collaboration/referential-v1",
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("collaboration/referential-v1")
 
 
 # Deprecated: the name before the <Game>V<n> convention, for imports written against it.

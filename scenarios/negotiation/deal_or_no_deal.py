@@ -103,6 +103,7 @@ import numpy as np
 
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
+from parley.scenarios.declaring import quoted_description, text_metadata, turn_limit
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.registry import registered
 
@@ -274,11 +275,7 @@ _BASELINES = {
 class DealOrNoDealV0(Scenario):
     """Lewis et al. (2017) multi-issue bargaining; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "negotiation/deal-or-no-deal-v0",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("negotiation/deal-or-no-deal-v0")
     default_invalid_penalty = 0.5
     complete_claims: ClassVar[bool] = False
     """v1: a claim whose halves do not add up to the counts is invalid."""
@@ -298,9 +295,7 @@ class DealOrNoDealV0(Scenario):
         super().__init__(
             SEATS, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
-        if max_turns < 1:
-            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns = max_turns
+        self.max_turns = turn_limit(max_turns)
 
     def partner(self, seat: str) -> str:
         return SEATS[1 - SEATS.index(seat)]
@@ -452,10 +447,7 @@ class DealOrNoDealV0(Scenario):
 class DealOrNoDealV1(RefusedMoveTakesTurn, DealOrNoDealV0):
     """v1: contexts uniform over the valid ones, and claims must be complete divisions."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        **DealOrNoDealV0.metadata,
-        "name": "negotiation/deal-or-no-deal-v1",
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("negotiation/deal-or-no-deal-v1")
     complete_claims = True
 
     def draw_context(self, rng: np.random.Generator) -> tuple[Counts, Counts, Counts]:
@@ -486,10 +478,7 @@ def claim_text(take: Counts, counts: Counts) -> str:
 class DealOrNoDealV2(DealOrNoDealV1):
     """v2: v1 plus ``moves="proposals"`` (offered proposals, a ``deal`` claim, short prompts)."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        **DealOrNoDealV0.metadata,
-        "name": "negotiation/deal-or-no-deal-v2",
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("negotiation/deal-or-no-deal-v2")
 
     def __init__(
         self,
@@ -559,16 +548,12 @@ class DealOrNoDealV2(DealOrNoDealV1):
 
 @registered(
     baselines=_BASELINES,
-    description="negotiation/deal-or-no-deal-v2 with quote_messages on: "
-    "a message cannot forge a line.",
+    description=quoted_description(DealOrNoDealV2),
 )
 class DealOrNoDealV3(DealOrNoDealV2):
     """v3: v2 with ``quote_messages`` on; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        **DealOrNoDealV0.metadata,
-        "name": "negotiation/deal-or-no-deal-v3",
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("negotiation/deal-or-no-deal-v3")
     quote_messages = True
 
 

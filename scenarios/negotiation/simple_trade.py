@@ -55,8 +55,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
+from parley.scenarios.declaring import text_metadata, turn_limit
 from parley.scenarios.helpers import TextMemo
 from parley.scenarios.registry import registered
 
@@ -215,11 +215,7 @@ _BASELINES = {"player_0": f"{_SCRIPTED}:Trader", "player_1": f"{_SCRIPTED}:Trade
 class SimpleTradeV0(Scenario):
     """SPIRAL's SimpleNegotiation; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "negotiation/simple-trade-v0",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("negotiation/simple-trade-v0")
     default_invalid_penalty = 0.1
     new_episode_draws = False  # (the same start every episode)
     trade: TradeState
@@ -238,9 +234,7 @@ class SimpleTradeV0(Scenario):
         super().__init__(
             SEATS, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
-        if max_turns < 1:
-            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns = max_turns
+        self.max_turns = turn_limit(max_turns)
         self.values: dict[str, Bundle] = {seat: dict(VALUES[seat]) for seat in SEATS}
 
     def new_episode(self, rng: np.random.Generator) -> None:

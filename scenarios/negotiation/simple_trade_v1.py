@@ -78,8 +78,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
+from parley.scenarios.declaring import quoted_description, text_metadata, turn_limit
 from parley.scenarios.helpers import TextMemo
 from parley.scenarios.negotiation.simple_trade import (
     RESOURCES,
@@ -256,11 +256,7 @@ _BASELINES = {
 class SimpleTradeV1(Scenario):
     """SPIRAL's SimpleNegotiation, exactly; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "negotiation/simple-trade-v1",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("negotiation/simple-trade-v1")
     trade: NegotiationState
 
     def snapshot(self) -> Any:
@@ -278,9 +274,7 @@ class SimpleTradeV1(Scenario):
         super().__init__(
             SEATS, render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
-        if max_turns < 1:
-            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns, self.randomize = max_turns, bool(randomize)
+        self.max_turns, self.randomize = turn_limit(max_turns), bool(randomize)
         self.new_episode_draws = self.randomize  # (the fixed start draws nothing)
 
     def new_episode(self, rng: np.random.Generator) -> None:
@@ -448,16 +442,12 @@ def _random_values(rng: np.random.Generator) -> dict[str, Bundle]:
 
 @registered(
     baselines=_BASELINES,
-    description="negotiation/simple-trade-v1 with quote_messages on: "
-    "a message cannot forge a line.",
+    description=quoted_description(SimpleTradeV1),
 )
 class SimpleTradeV2(SimpleTradeV1):
     """v2: v1 with ``quote_messages`` on; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        **SimpleTradeV1.metadata,
-        "name": "negotiation/simple-trade-v2",
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("negotiation/simple-trade-v2")
     quote_messages = True
 
 

@@ -63,6 +63,7 @@ import numpy as np
 
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
+from parley.scenarios.declaring import text_metadata
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.registry import registered
 
@@ -134,11 +135,7 @@ _ABOUT = (
 class SplitThePieV0(Scenario):
     """Baron-Ferejohn closed-rule bargaining; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "negotiation/split-the-pie-v0",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("negotiation/split-the-pie-v0")
     default_invalid_penalty = 0.05
     bargain: PieState
 
@@ -287,10 +284,7 @@ class SplitThePieV0(Scenario):
 class SplitThePieV1(RefusedMoveTakesTurn, SplitThePieV0):
     """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        **SplitThePieV0.metadata,
-        "name": "negotiation/split-the-pie-v1",
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("negotiation/split-the-pie-v1")
 
 
 # Deprecated: the name before the <Game>V<n> convention, for imports written against it.

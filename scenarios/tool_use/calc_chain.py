@@ -83,9 +83,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parley.protocols.errors import ConfigError
 from parley.protocols.messages import ToolCall
 from parley.scenarios.base import Scenario
+from parley.scenarios.declaring import text_metadata, turn_limit
 from parley.scenarios.difficulty import check_difficulty
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.registry import registered
@@ -333,11 +333,7 @@ _ABOUT = (
 class CalcChainV0(Scenario):
     """Word problems solved with calculator tools; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "tool_use/calc-chain-v0",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("tool_use/calc-chain-v0")
     default_invalid_penalty = 0.1
     chain: CalcState
 
@@ -357,10 +353,8 @@ class CalcChainV0(Scenario):
         super().__init__(
             [SEAT], render_mode=render_mode, max_cycles=max_cycles, invalid_penalty=invalid_penalty
         )
-        if max_turns < 1:
-            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = turn_limit(max_turns)
         check_difficulty(difficulty, MAX_DIFFICULTY)
-        self.max_turns = max_turns
         self.format_weight = format_weight
         self.difficulty = difficulty
         self.tools = calc_tools()
@@ -464,7 +458,7 @@ class CalcChainV0(Scenario):
 class CalcChainV1(RefusedMoveTakesTurn, CalcChainV0):
     """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
 
-    metadata: ClassVar[dict[str, Any]] = {**CalcChainV0.metadata, "name": "tool_use/calc-chain-v1"}
+    metadata: ClassVar[dict[str, Any]] = text_metadata("tool_use/calc-chain-v1")
 
 
 # Deprecated: the name before the <Game>V<n> convention, for imports written against it.

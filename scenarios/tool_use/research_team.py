@@ -66,8 +66,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
+from parley.scenarios.declaring import text_metadata, turn_limit
 from parley.scenarios.registry import registered
 from parley.scenarios.tools.corpus import (
     Document,
@@ -186,11 +186,7 @@ _BASELINES = {
 class ResearchTeamV0(Scenario):
     """Two seats, two search engines, one multi-hop question; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "tool_use/research-team-v0",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("tool_use/research-team-v0")
     default_invalid_penalty = 0.05
     refused_move_takes_turn: ClassVar[bool] = True
     research: ResearchState
@@ -212,10 +208,8 @@ class ResearchTeamV0(Scenario):
             list(SEATS), render_mode=render_mode, max_cycles=max_cycles,
             invalid_penalty=invalid_penalty,
         )  # fmt: skip
-        if max_turns < 1:
-            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = turn_limit(max_turns)
         self.quote_messages = True
-        self.max_turns = max_turns
         self.team_weight = team_weight
         # The user corpus is read once per instance, not per episode (it does not change).
         self._user_docs: list[Document] = load_directory(corpus_dir) if corpus_dir else []

@@ -83,6 +83,7 @@ import numpy as np
 from parley.protocols.errors import ConfigError
 from parley.protocols.messages import ToolCall
 from parley.scenarios.base import Scenario, printable
+from parley.scenarios.declaring import quoted_description, text_metadata
 from parley.scenarios.refusals import RefusedMoveTakesTurn
 from parley.scenarios.registry import registered
 from parley.scenarios.tool_use.retail_db import RetailDB, dollars
@@ -248,11 +249,7 @@ _ABOUT = (
 class RetailDeskV0(Scenario):
     """Customer service with tools over SQLite; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "tool_use/retail-desk-v0",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("tool_use/retail-desk-v0")
     max_action_length = 4000
     desk: DeskState
 
@@ -463,23 +460,17 @@ class RetailDeskV0(Scenario):
 class RetailDeskV1(RefusedMoveTakesTurn, RetailDeskV0):
     """v1: a move the action space refuses uses up the turn (:mod:`parley.scenarios.refusals`)."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        **RetailDeskV0.metadata,
-        "name": "tool_use/retail-desk-v1",
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("tool_use/retail-desk-v1")
 
 
 @registered(
     baselines=_BASELINES,
-    description="tool_use/retail-desk-v1 with quote_messages on: a message cannot forge a line.",
+    description=quoted_description(RetailDeskV1),
 )
 class RetailDeskV2(RetailDeskV1):
     """v2: v1 with ``quote_messages`` on; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        **RetailDeskV0.metadata,
-        "name": "tool_use/retail-desk-v2",
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("tool_use/retail-desk-v2")
     quote_messages = True
 
 

@@ -80,6 +80,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parley.protocols.errors import ConfigError
+from parley.scenarios.declaring import text_metadata
 from parley.scenarios.difficulty import check_difficulty
 from parley.scenarios.registry import registered
 from parley.scenarios.tool_use.retail_db import ServingDB, dollars, parse_dollars
@@ -199,10 +200,7 @@ _BASELINES = {"user": f"{_SCRIPTED}:RetailUser", "assistant": f"{_SCRIPTED}:Reta
 class RetailDeskV3(RetailDeskV2):
     """v3: a structured answer and one customer per conversation; see the module docstring."""
 
-    metadata: ClassVar[dict[str, Any]] = {
-        **RetailDeskV2.metadata,
-        "name": "tool_use/retail-desk-v3",
-    }
+    metadata: ClassVar[dict[str, Any]] = text_metadata("tool_use/retail-desk-v3")
     db: ServingDB
 
     def __init__(
