@@ -9,7 +9,7 @@ tests as generated; ``tests/arena/cli/test_new.py`` runs them.
 
 from __future__ import annotations
 
-from parley.arena.cli.new_tool_use import TOOL_USE, TOOL_USE_AGENT
+from parley.arena.cli.new_tool_use import TOOL_USE, TOOL_USE_AGENT, scenario_class
 
 SCENARIO_PYPROJECT = """\
 [build-system]
@@ -85,7 +85,8 @@ def test_the_baseline_plays_an_episode_to_its_end() -> None:
     assert json.loads(record[-1][1])["invalid_moves"] == 0
 '''
 
-TURN_BASED = '''\
+TURN_BASED = (
+    '''\
 """<<ID>> — race to 21: two players take turns adding 1, 2 or 3 to a running total; the
 player who brings the total to 21 or more wins.
 
@@ -138,41 +139,15 @@ class State:
     winner: str | None = None
 
 
-@registered(
-    baselines={"*": "<<PACKAGE>>.agents:<<CLASS>>Baseline"},  # the scripted agent of every seat
-    description="<<NAME>>: describe the game in one line.",
-)
-class <<CLASS>>V0(Scenario):
-    """Race to 21; see the module docstring."""
-
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "<<ID>>",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
-    default_invalid_penalty = 0.1
-    refused_move_takes_turn: ClassVar[bool] = True
-    new_episode_draws = False  # nothing is random: reset needs no generator
-    race: State
-
-    def snapshot(self) -> Any:
-        return self.race
-
-    def __init__(
-        self,
-        max_turns: int = 30,
-        *,
-        invalid_penalty: float | None = None,
-        max_cycles: int | None = None,
-        render_mode: str | None = "ansi",
-    ) -> None:
-        super().__init__(
-            list(SEATS), render_mode=render_mode, max_cycles=max_cycles,
-            invalid_penalty=invalid_penalty,
-        )
-        if max_turns < 1:
-            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns = max_turns
+'''
+    + scenario_class(
+        "Race to 21",
+        state="race",
+        argument=("max_turns", 30),
+        seats="list(SEATS)",
+        extra="    new_episode_draws = False  # nothing is random: reset needs no generator\n",
+    )
+    + '''\
 
     def new_episode(self, rng: np.random.Generator) -> None:
         self.race = State()
@@ -224,6 +199,7 @@ class <<CLASS>>V0(Scenario):
 
 
 '''
+)
 
 TURN_BASED_AGENT = '''\
 """The scripted baseline of <<ID>>: leaves the total 1 short of a multiple of 4 from the target."""
@@ -245,7 +221,8 @@ class <<CLASS>>Baseline(ScriptedAgent):
         return str(step if step in (1, 2, 3) else 1)
 '''
 
-SIMULTANEOUS = '''\
+SIMULTANEOUS = (
+    '''\
 """<<ID>> — rock-paper-scissors, played simultaneously for a number of rounds.
 
 Seats: ``player_0`` and ``player_1``; both move in every step, neither sees the other's move
@@ -301,41 +278,15 @@ class State:
     draws: int = 0
 
 
-@registered(
-    baselines={"*": "<<PACKAGE>>.agents:<<CLASS>>Baseline"},  # the scripted agent of every seat
-    description="<<NAME>>: describe the game in one line.",
-)
-class <<CLASS>>V0(Scenario):
-    """Rock-paper-scissors; see the module docstring."""
-
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "<<ID>>",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
-    default_invalid_penalty = 0.1
-    refused_move_takes_turn: ClassVar[bool] = True
-    new_episode_draws = False
-    match: State
-
-    def snapshot(self) -> Any:
-        return self.match
-
-    def __init__(
-        self,
-        rounds: int = 5,
-        *,
-        invalid_penalty: float | None = None,
-        max_cycles: int | None = None,
-        render_mode: str | None = "ansi",
-    ) -> None:
-        super().__init__(
-            list(SEATS), render_mode=render_mode, max_cycles=max_cycles,
-            invalid_penalty=invalid_penalty,
-        )
-        if rounds < 1:
-            raise ConfigError(f"rounds must be >= 1, got {rounds}")
-        self.rounds = rounds
+'''
+    + scenario_class(
+        "Rock-paper-scissors",
+        state="match",
+        argument=("rounds", 5),
+        seats="list(SEATS)",
+        extra="    new_episode_draws = False\n",
+    )
+    + '''\
 
     def new_episode(self, rng: np.random.Generator) -> None:
         self.match = State()
@@ -388,6 +339,7 @@ class <<CLASS>>V0(Scenario):
 
 
 '''
+)
 
 SIMULTANEOUS_AGENT = '''\
 """The scripted baseline of <<ID>>: the uniform random strategy (the game's equilibrium)."""

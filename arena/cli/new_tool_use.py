@@ -1,10 +1,65 @@
 """The tool-use game of ``parley new scenario --kind tool-use`` (:mod:`parley.arena.cli.new`):
 the scenario module and its baseline, as templates (placeholders as in
-:mod:`parley.arena.cli.new_templates`)."""
+:mod:`parley.arena.cli.new_templates`); and :func:`scenario_class`, the start of the scenario
+class that every scenario template writes alike (here, where
+:mod:`~parley.arena.cli.new_templates` imports it from)."""
 
 from __future__ import annotations
 
-TOOL_USE = '''\
+_CLASS = '''\
+@registered(
+    baselines={"*": "<<PACKAGE>>.agents:<<CLASS>>Baseline"},  # the scripted agent of every seat
+    description="<<NAME>>: describe the game in one line.",
+)
+class <<CLASS>>V0(Scenario):
+    """[[GAME]]; see the module docstring."""
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "name": "<<ID>>",
+        "render_modes": ["ansi", "human"],
+        "is_parallelizable": True,
+    }
+    default_invalid_penalty = 0.1
+    refused_move_takes_turn: ClassVar[bool] = True
+[[EXTRA]]    [[STATE]]: State
+
+    def snapshot(self) -> Any:
+        return self.[[STATE]]
+
+    def __init__(
+        self,
+        [[ARG]]: int = [[DEFAULT]],
+        *,
+        invalid_penalty: float | None = None,
+        max_cycles: int | None = None,
+        render_mode: str | None = "ansi",
+    ) -> None:
+        super().__init__(
+            [[SEATS]], render_mode=render_mode, max_cycles=max_cycles,
+            invalid_penalty=invalid_penalty,
+        )
+        if [[ARG]] < 1:
+            raise ConfigError(f"[[ARG]] must be >= 1, got {[[ARG]]}")
+        self.[[ARG]] = [[ARG]]
+'''
+
+
+def scenario_class(
+    game: str, *, state: str, argument: tuple[str, int], seats: str, extra: str = ""
+) -> str:
+    """The start of a template's scenario class, to its ``__init__``'s end: the
+    ``@registered`` declaration, ``metadata``, the class attributes (``extra``: more of them,
+    whole lines), the ``state`` attribute that :meth:`snapshot` returns, and ``__init__`` with
+    its one integer ``argument`` (name, default: checked >= 1 and kept on ``self``) and the
+    ``seats`` expression. Placeholders (``<<ID>>``, ...) are left for ``parley new`` to fill."""
+    name, default = argument
+    text = _CLASS.replace("[[GAME]]", game).replace("[[EXTRA]]", extra)
+    text = text.replace("[[STATE]]", state).replace("[[SEATS]]", seats)
+    return text.replace("[[ARG]]", name).replace("[[DEFAULT]]", str(default))
+
+
+TOOL_USE = (
+    '''\
 """<<ID>> — compute ``a * b + c`` for large numbers with ``multiply`` and ``add`` tools.
 
 Seat: ``solver``. The numbers come from ``reset(seed=...)``.
@@ -98,40 +153,14 @@ class State:
     last_results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
-@registered(
-    baselines={"*": "<<PACKAGE>>.agents:<<CLASS>>Baseline"},  # the scripted agent of every seat
-    description="<<NAME>>: describe the game in one line.",
-)
-class <<CLASS>>V0(Scenario):
-    """Arithmetic with tools; see the module docstring."""
-
-    metadata: ClassVar[dict[str, Any]] = {
-        "name": "<<ID>>",
-        "render_modes": ["ansi", "human"],
-        "is_parallelizable": True,
-    }
-    default_invalid_penalty = 0.1
-    refused_move_takes_turn: ClassVar[bool] = True
-    sum: State
-
-    def snapshot(self) -> Any:
-        return self.sum
-
-    def __init__(
-        self,
-        max_turns: int = 5,
-        *,
-        invalid_penalty: float | None = None,
-        max_cycles: int | None = None,
-        render_mode: str | None = "ansi",
-    ) -> None:
-        super().__init__(
-            [SEAT], render_mode=render_mode, max_cycles=max_cycles,
-            invalid_penalty=invalid_penalty,
-        )
-        if max_turns < 1:
-            raise ConfigError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns = max_turns
+'''
+    + scenario_class(
+        "Arithmetic with tools",
+        state="sum",
+        argument=("max_turns", 5),
+        seats="[SEAT]",
+    )
+    + '''\
         self.tools = ToolBox([tool(multiply), tool(add)])
         self._constraint = action_constraint(self.tools, {"answer": {"type": "string"}})
 
@@ -198,6 +227,7 @@ class <<CLASS>>V0(Scenario):
 
 
 '''
+)
 
 TOOL_USE_AGENT = '''\
 """The scripted baseline of <<ID>>: multiply, then add, then answer."""
