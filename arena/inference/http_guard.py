@@ -23,7 +23,9 @@ or longer than ``body_timeout`` to send a request's body, and hold at most
 ``max_connections`` at once: a new one past the cap evicts the connection idle the longest
 between two requests (keep-alive), else the oldest one still sending headers, or is closed
 if every one is inside a request. ``guard(authorize=...)`` refuses a request before a byte
-of its body is read. All of it is logged at a bounded rate.
+of its body is read. All of it is logged at a bounded rate. Both timeouts count the time
+this process ran (:class:`~parley.arena.inference.patience.PatientTimer`): a server stopped
+or starved past them reads what its clients sent in time before it judges them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from parley.arena.inference.patience import PatientTimer, patient_wait_for
 from parley.protocols.bus.auth import is_loopback
 from parley.protocols.errors import ConfigError
 
@@ -149,7 +152,7 @@ async def _read_body(
     try:
         if authorize is not None:
             authorize(request)
-        await asyncio.wait_for(request.read(), seconds)
+        await patient_wait_for(request.read(), seconds)  # (a stall of ours is not theirs)
     except web.HTTPException as exc:  # (refused, or larger than client_max_size)
         return _refuse(exc.status, exc.text or exc.reason, "refused")
     except TimeoutError:
@@ -254,7 +257,7 @@ class _Guarded(asyncio.Protocol):
         self._tracker = tracker
         self._inner: Any = None  # aiohttp's protocol, made only for an admitted connection
         self._transport: asyncio.Transport | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: PatientTimer | None = None
         self._busy = False  # inside a request (guard saw its headers)
         self._early = False  # bytes came after this request's body: the next one's start
 
@@ -325,7 +328,8 @@ class _Guarded(asyncio.Protocol):
         self._stop_waiting()
         where[self] = None
         timeout = self._tracker.limits.header_timeout
-        self._timer = asyncio.get_running_loop().call_later(timeout, self._too_slow)
+        # Patient: headers that came while this process was stopped are read first.
+        self._timer = PatientTimer(asyncio.get_running_loop(), timeout, self._too_slow)
 
     def _stop_waiting(self) -> None:
         if self._timer is not None:

@@ -25,7 +25,9 @@ Guarantees (the contract the agents and the HTTP front rely on):
 - ``request.timeout`` (or :attr:`PoolConfig.default_timeout` when it is 0) bounds the wait:
   when it passes the request is answered ``Error(code="timeout")``; if it had not started
   it is dropped from its batch; if it had, a continuous backend's call is cancelled and a
-  static batch finishes without it (its result is discarded).
+  static batch finishes without it (its result is discarded). The wait counts the time the
+  pool ran (:class:`~parley.arena.inference.patience.PatientTimer`): a pool stopped past a
+  request's timeout answers what it finishes on resuming, by at most twice the timeout.
 - Backpressure: at most :attr:`PoolConfig.max_queue` requests wait (not yet started) across
   all policies; one more is refused at once with ``Error(code="overloaded",
   retryable=True)``. Callers back off and retry (:class:`parley.agents.llm.BusPoolClient`
@@ -71,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 
 from parley.arena.inference.backends.errors import BackendError, RequestError
 from parley.arena.inference.lanes import Lane, Pending
+from parley.arena.inference.patience import PatientTimer, patient_wait
 from parley.arena.inference.service import POOL_ACCEPTS, POOL_ENDPOINT, PoolError, PoolService
 from parley.protocols.errors import ConfigError, ParleyError
 from parley.protocols.messages import (
@@ -341,7 +344,9 @@ class InferencePool(PoolService):
         timeout = request.timeout or self.config.default_timeout
         # A timer rather than asyncio.wait_for: the bus may run this handler inline, outside
         # a task, where asyncio.timeout (what wait_for uses from Python 3.12) cannot work.
-        timer = loop.call_later(timeout, self._expire, lane, item, timeout) if timeout else None
+        # A patient one: the pool stopped past the timeout (SIGSTOP, a loaded host) answers
+        # what it finishes on resuming, not a timeout the caller never waited out.
+        timer = PatientTimer(loop, timeout, self._expire, lane, item, timeout) if timeout else None
         try:
             return await item.future
         finally:
@@ -374,15 +379,14 @@ class InferencePool(PoolService):
         timeout = request.timeout or self.config.default_timeout
         texts = [request.prompt + text for text in request.texts]
         # asyncio.wait, not asyncio.timeout: the bus may run this handler inline, outside
-        # a task (see generate).
+        # a task (see generate); timed patiently (see generate).
         call = asyncio.ensure_future(batcher.score(texts))
-        done: set[asyncio.Future[list[float]]] = set()
         try:
-            done, _ = await asyncio.wait({call}, timeout=timeout or None)
+            await patient_wait(call, timeout or None)
         finally:
             if not call.done():  # timed out, or the caller went away: drop the texts
                 call.cancel()
-        if call not in done or call.cancelled():
+        if not call.done() or call.cancelled():
             if self._closed:
                 raise PoolError("closed", "the pool was closed")
             self.stats.timeouts += 1

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -17,6 +22,7 @@ import pytest
 
 from parley.arena.inference.http_guard import ConnectionLimits, GuardedSite
 from parley.arena.view.server import start
+from tests.busy import stop
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -271,3 +277,79 @@ async def test_the_human_seat_refuses_a_strangers_body_before_reading_it() -> No
     finally:
         await hub.close()
         hub.sock.close()
+
+
+_SERVER = """
+import asyncio, sys
+from parley.arena.inference.http_guard import ConnectionLimits
+from parley.arena.view.server import start
+
+async def main():
+    limits = ConnectionLimits(max_connections=8, header_timeout=0.5, body_timeout=0.5)
+    runner, url = await start([sys.argv[1]], limits=limits)
+    print(url.rstrip("/").rsplit(":", 1)[1], flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+@pytest.fixture
+def stoppable(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A viewer in a process of its own (header and body timeouts 0.5 s), and its port."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, str(tmp_path)], stdout=subprocess.PIPE, bufsize=0
+    )
+    try:
+        assert proc.stdout is not None
+        yield proc, int(proc.stdout.readline())
+    finally:
+        stop(proc)
+
+
+def _answer_after_a_stop(
+    proc: subprocess.Popen[bytes], port: int, first: bytes, then: bytes
+) -> bytes:
+    """Send ``first`` on a new connection, stop the server (SIGSTOP) for 1.5 s (three
+    times its timeouts), send ``then`` while it is stopped, resume it: its answer's first
+    line (b"" when it closed the connection instead)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(first)
+        time.sleep(0.2)  # (the server accepts the connection, reads ``first`` and times on)
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            conn.sendall(then)
+            time.sleep(1.5)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        with contextlib.suppress(ConnectionResetError):
+            return conn.makefile("rb").readline()
+        return b""
+
+
+@pytest.mark.parametrize("stopped", ["before the headers", "before the body"])
+def test_a_stopped_server_serves_what_came_while_it_was_stopped(
+    stoppable: tuple[subprocess.Popen[bytes], int], stopped: str
+) -> None:
+    """The server stopped past its header or body timeout, the client's bytes all sent in
+    time, during the stop: on resuming it serves the request (before: the connection was
+    dropped, or the body answered 408, in the same turn as the bytes were read). The
+    timeouts count the time the server ran; a silent client is still cut after a stop."""
+    proc, port = stoppable
+    if stopped == "before the headers":
+        first, then = b"", _request()
+    else:
+        first, then = _post_head(2), b"{}"
+    for _ in range(3):
+        status = _answer_after_a_stop(proc, port, first, then)
+        assert status.startswith(b"HTTP/1.1 "), status
+        assert not status.startswith(b"HTTP/1.1 408"), status
+    # A client that sends nothing is still closed: once resumed, within its timeout again.
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGCONT)
+        resumed = time.monotonic()
+        assert conn.recv(1024) == b""
+        assert time.monotonic() - resumed < 3.0

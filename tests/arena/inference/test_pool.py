@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -194,6 +195,35 @@ async def test_timeout_answers_and_drops_a_waiting_request(backend: RecordingBac
     # The timed-out request never reached the backend.
     assert backend.batch_sizes == [1, 1]
     assert backend.batches[1][0].params.seed == 2
+
+
+@pytest.mark.parametrize("lag", [0.0, 0.08, 0.5])
+async def test_a_pool_timeout_put_off_by_stalls_still_ends_within_its_bound(
+    backend: RecordingBackend, lag: float
+) -> None:
+    """The pool's timers count the time it ran (``patience.PatientTimer``): on a loop that
+    stands still ``lag`` s at every turn (the process stopped or starved again and again),
+    a request it cannot finish still times out, by twice its timeout plus two turns' lag
+    (``test_pool_serve`` stops a real ``parley serve``: what it finishes, it answers)."""
+    backend.hold = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def stall() -> None:
+        time.sleep(lag)
+        stalls.append(loop.call_later(0.01, stall))
+
+    stalls = [loop.call_soon(stall)] if lag else []
+    async with InferencePool({"default": backend}, PoolConfig(max_wait=0.0)) as pool:
+        started = loop.time()
+        with pytest.raises(PoolError) as err:
+            await pool.generate(request(backend, 0, timeout=0.3))
+        took = loop.time() - started
+        for handle in stalls[-1:]:  # (the stall still to come)
+            handle.cancel()
+        backend.hold.set()
+    assert err.value.code == "timeout"
+    assert took >= 0.3
+    assert took <= 2 * 0.3 + 3 * (lag + 0.05) + 0.2, took
 
 
 async def test_full_queue_refuses_with_retryable_overloaded(backend: RecordingBackend) -> None:

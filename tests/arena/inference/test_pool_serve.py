@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import selectors
@@ -15,7 +16,9 @@ from pathlib import Path
 import openai
 import pytest
 
+from parley.agents.llm import BusPoolClient
 from parley.arena.cli import main
+from parley.protocols.messages import GenerateRequest, GenerateResult, SamplingParams
 
 pytest.importorskip("torch")
 
@@ -77,3 +80,49 @@ def test_an_arena_uses_a_served_pool(
     assert len(reply.choices) == 1
     proc.send_signal(signal.SIGINT)
     assert proc.wait(30) == 0
+
+
+@pytest.mark.timeout(300)
+def test_a_stopped_server_does_not_time_out_the_requests_it_had(
+    served: tuple[str, str, subprocess.Popen[bytes]],
+) -> None:
+    """``parley serve`` stopped (SIGSTOP) past its requests' ``timeout`` while it holds them
+    (queued or generating): once resumed, it answers them, not ``timeout`` errors. The
+    pool's timers count the time it ran (before: every request still held on SIGCONT was
+    answered ``timeout``, in 3 of 3 rounds). A request it cannot finish still times out:
+    ``test_pool_limits``."""
+    address, _, proc = served
+
+    async def round_(client: BusPoolClient) -> list[str]:
+        asks = [
+            GenerateRequest(
+                policy="tiny",
+                prompt=f"deal {i}",
+                params=SamplingParams(max_tokens=32, temperature=1.0, seed=i),
+                timeout=LIMIT_S,
+            )
+            for i in range(48)
+        ]
+        calls = [asyncio.ensure_future(client.generate(ask)) for ask in asks]
+        await asyncio.sleep(0.1)  # (the server reads them and starts generating)
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(2 * LIMIT_S)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        got = await asyncio.gather(*calls, return_exceptions=True)
+        return [type(r).__name__ + str(r)[:80] for r in got if not isinstance(r, GenerateResult)]
+
+    async def main_() -> list[list[str]]:
+        client = await BusPoolClient.connect(address, timeout=60.0)
+        try:
+            return [await round_(client) for _ in range(3)]
+        finally:
+            await client.close()
+
+    failed = asyncio.run(main_())
+    assert failed == [[], [], []]
+
+
+LIMIT_S = 2.0
+"""Each request's own ``timeout``; the server is stopped for twice as long."""
