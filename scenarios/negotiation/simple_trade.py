@@ -194,6 +194,21 @@ def trade_view(
     }
 
 
+def zero_sum(gains: dict[str, int]) -> dict[str, float]:
+    """The task rewards of both versions' end: +1 to the larger gain, -1 to the other, 0 (and
+    -0.0, as ``-sign`` writes it) on a tie."""
+    diff = gains[SEATS[0]] - gains[SEATS[1]]
+    sign = float((diff > 0) - (diff < 0))  # (np.sign's value, without its call)
+    return {SEATS[0]: sign, SEATS[1]: -sign}
+
+
+def trade_metrics(gains: dict[str, int], trades: int) -> dict[str, float]:
+    """The metrics both versions report alike: each seat's gain and the trades made."""
+    out = {f"gain_{seat}": float(gains[seat]) for seat in SEATS}
+    out["trades"] = float(trades)
+    return out
+
+
 @dataclasses.dataclass
 class TradeState:
     inventory: dict[str, Bundle]
@@ -299,9 +314,7 @@ class SimpleTradeV0(Scenario):
 
     def _score(self) -> None:
         gains = self.gains()
-        diff = gains[SEATS[0]] - gains[SEATS[1]]
-        sign = float((diff > 0) - (diff < 0))  # (np.sign's value, without its call)
-        self.trade.outcome = {SEATS[0]: sign, SEATS[1]: -sign}
+        self.trade.outcome = zero_sum(gains)
         for seat in SEATS:
             self.reward(seat, "task", self.trade.outcome[seat])
         self.announce(f"Game over. Gains: {gains[SEATS[0]]} / {gains[SEATS[1]]}.")
@@ -343,9 +356,7 @@ class SimpleTradeV0(Scenario):
         )
 
     def metrics(self) -> dict[str, float]:
-        gains = self.gains()
-        out = {f"gain_{seat}": float(gains[seat]) for seat in SEATS}
-        out["trades"] = float(self.trade.trades)
+        out = trade_metrics(self.gains(), self.trade.trades)
         if self.trade.outcome:
             out["draw"] = float(self.trade.outcome[SEATS[0]] == 0)
         return out

@@ -90,8 +90,10 @@ from parley.scenarios.negotiation.simple_trade import (
     covers,
     pending_view,
     show_cached,
+    trade_metrics,
     trade_view,
     transfer,
+    zero_sum,
 )
 from parley.scenarios.registry import registered
 
@@ -365,11 +367,7 @@ class SimpleTradeV1(Scenario):
             self._end({mover: -1.0}, f"{mover} made an invalid move.")
         elif self.trade.turn_index >= self.max_turns:
             gains = self.gains()
-            diff = gains[SEATS[0]] - gains[SEATS[1]]
-            sign = float((diff > 0) - (diff < 0))  # (np.sign's value, without its call)
-            self._end(
-                {SEATS[0]: sign, SEATS[1]: -sign}, f"Gains: {gains[SEATS[0]]} / {gains[SEATS[1]]}."
-            )
+            self._end(zero_sum(gains), f"Gains: {gains[SEATS[0]]} / {gains[SEATS[1]]}.")
 
     def _end(self, outcome: dict[str, float], why: str) -> None:
         self.trade.outcome = {seat: outcome.get(seat, 0.0) for seat in SEATS}
@@ -423,9 +421,7 @@ class SimpleTradeV1(Scenario):
         )
 
     def metrics(self) -> dict[str, float]:
-        gains = self.gains()
-        out = {f"gain_{seat}": float(gains[seat]) for seat in SEATS}
-        out["trades"] = float(self.trade.trades)
+        out = trade_metrics(self.gains(), self.trade.trades)
         if self.trade.outcome:
             out["draw"] = float(self.trade.outcome[SEATS[0]] == self.trade.outcome[SEATS[1]])
             out["forfeit"] = float(bool(self.trade.forfeit))

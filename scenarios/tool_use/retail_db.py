@@ -108,6 +108,17 @@ def parse_dollars(value: object) -> int | None:
     return int(match.group(1).replace(",", "")) * 100 + int(match.group(2) or 0)
 
 
+_TAKEN_BACK = {
+    "returned": ("returned", "UPDATE items SET returned=1 WHERE order_id=? AND product_id=?"),
+    "damaged": (
+        "refunded for damage",
+        "UPDATE items SET damaged=1 WHERE order_id=? AND product_id=?",
+    ),
+}
+"""How an item line is taken back: the words of :meth:`RetailDB._require`'s refusal ("only
+delivered orders can be returned"), and the statement that marks the line."""
+
+
 class RetailDB:
     """One episode's store; build it with :meth:`generate` (deterministic in ``rng``)."""
 
@@ -296,14 +307,7 @@ class RetailDB:
             order_id: the order id
             product_id: the product to return
         """
-        _cid, status, _total = self._order(order_id)
-        self._require(status, "delivered", "returned")
-        quantity, price, returned, damaged = self._line(order_id, product_id)
-        if returned or damaged:
-            raise ToolFailure(f"item {product_id} of {order_id} was already returned or refunded")
-        self.conn.execute(
-            "UPDATE items SET returned=1 WHERE order_id=? AND product_id=?", (order_id, product_id)
-        )
+        quantity, price = self._take_back(order_id, product_id, "returned")
         self._restock(product_id, quantity)
         self._refund(order_id, quantity * price, f"return {product_id}")
         return {"order_id": order_id, "returned": product_id, "refund": dollars(quantity * price)}
@@ -315,16 +319,22 @@ class RetailDB:
             order_id: the order id
             product_id: the damaged product
         """
-        _cid, status, _total = self._order(order_id)
-        self._require(status, "delivered", "refunded for damage")
-        _quantity, price, returned, damaged = self._line(order_id, product_id)
-        if returned or damaged:
-            raise ToolFailure(f"item {product_id} of {order_id} was already returned or refunded")
-        self.conn.execute(
-            "UPDATE items SET damaged=1 WHERE order_id=? AND product_id=?", (order_id, product_id)
-        )
+        _quantity, price = self._take_back(order_id, product_id, "damaged")
         self._refund(order_id, price, f"damaged {product_id}")
         return {"order_id": order_id, "refunded": product_id, "refund": dollars(price)}
+
+    def _take_back(self, order_id: str, product_id: str, why: str) -> tuple[int, int]:
+        """Mark an item line of a delivered order as ``why`` (``returned`` or ``damaged``, a
+        key of :data:`_TAKEN_BACK`) and return its ``(quantity, price)``; refused for an order
+        not delivered and for a line already returned or refunded."""
+        done, mark = _TAKEN_BACK[why]
+        _cid, status, _total = self._order(order_id)
+        self._require(status, "delivered", done)
+        quantity, price, returned, damaged = self._line(order_id, product_id)
+        if returned or damaged:
+            raise ToolFailure(f"item {product_id} of {order_id} was already returned or refunded")
+        self.conn.execute(mark, (order_id, product_id))
+        return quantity, price
 
     def change_quantity(self, order_id: str, product_id: str, quantity: int) -> dict[str, Any]:
         """Change how many units of an item a pending order holds (1-10, stock permitting).
