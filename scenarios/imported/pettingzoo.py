@@ -14,7 +14,9 @@ tic-tac-toe: the grid), then the prompt with the legal moves.
 Actions: one legal move by name (chess: UCI ``e2e4``; poker: ``call``, ``raise``, ``fold``,
 ``check``; rock-paper-scissors: ``rock`` ...; else ``move K``): the ``action_mask`` as a
 ``choice`` constraint and ``view["legal"]``. Anything else is an invalid move and the seat is
-asked again; the third in a row plays a random legal move.
+asked again; the third in a row plays a random legal move. A text the action space refuses
+(over-long, outside printable ASCII) counts as one of them (before, it did not: a seat that
+sent only such texts stalled the game into a truncated 0-0 draw).
 
 Rewards: component ``task`` is the sum of the env's ``rewards`` after each of its steps (the
 library's return for the same moves); ``invalid`` is ``-invalid_penalty`` per invalid move.
@@ -118,6 +120,7 @@ class PettingZooGame(Scenario):
         "render_modes": ["ansi"],
         "is_parallelizable": True,
     }
+    refused_move_takes_turn: ClassVar[bool] = True  # (no stalling into a truncated draw)
 
     def __init__(
         self,

@@ -9,10 +9,14 @@ smallest player count that resets (give ``num_players=N`` to pick another).
 Turn order: the library's (``get_observation()`` names the player to act, one at a time).
 Observations: the messages TextArena addressed to that player since its last turn (its own
 prompt, the game's notices, the other players' public moves), one line each as
-``[GAME] ...`` or ``[Player i] ...``; what TextArena sends to another player only never
-reaches this seat. Actions: free text, as TextArena parses it (no choice constraint: TextArena
-lists no legal moves). A move TextArena refuses is an invalid move with its reason and
-TextArena's own rule applies (its error allowance, then the offender loses).
+``[GAME] ...`` or ``[Player i] ...``, a player's text indented by two spaces after its first
+line (a move cannot write a ``[GAME]`` line into another's view); what TextArena sends to
+another player only never reaches this seat. Actions: free text, as TextArena parses it (no
+choice constraint: TextArena lists no legal moves). A move TextArena refuses is an invalid
+move with its reason and TextArena's own rule applies (its error allowance, then the
+offender loses); a text the action space refuses (over-long, outside printable ASCII) is
+played as the empty move, which TextArena refuses by that same rule (before, the game never
+moved on and a seat could stall it into a truncated 0-0 draw).
 
 Rewards: component ``task`` is TextArena's reward of each player at the end (``close()``),
 so a seat's ``task`` total is the library's for the same moves; ``invalid`` is
@@ -32,7 +36,9 @@ Arguments: ``num_players``, ``invalid_penalty``, ``max_cycles``, ``render_mode``
 Not represented (:func:`catalog` lists each with its reason): games that need data files or
 services that cannot be reached here (NLTK corpora, an LLM jury), games that fail to reset.
 
-Version history: the adapter's first version (pinned by the ``textarena==0.7.4`` install).
+Version history: the adapter's first version (pinned by the ``textarena==0.7.4`` install);
+since then, refused texts play the empty move and players' line breaks are indented (an
+imported game's id carries no version).
 """
 
 from __future__ import annotations
@@ -261,6 +267,7 @@ class TextArenaGame(Scenario):
         "render_modes": ["ansi"],
         "is_parallelizable": True,
     }
+    refused_move_takes_turn: ClassVar[bool] = True  # (no stalling into a truncated draw)
 
     def __init__(
         self,
@@ -388,7 +395,7 @@ def _format(messages: Any) -> str:
             return "\n".join(
                 [
                     (_TAGS[item[0]] if type(item) is tuple and type(item[0]) is int else None)
-                    + item[1]
+                    + (item[1] if item[0] < 0 or "\n" not in item[1] else _quoted(item[1]))
                     for item in messages
                 ]
             )
@@ -399,18 +406,26 @@ def _format(messages: Any) -> str:
     lines = []
     for item in messages or []:
         if type(item) is tuple and len(item) > 1 and type(item[0]) is int:  # the common form
-            lines.append((_TAGS.get(item[0]) or _tag(item[0])) + str(item[1]))
+            text = str(item[1])
+            text = text if item[0] < 0 else _quoted(text)
+            lines.append((_TAGS.get(item[0]) or _tag(item[0])) + text)
             continue
         parts = list(item) if isinstance(item, (tuple, list)) else [item]
         sender = parts[0] if parts and isinstance(parts[0], int) else -1
         text = parts[1] if isinstance(parts[0], int) and len(parts) > 1 else parts[0]
         who = "GAME" if sender < 0 else f"Player {sender}"
-        lines.append(f"[{who}] {text}")
+        lines.append(f"[{who}] {text if sender < 0 else _quoted(str(text))}")
     return "\n".join(lines)
 
 
 def _tag(sender: int) -> str:
     return "[GAME] " if sender < 0 else f"[Player {sender}] "
+
+
+def _quoted(text: str) -> str:
+    """A player's text with every line after its first indented (the lines it writes cannot
+    pass for the game's or another player's)."""
+    return text.replace("\n", "\n  ")
 
 
 _TAGS = {sender: _tag(sender) for sender in range(-1, 16)}
