@@ -16,12 +16,14 @@ verdict's number as the reward component ``judge``:
 - **Quoting** (the guarantee of a scenario's ``quote_messages``: judged text cannot forge a
   line of the prompt): the judge's prompt is built as token ids, the operator's text (rubric,
   instructions, chat template) encoded on its own and the judged text encoded on its own
-  with every added-token spelling split into ordinary tokens, each of its lines starting
-  with ``| `` between ``BEGIN``/``END`` lines. Whatever an agent writes, the prompt's ids
-  outside the quoted region are the same (:attr:`JudgePrompt.quoted` says where it is).
-- **Padding**: the judged text is canonical — whitespace runs are one space, a word
-  sequence repeated back to back is kept once, empty messages are left out — so padding a
-  message with whitespace or repeats gives the very same prompt; judged text over
+  with every added-token spelling split into ordinary tokens (special or not), each of its
+  lines starting with ``| `` between ``BEGIN``/``END`` lines. Whatever an agent writes, the
+  prompt's ids outside the quoted region are the same (:attr:`JudgePrompt.quoted` says
+  where it is).
+- **Padding**: the judged text is canonical — invisible characters dropped, NFKC, whitespace
+  runs as one space, a word sequence repeated back to back kept once, empty messages left
+  out — so padding a message with whitespace, invisible characters or repeats gives the
+  very same prompt; judged text over
   ``max_judged_tokens`` gets the rubric's lowest score (``verdict: too_long``): padding
   never pays beyond it either.
 - **Cache**: verdicts are kept per (rubric digest, judged-text digest, policy); the same
@@ -48,6 +50,7 @@ import asyncio
 import dataclasses
 import hashlib
 import math
+import re
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -262,6 +265,12 @@ class Judge(ModelComponent):
         self.policy, self.max_tokens = policy, max_tokens
         self.timeout, self.max_judged_tokens = timeout, max_judged_tokens
         self._head, self._tail = self._frame()
+        added = getattr(tokenizer.hf, "added_tokens_decoder", None) or {}
+        self._added_ids = frozenset(int(i) for i in added)
+        spellings = sorted({str(t) for t in added.values() if str(t)}, key=len, reverse=True)
+        self._added_spelling = (
+            re.compile("|".join(map(re.escape, spellings))) if spellings else None
+        )
 
     # --- the prompt -----------------------------------------------------------------
 
@@ -308,9 +317,30 @@ class Judge(ModelComponent):
         ]
         return [int(t) for t in out]
 
+    def _quoted_ids(self, text: str) -> list[int]:
+        """``text`` as ordinary tokens only. ``split_special_tokens`` splits the spellings
+        of special added tokens; an added token that is not special (Qwen3's ``<think>``)
+        survived it, so each spelling of one is encoded as its first character and the rest
+        apart (and, should an added token still come out, character by character)."""
+        ids = self._encode(text, quoted=True)
+        if self._added_ids.isdisjoint(ids) or self._added_spelling is None:
+            return ids
+        pieces, start = [], 0
+        for found in self._added_spelling.finditer(text):
+            pieces += [text[start : found.start()], found.group()[:1], found.group()[1:]]
+            start = found.end()
+        pieces.append(text[start:])
+        out: list[int] = []
+        for piece in filter(None, pieces):
+            ids = self._encode(piece, quoted=True)
+            if not self._added_ids.isdisjoint(ids):
+                ids = [i for char in piece for i in self._encode(char, quoted=True)]
+            out += ids
+        return out
+
     def prompt(self, lines: Sequence[str]) -> JudgePrompt:
         """The prompt judging ``lines`` (see :func:`judged_lines`)."""
-        quoted = self._encode("\n".join(f"| {line}" for line in lines), quoted=True)
+        quoted = self._quoted_ids("\n".join(f"| {line}" for line in lines))
         start = len(self._head)
         ids = self._head + quoted + self._tail
         digest = hashlib.sha256(msgspec.json.encode(quoted)).hexdigest()

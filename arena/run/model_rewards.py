@@ -13,14 +13,16 @@ trainers, exports and the viewer see it as any other component. Two kinds subcla
 
 Both hold the same guarantees, from the same code:
 
-- **Canonical text** (:func:`canonical`): whitespace runs are one space and a word sequence
-  repeated back to back is kept once, so padding a message with whitespace or repeats gives
-  the very same input, hence the very same reward (and a cache hit). A reward model reads
-  more: :func:`scored_text` also keeps each word of a message once and at most
-  :data:`MAX_SCORED_WORDS` words of it, so filler of the message's own words, in any order,
-  cannot change its score either (the judge has its length rule instead). New words are
-  new content: no form can hide them without hiding content, so past the cap they are not
-  read, and below it the trained hinge (``parley train-rm --padding-penalty``) is the guard.
+- **Canonical text** (:func:`canonical`): invisible characters (zero-width, bidi marks,
+  controls) are dropped and compatibility forms folded (NFKC), whitespace runs are one space
+  and a word sequence repeated back to back is kept once, so padding a message with
+  whitespace, invisible characters or repeats gives the very same input, hence the very
+  same reward (and a cache hit). A reward model reads more: :func:`scored_text` also keeps
+  each word of a message once and at most :data:`MAX_SCORED_WORDS` words of it, so filler
+  of the message's own words, in any order, cannot change its score either (the judge has
+  its length rule instead). New words are new content: no form can hide them without hiding
+  content, so past the cap they are not read, and below it the trained hinge
+  (``parley train-rm --padding-penalty``) is the guard.
 - **Cache**: one outcome per (kind's key, text digest); the same text is never asked twice
   by one runner (least recently used out past ``cache_size``); failures are asked again.
 - **Failures**: a model that fails, times out or answers outside its contract adds no
@@ -41,6 +43,8 @@ import collections
 import dataclasses
 import hashlib
 import math
+import re
+import unicodedata
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
@@ -83,11 +87,36 @@ def reply_bound(timeout: float) -> float:
     return timeout + min(timeout, 5.0)
 
 
+# Characters that show nothing: controls that are not whitespace, and Unicode's
+# Default_Ignorable_Code_Point set (zero-width space and joiners, soft hyphen, bidi marks,
+# variation selectors, Hangul fillers, tags), plus the blank braille pattern. Left in, they
+# made each copy of a word a new word ("good good\u200b good\u2060..."), so padding escaped
+# the repeat rule and a reward model's one-copy-per-word rule.
+_INVISIBLE = re.compile(
+    "[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5"
+    "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u2800\u3164\ufe00-\ufe0f"
+    "\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _visible(text: str) -> str:
+    """``text`` as it reads: invisible characters dropped, NFKC (fullwidth and other
+    compatibility forms as their plain letters), a lone surrogate as ``\\udXXX`` (a
+    tokenizer cannot encode one: it failed the judge's prompt and the reward model's call)."""
+    if text.isascii():
+        return _INVISIBLE.sub("", text) if not text.isprintable() else text
+    text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return unicodedata.normalize("NFKC", _INVISIBLE.sub("", text))
+
+
 def canonical(text: str) -> str:
-    """``text`` with whitespace runs as one space and back-to-back repeats of a word
-    sequence (up to :data:`_MAX_PERIOD` words) kept once: the judged and scored form."""
+    """``text`` with invisible characters dropped and compatibility forms folded (NFKC),
+    whitespace runs as one space and back-to-back repeats of a word sequence (up to
+    :data:`_MAX_PERIOD` words) kept once: the judged and scored form. (Look-alike letters
+    of other scripts, a Cyrillic o for a Latin one, are other words: not folded.)"""
     out: list[str] = []
-    for word in text.split():
+    for word in _visible(text).split():
         out.append(word)
         for period in range(1, min(len(out) // 2, _MAX_PERIOD) + 1):
             if out[-period:] == out[-2 * period : -period]:
