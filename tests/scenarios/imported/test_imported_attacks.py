@@ -4,10 +4,14 @@ observation). Each test fails on the hole it names."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from parley.agents.scripted.base import ScriptedAgent
+from parley.protocols.messages import Observation
 from parley.scenarios import make
 
 # Texts the action space refuses (so they never reach the game's rules unless the adapter
@@ -72,6 +76,46 @@ def test_a_refused_text_gains_nothing_over_the_empty_move(
         assert not empty["truncated"], empty
         for text in REFUSED:
             assert _episode(scenario_id, seed, text, other) == empty, (text[:8], seed)
+
+
+class FirstAvailable(ScriptedAgent):
+    """TextArena tic-tac-toe: the first of the last "Available Moves" it was shown."""
+
+    name = "first-available"
+
+    def decide(self, observation: Observation) -> str:
+        listed = observation.text.rsplit("Available Moves:", 1)[-1]
+        return (re.findall(r"\[\d\]", listed) or ["[0]"])[0]
+
+
+class OverLong(ScriptedAgent):
+    """Answers a text the action space refuses, every turn."""
+
+    name = "over-long"
+
+    def decide(self, observation: Observation) -> str:
+        return "x" * 1001
+
+
+@pytest.mark.timeout(120)
+def test_a_staller_loses_its_league_games(tmp_path: Path) -> None:
+    """In a tournament, an agent refusing to move had every game of an imported game end as
+    a 1,000-step truncated 0-0 draw (its rating that of its honest opponent). Now each is
+    its loss by TextArena's own rule, and no game goes unscored."""
+    pytest.importorskip("textarena")
+    from parley.arena.run.league import LeagueConfig, play_league
+
+    here = "tests.scenarios.imported.test_imported_attacks"
+    config = LeagueConfig(
+        agents={"honest": f"{here}:FirstAvailable", "staller": f"{here}:OverLong"},
+        scenarios=["textarena:TicTacToe-v0"],
+        out=str(tmp_path),
+        games_per_pair=2,
+    )
+    league = play_league(config)
+    assert league["unscored"] == {"honest": 0, "staller": 0}
+    assert league["matrix"]["honest"]["staller"]["games"] == 4
+    assert league["matrix"]["honest"]["staller"]["win_rate"] == 1.0
 
 
 @pytest.mark.timeout(60)
