@@ -442,10 +442,7 @@ class HiddenProfileV1(HiddenProfileV0):
         return text
 
 
-@registered(
-    baselines=_BASELINES,
-    description=quoted_description(HiddenProfileV1),
-)
+@registered(baselines=_BASELINES, description=quoted_description(HiddenProfileV1))
 class HiddenProfileV2(HiddenProfileV1):
     """v2: v1 with ``quote_messages`` on; see the module docstring."""
 

@@ -546,10 +546,7 @@ class DealOrNoDealV2(DealOrNoDealV1):
         return {"type": "choice", "choices": [*map(proposal_text, takes), SELECTION]}
 
 
-@registered(
-    baselines=_BASELINES,
-    description=quoted_description(DealOrNoDealV2),
-)
+@registered(baselines=_BASELINES, description=quoted_description(DealOrNoDealV2))
 class DealOrNoDealV3(DealOrNoDealV2):
     """v3: v2 with ``quote_messages`` on; see the module docstring."""
 

@@ -436,10 +436,7 @@ def _random_values(rng: np.random.Generator) -> dict[str, Bundle]:
             return values
 
 
-@registered(
-    baselines=_BASELINES,
-    description=quoted_description(SimpleTradeV1),
-)
+@registered(baselines=_BASELINES, description=quoted_description(SimpleTradeV1))
 class SimpleTradeV2(SimpleTradeV1):
     """v2: v1 with ``quote_messages`` on; see the module docstring."""
 

@@ -128,6 +128,12 @@ def _orders(db: RetailDB, cid: str, status: str) -> list[str]:
     return [r[0] for r in rows]
 
 
+def _total(db: RetailDB, oid: str) -> int:
+    """The total of order ``oid``, in cents."""
+    (total,) = db.conn.execute("SELECT total FROM orders WHERE id=?", (oid,)).fetchone()
+    return int(total)
+
+
 def _line(db: RetailDB, oid: str, rng: np.random.Generator) -> tuple[str, str, int, int]:
     rows = db.conn.execute(
         "SELECT i.product_id, p.name, i.quantity, i.price FROM items i "
@@ -151,7 +157,7 @@ def build_task(index: int) -> Task:
     hello = f"Hi, I am {name}, my email is {email}."
     actions: list[tuple[str, dict[str, Any]]] = []
     if kind == "cancel" or kind == "cancel+status":
-        (total,) = db.conn.execute("SELECT total FROM orders WHERE id=?", (pending,)).fetchone()
+        total = _total(db, pending)
         actions.append(("cancel_order", {"order_id": pending, "reason": "ordered by mistake"}))
         goal = f"cancel order {pending} (you ordered it by mistake) and learn the refund amount"
         opening = (
@@ -160,9 +166,7 @@ def build_task(index: int) -> Task:
         )
         facts = [dollars(total)]
         if kind == "cancel+status":
-            (status_total,) = db.conn.execute(
-                "SELECT total FROM orders WHERE id=?", (delivered,)
-            ).fetchone()
+            status_total = _total(db, delivered)
             goal += f"; also learn the status and total of order {delivered}"
             opening += f" Also, what is the status and total of order {delivered}?"
             facts += ["delivered", dollars(status_total)]
@@ -187,7 +191,7 @@ def build_task(index: int) -> Task:
     elif kind == "quantity":
         pid, product, quantity, price = _line(db, pending, rng)
         new = quantity % 3 + 1 + int(rng.integers(2)) * 3  # 1-6, never the current quantity
-        (total,) = db.conn.execute("SELECT total FROM orders WHERE id=?", (pending,)).fetchone()
+        total = _total(db, pending)
         actions.append(
             ("change_quantity", {"order_id": pending, "product_id": pid, "quantity": new})
         )
@@ -463,10 +467,7 @@ class RetailDeskV1(RefusedMoveTakesTurn, RetailDeskV0):
     metadata: ClassVar[dict[str, Any]] = text_metadata("tool_use/retail-desk-v1")
 
 
-@registered(
-    baselines=_BASELINES,
-    description=quoted_description(RetailDeskV1),
-)
+@registered(baselines=_BASELINES, description=quoted_description(RetailDeskV1))
 class RetailDeskV2(RetailDeskV1):
     """v2: v1 with ``quote_messages`` on; see the module docstring."""
 
