@@ -56,6 +56,7 @@ from parley.agents.llm import (
     LLMAgentConfig,
     PoolClient,
 )
+from parley.arena.inference.patience import patient_wait_for
 from parley.arena.inference.pool import InferencePool, PoolConfig
 from parley.arena.run.agent_specs import AgentSource, SeatContext
 from parley.protocols.errors import (
@@ -262,7 +263,8 @@ async def check_pool(
     for policy in dict.fromkeys(policies):
         probe = GenerateRequest(policy=policy, prompt="", timeout=timeout)
         try:
-            await asyncio.wait_for(client.generate(probe), timeout)
+            # (patient: a stall of this process is not the pool's silence)
+            await patient_wait_for(client.generate(probe), timeout)
         except RemoteError as exc:
             if exc.code == "unknown_policy":
                 raise PoolUnreachable(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -113,6 +114,29 @@ async def test_a_pool_answering_the_probe_with_an_error_is_not_taken_as_serving(
                 with pytest.raises(PoolUnreachable, match=f"with {code}: pool says {code}"):
                     await check_pool(address, ["tiny"], timeout=5)
             await close_shared_pools()
+    finally:
+        await close_shared_pools()
+        ctx.term()
+
+
+async def test_a_stall_of_the_checking_process_is_not_the_pools_silence() -> None:
+    """The probe's bound counts the time the checking process ran: its loop blocked 1 s
+    (the process stopped, or starved on a loaded host) right as it sends a probe bounded
+    by 0.3 s, the pool's answer waiting in the socket, the check passes (before: the
+    probe's timer fired first on resuming, "did not answer a probe within 0.3 s")."""
+
+    async def answer(env: Envelope) -> Error:
+        return Error(code="bad_request", message="empty prompt")
+
+    ctx = zmq.asyncio.Context()
+    try:
+        async with Endpoint(POOL_ENDPOINT, context=ctx) as server:
+            server.on(GenerateRequest, answer)
+            address = await server.bind("tcp://127.0.0.1:0")
+            await check_pool(address, ["tiny"], timeout=5)  # (connected: the next one probes)
+            for _ in range(3):
+                asyncio.get_running_loop().call_soon(time.sleep, 1.0)
+                await check_pool(address, ["tiny"], timeout=0.3)
     finally:
         await close_shared_pools()
         ctx.term()

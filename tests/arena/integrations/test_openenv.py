@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -217,3 +218,39 @@ async def test_open_sessions_share_the_servers_threads(server: str) -> None:
         assert _threads(_PIDS[server]) < 16
     finally:
         await asyncio.gather(*(c.close() for c in clients))
+
+
+async def test_a_stopped_server_does_not_time_out_a_trainer_that_answered_in_time() -> None:
+    """``parley env-server --turn-timeout 1`` stopped (SIGSTOP) for 2 s at every learner
+    turn, the trainer's step sent at once, during the stop: on resuming the server takes
+    the step, and every episode ends as it does unpaused (none failed as a timeout). The
+    turn timeout counts the time the server ran."""
+    seeds = [5, 6, 7]
+    expected = await _in_process(seeds)
+    with _serving("--turn-timeout", "1") as url:
+        pid = _PIDS[url]
+        got = []
+        async with ParleyEnvClient(base_url=url, message_timeout_s=60) as env:
+            for seed in seeds:
+                result = await env.reset(seed=seed)
+                first = result.observation.text
+                while not result.done:
+                    os.kill(pid, signal.SIGSTOP)
+                    try:
+                        step = asyncio.ensure_future(
+                            env.step(ParleyAction(text=_pick(result.observation)))
+                        )
+                        await asyncio.sleep(2.0)
+                    finally:
+                        os.kill(pid, signal.SIGCONT)
+                    result = await step
+                got.append(
+                    (first, result.observation.returns.get("listener"), result.observation.failed)
+                )
+            # The control: a trainer 2 s late with the server running fails its episode.
+            result = await env.reset(seed=seeds[0])
+            await asyncio.sleep(2.0)
+            late = await env.step(ParleyAction(text=_pick(result.observation)))
+    assert got == expected
+    assert late.done
+    assert "timeout" in late.observation.failed, late.observation
