@@ -1,13 +1,7 @@
 """Every collaboration version plays as it did before its classes shared code (commit 8c182f2):
 golden digests of baseline and mixed-agent transcripts (tests/scenarios/negotiation/golden.py)."""
 
-from __future__ import annotations
-
-from typing import Any
-
-import pytest
-
-from tests.scenarios.negotiation.golden import digest
+from tests.scenarios.negotiation.golden import golden_test
 
 GOLDEN = [
     ("collaboration/hidden-profile-v0", {}, "4970a0ed6f132af4"),
@@ -20,9 +14,4 @@ GOLDEN = [
     ("collaboration/referential-v1", {"answer": "name"}, "9a458ada2a591302"),
 ]
 
-
-@pytest.mark.parametrize(("scenario_id", "kwargs", "expected"), GOLDEN)
-def test_transcripts_match_the_golden_digest(
-    scenario_id: str, kwargs: dict[str, Any], expected: str
-) -> None:
-    assert digest(scenario_id, kwargs) == expected
+test_transcripts_match_the_golden_digest = golden_test(GOLDEN)

@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
 from parley.protocols.messages import Observation
 from parley.scenarios.conformance import GARBAGE, agent_seed, baseline_agents, hostile_actions
@@ -127,3 +129,16 @@ def digest(scenario_id: str, kwargs: dict[str, Any] | None = None, seeds: int = 
         return total.hexdigest()[:16]
 
     return asyncio.run(play())
+
+
+def golden_test(cases: list[tuple[str, dict[str, Any], str]]) -> Callable[..., None]:
+    """A test, parametrized over ``(scenario id, arguments, digest)`` ``cases``, that each
+    case's :func:`digest` is the one pinned; a family's test module binds it to a name."""
+
+    @pytest.mark.parametrize(("scenario_id", "kwargs", "expected"), cases)
+    def test_transcripts_match_the_golden_digest(
+        scenario_id: str, kwargs: dict[str, Any], expected: str
+    ) -> None:
+        assert digest(scenario_id, kwargs) == expected
+
+    return test_transcripts_match_the_golden_digest

@@ -1,13 +1,7 @@
 """Every negotiation version plays as it did before its classes shared code (commit 8c182f2):
 golden digests of baseline and mixed-agent transcripts (tests/scenarios/negotiation/golden.py)."""
 
-from __future__ import annotations
-
-from typing import Any
-
-import pytest
-
-from tests.scenarios.negotiation.golden import digest
+from tests.scenarios.negotiation.golden import golden_test
 
 GOLDEN = [
     ("negotiation/deal-or-no-deal-v0", {}, "aef27cd38eb8bae4"),
@@ -27,9 +21,4 @@ GOLDEN = [
     ("negotiation/deal-or-no-deal-v1", {"max_cycles": 3}, "4937f5603c730a1b"),
 ]
 
-
-@pytest.mark.parametrize(("scenario_id", "kwargs", "expected"), GOLDEN)
-def test_transcripts_match_the_golden_digest(
-    scenario_id: str, kwargs: dict[str, Any], expected: str
-) -> None:
-    assert digest(scenario_id, kwargs) == expected
+test_transcripts_match_the_golden_digest = golden_test(GOLDEN)

@@ -1,13 +1,7 @@
 """Every tool_use version plays as it did before its classes shared code (commit 8c182f2):
 golden digests of baseline and mixed-agent transcripts (tests/scenarios/negotiation/golden.py)."""
 
-from __future__ import annotations
-
-from typing import Any
-
-import pytest
-
-from tests.scenarios.negotiation.golden import digest
+from tests.scenarios.negotiation.golden import golden_test
 
 GOLDEN = [
     ("tool_use/calc-chain-v0", {}, "46bb4f3bf5bad4c0"),
@@ -21,9 +15,4 @@ GOLDEN = [
     ("tool_use/retail-desk-v3", {"difficulty": 2}, "4ed947862ec2c324"),
 ]
 
-
-@pytest.mark.parametrize(("scenario_id", "kwargs", "expected"), GOLDEN)
-def test_transcripts_match_the_golden_digest(
-    scenario_id: str, kwargs: dict[str, Any], expected: str
-) -> None:
-    assert digest(scenario_id, kwargs) == expected
+test_transcripts_match_the_golden_digest = golden_test(GOLDEN)
