@@ -78,6 +78,50 @@ def test_a_refused_text_gains_nothing_over_the_empty_move(
             assert _episode(scenario_id, seed, text, other) == empty, (text[:8], seed)
 
 
+def _accepted_sample(library: str, count: int) -> list[str]:
+    """``count`` accepted games of ``library`` with two or more seats, drawn with a fixed
+    seed (the catalog is fixed by the pinned install), leaving out the slow resets."""
+    import numpy as np
+
+    from parley.scenarios.imported import catalog
+
+    costly = {"textarena:Sudoku-v0-hard", "textarena:Sokoban-v0-medium"}
+    ids = [e.id for e in catalog((library,)) if e.accepted and len(e.seats) > 1]
+    ids = sorted(set(ids) - costly)
+    picked = np.random.default_rng(7).choice(len(ids), size=min(count, len(ids)), replace=False)
+    return [ids[int(k)] for k in sorted(picked)]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("library", "count"), [("textarena", 12), ("pettingzoo", 8)])
+def test_over_sampled_games_a_refused_text_is_the_empty_move(library: str, count: int) -> None:
+    """The stall above over accepted games drawn from the catalog: every seat answers ``""``
+    (the others) or a refused text (the first seat), for at most 60 steps; the episode is
+    the one where the first seat answered ``""`` too, step for step (the invalid move's
+    recorded reason aside)."""
+    pytest.importorskip(library)
+
+    def play(scenario_id: str, first: str) -> list[Any]:
+        env = make(scenario_id)
+        observations, _ = env.reset(seed=3)
+        log: list[Any] = []
+        for _ in range(60):
+            if not env.agents:
+                break
+            moves = {s: first if s == env.possible_agents[0] else "" for s in env.agents}
+            observations, rewards, terms, truncs, _ = env.step(moves)
+            shown = {  # (parley's own line for the invalid move names its reason: left out)
+                seat: [ln for ln in text.split("\n") if ln and not ln.startswith("Invalid move: ")]
+                for seat, text in observations.items()
+            }
+            log.append([shown, rewards, terms, truncs])
+        return log
+
+    for scenario_id in _accepted_sample(library, count):
+        empty = play(scenario_id, "")
+        assert play(scenario_id, "x" * 1001) == empty, scenario_id
+
+
 class FirstAvailable(ScriptedAgent):
     """TextArena tic-tac-toe: the first of the last "Available Moves" it was shown."""
 
