@@ -1,9 +1,11 @@
 """What the built-in text scenarios declare alike, written once.
 
 Every version class of the negotiation, collaboration and tool-use games declares the same
-``metadata`` but for its id, and a version that only turns ``quote_messages`` on describes
-itself in the same words. These helpers return exactly what those classes wrote out before
-(the catalog, ``catalog.json``, is unchanged); the rules of each game stay in its own file.
+``metadata`` but for its id, a version that only turns ``quote_messages`` on describes itself
+in the same words, and the games with a ``max_turns`` argument check it alike. These helpers
+return exactly what those classes wrote out before (``catalog.json`` is unchanged, and
+tests/scenarios/*/test_golden_transcripts.py pins every version's transcripts); the rules of
+each game stay in its own file.
 """
 
 from __future__ import annotations
