@@ -9,23 +9,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import math
+import os
 import signal
 import socket
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from parley.protocols.errors import ConfigError, require
 
 __all__ = [
     "LOCAL",
+    "HeadWatch",
     "RayHeadGone",
     "RayWorkersLost",
     "head_refuses",
     "import_ray",
     "init_ray",
-    "watch_head",
 ]
 
 LOCAL = "local"
@@ -122,29 +125,101 @@ def head_refuses(ray: Any) -> bool:
     return False
 
 
-async def watch_head(ray: Any, *, lost_after_s: float, every_s: float = 1.0) -> RayHeadGone:
-    """Return :class:`RayHeadGone` (never raise it) once the GCS of the cluster ``ray`` is
-    connected to has refused every connection for ``lost_after_s``; until then, run (for
-    ever with a ``ray://`` client, which does not reach the head itself). A refusal is the
-    kernel's answer that the port is closed, so load cannot fake one; a connection attempt
-    that times out (a busy head) changes nothing."""
-    address = _gcs_address(ray)
-    while address is None:  # (for ever: cancelled with the run)
-        await asyncio.Event().wait()
-    host, _, port = address.rpartition(":")
-    refused_since: float | None = None
-    while True:
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5)
-        except OSError as exc:  # (a timeout too: a busy head, neither alive nor dead)
-            if exc.errno in _GONE:
-                refused_since = refused_since or time.monotonic()
-                if time.monotonic() - refused_since >= lost_after_s:
-                    return RayHeadGone(
-                        f"the Ray head at {address} refused connections for "
-                        f"{lost_after_s:.0f} s: the cluster is gone; restart it and run again"
-                    )
-        else:
-            writer.close()
-            refused_since = None
-        await asyncio.sleep(every_s)
+class HeadWatch:
+    """Watches the GCS of the cluster ``ray`` is connected to from a thread of its own, so a
+    verdict comes whatever the driver's event loop is doing (a call blocked on the dead head
+    held it, and a watch on the loop never ended the run: Ray's client ended the process
+    60 s later, rc 1).
+
+    The head is gone once its GCS port has refused every connection for ``lost_after_s``,
+    counted both in time and in probes (``lost_after_s / every_s`` refusals in a row): a
+    refusal is the kernel's answer that the port is closed, so load cannot fake one, and a
+    driver stopped between two refusals does not turn its stall into a verdict. A probe
+    that times out (a busy head) changes nothing. A ``ray://`` client never gets a verdict
+    (it does not reach the head itself).
+
+    :meth:`start` returns a future the verdict (a :class:`RayHeadGone`, never raised) is
+    set on, in the loop's thread. If the run has not called :meth:`end` ``stuck_after_s``
+    after the verdict (its loop is blocked), the watch's thread calls ``on_stuck()``, which
+    writes what it can and says what (``after N of M episodes``), and ends the process with
+    one ``parley run:`` line and the verdict's status (4): the last resort, before Ray's
+    client ends it (rc 1, its own error lines, 60 s after the head went).
+    """
+
+    def __init__(
+        self,
+        ray: Any,
+        *,
+        lost_after_s: float,
+        every_s: float = 1.0,
+        stuck_after_s: float = 10.0,
+        on_stuck: Callable[[], str] | None = None,
+    ) -> None:
+        self.address = _gcs_address(ray)
+        self.lost_after_s = lost_after_s
+        self.every_s = every_s
+        self.stuck_after_s = stuck_after_s
+        self.on_stuck = on_stuck
+        self._ended = threading.Event()
+
+    def start(self) -> asyncio.Future[RayHeadGone]:
+        """Start watching; the future gets the verdict (it is never set for ``ray://``)."""
+        loop = asyncio.get_running_loop()
+        verdict_future: asyncio.Future[RayHeadGone] = loop.create_future()
+
+        def tell(verdict: RayHeadGone) -> None:
+            if not verdict_future.done():
+                verdict_future.set_result(verdict)
+
+        def watch(address: str) -> None:
+            verdict = self._verdict(address)
+            if verdict is None:  # ended first
+                return
+            with contextlib.suppress(RuntimeError):  # (the loop is closed: nobody to tell)
+                loop.call_soon_threadsafe(tell, verdict)
+            if not self._ended.wait(self.stuck_after_s) and self.on_stuck is not None:
+                said = self.on_stuck()
+                why = " ".join(str(verdict).split())
+                sys.stderr.write(
+                    f"parley run: stopped ({why}; the driver was blocked on the dead head, so "
+                    f"its head watch ended it) {said}\n"
+                )
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(verdict.exit_status)
+
+        if self.address is not None:
+            threading.Thread(
+                target=watch, args=(self.address,), name="parley-head-watch", daemon=True
+            ).start()
+        return verdict_future
+
+    def end(self) -> None:
+        """The run is over (or handled the verdict): stop probing, never call ``on_stuck``."""
+        self._ended.set()
+
+    def _verdict(self, address: str) -> RayHeadGone | None:
+        """Probe ``address`` every ``every_s`` until the head is gone (its verdict) or
+        :meth:`end`."""
+        host, _, port = address.rpartition(":")
+        needed = max(1, math.ceil(self.lost_after_s / self.every_s))
+        refused_since: float | None = None
+        refusals = 0
+        while not self._ended.is_set():
+            try:
+                socket.create_connection((host, int(port)), timeout=5).close()
+            except OSError as exc:  # (a timeout too: a busy head, neither alive nor dead)
+                if exc.errno in _GONE:
+                    refused_since = refused_since or time.monotonic()
+                    refusals += 1
+                    lasted = time.monotonic() - refused_since
+                    if lasted >= self.lost_after_s and refusals > needed:
+                        return RayHeadGone(
+                            f"the Ray head at {address} refused connections for "
+                            f"{self.lost_after_s:.0f} s: the cluster is gone; restart it and "
+                            "run again"
+                        )
+            else:
+                refused_since, refusals = None, 0
+            self._ended.wait(self.every_s)
+        return None

@@ -52,11 +52,11 @@ from parley.arena.run.config import RunConfig
 from parley.arena.run.episode import EpisodeLog, EpisodePlan, plan_episodes
 from parley.arena.run.ray_cluster import (
     LOCAL,
+    HeadWatch,
     RayHeadGone,
     RayWorkersLost,
     import_ray,
     init_ray,
-    watch_head,
 )
 from parley.arena.run.ray_slots import Slice, SliceQueue, Slot, replace_off_loop
 from parley.arena.run.ray_worker import EpisodeWorker, Steps
@@ -110,6 +110,12 @@ class RayRunner(Runner):
     head_lost_after_s = 15.0
     """Seconds the Ray head's GCS port must refuse every connection before :meth:`run`
     stops with :class:`RayHeadGone` (Ray's client ends the process itself after 60 s)."""
+    head_stuck_after_s = 10.0
+    """Seconds the event loop has, after the head-lost verdict, to end the run itself (a
+    partial summary, :class:`RayHeadGone`); past them (a call blocked on the dead head holds
+    the loop) the head watch's thread writes the partial summary and one ``parley run:``
+    line and ends the process with :class:`RayHeadGone`'s status (4), before Ray's client
+    ends it at 60 s (rc 1, no summary)."""
     slice_concurrency = 8
     """A slice (one actor call) is at most ``slice_concurrency x concurrency`` episodes, fewer
     when the plan is short (every worker gets ``slices_in_flight`` of them): an actor call
@@ -195,7 +201,9 @@ class RayRunner(Runner):
             return await self._run(ray)
         finally:
             await self._stop_workers(ray)
-            if started_ray:
+            # With the head gone, ray.shutdown() waits on it (6 s measured, at load 10): the
+            # process ends anyway, by its caller or by Ray's client 60 s after the head went.
+            if started_ray and not self._head_lost:
                 ray.shutdown()
 
     async def _stop_workers(self, ray: Any) -> None:
@@ -337,10 +345,15 @@ class RayRunner(Runner):
         done = bytearray(len(plans))  # 1 byte an episode, not a set's ~60
         duplicates = 0
         pending: dict[asyncio.Future[Any], tuple[Slot, Slice | None]] = {}
-        head = asyncio.ensure_future(watch_head(ray, lost_after_s=self.head_lost_after_s))
+        # accept() holds it: the head watch's last resort reads a whole state (off the loop).
+        state = threading.Lock()
         with RecordWriter(self.config.out) as writer, self._progress(len(plans)) as advance:
 
             def accept(record: EpisodeRecord, where: dict[str, Any], slot: str) -> None:
+                with state:
+                    accept_one(record, where, slot)
+
+            def accept_one(record: EpisodeRecord, where: dict[str, Any], slot: str) -> None:
                 nonlocal duplicates
                 if done[record.index]:  # never counted twice, whatever Ray replays
                     duplicates += 1
@@ -363,6 +376,29 @@ class RayRunner(Runner):
                 if kept is not None:
                     kept.append(record)
 
+            def partial() -> dict[str, Any]:
+                """Write and return the partial summary of the episodes accepted so far."""
+                summary = self._summary(builder, time.perf_counter() - started)
+                summary["ray"] = self._ray_summary(ray, nodes, duplicates)
+                summary.update(partial=True, episodes_planned=len(plans))
+                writer.write_summary(summary)
+                return summary
+
+            def stuck() -> str:
+                """The head watch's last resort, on its thread (the loop is blocked)."""
+                if not state.acquire(timeout=5):  # (blocked inside accept)
+                    return "with no summary written (the event loop held the records)"
+                writer.close()  # every accepted episode written, whole
+                total = partial()["episodes"]["total"]
+                return f"after {total} of {len(plans)} episodes; summary.json is marked partial"
+
+            watch = HeadWatch(
+                ray,
+                lost_after_s=self.head_lost_after_s,
+                stuck_after_s=self.head_stuck_after_s,
+                on_stuck=stuck,
+            )
+            head = watch.start()
             try:
                 # Until every slice is played: replacement workers still starting are not
                 # waited for once nothing is left (a node removed with one worker per CPU
@@ -414,14 +450,13 @@ class RayRunner(Runner):
                             accept(self._record(record), slot.where, slot.name)
             except (asyncio.CancelledError, RayWorkersLost) as exc:
                 # SIGINT/SIGTERM, or no worker left: the files hold whole episodes.
-                self.partial_summary = self._summary(builder, time.perf_counter() - started)
-                self.partial_summary["ray"] = self._ray_summary(ray, nodes, duplicates)
-                self.partial_summary.update(partial=True, episodes_planned=len(plans))
-                writer.write_summary(self.partial_summary)
+                with state:
+                    self.partial_summary = partial()
                 if isinstance(exc, RayWorkersLost):
                     exc.summary = self.partial_summary
                 raise
             finally:
+                watch.end()
                 head.cancel()
                 for future in pending:  # replacements still starting: nobody reads them
                     future.cancel()

@@ -75,7 +75,7 @@ def replace_off_loop(ray: Any, lost: Slot, slot: Slot, create: Callable[[Any], A
 
     Both calls block on the head: with the head going away but its GCS port still accepting
     :func:`head_refuses`'s probe, they held the event loop for Ray's 60 s, so
-    :func:`~parley.arena.run.ray_cluster.watch_head` never ended the run (the process died,
+    :class:`~parley.arena.run.ray_cluster.HeadWatch` never ended the run (the process died,
     rc 1). ``slot.started`` completes once the new worker has started, with a ``RayError``
     when it could not be created, or when the head refuses connections (``slot.alive`` is
     false first: nothing replaces it). Called from the event loop that owns ``slot``.

@@ -594,17 +594,43 @@ def test_a_removed_node_with_one_worker_per_cpu_ends_the_run(cluster: Any, tmp_p
 # The head's processes die one by one: its GCS port can still accept the probe of a lost
 # worker's replacement while the head is already gone. This launcher makes the probe always
 # miss, so the kill and the new actor block on the head: the run must still end at 15 s.
+# (ray_slots' name: the probe's caller since 7a860f1; patching ray_runner's did nothing.)
 _PROBE_MISSES = (
     "-c",
-    "import parley.arena.run.ray_runner as r; r.head_refuses = lambda ray: False; "
+    "import parley.arena.run.ray_slots as s; s.head_refuses = lambda ray: False; "
     "from parley.arena.cli import main; raise SystemExit(main())",
+)
+# The driver's event loop blocked in a call once the head is gone, as a submission waiting
+# on the dead head would block it (time.sleep lets other threads run, as Ray's C++ does):
+# nothing on the loop can end the run; Ray's client ended it 60 s later, rc 1.
+_LOOP_BLOCKED = (
+    "-c",
+    """
+import asyncio, time
+import parley.arena.run.ray_runner as r
+from parley.arena.run.ray_cluster import head_refuses
+played = r.RayRunner._run
+async def block_when_gone(ray):
+    while not head_refuses(ray):
+        await asyncio.sleep(0.5)
+    time.sleep(600)
+async def _run(self, ray):
+    blocker = asyncio.ensure_future(block_when_gone(ray))
+    try:
+        return await played(self, ray)
+    finally:
+        blocker.cancel()
+r.RayRunner._run = _run
+from parley.arena.cli import main
+raise SystemExit(main())
+""",
 )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("launcher", [("-m", "parley.arena.cli"), _PROBE_MISSES],
-                         ids=["parley", "probe-misses"])  # fmt: skip
+@pytest.mark.parametrize("launcher", [("-m", "parley.arena.cli"), _PROBE_MISSES, _LOOP_BLOCKED],
+                         ids=["parley", "probe-misses", "loop-blocked"])  # fmt: skip
 def test_a_dead_head_ends_parley_run_with_one_line_a_partial_summary_and_status_4(
     tmp_path: Path, launcher: tuple[str, ...]
 ) -> None:
