@@ -20,10 +20,12 @@ understands, :data:`TEXTARENA_MOVES`); then the same moves are timed, the cases 
   what an agent needs before each move (the mover's observation string and the names of its
   legal moves), then ``apply_action``;
 * ``library_seeded`` (not a target) — ``library`` plus what parley's randomness contract
-  adds to it, whatever the adapter does per step: a generator made per episode from the seed
-  of ``reset(seed=...)`` (OpenSpiel: one draw per chance node, the outcomes still replayed;
-  TextArena: the library seed drawn from it, and the episode's own generator put behind
-  ``random``'s functions, stdout dropped, around every call into the library).
+  adds to it, whatever the adapter does per step: draws made per episode from the seed of
+  ``reset(seed=...)`` (OpenSpiel: the adapter's :class:`~parley.scenarios.imported.openspiel.
+  SeedDraws`, made at the first chance node, one draw per chance node, the outcomes still
+  replayed; TextArena: a numpy generator, the library seed drawn from it, and the episode's
+  own generator put behind ``random``'s functions, stdout dropped, around every call into
+  the library).
 
 ``{game}_ratio_vs_library`` is parley's steps/s ÷ the library's (:data:`TARGET`);
 ``{game}_seeded_vs_library`` is ``library_seeded``'s: what that contract alone leaves of the
@@ -196,22 +198,24 @@ def _openspiel_env(game: Any, episodes: list[Episode]) -> float:
 def _openspiel_seeded(game: Any, episodes: list[Episode]) -> float:
     from open_spiel.python import rl_environment
 
-    rng: Any = None
+    from parley.scenarios.imported.openspiel import SeedDraws
+
+    draws: Any = None
     seed = 0
     outcomes: Iterator[int] = iter(())
 
     def replay(state: Any) -> int:
-        nonlocal rng
-        if rng is None:  # made at the first chance node, as the adapter's (a LazyRng)
-            rng = np.random.default_rng(seed)
-        rng.random()  # (what the adapter's draw costs; the outcome is the recorded one)
+        nonlocal draws
+        if draws is None:  # made at the first chance node, as the adapter's
+            draws = SeedDraws(seed)
+        draws.random()  # (what the adapter's draw costs; the outcome is the recorded one)
         return next(outcomes)
 
     env = rl_environment.Environment(game, chance_event_sampler=replay)
     steps = 0
     started = time.process_time()
     for episode in episodes:
-        rng, seed, outcomes = None, episode.seed, iter(episode.chance)
+        draws, seed, outcomes = None, episode.seed, iter(episode.chance)
         env.reset()
         for action in episode.actions:
             env.step([action])

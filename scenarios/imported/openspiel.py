@@ -7,9 +7,12 @@ Seats: ``player_0`` ... ``player_{n-1}`` (OpenSpiel's player ``i``).
 
 Turn order: the library's. At a sequential node the current player is asked; at a
 simultaneous node every player who has not chosen yet is asked, and the joint move is
-applied once all have chosen. Chance nodes are resolved by the scenario, drawing from the
-generator of ``reset(seed=...)`` (OpenSpiel's explicit outcome probabilities), so an episode
-is a function of its seed and the moves.
+applied once all have chosen. Chance nodes are resolved by the scenario with OpenSpiel's
+explicit outcome probabilities, from one uniform draw each: after ``reset(seed=n)`` (an int,
+``0 <= n < 2**64``) the ``k``-th draw of the episode is splitmix64's ``k``-th output from the
+seed (:class:`SeedDraws`); after a ``reset`` without such a seed, the next draw of the
+scenario's generator ``rng`` (which continues). So an episode is a function of its seed
+and the moves.
 
 Observations: on each of its turns a seat sees OpenSpiel's ``observation_string(player)``
 (``information_state_string(player)`` where the game has no observation string), which holds
@@ -38,7 +41,10 @@ chance draws come from the library's own generator (``SAMPLED_STOCHASTIC``), gam
 parameters to load, games with no observation or information-state string.
 
 Version history: the adapter's first version (the id carries no ``-vN``: the game is
-OpenSpiel's, pinned by the ``games`` extra's ``open-spiel`` version).
+OpenSpiel's, pinned by the ``games`` extra's ``open-spiel`` version). Before its release, the
+chance draws of a seeded episode came from numpy's generator seeded by ``n`` (one made per
+episode, ~8 us, more than a whole kuhn_poker episode of the library); since then from
+:class:`SeedDraws`, so a seed deals other cards than it did then.
 """
 
 from __future__ import annotations
@@ -59,12 +65,45 @@ from parley.scenarios.imported import Entry
 from parley.scenarios.imported.moves import LegalMoves, choose
 from parley.scenarios.registry import ScenarioSpec
 
-__all__ = ["OpenSpielGame", "catalog", "load_game", "spec_for"]
+__all__ = ["OpenSpielGame", "SeedDraws", "catalog", "load_game", "spec_for"]
 
 _SECOND = operator.itemgetter(1)  # (a chance outcome's probability)
+_MASK, _GAMMA = (1 << 64) - 1, 0x9E3779B97F4A7C15  # splitmix64's word and increment
 _CHANCE, _SIMULTANEOUS = -1, -2  # OpenSpiel's kChancePlayerId, kSimultaneousPlayerId
 _INSTALL = 'OpenSpiel is not installed: pip install -e ".[games]" (open-spiel 2.0.2)'
 _BASELINE = "parley.agents.scripted.imported:RandomLegal"
+
+
+class SeedDraws:
+    """Uniform draws in [0, 1) from an int seed: splitmix64 (Steele, Lea and Flood, 2014;
+    Vigna's constants), started at its first output from ``seed``, so that neighbouring seeds
+    start far apart. The ``k``-th draw is a function of (seed, k) alone, 53 bits each.
+
+    Why not numpy's generator, as everything else in a scenario: seeding one (SeedSequence,
+    PCG64) costs ~8 us, more than a whole kuhn_poker episode of the library, and every
+    episode of ``parley run`` is a fresh env and seed; this costs under 1 us a seed or draw.
+    Its outputs pass BigCrush; a test checks outcome frequencies against their
+    probabilities (chi-square) over many seeds."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, seed: int) -> None:
+        if not 0 <= seed <= _MASK:
+            raise ValueError(f"seed must be an int in [0, 2**64), got {seed}")
+        self.state = self._mix((seed + _GAMMA) & _MASK)
+
+    @staticmethod
+    def _mix(z: int) -> int:
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+        return z ^ (z >> 31)
+
+    def random(self) -> float:
+        """The next draw (the name and contract of ``np.random.Generator.random()``)."""
+        self.state = z = (self.state + _GAMMA) & _MASK
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK  # (_mix, inlined: ~0.1 us)
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+        return ((z ^ (z >> 31)) >> 11) * 2.0**-53
 
 
 def _pyspiel() -> Any:
@@ -173,7 +212,7 @@ def _probe(game: Any) -> str:
     pyspiel = _pyspiel()
     state = game.new_initial_state()
     try:
-        OpenSpielGame._resolve_chance(state, np.random.default_rng(0))
+        OpenSpielGame._resolve_chance(state, SeedDraws(0))
         if state.is_terminal():
             return "ends before its first move"
         players = (
@@ -242,8 +281,8 @@ class OpenSpielGame(Scenario):
         "is_parallelizable": True,
     }
     max_action_length: ClassVar[int] = 200
-    # Chance nodes draw from self.rng, made on first use: a game without chance (tic-tac-toe)
-    # never pays for a seeded generator (~6 us an episode); the draws are the same.
+    # Chance nodes draw from SeedDraws, or from self.rng (made on first use) after a reset
+    # without an int seed: a game without chance (tic-tac-toe) never makes either.
     new_episode_draws = False
 
     def __init__(
@@ -285,15 +324,24 @@ class OpenSpielGame(Scenario):
             _NAMED.setdefault(game, {}) if known and kind.short_name in _NAMES_BY_ACTION else None
         )
         self._paid_at_end = known and kind.short_name in _PAID_AT_END
+        self._next_seed: int | None = None  # reset(seed=n)'s n, for the next new_episode
+        self._seed_of_episode: int | None = None  # (None: chance draws from self.rng)
+        self._chance: Any = None  # the episode's draws, made at its first chance node
 
     # ------------------------------------------------------------------ hooks
+
+    def seed_rng(self, seed: Any) -> None:
+        super().seed_rng(seed)
+        self._next_seed = seed if type(seed) is int and 0 <= seed <= _MASK else None
 
     def new_episode(self, rng: np.random.Generator) -> None:
         self.state_ = self.game.new_initial_state()
         self._paid = [0.0] * self.num_seats
         self._misses = dict.fromkeys(self.possible_agents, 0)
         self._chosen = {}
-        self._advance()  # (chance draws from self.rng: new_episode_draws is False)
+        # (reset(seed=n) called seed_rng just before: a reset without one has no seed.)
+        self._seed_of_episode, self._next_seed, self._chance = self._next_seed, None, None
+        self._advance()
 
     @property
     def num_seats(self) -> int:
@@ -376,25 +424,31 @@ class OpenSpielGame(Scenario):
         if self.game.get_type().information.name == "PERFECT_INFORMATION":
             return False  # (a chance outcome the observation omits is still public)
         player = self.index[keep]
-        dealt, other = self.game.new_initial_state(), self.game.new_initial_state()
-        history = list(self.state_.history())
+        history = [int(action) for action in self.state_.history()]
+        # Up to 16 passes, each outcome tried in rng's order with the dealt one last: one
+        # pass may end where no outcome fits (kuhn_poker: the other card was taken), and
+        # one pass in rng's order alone often dealt the same cards again (then False).
         try:
-            for action in history:
-                dealt.apply_action(action)
-                seen = self._observation(player, dealt)
-                for outcome in rng.permutation([o for o, _ in other.chance_outcomes()]):
-                    child = other.child(int(outcome))
-                    if self._observation(player, child) == seen:
-                        other = child
-                        break
+            for _ in range(16):
+                dealt, other = self.game.new_initial_state(), self.game.new_initial_state()
+                for action in history:
+                    dealt.apply_action(action)
+                    seen = self._observation(player, dealt)
+                    order = rng.permutation([o for o, _ in other.chance_outcomes()]).tolist()
+                    for outcome in sorted(order, key=action.__eq__):
+                        child = other.child(outcome)
+                        if self._observation(player, child) == seen:
+                            other = child
+                            break
+                    else:
+                        break  # (no outcome fits: another pass)
                 else:
-                    return False
+                    if [int(a) for a in other.history()] != history:
+                        self.state_ = other
+                        return True
         except _pyspiel().SpielError:
             return False
-        if list(other.history()) == history:
-            return False
-        self.state_ = other
-        return True
+        return False
 
     # ------------------------------------------------------------------ internals
 
@@ -413,7 +467,11 @@ class OpenSpielGame(Scenario):
         # call, read once a move, instead of one call each.)
         player = state.current_player()
         if player == _CHANCE:
-            self._resolve_chance(state, self.rng)
+            chance = self._chance
+            if chance is None:  # (the episode's first chance node)
+                seed = self._seed_of_episode
+                chance = self._chance = self.rng if seed is None else SeedDraws(seed)
+            self._resolve_chance(state, chance)
             player = state.current_player()
         if self._paid_at_end and player >= 0:  # (a player to act: not the end, nothing paid)
             return player  # type: ignore[no-any-return]
@@ -436,7 +494,7 @@ class OpenSpielGame(Scenario):
         return player  # type: ignore[no-any-return]
 
     @staticmethod
-    def _resolve_chance(state: Any, rng: np.random.Generator) -> None:
+    def _resolve_chance(state: Any, rng: SeedDraws | np.random.Generator) -> None:
         while state.is_chance_node():
             outcomes = state.chance_outcomes()
             # np.cumsum and np.searchsorted(side="right") give the same pick, at 5x the cost

@@ -100,6 +100,22 @@ def test_selected_games_pass_the_conformance_suite(scenario_id: str) -> None:
         check_noninterference(scenario_id)  # parley's own check, unchanged
 
 
+@pytest.mark.parametrize("name", ["kuhn_poker", "bargaining", "leduc_poker", "hanabi"])
+def test_redrawing_a_deal_finds_another_whenever_one_is_hidden(name: str) -> None:
+    """redraw_private redraws what a seat may not know into another deal it cannot tell
+    apart: its one pass in a random order often dealt the same cards again, or found no
+    card left (kuhn_poker: the other seat's), and said that nothing was hidden, so the
+    conformance check of kuhn_poker and bargaining, probing seed 0, checked nothing."""
+    for seed in range(10):
+        for seat in make(f"openspiel:{name}").possible_agents:
+            env = make(f"openspiel:{name}")
+            env.reset(seed=seed)
+            dealt, seen = list(env.state_.history()), env._observation(env.index[seat])
+            assert env.redraw_private(seat, np.random.default_rng(seed)), (name, seed, seat)
+            assert list(env.state_.history()) != dealt
+            assert env._observation(env.index[seat]) == seen
+
+
 @pytest.mark.parametrize(
     "scenario_id",
     ["openspiel:kuhn_poker", "openspiel:leduc_poker", "openspiel:goofspiel", "openspiel:hanabi",
@@ -313,3 +329,117 @@ def test_games_paid_at_the_end_pay_nothing_before_it_and_say_whose_turn_it_is(na
                 else state.legal_actions()
             )
             state.apply_action(actions[int(rng.integers(len(actions)))])
+
+
+def _splitmix64(state: int, count: int) -> list[int]:
+    """The reference splitmix64 (Vigna's splitmix64.c): ``count`` outputs from ``state``."""
+    out = []
+    for _ in range(count):
+        state = (state + 0x9E3779B97F4A7C15) % 2**64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+        out.append(z ^ (z >> 31))
+    return out
+
+
+def test_seed_draws_are_splitmix64_from_the_seeds_first_output() -> None:
+    from parley.scenarios.imported.openspiel import SeedDraws
+
+    # (the reference's published outputs from 1234567)
+    assert _splitmix64(1234567, 3) == [
+        6457827717110365317,
+        3203168211198807973,
+        9817491932198370423,
+    ]
+    for seed in (0, 1, 2, 7, 2**63, 2**64 - 1):
+        start = _splitmix64(seed, 1)[0]
+        expected = [(z >> 11) / 2**53 for z in _splitmix64(start, 5)]
+        draws = SeedDraws(seed)
+        assert [draws.random() for _ in range(5)] == expected
+    with pytest.raises(ValueError):
+        SeedDraws(2**64)
+
+
+def _chi_square(counts: list[int], probabilities: list[float]) -> float:
+    total = sum(counts)
+    return sum(
+        (c - total * p) ** 2 / (total * p) for c, p in zip(counts, probabilities, strict=True)
+    )
+
+
+# chi-square's 0.999 quantiles (df: value): a fixed set of seeds, so the test is not flaky; a
+# biased draw (a card 10 % more likely) exceeds them several times over at these counts.
+_CHI2_999 = {1: 10.83, 3: 16.27, 5: 20.52, 9: 27.88, 15: 37.70}
+
+
+def test_seed_draws_are_uniform_and_independent_over_seeds_and_draws() -> None:
+    from parley.scenarios.imported.openspiel import SeedDraws
+
+    firsts = [0] * 10
+    pairs = [0] * 16
+    for seed in range(20_000):
+        draws = SeedDraws(seed)
+        a, b = draws.random(), draws.random()
+        assert 0.0 <= a < 1.0
+        assert 0.0 <= b < 1.0
+        firsts[int(a * 10)] += 1
+        pairs[int(a * 4) * 4 + int(b * 4)] += 1
+    assert _chi_square(firsts, [0.1] * 10) < _CHI2_999[9]
+    assert _chi_square(pairs, [1 / 16] * 16) < _CHI2_999[15]
+
+
+def test_seeded_deals_come_as_often_as_their_probabilities() -> None:
+    """Over many seeds (a fresh env each, as ``parley run`` plays them), each outcome of a
+    chance node comes as often as OpenSpiel's probability of it: kuhn_poker's six deals
+    (uniform) and 2048's first tile (a 2 with probability 0.9, on one of 16 cells)."""
+    deals: dict[tuple[int, ...], int] = {}
+    for seed in range(6_000):
+        env = make("openspiel:kuhn_poker")
+        env.reset(seed=seed)
+        deal = tuple(env.state_.history())
+        deals[deal] = deals.get(deal, 0) + 1
+    assert len(deals) == 6
+    assert _chi_square(list(deals.values()), [1 / 6] * 6) < _CHI2_999[5]
+    env = make("openspiel:2048")
+    outcomes = env.game.new_initial_state().chance_outcomes()
+    values, cells = [0, 0], [0] * 16
+    probability = dict(outcomes)
+    for seed in range(6_000):
+        env.reset(seed=seed)
+        first = env.state_.history()[0]
+        assert probability[first] > 0
+        values[int(probability[first] < 0.05)] += 1  # (a 4: 0.1 / 16)
+        cells[first // 2] += 1
+    assert _chi_square(values, [0.9, 0.1]) < _CHI2_999[1]
+    assert _chi_square(cells, [1 / 16] * 16) < _CHI2_999[15]
+
+
+def test_a_seed_deals_alike_in_every_env_and_a_reset_without_one_continues_the_generator() -> None:
+    """reset(seed=n) deals from n alone (SeedDraws: the episode before and the env's age do
+    not matter); reset() deals from the scenario's generator, which continues, so that an
+    assigned generator (parley exploit's scripted chance) still decides the deal."""
+    from parley.scenarios.imported.openspiel import SeedDraws
+
+    reused = make("openspiel:leduc_poker")
+    for seed in (5, 0, 5, 2**64 - 1):
+        reused.reset(seed=seed)
+        fresh = make("openspiel:leduc_poker")
+        fresh.reset(seed=seed)
+        assert reused.state_.history() == fresh.state_.history()
+    env = make("openspiel:kuhn_poker")
+    for seed in range(20):  # (kuhn's first chance node: one of 3 cards, each 1/3)
+        env.reset(seed=seed)
+        assert int(env.state_.history()[0]) == int(SeedDraws(seed).random() * 3)
+    env.reset(seed=3)
+    env.reset()  # no seed: the generator of seed 3, made now
+    expected = np.random.default_rng(3)
+    first = int(expected.random() * 3)
+    assert int(env.state_.history()[0]) == first
+    assert env._rng is not None
+    env.rng = np.random.default_rng(11)
+    env.reset()
+    assert int(env.state_.history()[0]) == int(np.random.default_rng(11).random() * 3)
+    for seed in (np.int64(4), 2**64 + 4):  # (other seeds: numpy's generator of the seed)
+        env.reset(seed=seed)
+        assert int(env.state_.history()[0]) == int(np.random.default_rng(seed).random() * 3)
