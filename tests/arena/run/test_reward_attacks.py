@@ -4,15 +4,15 @@ where a low one was due. Each test fails on the hole it names."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from parley.arena.run.judge import Judge, judge_from_spec, judged_lines, load_rubric
+from parley.arena.run.judge import Judge, judged_lines, load_rubric
 from parley.arena.run.model_rewards import ScoredReward, canonical, scored_text
-from tests.arena.run.test_judge import RUBRIC, SCENARIO, STEPS, _record
+from tests.arena.run.test_judge import RUBRIC, STEPS, _record
+from tests.arena.run.test_judge import judge as judge  # (the fixture: the tiny model's judge)
 
 pytest.importorskip("torch")
 
@@ -86,23 +86,6 @@ async def test_a_lone_surrogate_does_not_fail_the_rm_component() -> None:
     await rm.apply(record)
     assert "score" in record.transcript["rm"]["alice"], record.transcript["rm"]
     assert record.metrics["rm_failed"] == 0.0
-
-
-@pytest.fixture
-async def judge(tiny_model_dir: Path) -> AsyncIterator[Judge]:
-    from parley.arena.inference.llm_spec import close_shared_pools
-
-    made = judge_from_spec(
-        f"llm:{tiny_model_dir}?max_tokens=4",
-        load_rubric(RUBRIC),
-        scenario=SCENARIO,
-        options={},
-        max_judged_tokens=64,
-    )
-    try:
-        yield made
-    finally:
-        await close_shared_pools()
 
 
 @pytest.mark.timeout(60)
