@@ -23,10 +23,10 @@ seeds by another worker (a replacement actor is started in the dead one's place)
 listed in ``summary["ray"]["retried"]``. A slice that has lost ``MAX_ATTEMPTS`` workers is
 recorded as failed (``worker_lost``) rather than retried forever. Replacements that cannot
 start (no free CPU) are not waited for while other workers play; with none left, the run
-stops after ``replacement_wait_s`` (:class:`RayWorkersLost`), and when the head's GCS port
-refuses connections, after ``head_lost_after_s`` (:class:`RayHeadGone`), each with a
-partial summary. ``summary["ray"]["nodes"]`` gives per-node figures (workers, episodes,
-agent steps, busy seconds).
+stops after ``replacement_wait_s`` (:class:`RayWorkersLost`; a stall of the driver is given
+back), and once the head's GCS port refuses connections for ``head_lost_after_s``
+(:class:`RayHeadGone`), each with a partial summary. Per-node figures (workers, episodes,
+agent steps, busy seconds): ``summary["ray"]["nodes"]``.
 
 Ray is an optional extra (``pip install 'parley[ray]'``), imported only here and only when
 used. Remote seats (``parley agent``) are not supported on Ray: workers host their agents.
@@ -81,6 +81,10 @@ MAX_ATTEMPTS = 3
 """Workers a slice may lose before its episodes are recorded as failed (``worker_lost``)."""
 MAX_LISTED_RETRIES = 1_000
 """Retried episode ids listed in the summary; the rest are counted."""
+STALL_S = 0.05
+"""A replacement's wait ending this late was a stall of the driver (stopped, its loop held):
+on SIGCONT the timer fires before Ray's threads hand over a start that came in time, so
+the lateness is waited again (at most ``replacement_wait_s``) before the verdict."""
 
 
 class RayRunner(Runner):
@@ -111,11 +115,9 @@ class RayRunner(Runner):
     """Seconds the Ray head's GCS port must refuse every connection before :meth:`run`
     stops with :class:`RayHeadGone` (Ray's client ends the process itself after 60 s)."""
     head_stuck_after_s = 10.0
-    """Seconds the event loop has, after the head-lost verdict, to end the run itself (a
-    partial summary, :class:`RayHeadGone`); past them (a call blocked on the dead head holds
-    the loop) the head watch's thread writes the partial summary and one ``parley run:``
-    line and ends the process with :class:`RayHeadGone`'s status (4), before Ray's client
-    ends it at 60 s (rc 1, no summary)."""
+    """Seconds the event loop has to end the run after the head-lost verdict; past them (a
+    call blocked on the dead head holds it) the watch's thread writes the partial summary
+    and ends the process, status 4 (:class:`~parley.arena.run.ray_cluster.HeadWatch`)."""
     slice_concurrency = 8
     """A slice (one actor call) is at most ``slice_concurrency x concurrency`` episodes, fewer
     when the plan is short (every worker gets ``slices_in_flight`` of them): an actor call
@@ -345,39 +347,34 @@ class RayRunner(Runner):
         done = bytearray(len(plans))  # 1 byte an episode, not a set's ~60
         duplicates = 0
         pending: dict[asyncio.Future[Any], tuple[Slot, Slice | None]] = {}
-        # accept() holds it: the head watch's last resort reads a whole state (off the loop).
         state = threading.Lock()
         with RecordWriter(self.config.out) as writer, self._progress(len(plans)) as advance:
 
             def accept(record: EpisodeRecord, where: dict[str, Any], slot: str) -> None:
-                with state:
-                    accept_one(record, where, slot)
-
-            def accept_one(record: EpisodeRecord, where: dict[str, Any], slot: str) -> None:
                 nonlocal duplicates
-                if done[record.index]:  # never counted twice, whatever Ray replays
-                    duplicates += 1
-                    return
-                done[record.index] = 1
-                builder.add(record)
-                writer.add(record)
-                advance(record)
-                node = nodes.setdefault(
-                    where.get("node", "?"),
-                    {"ip": where.get("ip", ""), "workers": [], "episodes": 0,
-                     "failed": 0, "agent_steps": 0, "busy_s": 0.0},
-                )  # fmt: skip
-                if slot not in node["workers"]:
-                    node["workers"].append(slot)
-                node["episodes"] += 1
-                node["failed"] += bool(record.failed)
-                node["agent_steps"] += record.agent_steps
-                node["busy_s"] += record.wall_s
-                if kept is not None:
-                    kept.append(record)
+                with state:  # (the head watch's last resort reads a whole state)
+                    if done[record.index]:  # never counted twice, whatever Ray replays
+                        duplicates += 1
+                        return
+                    done[record.index] = 1
+                    builder.add(record)
+                    writer.add(record)
+                    advance(record)
+                    node = nodes.setdefault(
+                        where.get("node", "?"),
+                        {"ip": where.get("ip", ""), "workers": [], "episodes": 0,
+                         "failed": 0, "agent_steps": 0, "busy_s": 0.0},
+                    )  # fmt: skip
+                    if slot not in node["workers"]:
+                        node["workers"].append(slot)
+                    node["episodes"] += 1
+                    node["failed"] += bool(record.failed)
+                    node["agent_steps"] += record.agent_steps
+                    node["busy_s"] += record.wall_s
+                    if kept is not None:
+                        kept.append(record)
 
-            def partial() -> dict[str, Any]:
-                """Write and return the partial summary of the episodes accepted so far."""
+            def partial() -> dict[str, Any]:  # (written, of the episodes accepted so far)
                 summary = self._summary(builder, time.perf_counter() - started)
                 summary["ray"] = self._ray_summary(ray, nodes, duplicates)
                 summary.update(partial=True, episodes_planned=len(plans))
@@ -422,11 +419,19 @@ class RayRunner(Runner):
                         raise RayWorkersLost("no Ray worker is left to play the run's episodes")
                     # With no live worker, a replacement gets replacement_wait_s to start.
                     playing = any(s.alive and s.where for s in self.slots)
+                    waited = time.monotonic()
                     finished, _ = await asyncio.wait(
                         [*pending, head],
                         timeout=None if playing else self.replacement_wait_s,
                         return_when=asyncio.FIRST_COMPLETED,
                     )
+                    late = time.monotonic() - waited - self.replacement_wait_s
+                    if not finished and late > STALL_S:  # a stall: its time given back, once
+                        finished, _ = await asyncio.wait(
+                            [*pending, head],
+                            timeout=min(late, self.replacement_wait_s),
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
                     if head in finished:
                         self._head_lost = True
                         raise head.result()
