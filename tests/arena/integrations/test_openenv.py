@@ -13,8 +13,9 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,7 +70,16 @@ def _pick(observation: dict[str, object] | object) -> str:
     return "1" if str(text).split()[1][0] in "aceg" else "2"
 
 
-async def _episodes(url: str, seeds: list[int]) -> list[tuple[str, float | None, str]]:
+Step = Callable[[ParleyEnvClient, ParleyAction], Awaitable[Any]]
+
+
+async def _step(env: ParleyEnvClient, action: ParleyAction) -> Any:
+    return await env.step(action)
+
+
+async def _episodes(
+    url: str, seeds: list[int], step: Step = _step
+) -> list[tuple[str, float | None, str]]:
     """Plays ``seeds`` in one OpenEnv session; (observation text, return, failed) each."""
     out = []
     async with ParleyEnvClient(base_url=url, message_timeout_s=60) as env:
@@ -77,7 +87,7 @@ async def _episodes(url: str, seeds: list[int]) -> list[tuple[str, float | None,
             result = await env.reset(seed=seed)
             first = result.observation.text
             while not result.done:
-                result = await env.step(ParleyAction(text=_pick(result.observation)))
+                result = await step(env, ParleyAction(text=_pick(result.observation)))
             out.append(
                 (first, result.observation.returns.get("listener"), result.observation.failed)
             )
@@ -224,33 +234,26 @@ async def test_a_stopped_server_does_not_time_out_a_trainer_that_answered_in_tim
     """``parley env-server --turn-timeout 1`` stopped (SIGSTOP) for 2 s at every learner
     turn, the trainer's step sent at once, during the stop: on resuming the server takes
     the step, and every episode ends as it does unpaused (none failed as a timeout). The
-    turn timeout counts the time the server ran."""
+    turn timeout counts the time the server ran; a trainer 2 s late still fails."""
     seeds = [5, 6, 7]
     expected = await _in_process(seeds)
     with _serving("--turn-timeout", "1") as url:
         pid = _PIDS[url]
-        got = []
-        async with ParleyEnvClient(base_url=url, message_timeout_s=60) as env:
-            for seed in seeds:
-                result = await env.reset(seed=seed)
-                first = result.observation.text
-                while not result.done:
-                    os.kill(pid, signal.SIGSTOP)
-                    try:
-                        step = asyncio.ensure_future(
-                            env.step(ParleyAction(text=_pick(result.observation)))
-                        )
-                        await asyncio.sleep(2.0)
-                    finally:
-                        os.kill(pid, signal.SIGCONT)
-                    result = await step
-                got.append(
-                    (first, result.observation.returns.get("listener"), result.observation.failed)
-                )
-            # The control: a trainer 2 s late with the server running fails its episode.
-            result = await env.reset(seed=seeds[0])
-            await asyncio.sleep(2.0)
-            late = await env.step(ParleyAction(text=_pick(result.observation)))
+
+        async def stopped(env: ParleyEnvClient, action: ParleyAction) -> Any:
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                step = asyncio.ensure_future(env.step(action))
+                await asyncio.sleep(2.0)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            return await step
+
+        async def late(env: ParleyEnvClient, action: ParleyAction) -> Any:
+            await asyncio.sleep(2.0)  # (the server running)
+            return await env.step(action)
+
+        got = await _episodes(url, seeds, stopped)
+        ((_, _, failed),) = await _episodes(url, seeds[:1], late)
     assert got == expected
-    assert late.done
-    assert "timeout" in late.observation.failed, late.observation
+    assert "timeout" in failed, failed
