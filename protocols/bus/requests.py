@@ -137,11 +137,14 @@ class Requests:
         (stopped, descheduled, its loop blocked) while its peers ran: their replies may be
         waiting unread in the socket, and the loop runs this timer before it reads them.
         Every deadline of a request sent before the timer was due is then put off by the
-        lateness (one sent once the loop ran again, in this very turn, lived through no
-        stall), counted from now for those already due; the replies are read first: a stall
-        of the waiting side is not the peer's timeout. Each move, the overdue time included,
-        is charged to the request's allowance (its own limit), so every request ends by
-        twice its limit plus at most two late firings' lateness.
+        lateness, counted from now for those already due, and so is one sent after it but
+        already overdue: the loop ran callbacks ahead of the due timer (read a reply, sent
+        the next request) and stood still again before the timer ran. One sent once the
+        loop ran again and not yet due lived through no stall (nor did one sent in this
+        very turn). The replies are read first: a stall of the waiting side is not the
+        peer's timeout. Each move, the overdue time included, is charged to the request's
+        allowance (its own limit), so every request ends by twice its limit plus at most
+        two late firings' lateness.
         """
         loop = self._shared.loop
         assert loop is not None
@@ -155,7 +158,7 @@ class Requests:
             # too: a loop lagging 60 ms at every timer had a request end at 3.6x its limit).
             heap[:] = [
                 (moved, rid, link, limit, max(0.0, spare - (moved - when)), armed)
-                if armed <= fired_for
+                if armed <= fired_for or when <= now
                 else (when, rid, link, limit, spare, armed)
                 for when, rid, link, limit, spare, armed in heap
                 if rid in link.pending

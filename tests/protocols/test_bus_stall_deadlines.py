@@ -10,12 +10,13 @@ import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
 from parley.protocols.bus import Endpoint
 from parley.protocols.errors import RequestTimeout
-from parley.protocols.messages import Observation
+from parley.protocols.messages import Action, Observation
 from tests.protocols.test_bus_deadlines import _answer_unless_silent, pair
 
 __all__ = ["pair"]  # (the fixture, shared)
@@ -194,3 +195,39 @@ async def test_a_request_sent_right_after_a_stall_keeps_its_own_limit(
     assert loop.time() - started < 0.3 + 0.2
     with pytest.raises(RequestTimeout):
         await old
+
+
+@pytest.mark.timeout(20)
+async def test_a_request_sent_before_a_stall_that_delays_a_due_timer_is_put_off(
+    pair: tuple[Endpoint, Endpoint],
+) -> None:
+    """The deadline timer is due (for an answered request's entry) when a callback ahead of
+    it in the same round sends a request, and the loop then stands still past that
+    request's limit before the timer runs. The request lived through the stall, so the
+    late timer puts it off and its answer is read, instead of expiring it at once.
+    Seen in a real run: a remote agent stopped the arena on every request; the arena sent
+    its next request and was stopped again before its overdue timer ran, and that request,
+    sent after the timer was due, timed out though its reply had come at once."""
+    server, client = pair
+    server.on(Observation, _answer_unless_silent)
+    loop = asyncio.get_running_loop()
+    quick = Observation(agent="a", text="quick")
+    asked: list[asyncio.Task[Any]] = []
+    sent = asyncio.Event()
+
+    def send_then_stall() -> None:
+        _stand_still(0.4)  # the timer falls due, not yet run
+        # The send is the task's first step, next round, ahead of the due timer; the loop
+        # stands still after it, past its 0.3 s limit, before the timer runs.
+        asked.append(loop.create_task(client.request("arena", quick, timeout=0.3)))
+        loop.call_soon(_stand_still, 1.0)
+        sent.set()
+
+    for _ in range(3):
+        # Answered: its entry stays in the heap, the timer armed for it.
+        assert await client.request("arena", quick, timeout=0.3) == Action(agent="a", text="ok")
+        sent.clear()
+        loop.call_soon(send_then_stall)
+        await sent.wait()
+        assert await asked[-1] == Action(agent="a", text="ok")
+        _consistent(client)
