@@ -16,7 +16,8 @@ each: beside re-encoded ids (other ids, often another count) or with a null amon
 completion has none, and a trainer refuses it rather than score it against wrong ones.
 
 Failure handling: every request is bounded by ``timeout`` seconds (``connect_timeout``
-to connect; a request's own ``timeout`` wins when set). 429, 5xx, connection errors and
+to connect; a request's own ``timeout`` wins when set), counted in the time this process
+ran (a stall of it is not the server's timeout). 429, 5xx, connection errors and
 timeouts are retried up to ``max_retries`` times with exponential backoff (doubling from
 ``backoff`` seconds, capped at ``max_backoff``, honouring ``Retry-After``), then raise a
 retryable :class:`BackendError`. Other 4xx answers raise at once with the server's message.
@@ -38,6 +39,7 @@ import aiohttp
 
 from parley.arena.inference.backends.base import Backend, BackendError
 from parley.arena.inference.backends.tokenizer import HFChatTokenizer, load_tokenizer
+from parley.arena.inference.patience import patient_wait_for
 from parley.protocols.messages import (
     Completion,
     FinishReason,
@@ -269,29 +271,39 @@ class OpenAIBackend(Backend):
     async def _call(
         self, method: str, url: str, body: dict[str, Any] | None, seconds: float
     ) -> dict[str, Any]:
-        """One HTTP exchange, each attempt bounded by ``seconds``, with retries; the JSON."""
-        limits = aiohttp.ClientTimeout(
-            total=seconds, connect=min(self.connect_timeout, seconds), sock_read=seconds
-        )
+        """One HTTP exchange, each attempt bounded by ``seconds``, with retries; the JSON.
+
+        The bound is patient (:func:`~parley.arena.inference.patience.patient_wait_for`):
+        an answer that came while this process stood still is read before the bound is
+        judged (aiohttp's own ``total`` and ``sock_read`` timers fired first on resuming,
+        and the attempt was lost to a timeout). Connecting keeps aiohttp's bound."""
+        limits = aiohttp.ClientTimeout(total=None, connect=min(self.connect_timeout, seconds))
+
+        async def attempt() -> dict[str, Any] | tuple[str, float]:
+            """The JSON, or a retryable problem and how long to wait before retrying."""
+            async with self.session.request(
+                method, url, json=body, headers=self._headers, timeout=limits
+            ) as resp:
+                if resp.status < 400:
+                    data = await resp.json(content_type=None)
+                    if not isinstance(data, dict):
+                        raise BackendError(f"{url} answered with non-object JSON")
+                    return data
+                detail = (await resp.text())[:500]
+                if resp.status not in _RETRY_STATUS:
+                    raise BackendError(f"{method} {url} failed with HTTP {resp.status}: {detail}")
+                return f"HTTP {resp.status}: {detail}", _retry_after(
+                    resp.headers.get("Retry-After"), delay
+                )
+
         delay = self.backoff
-        for attempt in range(self.max_retries + 1):
-            last = attempt == self.max_retries
+        for tried in range(self.max_retries + 1):
+            last = tried == self.max_retries
             try:
-                async with self.session.request(
-                    method, url, json=body, headers=self._headers, timeout=limits
-                ) as resp:
-                    if resp.status < 400:
-                        data = await resp.json(content_type=None)
-                        if not isinstance(data, dict):
-                            raise BackendError(f"{url} answered with non-object JSON")
-                        return data
-                    detail = (await resp.text())[:500]
-                    if resp.status not in _RETRY_STATUS:
-                        raise BackendError(
-                            f"{method} {url} failed with HTTP {resp.status}: {detail}"
-                        )
-                    problem = f"HTTP {resp.status}: {detail}"
-                    wait = _retry_after(resp.headers.get("Retry-After"), delay)
+                outcome = await patient_wait_for(attempt(), seconds)
+                if isinstance(outcome, dict):
+                    return outcome
+                problem, wait = outcome
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                 problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 wait = delay

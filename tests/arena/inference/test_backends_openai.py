@@ -245,6 +245,23 @@ async def test_every_request_is_bounded_in_time(server: Server) -> None:
         await client.close()
 
 
+async def test_a_stall_of_this_process_is_not_the_servers_timeout(server: Server) -> None:
+    """Each attempt's bound counts the time this process ran: its loop blocked 2.5 s (the
+    process stopped, or starved on a loaded host) while a request bounded by 1 s is in
+    flight, the request is still answered (before: aiohttp's timer fired first on resuming
+    and the attempt was lost, here the only one: BackendError ... TimeoutError)."""
+    client = await connect(server, timeout=1.0, max_retries=0)
+    try:
+        await client.generate([GenerateRequest(prompt="x")])  # (connected: kept alive)
+        server.delay = 0.2  # (the request in flight, its answer not yet sent, when it stalls)
+        for _ in range(2):
+            asyncio.get_running_loop().call_later(0.1, time.sleep, 2.5)
+            (result,) = await client.generate([GenerateRequest(prompt="x")])
+            assert result.completions
+    finally:
+        await client.close()
+
+
 async def test_a_dead_server_gives_a_retryable_error(server: Server) -> None:
     client = await connect(server, max_retries=2, backoff=0.01)
     try:
