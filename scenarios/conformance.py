@@ -411,20 +411,30 @@ def check_hostile(scenario_id: str) -> dict[str, float]:
 
 
 def check_noninterference(scenario_id: str, seeds: Sequence[int] = (0, 1, 2)) -> None:
-    """Redrawing what a seat may not know never changes what it sees (module docstring)."""
-    probe = make(scenario_id)
-    probe.reset(seed=0)
-    try:
-        hidden = [probe.redraw_private(seat, np.random.default_rng(0)) for seat in probe.agents]
-    except NotImplementedError as exc:
-        raise NotApplicable(f"the scenario defines no redraw_private hook ({exc})") from exc
-    if not any(hidden):
-        raise NotApplicable("nothing in an episode is hidden from any seat")
-    for seed in seeds:
+    """Redrawing what a seat may not know never changes what it sees (module docstring).
+
+    Every seed of ``seeds`` whose episode hides something from some seat is checked (a
+    seed whose draw happens to hide nothing, or whose redraw finds no other value, is
+    skipped, not taken for the scenario hiding nothing); not applicable when none does."""
+    hiding = [seed for seed in seeds if _hides(scenario_id, seed)]
+    if not hiding:
+        raise NotApplicable(f"nothing in an episode is hidden from any seat (seeds {list(seeds)})")
+    seats = make(scenario_id).possible_agents
+    for seed in hiding:
         trace: list[dict[str, str]] = []
         asyncio.run(_play(scenario_id, seed, None, None, {}, trace))
-        for index, keep in enumerate(probe.possible_agents):
+        for index, keep in enumerate(seats):
             _replay_redrawn(scenario_id, seed, keep, trace, np.random.default_rng([seed, index]))
+
+
+def _hides(scenario_id: str, seed: int) -> bool:
+    probe = make(scenario_id)
+    probe.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    try:
+        return any([probe.redraw_private(seat, rng) for seat in probe.agents])
+    except NotImplementedError as exc:
+        raise NotApplicable(f"the scenario defines no redraw_private hook ({exc})") from exc
 
 
 def _replay_redrawn(
