@@ -82,9 +82,9 @@ test-fast: lint
 test-long: $(VLLM) $(NEMO_GYM)
 	$(BIN)/pytest -q -m long --durations=15
 
-# The load suite: the README's llm: command, a --pool run, a remote-agent run and a
-# tournament with every core busy and the arena paused in turn (SIGSTOP/SIGCONT), against
-# quiet runs (minutes).
+# The load suite: the README's llm: command, a --pool run, a remote-agent run, a
+# tournament, a parley train and a parley serve with every core busy and the process paused
+# in turn (SIGSTOP/SIGCONT), against quiet runs (minutes).
 test-load: $(VLLM)
 	$(BIN)/pytest -q -m load tests/load
 

@@ -18,11 +18,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-T = TypeVar("T")
+# How late a timer may fire before it counts as the process having stood still: the bus's.
+from parley.protocols.bus.requests import LATE_S
 
-LATE_S = 0.05
-"""How late a timer may fire before it counts as the process having stood still (as the
-bus's ``LATE_S``)."""
+T = TypeVar("T")
 
 
 class PatientTimer:
