@@ -281,6 +281,7 @@ class OpenSpielGame(Scenario):
         "is_parallelizable": True,
     }
     max_action_length: ClassVar[int] = 200
+    refused_move_takes_turn: ClassVar[bool] = True  # (no stalling into a truncated draw)
     # Chance nodes draw from SeedDraws, or from self.rng (made on first use) after a reset
     # without an int seed: a game without chance (tic-tac-toe) never makes either.
     new_episode_draws = False
