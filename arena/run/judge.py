@@ -50,7 +50,6 @@ import asyncio
 import dataclasses
 import hashlib
 import math
-import re
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -265,12 +264,6 @@ class Judge(ModelComponent):
         self.policy, self.max_tokens = policy, max_tokens
         self.timeout, self.max_judged_tokens = timeout, max_judged_tokens
         self._head, self._tail = self._frame()
-        added = getattr(tokenizer.hf, "added_tokens_decoder", None) or {}
-        self._added_ids = frozenset(int(i) for i in added)
-        spellings = sorted({str(t) for t in added.values() if str(t)}, key=len, reverse=True)
-        self._added_spelling = (
-            re.compile("|".join(map(re.escape, spellings))) if spellings else None
-        )
 
     # --- the prompt -----------------------------------------------------------------
 
@@ -311,36 +304,13 @@ class Judge(ModelComponent):
                 return self._encode(pieces[0]), self._encode(pieces[1])
         return self._encode(head, special=True), self._encode(tail + "\nVerdict: ")
 
-    def _encode(self, text: str, *, special: bool = False, quoted: bool = False) -> list[int]:
-        out = self.tokenizer.hf(text, add_special_tokens=special, split_special_tokens=quoted)[
-            "input_ids"
-        ]
+    def _encode(self, text: str, *, special: bool = False) -> list[int]:
+        out = self.tokenizer.hf(text, add_special_tokens=special)["input_ids"]
         return [int(t) for t in out]
-
-    def _quoted_ids(self, text: str) -> list[int]:
-        """``text`` as ordinary tokens only. ``split_special_tokens`` splits the spellings
-        of special added tokens; an added token that is not special (Qwen3's ``<think>``)
-        survived it, so each spelling of one is encoded as its first character and the rest
-        apart (and, should an added token still come out, character by character)."""
-        ids = self._encode(text, quoted=True)
-        if self._added_ids.isdisjoint(ids) or self._added_spelling is None:
-            return ids
-        pieces, start = [], 0
-        for found in self._added_spelling.finditer(text):
-            pieces += [text[start : found.start()], found.group()[:1], found.group()[1:]]
-            start = found.end()
-        pieces.append(text[start:])
-        out: list[int] = []
-        for piece in filter(None, pieces):
-            ids = self._encode(piece, quoted=True)
-            if not self._added_ids.isdisjoint(ids):
-                ids = [i for char in piece for i in self._encode(char, quoted=True)]
-            out += ids
-        return out
 
     def prompt(self, lines: Sequence[str]) -> JudgePrompt:
         """The prompt judging ``lines`` (see :func:`judged_lines`)."""
-        quoted = self._quoted_ids("\n".join(f"| {line}" for line in lines))
+        quoted = self.tokenizer.ordinary_ids("\n".join(f"| {line}" for line in lines))
         start = len(self._head)
         ids = self._head + quoted + self._tail
         digest = hashlib.sha256(msgspec.json.encode(quoted)).hexdigest()

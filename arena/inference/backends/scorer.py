@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from parley.arena.inference.backends.tokenizer import HFChatTokenizer
 from parley.protocols.errors import ConfigError, require
 
 __all__ = [
@@ -60,18 +61,21 @@ def load_reward_model(path: str | Path, *, device: str = "cpu") -> tuple[Any, An
 def score_texts(model: Any, tokenizer: Any, texts: Sequence[str], *, max_length: int = 1024) -> Any:
     """The model's score of each text, a float tensor ``(len(texts),)`` (gradients kept:
     wrap in ``torch.no_grad()`` to serve). Texts longer than ``max_length`` tokens keep
-    their first ``max_length``."""
-    batch = tokenizer(
-        list(texts),
-        padding=True,
-        truncation=True,
-        max_length=max_length,
-        return_tensors="pt",
-        add_special_tokens=False,
-        # The texts are content, never control: one spelling "<|end|>" gets ordinary tokens.
-        split_special_tokens=True,
-    ).to(next(model.parameters()).device)
-    return model(**batch).logits[:, 0]  # (B, 1) -> (B,)
+    their first ``max_length``. The texts are content, never control: one that spells an
+    added token (``<|end|>``, or ``</think>``, which is not special) gets ordinary tokens
+    (:meth:`HFChatTokenizer.ordinary_ids`)."""
+    rows = tokenizer(list(texts), add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    added = (getattr(tokenizer, "added_tokens_decoder", None) or {}).keys()
+    if added and not all(added.isdisjoint(row) for row in rows):
+        quoting = HFChatTokenizer(tokenizer)  # (split_special_tokens leaves non-special ones)
+        rows = [
+            row if added.isdisjoint(row) else quoting.ordinary_ids(text)
+            for row, text in zip(rows, texts, strict=True)
+        ]
+    left = getattr(tokenizer, "truncation_side", "right") == "left"
+    rows = [list(row[-max_length:] if left else row[:max_length]) for row in rows]
+    batch = tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")
+    return model(**batch.to(next(model.parameters()).device)).logits[:, 0]  # (B, 1) -> (B,)
 
 
 def check_reward_model_dir(path: str | Path) -> None:

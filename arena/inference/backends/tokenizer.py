@@ -128,13 +128,48 @@ class HFChatTokenizer:
                 if piece:
                     ids += _ids(self.hf(piece, add_special_tokens=False)["input_ids"])
             else:
-                content = messages[holders.index(piece)]["content"]
-                ids += _ids(
-                    self.hf(content, add_special_tokens=False, split_special_tokens=True)[
-                        "input_ids"
-                    ]
-                )
+                ids += self.ordinary_ids(messages[holders.index(piece)]["content"])
         return ids
+
+    @functools.cached_property
+    def _added_ids(self) -> frozenset[int]:
+        added = getattr(self.hf, "added_tokens_decoder", None) or {}
+        return frozenset(int(i) for i in added)
+
+    def ordinary_ids(self, text: str) -> list[int]:
+        """``text`` as ordinary tokens only, also where it spells an added token, special or
+        not (content, never control). ``split_special_tokens`` splits the spellings of
+        special tokens only: an added token that is not special (Qwen3's ``<think>``,
+        ``<tool_call>``) came out whole. Each spelling of one is then encoded as its first
+        character and the rest apart, and a piece that still gives an added token,
+        character by character; it decodes back to ``text``."""
+        ids = _ids(self.hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        markers = self._markers
+        if markers is None or self._added_ids.isdisjoint(ids):
+            return ids
+        pieces, start = [], 0
+        for found in markers.finditer(text):
+            if found.group():
+                pieces += [text[start : found.start()], found.group()[:1], found.group()[1:]]
+                start = found.end()
+        pieces.append(text[start:])
+        out: list[int] = []
+        for piece in filter(None, pieces):
+            part = _ids(
+                self.hf(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            )
+            if not self._added_ids.isdisjoint(part):
+                part = [
+                    i
+                    for char in piece
+                    for i in _ids(
+                        self.hf(char, add_special_tokens=False, split_special_tokens=True)[
+                            "input_ids"
+                        ]
+                    )
+                ]
+            out += part
+        return out
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=True))

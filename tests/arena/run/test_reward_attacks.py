@@ -144,16 +144,11 @@ def test_a_non_special_added_token_is_quoted_as_ordinary_tokens(tiny_model_dir: 
     assert tags.isdisjoint(quoted), quoted
     assert tokenizer.hf.decode(quoted) == f"| alice: {text}"
     plain = judge.prompt(["alice: no tags here"])
-    assert plain.ids[plain.quoted] == judge._encode("| alice: no tags here", quoted=True)
+    expected = tokenizer.hf("| alice: no tags here", add_special_tokens=False)["input_ids"]
+    assert plain.ids[plain.quoted] == list(expected)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="arena/inference/backends/scorer.py (score_texts, not this helper's file) encodes "
-    "with split_special_tokens only: a non-special added token (</think>) reaches the reward "
-    "model as its own id",
-)
 def test_the_reward_model_reads_non_special_added_tokens_as_ordinary_tokens(
     tiny_model_dir: Path,
 ) -> None:
