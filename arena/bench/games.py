@@ -23,9 +23,10 @@ understands, :data:`TEXTARENA_MOVES`); then the same moves are timed, the cases 
   adds to it, whatever the adapter does per step: draws made per episode from the seed of
   ``reset(seed=...)`` (OpenSpiel: the adapter's :class:`~parley.scenarios.imported.openspiel.
   SeedDraws`, made at the first chance node, one draw per chance node, the outcomes still
-  replayed; TextArena: a numpy generator, the library seed drawn from it, and the episode's
-  own generator put behind ``random``'s functions, stdout dropped, around every call into
-  the library).
+  replayed; TextArena: the library seed drawn from ``SeedDraws``
+  (:func:`~parley.scenarios.imported.textarena.library_seed_of`), and the episode's own
+  generator put behind ``random``'s functions, stdout dropped, around every call into the
+  library).
 
 ``{game}_ratio_vs_library`` is parley's steps/s ÷ the library's (:data:`TARGET`);
 ``{game}_seeded_vs_library`` is ``library_seeded``'s: what that contract alone leaves of the
@@ -269,13 +270,13 @@ def _textarena(env_id: str, episodes: list[Episode]) -> float:
 def _textarena_seeded(env_id: str, episodes: list[Episode]) -> float:
     import textarena
 
-    from parley.scenarios.imported.textarena import _OwnRandom, _raw
+    from parley.scenarios.imported.textarena import _OwnRandom, _raw, library_seed_of
 
     own, raw = _OwnRandom(), _raw(env_id)
     steps = 0
     started = time.process_time()
     for episode in episodes:
-        seed = int(np.random.default_rng(episode.seed).integers(2**31 - 1))
+        seed = library_seed_of(episode.seed)
         own.start(seed)
         with own:
             env = textarena.make(raw)

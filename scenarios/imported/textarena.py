@@ -25,9 +25,12 @@ so a seat's ``task`` total is the library's for the same moves; ``invalid`` is
 Randomness: TextArena draws from Python's global ``random`` module, seeded by its
 ``reset(seed=...)``. The adapter gives each scenario its own generator behind ``random``'s
 functions (swapped in around every call into TextArena and out again afterwards), seeded at
-the start of each episode with the library seed drawn from ``reset(seed=...)``'s generator:
+the start of each episode with the library seed (:attr:`TextArenaGame.library_seed`):
 episodes in one process do not draw from each other's stream, and the caller's ``random``
-state is left as it was.
+state is left as it was. The library seed of ``reset(seed=n)`` is :func:`library_seed_of`
+``(n)`` (splitmix64 of ``n``: the same episode for ``n`` in a fresh env or a reused one); a
+reset without a seed, or with one outside [0, 2**64), draws it from the env's numpy
+generator (:attr:`rng`), which continues from the last seed.
 
 Arguments: ``num_players``, ``invalid_penalty``, ``max_cycles``, ``render_mode``.
 
@@ -37,8 +40,10 @@ Not represented (:func:`catalog` lists each with its reason): games that need da
 services that cannot be reached here (NLTK corpora, an LLM jury), games that fail to reset.
 
 Version history: the adapter's first version (pinned by the ``textarena==0.7.4`` install);
-since then, refused texts play the empty move and players' line breaks are indented (an
-imported game's id carries no version).
+since then, refused texts play the empty move and players' line breaks are indented, and
+the library seed of ``reset(seed=n)`` comes from :class:`~parley.scenarios.imported.openspiel.
+SeedDraws` (before: a numpy generator seeded with ``n``, ~8 us an episode), so a seed plays
+another episode than it did (an imported game's id carries no version).
 """
 
 from __future__ import annotations
@@ -58,9 +63,10 @@ import numpy as np
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
 from parley.scenarios.imported import Entry
+from parley.scenarios.imported.openspiel import SeedDraws
 from parley.scenarios.registry import ScenarioSpec
 
-__all__ = ["TextArenaGame", "catalog", "spec_for"]
+__all__ = ["TextArenaGame", "catalog", "library_seed_of", "spec_for"]
 
 _INSTALL = (
     'TextArena is not installed: pip install -e ".[games]" && '
@@ -268,6 +274,7 @@ class TextArenaGame(Scenario):
         "is_parallelizable": True,
     }
     refused_move_takes_turn: ClassVar[bool] = True  # (no stalling into a truncated draw)
+    new_episode_draws = False  # (a seeded episode makes no numpy generator: library_seed_of)
 
     def __init__(
         self,
@@ -291,6 +298,7 @@ class TextArenaGame(Scenario):
         self._raw_id = _raw(env_id)
         self._pid = {seat: pid for pid, seat in enumerate(seats)}  # seat -> TextArena's id
         self.env: Any = None
+        self._next_seed: int | None = None  # reset(seed=n)'s n, for the next new_episode
         self.library_seed = 0
         """The seed this episode's TextArena ``reset`` got (drawn from ``reset(seed=...)``)."""
         self._current = ""
@@ -298,8 +306,14 @@ class TextArenaGame(Scenario):
 
     # ------------------------------------------------------------------ hooks
 
+    def seed_rng(self, seed: Any) -> None:
+        super().seed_rng(seed)
+        self._next_seed = seed if type(seed) is int and 0 <= seed < 2**64 else None  # (SeedDraws')
+
     def new_episode(self, rng: np.random.Generator) -> None:
-        self.library_seed = int(rng.integers(2**31 - 1))
+        # (reset(seed=n) called seed_rng just before: a reset without one has no seed.)
+        seed, self._next_seed = self._next_seed, None
+        self.library_seed = library_seed_of(seed) if seed is not None else _draw(self.rng)
         self._random.start(self.library_seed)
         self.library_error = False
         with self._random:
@@ -371,6 +385,23 @@ class TextArenaGame(Scenario):
         reasons = {str(info.get("reason", "")) for info in game_info.values()} - {""}
         self.announce("The game is over. " + " ".join(sorted(reasons)))
         self.finish()
+
+
+def library_seed_of(seed: int) -> int:
+    """The library seed of the episode of ``reset(seed=seed)`` (``seed`` in [0, 2**64)): the
+    first draw of :class:`~parley.scenarios.imported.openspiel.SeedDraws`, in [0, 2**31 - 1)
+    as before (a numpy generator made from the seed, ~8 us an episode, drew it: as much as
+    the rest of a KuhnPoker reset)."""
+    return int(SeedDraws(seed).random() * _SEEDS)
+
+
+def _draw(rng: np.random.Generator) -> int:
+    """The library seed of an episode reset without a seed: the next of ``rng``'s stream."""
+    return int(rng.integers(_SEEDS))
+
+
+_SEEDS = 2**31 - 1
+"""Library seeds are drawn in [0, _SEEDS) (what every TextArena game's seeding accepts)."""
 
 
 def _number(value: Any) -> float | None:

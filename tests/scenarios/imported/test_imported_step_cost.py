@@ -112,13 +112,11 @@ def test_the_seeded_floor_of_bench_games_seeds_as_the_adapters_do() -> None:
     seed is the one the adapter drew for the recorded episode, and both games report it."""
     pytest.importorskip("pyspiel")
     pytest.importorskip("textarena")
-    import numpy as np
-
     from parley.arena.bench import games
+    from parley.scenarios.imported.textarena import library_seed_of
 
     for episode in games.record("textarena:KuhnPoker-v0", 3):
-        drawn = int(np.random.default_rng(episode.seed).integers(2**31 - 1))
-        assert drawn == episode.library_seed
+        assert library_seed_of(episode.seed) == episode.library_seed
     ids = ["openspiel:kuhn_poker", "textarena:KuhnPoker-v0"]
     results = games.measure(ids, 3, 1, step=lambda line: None)
     for slug in ("openspiel_kuhn_poker", "textarena_kuhnpoker_v0"):
@@ -194,3 +192,19 @@ def test_a_seeded_openspiel_episode_of_legal_moves_makes_no_numpy_generator() ->
     seat = next(s for s in env.agents if infos[s]["to_act"])
     env.step({seat: "no such move"})  # (played for it: a legal move drawn from env.rng)
     assert env._rng is not None
+
+
+@pytest.mark.timeout(60)
+def test_a_seeded_textarena_episode_makes_no_numpy_generator() -> None:
+    """Seeding numpy's generator (~8 us) to draw the library seed was as much as the rest of
+    a KuhnPoker reset, paid by every episode of ``parley run`` (a fresh env each): the seed
+    comes from SeedDraws, and a seeded episode makes no generator."""
+    pytest.importorskip("textarena")
+    for game_id, move in (("textarena:KuhnPoker-v0", "[Check]"), ("textarena:TicTacToe-v0", "[4]")):
+        for seed in range(3):
+            env = make(game_id)
+            _, infos = env.reset(seed=seed)
+            while env.agents:
+                seat = next(s for s in env.agents if infos[s]["to_act"])
+                _, _, _, _, infos = env.step({seat: move})
+            assert env._rng is None, (game_id, seed)

@@ -103,8 +103,44 @@ def test_a_game_that_draws_while_it_is_made_depends_on_the_seed_only() -> None:
     assert shown[0] == shown[1]
 
 
-def _transcript(scenario_id: str, seed: int) -> list[str]:
-    env = make(scenario_id)
+@pytest.mark.timeout(60)
+def test_the_library_seed_comes_from_seed_draws_and_a_seed_replays_its_episode() -> None:
+    """A seeded episode's library seed is SeedDraws' first draw of its seed (no numpy
+    generator made: ~8 us, as much as the rest of a KuhnPoker reset): the same seed gives the
+    same episode in a fresh env or a reused one, whatever came before; neighbouring seeds
+    give other library seeds; a reset without a seed continues the env's own stream."""
+    from parley.scenarios.imported.openspiel import SeedDraws
+    from parley.scenarios.imported.textarena import library_seed_of
+
+    seeds = [library_seed_of(seed) for seed in range(2000)]
+    assert seeds[:3] == [int(SeedDraws(s).random() * (2**31 - 1)) for s in range(3)]
+    assert all(0 <= s < 2**31 - 1 for s in seeds)
+    assert len(set(seeds)) == len(seeds)
+    assert library_seed_of(2**64 - 1) >= 0
+    alone = [_transcript("textarena:PigDice-v0", seed) for seed in (1, 2)]
+    reused = make("textarena:PigDice-v0")
+    for seed in (2, 1, 2):
+        assert _transcript("textarena:PigDice-v0", seed, reused) == alone[seed - 1]
+        assert reused.library_seed == library_seed_of(seed)
+        assert reused._rng is None  # (nothing drew from numpy's generator)
+    reused.reset()  # (no seed: the stream seeded by the last seed, continued)
+    expected = int(np.random.default_rng(2).integers(2**31 - 1))
+    assert reused.library_seed == expected
+    reused.reset()
+    assert reused.library_seed != expected  # (the next of that stream)
+    for odd in (-1, 2**64):  # (seeds SeedDraws does not take: numpy's generator, as before)
+        env = make("textarena:PigDice-v0")
+        try:
+            env.reset(seed=odd)
+        except ValueError:
+            continue  # (numpy refuses negative seeds)
+        again = make("textarena:PigDice-v0")
+        again.reset(seed=odd)
+        assert again.library_seed == env.library_seed
+
+
+def _transcript(scenario_id: str, seed: int, env: Any = None) -> list[str]:
+    env = env or make(scenario_id)
     env.reset(seed=seed)
     rng = np.random.default_rng(seed)
     log = []
