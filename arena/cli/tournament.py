@@ -22,7 +22,9 @@ def add_parser(sub: Any) -> None:
         description="Every pairing of --agents plays every scenario in every seat arrangement "
         "(both sides of asymmetric games), --games-per-pair episodes each, the same deals "
         "for every pairing (one run seed). Writes OUT/league.json and one run folder per "
-        "match; started again with the same settings it resumes, skipping finished matches. "
+        "match; started again with the same settings it resumes, skipping finished matches "
+        "(and playing again those of an agent changed in place since: a model folder "
+        "retrained, an agent's source file edited). "
         "`parley view OUT` shows the league page.",
     )
     p.add_argument(
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         task = bar.add_task("games", total=None)
         league = play_league(
             config,
-            log=lambda line: bar.console.print(f"[dim]{line}[/dim]"),
+            log=lambda line: bar.console.print(line, style=_style(line), markup=False),
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     if args.json:
@@ -108,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
         out.print(table)
     out.print(f"league.json and match runs in {config.out}; `parley view {config.out}`")
     return 0
+
+
+def _style(line: str) -> str:
+    """Progress lines dim; an agent changed in place (its matches played again) stands out."""
+    return "yellow" if line.startswith("agent ") else "dim"
 
 
 def tables(league: dict[str, Any]) -> list[Any]:

@@ -25,10 +25,15 @@ text after ``KIND:``. ``llm:PATH`` is meant to be served this way by ``parley.ag
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import inspect
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 from parley.agents.base import Agent
 from parley.protocols.errors import ConfigError
@@ -179,3 +184,87 @@ def seat_specs(
     if unknown:
         raise ConfigError(f"{scenario} has no seats {unknown}; its seats are {seats}")
     return {seat: agents.get(seat, "scripted") for seat in seats}
+
+
+# --- fingerprints -------------------------------------------------------------------------
+
+FULL_HASH_BYTES = 64 << 20
+"""Files up to this size are hashed whole in a model folder's fingerprint; larger ones by
+size, ``mtime_ns`` and three 1 MiB samples (:func:`folder_fingerprint`)."""
+_SAMPLE = 1 << 20
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of the whole file, or of its size, mtime_ns and start / middle / end samples
+    past :data:`FULL_HASH_BYTES` (so a 16 GB model costs 3 MiB of reading, not a minute)."""
+    digest = hashlib.sha256()
+    info = path.stat()  # (follows a symlink: the file it points to is what loads)
+    with path.open("rb") as f:
+        if info.st_size <= FULL_HASH_BYTES:
+            digest.update(f.read())
+            return digest.hexdigest()
+        digest.update(f"{info.st_size} {info.st_mtime_ns}".encode())
+        for offset in (0, info.st_size // 2, info.st_size - _SAMPLE):
+            f.seek(offset)
+            digest.update(f.read(_SAMPLE))
+    return digest.hexdigest()
+
+
+def folder_fingerprint(folder: str | Path) -> str:
+    """A digest of the names, sizes and contents of the files at the top of ``folder`` (what
+    ``from_pretrained`` reads: config, tokenizer, weights; hidden files and subfolders, such
+    as older checkpoints, left out). Weights past :data:`FULL_HASH_BYTES` count by size,
+    ``mtime_ns`` and samples: retraining rewrites every tensor and the file's mtime, and a
+    copy that only changes the mtime costs a replay, never a stale result."""
+    root = Path(folder).expanduser().resolve()
+    digest = hashlib.sha256()
+    for path in sorted(root.iterdir()):
+        if path.name.startswith(".") or not path.is_file():
+            continue
+        digest.update(f"{path.name}\0{path.stat().st_size}\0{_file_digest(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def _source_fingerprint(ref: str) -> str:
+    """A digest of the source file of the class ``ref`` names (imported here: the class a
+    run in this process plays is the one imported now)."""
+    cls = load_object(ref)
+    try:
+        source = inspect.getsourcefile(cls)
+    except TypeError:  # (a built-in class: no file)
+        source = None
+    if source is None or not os.path.isfile(source):
+        return f"unchecked:{ref}"
+    return hashlib.sha256(Path(source).read_bytes()).hexdigest()
+
+
+def agent_fingerprint(spec: str, baselines: Sequence[str] = ()) -> dict[str, str]:
+    """What ``spec`` plays, as digests that change when the agent changes in place while its
+    spec string stays the same (a league replays a match whose fingerprints differ):
+
+    - ``llm:PATH[?...adapter=DIR]``: :func:`folder_fingerprint` of ``PATH`` and ``DIR`` when
+      they are local folders (``{"folder": PATH}`` records that one was);
+    - ``module:Class``, ``file.py:Class``: the digest of the class's source file;
+    - ``scripted``: of the source files of ``baselines`` (the seats' ``module:Class``);
+    - ``replicas:N:SPEC``: ``SPEC``'s; anything else the parley version.
+    """
+    spec = spec.strip()
+    kind, _, arg = spec.partition(":")
+    if kind == "llm":
+        path, _, query = arg.partition("?")
+        options = dict(parse_qsl(query))  # (as llm_spec reads it)
+        out = {}
+        for key, folder in (("model", path), ("adapter", options.get("adapter", ""))):
+            if folder and Path(folder).expanduser().is_dir():
+                out[key] = folder_fingerprint(folder)
+                out[f"{key}_folder"] = folder
+        return out  # (a hub id or a served model name: nothing here to check)
+    if kind == "scripted":
+        return {ref: _source_fingerprint(ref) for ref in sorted(set(baselines))}
+    if kind == "replicas":
+        return agent_fingerprint(arg.partition(":")[2], baselines)
+    if kind not in AGENT_KINDS and ":" in spec:
+        return {"source": _source_fingerprint(spec)}
+    from parley import __version__
+
+    return {"parley": str(__version__)}

@@ -11,7 +11,13 @@ Schedules: ``round-robin`` (every pair) or ``swiss`` (``rounds`` rounds; each ro
 agents of close standing that have not met; for many agents). Each match writes its run
 folder under ``OUT/matches/KEY/`` and then ``result.json``; a league started again with the
 same settings skips every match that has its ``result.json`` (resume after a crash or a
-Ctrl-C). ``ray`` plays each match's episodes on Ray (``RunConfig.ray``).
+Ctrl-C), unless one of its agents changed in place since: ``result.json`` records each
+agent's fingerprint (:func:`~parley.arena.run.agent_specs.agent_fingerprint`: an ``llm:PATH``
+model folder's files, a ``module:Class``'s source file), and a match whose agent's
+fingerprint differs now is played again (one log line per changed agent). An agent that
+changed while the league played is recorded so that the next run plays it again; a model
+folder that is gone is an error. ``ray`` plays each match's episodes on Ray
+(``RunConfig.ray``).
 
 Scoring: in a finished episode an agent's score is the mean return of its seats; the agent
 with the higher score wins, equal scores are a draw. An episode that failed because of one
@@ -213,23 +219,77 @@ def _seats(scenario: str) -> list[str]:
     return list(env.possible_agents)
 
 
+Prints = dict[str, dict[str, str]]
+"""Agent name -> :func:`~parley.arena.run.agent_specs.agent_fingerprint` in one scenario."""
+
+
+def fingerprints(
+    config: LeagueConfig, scenario: str, seats: Sequence[str], names: Iterable[str] = ()
+) -> Prints:
+    """The fingerprints of ``names`` (default: every agent) for ``scenario``; taken when the
+    league starts, which imports the agents' classes: the code a match plays is the code
+    fingerprinted (a process imports a module once)."""
+    from parley.arena.run.agent_specs import agent_fingerprint
+    from parley.arena.run.runner import _baseline
+
+    baselines = [_baseline(scenario, seat) for seat in seats]
+    return {
+        name: agent_fingerprint(config.agents[name], baselines) for name in names or config.agents
+    }
+
+
+def _changed(match: Match, recorded: Prints, prints: Prints) -> list[str]:
+    """The agents of ``match`` whose fingerprint differs from the one its result recorded;
+    a model folder that was there and is gone is an error, not a change."""
+    changed = []
+    for name in match.agents:
+        before, now = recorded.get(name), prints[name]
+        for key in ("model", "adapter"):
+            if before and f"{key}_folder" in before and f"{key}_folder" not in now:
+                raise ConfigError(
+                    f"agent {name!r}: its {key} folder {before[f'{key}_folder']!r} is gone (its "
+                    "matches were played with it); restore it, or give the league a new --out"
+                )
+        if before != now:
+            changed.append(name)
+    return changed
+
+
 def play_match(
-    config: LeagueConfig, match: Match, *, log: Callable[[str], None]
+    config: LeagueConfig,
+    match: Match,
+    *,
+    log: Callable[[str], None],
+    prints: Prints | None = None,
+    announced: set[str] | None = None,
 ) -> tuple[list[Game], int]:
-    """Play ``match`` (or read it back when its ``result.json`` exists) and score it: its
-    games, and how many of its episodes failed unscored."""
+    """Play ``match`` (or read it back when its ``result.json`` exists and its agents'
+    fingerprints in ``prints`` are the ones it recorded) and score it: its games, and how
+    many of its episodes failed unscored. ``announced``: agents already said to have
+    changed (one line per agent, not per match)."""
     from parley.arena.run.config import RunConfig
     from parley.arena.run.runner import run
 
     folder = Path(config.out) / "matches" / match.key(config)
     result = folder / "result.json"
-    if result.exists():
-        done = json.loads(result.read_text())
-        if done.get("scoring") == SCORING:
+    if prints is None:
+        prints = fingerprints(config, match.scenario, [s for s, _ in match.seats], match.agents)
+    announced = set() if announced is None else announced
+    done = json.loads(result.read_text()) if result.exists() else None
+    changed = _changed(match, done.get("fingerprints", prints), prints) if done else []
+    for name in changed:
+        if name not in announced:
+            announced.add(name)
+            log(f"agent {name} changed since its matches were played: playing them again")
+    if done and not changed:
+        if done.get("scoring") == SCORING and "fingerprints" in done:
             log(f"resumed {folder.name}")
             return [_game(row) for row in done["games"]], int(done["unscored"])
-        log(f"scoring again {folder.name}")  # (its run is whole: result.json came after it)
+        # (its run is whole: result.json came after it; a result from before fingerprints
+        # were kept is taken as played by the agents there now)
+        log(f"scoring again {folder.name}")
     else:
+        result.unlink(missing_ok=True)  # (a crash while replaying leaves the match unplayed)
         run_config = RunConfig(
             scenario=match.scenario,
             agents={seat: config.agents[name] for seat, name in match.seats},
@@ -250,8 +310,16 @@ def play_match(
             run_on_ray(run_config)
     games, unscored = _score(match, folder, config.out)
     rows = [dataclasses.asdict(game) for game in games]
+    recorded = {name: prints[name] for name in match.agents}
+    after = fingerprints(config, match.scenario, [s for s, _ in match.seats], match.agents)
+    for name, now in after.items():  # (an agent changed while it played: replay it next time)
+        if now != prints[name]:
+            recorded[name] = {"changed_while_played": "true"}
+            log(f"agent {name} changed while {folder.name} was played: it plays again when "
+                "the league is next run")  # fmt: skip
     tmp = result.with_suffix(".tmp")
     done = {"match": dataclasses.asdict(match), "games": rows, "unscored": unscored}
+    done["fingerprints"] = recorded
     tmp.write_text(json.dumps({**done, "scoring": SCORING}, indent=1))
     os.replace(tmp, result)  # the match counts as played only once this file is whole
     forfeits = sum(bool(game.forfeit) for game in games)
@@ -311,6 +379,8 @@ def play_league(
     match and after every match, played or resumed (``done``: games of the matches so far)."""
     names = list(config.agents)
     seats = {scenario: _seats(scenario) for scenario in config.scenarios}
+    prints = {s: fingerprints(config, s, seats[s]) for s in config.scenarios}
+    announced: set[str] = set()
     games: list[Game] = []
     unscored = dict.fromkeys(names, 0)
     rounds = config.rounds or math.ceil(math.log2(len(names))) + 1
@@ -330,7 +400,9 @@ def play_league(
             for scenario in config.scenarios:
                 for arranged in arrangements(seats[scenario], a, b):
                     match = dataclasses.replace(arranged, scenario=scenario)
-                    played, failed = play_match(config, match, log=log)
+                    played, failed = play_match(
+                        config, match, log=log, prints=prints[scenario], announced=announced
+                    )
                     games.extend(played)
                     unscored[a] += failed
                     unscored[b] += failed
