@@ -29,9 +29,12 @@ import hashlib
 import importlib
 import inspect
 import os
+import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -225,17 +228,29 @@ def folder_fingerprint(folder: str | Path) -> str:
     return digest.hexdigest()
 
 
+_LOADED: weakref.WeakKeyDictionary[ModuleType, str] = weakref.WeakKeyDictionary()
+"""Module -> digest of its source file when first fingerprinted (right after import): the
+code a module object runs, whatever its file holds later (a process imports it once)."""
+
+
 def _source_fingerprint(ref: str) -> str:
-    """A digest of the source file of the class ``ref`` names (imported here: the class a
-    run in this process plays is the one imported now)."""
+    """A digest of the source file of the class ``ref`` names, as this process loaded it:
+    the class is imported here, and a module's file edited after that is not what runs here
+    (the next process sees it)."""
     cls = load_object(ref)
+    module = sys.modules.get(getattr(cls, "__module__", ""))
+    if module is not None and module in _LOADED:
+        return _LOADED[module]
     try:
         source = inspect.getsourcefile(cls)
     except TypeError:  # (a built-in class: no file)
         source = None
     if source is None or not os.path.isfile(source):
         return f"unchecked:{ref}"
-    return hashlib.sha256(Path(source).read_bytes()).hexdigest()
+    digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()
+    if module is not None:
+        _LOADED[module] = digest
+    return digest
 
 
 def agent_fingerprint(spec: str, baselines: Sequence[str] = ()) -> dict[str, str]:

@@ -122,7 +122,7 @@ def test_a_model_retrained_in_place_plays_its_matches_again(
 
 
 @pytest.mark.timeout(120)
-def test_an_agent_that_edits_its_own_file_while_playing_is_replayed_next_time(
+def test_an_agent_that_edits_its_own_file_while_playing_is_replayed_next_run(
     tmp_path: Path,
 ) -> None:
     source = tmp_path / "mine.py"
@@ -138,11 +138,14 @@ def test_an_agent_that_edits_its_own_file_while_playing_is_replayed_next_time(
     agents = {**BASELINES, "mine": f"{source}:Mine"}
     first: list[str] = []
     _league(tmp_path, agents, first)
-    assert any(line.startswith("agent mine changed while") for line in first)
+    # This process plays on with the code it imported (and fingerprinted) at the start ...
+    matches = {p.name for p in (tmp_path / "league" / "matches").iterdir()}
+    assert _played(first) == matches
+    assert not any(line.startswith("agent ") for line in first)
+    # ... which the next one replaces.
     _new_process()
     again: list[str] = []
     _league(tmp_path, agents, again)
-    matches = {p.name for p in (tmp_path / "league" / "matches").iterdir()}
     assert _played(again) == {name for name in matches if "mine" in name}
 
 
@@ -224,3 +227,30 @@ def test_a_league_played_before_fingerprints_resumes_and_records_them(tmp_path: 
     lines.clear()
     _league(tmp_path, BASELINES, lines)
     assert len(_resumed(lines)) == len(results)
+
+
+@pytest.mark.timeout(300)
+def test_a_model_folder_written_while_the_league_plays_is_replayed_next_run(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # A training run writing into the folder while the league plays: the match that saw it
+    # happen is recorded so that the next run plays the model's matches again.
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    writer = tmp_path / "writer.py"
+    writer.write_text(
+        AGENT.format(base="FirstLegal").replace(
+            "    pass\n",
+            "    def decide(self, observation):\n"
+            f"        with open({str(model / 'notes.txt')!r}, 'a') as f:\n"
+            "            f.write('step\\n')\n"
+            "        return super().decide(observation)\n",
+        )
+    )
+    agents = {"llm": f"llm:{model}?max_tokens=4", "writer": f"{writer}:Mine"}
+    first: list[str] = []
+    _league(tmp_path, agents, first)
+    assert sum(line.startswith("agent llm changed while") for line in first) == 2  # 2 sides
+    again: list[str] = []
+    _league(tmp_path, agents, again)
+    assert again[0] == "agent llm changed since its matches were played: playing them again"
+    assert len(_played(again)) == 2
