@@ -101,9 +101,24 @@ def test_a_textarena_episode_seeds_its_generator_once(monkeypatch: pytest.Monkey
     monkeypatch.setattr(random.Random, "seed", counting)
     env = make("textarena:TicTacToe-v0")
     env.reset(seed=0)
+    assert seeds == 1  # (2 before: random.Random(0) when the env was made, ~4.4 us)
     seeds = 0
     env.reset(seed=1)
     assert seeds == 1  # TextArena's own, in reset (2 before: the adapter's first)
+
+
+def test_a_generator_never_started_draws_the_stream_of_seed_0() -> None:
+    """_OwnRandom is made unseeded (seed 0 pending): before any :meth:`start`, whatever
+    comes first (a draw, gauss, getstate) sees random.Random(0)'s stream."""
+    pytest.importorskip("textarena")
+    from parley.scenarios.imported.textarena import _OwnRandom
+
+    for first in ("random", "gauss", "getstate"):
+        own, expected = _OwnRandom(), random.Random(0)
+        with own:
+            got = getattr(random, first)()
+            assert got == getattr(expected, first)()
+            assert random.random() == expected.random()
 
 
 @pytest.mark.timeout(120)
