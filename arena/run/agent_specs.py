@@ -199,7 +199,7 @@ _SAMPLE = 1 << 20
 
 def _file_digest(path: Path) -> str:
     """sha256 of the whole file, or of its size, mtime_ns and start / middle / end samples
-    past :data:`FULL_HASH_BYTES` (so a 16 GB model costs 3 MiB of reading, not a minute)."""
+    past :data:`FULL_HASH_BYTES` (a 5 GB shard costs 3 MiB of reading, not ~10 s of hashing)."""
     digest = hashlib.sha256()
     info = path.stat()  # (follows a symlink: the file it points to is what loads)
     with path.open("rb") as f:
@@ -224,7 +224,11 @@ def folder_fingerprint(folder: str | Path) -> str:
     for path in sorted(root.iterdir()):
         if path.name.startswith(".") or not path.is_file():
             continue
-        digest.update(f"{path.name}\0{path.stat().st_size}\0{_file_digest(path)}\n".encode())
+        try:
+            line = f"{path.name}\0{path.stat().st_size}\0{_file_digest(path)}\n"
+        except FileNotFoundError:  # (a writer's temporary file, renamed away meanwhile)
+            continue
+        digest.update(line.encode())
     return digest.hexdigest()
 
 
@@ -258,7 +262,7 @@ def agent_fingerprint(spec: str, baselines: Sequence[str] = ()) -> dict[str, str
     spec string stays the same (a league replays a match whose fingerprints differ):
 
     - ``llm:PATH[?...adapter=DIR]``: :func:`folder_fingerprint` of ``PATH`` and ``DIR`` when
-      they are local folders (``{"folder": PATH}`` records that one was);
+      they are local folders (``model_folder`` / ``adapter_folder`` record that one was);
     - ``module:Class``, ``file.py:Class``: the digest of the class's source file;
     - ``scripted``: of the source files of ``baselines`` (the seats' ``module:Class``);
     - ``replicas:N:SPEC``: ``SPEC``'s; anything else the parley version.
@@ -275,7 +279,8 @@ def agent_fingerprint(spec: str, baselines: Sequence[str] = ()) -> dict[str, str
                 out[f"{key}_folder"] = folder
         return out  # (a hub id or a served model name: nothing here to check)
     if kind == "scripted":
-        return {ref: _source_fingerprint(ref) for ref in sorted(set(baselines))}
+        # (a seat without a baseline: the run says so, with the fix)
+        return {ref: _source_fingerprint(ref) for ref in sorted(set(baselines) - {""})}
     if kind == "replicas":
         return agent_fingerprint(arg.partition(":")[2], baselines)
     if kind not in AGENT_KINDS and ":" in spec:
