@@ -191,7 +191,8 @@ def test_no_import_cycle_at_module_level() -> None:
 # module path. The ceiling keeps the surface from growing back silently: lower it when names
 # leave; raise it only for a name that something outside its module imports.
 # +4 run/ray_slots.py, +1 inference/backends/cpu_attention.py: split for the 600-line rule.
-ARENA_EXPORTS_CEILING = 435
+# +3 integrations/verl_tool.py: what verl's tool config and reward path name, and the rows.
+ARENA_EXPORTS_CEILING = 438
 
 
 def _exports(path: Path) -> list[str]:

@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "NemoGymUnavailable",
@@ -183,7 +183,7 @@ def _config_fields(folder: Path, name: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     for path in sorted((folder / "configs").glob("*.yaml")):
-        for top in OmegaConf.to_container(OmegaConf.load(path)).values():
+        for top in cast("dict[str, Any]", OmegaConf.to_container(OmegaConf.load(path))).values():
             entry = (top or {}).get("resources_servers", {}).get(name)
             if entry is not None:
                 return dict(entry)

@@ -31,9 +31,9 @@ from verl.tools.tool_registry import initialize_tools_from_config
 from verl.trainer.ppo.reward import get_custom_reward_fn
 
 from parley.agents.base import Agent
-from parley.arena.integrations import verl_interaction
+from parley.arena.integrations import verl_tool
 from parley.arena.integrations.learner import LearnerArena
-from parley.arena.integrations.verl_interaction import (
+from parley.arena.integrations.verl_tool import (
     STATE_KEY,
     ParleyTool,
     compute_score,
@@ -117,7 +117,7 @@ def _parley_run(out: Path, episodes: int, seed: int) -> list[dict[str, Any]]:
 
 def _score(data: AgentData, **reward_kwargs: Any) -> dict[str, float]:
     """verl's loaded custom reward function on the trajectory's extra fields."""
-    path = "pkg://" + verl_interaction.__name__.replace(".", "/")  # as docs/integrations.md
+    path = "pkg://" + verl_tool.__name__.replace(".", "/")  # as docs/integrations.md
     config = OmegaConf.create(
         {
             "reward": {

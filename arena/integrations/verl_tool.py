@@ -12,7 +12,7 @@ TRL's rollout and the verifiers environment)::
 
     # tools.yaml, named by actor_rollout_ref.rollout.multi_turn.tool_config_path
     tools:
-      - class_name: parley.arena.integrations.verl_interaction.ParleyTool
+      - class_name: parley.arena.integrations.verl_tool.ParleyTool
         config: {type: native, scenario: collaboration/referential-v1, learner: listener}
 
 The dataset's rows come from :func:`dataset_rows` (each row's ``agent_name`` is
@@ -81,9 +81,9 @@ from parley.arena.run.config import RunConfig
 from parley.arena.run.episode import plan_episodes
 from parley.protocols.errors import ConfigError, ParleyError
 
-# No __all__ yet: the arena's export ceiling (tests/test_layout.py) has no room left, and
-# that file is not this change's. The entry points verl names are ParleyTool (the tool
-# YAML's class_name), compute_score (custom_reward_function.name) and dataset_rows.
+# What verl names: ParleyTool (the tool YAML's class_name), compute_score
+# (custom_reward_function.name), and dataset_rows (the dataset).
+__all__ = ["ParleyTool", "compute_score", "dataset_rows"]
 
 STATE_KEY = "parley"
 """The key of a trajectory's episode state in verl's ``AgentData.extra_fields`` (and so in
