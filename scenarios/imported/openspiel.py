@@ -61,6 +61,7 @@ import numpy as np
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
 from parley.scenarios.charset import printable
+from parley.scenarios.helpers import SeedDraws
 from parley.scenarios.imported import Entry
 from parley.scenarios.imported.moves import LegalMoves, choose
 from parley.scenarios.registry import ScenarioSpec
@@ -68,42 +69,9 @@ from parley.scenarios.registry import ScenarioSpec
 __all__ = ["OpenSpielGame", "SeedDraws", "catalog", "load_game", "spec_for"]
 
 _SECOND = operator.itemgetter(1)  # (a chance outcome's probability)
-_MASK, _GAMMA = (1 << 64) - 1, 0x9E3779B97F4A7C15  # splitmix64's word and increment
 _CHANCE, _SIMULTANEOUS = -1, -2  # OpenSpiel's kChancePlayerId, kSimultaneousPlayerId
 _INSTALL = 'OpenSpiel is not installed: pip install -e ".[games]" (open-spiel 2.0.2)'
 _BASELINE = "parley.agents.scripted.imported:RandomLegal"
-
-
-class SeedDraws:
-    """Uniform draws in [0, 1) from an int seed: splitmix64 (Steele, Lea and Flood, 2014;
-    Vigna's constants), started at its first output from ``seed``, so that neighbouring seeds
-    start far apart. The ``k``-th draw is a function of (seed, k) alone, 53 bits each.
-
-    Why not numpy's generator, as everything else in a scenario: seeding one (SeedSequence,
-    PCG64) costs ~8 us, more than a whole kuhn_poker episode of the library, and every
-    episode of ``parley run`` is a fresh env and seed; this costs under 1 us a seed or draw.
-    Its outputs pass BigCrush; a test checks outcome frequencies against their
-    probabilities (chi-square) over many seeds."""
-
-    __slots__ = ("state",)
-
-    def __init__(self, seed: int) -> None:
-        if not 0 <= seed <= _MASK:
-            raise ValueError(f"seed must be an int in [0, 2**64), got {seed}")
-        self.state = self._mix((seed + _GAMMA) & _MASK)
-
-    @staticmethod
-    def _mix(z: int) -> int:
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-        return z ^ (z >> 31)
-
-    def random(self) -> float:
-        """The next draw (the name and contract of ``np.random.Generator.random()``)."""
-        self.state = z = (self.state + _GAMMA) & _MASK
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK  # (_mix, inlined: ~0.1 us)
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-        return ((z ^ (z >> 31)) >> 11) * 2.0**-53
 
 
 def _pyspiel() -> Any:
@@ -325,15 +293,10 @@ class OpenSpielGame(Scenario):
             _NAMED.setdefault(game, {}) if known and kind.short_name in _NAMES_BY_ACTION else None
         )
         self._paid_at_end = known and kind.short_name in _PAID_AT_END
-        self._next_seed: int | None = None  # reset(seed=n)'s n, for the next new_episode
         self._seed_of_episode: int | None = None  # (None: chance draws from self.rng)
         self._chance: Any = None  # the episode's draws, made at its first chance node
 
     # ------------------------------------------------------------------ hooks
-
-    def seed_rng(self, seed: Any) -> None:
-        super().seed_rng(seed)
-        self._next_seed = seed if type(seed) is int and 0 <= seed <= _MASK else None
 
     def new_episode(self, rng: np.random.Generator) -> None:
         self.state_ = self.game.new_initial_state()
@@ -341,7 +304,7 @@ class OpenSpielGame(Scenario):
         self._misses = dict.fromkeys(self.possible_agents, 0)
         self._chosen = {}
         # (reset(seed=n) called seed_rng just before: a reset without one has no seed.)
-        self._seed_of_episode, self._next_seed, self._chance = self._next_seed, None, None
+        self._seed_of_episode, self._chance = self.episode_seed(), None
         self._advance()
 
     @property

@@ -62,8 +62,8 @@ import numpy as np
 
 from parley.protocols.errors import ConfigError
 from parley.scenarios.base import Scenario
+from parley.scenarios.helpers import SeedDraws
 from parley.scenarios.imported import Entry
-from parley.scenarios.imported.openspiel import SeedDraws
 from parley.scenarios.registry import ScenarioSpec
 
 __all__ = ["TextArenaGame", "catalog", "library_seed_of", "spec_for"]
@@ -303,7 +303,6 @@ class TextArenaGame(Scenario):
         self._raw_id = _raw(env_id)
         self._pid = {seat: pid for pid, seat in enumerate(seats)}  # seat -> TextArena's id
         self.env: Any = None
-        self._next_seed: int | None = None  # reset(seed=n)'s n, for the next new_episode
         self.library_seed = 0
         """The seed this episode's TextArena ``reset`` got (drawn from ``reset(seed=...)``)."""
         self._current = ""
@@ -311,13 +310,9 @@ class TextArenaGame(Scenario):
 
     # ------------------------------------------------------------------ hooks
 
-    def seed_rng(self, seed: Any) -> None:
-        super().seed_rng(seed)
-        self._next_seed = seed if type(seed) is int and 0 <= seed < 2**64 else None  # (SeedDraws')
-
     def new_episode(self, rng: np.random.Generator) -> None:
         # (reset(seed=n) called seed_rng just before: a reset without one has no seed.)
-        seed, self._next_seed = self._next_seed, None
+        seed = self.episode_seed()
         self.library_seed = library_seed_of(seed) if seed is not None else _draw(self.rng)
         self._random.start(self.library_seed)
         self.library_error = False
@@ -394,7 +389,7 @@ class TextArenaGame(Scenario):
 
 def library_seed_of(seed: int) -> int:
     """The library seed of the episode of ``reset(seed=seed)`` (``seed`` in [0, 2**64)): the
-    first draw of :class:`~parley.scenarios.imported.openspiel.SeedDraws`, in [0, 2**31 - 1)
+    first draw of :class:`~parley.scenarios.helpers.SeedDraws`, in [0, 2**31 - 1)
     as before (a numpy generator made from the seed, ~8 us an episode, drew it: as much as
     the rest of a KuhnPoker reset)."""
     return int(SeedDraws(seed).random() * _SEEDS)

@@ -94,3 +94,20 @@ def test_an_assigned_generator_is_kept_until_a_seed_replaces_it() -> None:
     env.reset(seed=2)
     assert env.rng is not mine
     assert draws(env.rng) == draws(np.random.default_rng(2))
+
+
+def test_the_episode_seed_is_the_resets_int_seed_taken_once() -> None:
+    """What the imported games' SeedDraws start from: the int seed of the reset that began the
+    episode, once; a reset without one (or with a seed SeedDraws does not take) has none."""
+    from parley.scenarios.helpers import LazyRng
+
+    owner = LazyRng()
+    assert owner.episode_seed() is None
+    owner.seed_rng(7)
+    assert owner.episode_seed() == 7
+    assert owner.episode_seed() is None  # (taken: the next reset without a seed has none)
+    for odd in (2**64, np.random.SeedSequence(3), None):
+        owner.seed_rng(odd)
+        assert owner.episode_seed() is None
+    owner.seed_rng(2**64 - 1)
+    assert owner.episode_seed() == 2**64 - 1
