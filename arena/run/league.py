@@ -314,7 +314,7 @@ def play_match(
     after = fingerprints(config, match.scenario, [s for s, _ in match.seats], match.agents)
     for name, now in after.items():  # (an agent changed while it played: replay it next time)
         if now != prints[name]:
-            recorded[name] = {"changed_while_played": "true"}
+            recorded[name] = {**prints[name], "changed_while_played": "true"}  # (never equal)
             log(f"agent {name} changed while {folder.name} was played: it plays again when "
                 "the league is next run")  # fmt: skip
     tmp = result.with_suffix(".tmp")
