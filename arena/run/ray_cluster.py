@@ -161,6 +161,9 @@ class HeadWatch:
         self.stuck_after_s = stuck_after_s
         self.on_stuck = on_stuck
         self._ended = threading.Event()
+        # Held by the last resort from its check of _ended to the exit, and by end(): once
+        # end() returns, the thread never writes nor ends the process under the loop's feet.
+        self._last_resort = threading.Lock()
 
     def start(self) -> asyncio.Future[RayHeadGone]:
         """Start watching; the future gets the verdict (it is never set for ``ray://``)."""
@@ -177,7 +180,11 @@ class HeadWatch:
                 return
             with contextlib.suppress(RuntimeError):  # (the loop is closed: nobody to tell)
                 loop.call_soon_threadsafe(tell, verdict)
-            if not self._ended.wait(self.stuck_after_s) and self.on_stuck is not None:
+            if self._ended.wait(self.stuck_after_s) or self.on_stuck is None:
+                return
+            with self._last_resort:
+                if self._ended.is_set():  # (the loop came back as the wait ran out)
+                    return
                 said = self.on_stuck()
                 why = " ".join(str(verdict).split())
                 sys.stderr.write(
@@ -195,8 +202,10 @@ class HeadWatch:
         return verdict_future
 
     def end(self) -> None:
-        """The run is over (or handled the verdict): stop probing, never call ``on_stuck``."""
-        self._ended.set()
+        """The run is over (or handled the verdict): stop probing, never call ``on_stuck``.
+        Where the last resort has begun, waits for it (it ends the process)."""
+        with self._last_resort:
+            self._ended.set()
 
     def _verdict(self, address: str) -> RayHeadGone | None:
         """Probe ``address`` every ``every_s`` until the head is gone (its verdict) or
