@@ -214,6 +214,8 @@ class _Served:
         return await self.held[key].session.step(action)  # type: ignore[no-any-return]
 
     async def end(self, key: int, why: str = "") -> None:
+        if not why:  # the environment closes: nothing left to tell it
+            self.ended.pop(key, None)
         held = self.held.pop(key, None)
         if held is None:
             return
@@ -264,6 +266,10 @@ class _Hub:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise
+
+    def submit(self, make: Any) -> None:
+        """Run ``make()`` on the arena thread without waiting for it."""
+        asyncio.run_coroutine_threadsafe(_wrap(make), self._running())
 
     def served(self, settings: ParleySkyRLConfig) -> tuple[_Served, int]:
         """The arena of ``settings`` (made on the arena thread) and a new episode key."""
@@ -414,8 +420,8 @@ class ParleyTextEnv(BaseTextEnv):  # type: ignore[misc]
     def _call(self, make: Any) -> Any:
         try:
             return _HUB.call(make, self.settings.call_timeout)
-        except concurrent.futures.TimeoutError:
-            self._close_session()
+        except concurrent.futures.TimeoutError:  # the call was cancelled: end the episode
+            _HUB.submit(lambda: self._served.end(self._key))  # without waiting again
             return f"call_timeout: no answer in {self.settings.call_timeout} s"
 
     def _close_session(self) -> None:

@@ -9,9 +9,11 @@ hostile texts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,6 +57,14 @@ class _Boom(Agent):
         raise RuntimeError("partner crashed")
 
 
+class _Slow(Agent):
+    """Takes 3 s an action: longer than a test's call_timeout."""
+
+    async def act(self, observation: Observation) -> Action:
+        await asyncio.sleep(3.0)
+        return Action(agent=observation.agent, text="<selection>no agreement</selection>")
+
+
 @pytest.fixture(scope="module")
 def envs() -> Iterator[dict[str, str]]:
     """Env ids registered as a SkyRL user registers them (and removed after)."""
@@ -63,6 +73,10 @@ def envs() -> Iterator[dict[str, str]]:
         "small": (
             "parley-test-small",
             {"scenario": DOND, "learner": SEAT, "max_sessions": 4, "idle_calls": 1000},
+        ),
+        "slow": (
+            "parley-test-slow",
+            {"scenario": DOND, "learner": SEAT, "agents": [f"{__name__}:_Slow"]},
         ),
         "idle": (
             "parley-test-idle",
@@ -242,3 +256,20 @@ def test_abandoned_episodes_are_reaped_by_work_not_time(envs: dict[str, str]) ->
     for env in made + idle:
         env.close()
     assert made[0]._served.arena.sessions == idle[0]._served.arena.sessions == 0
+
+
+def test_a_call_waits_at_most_call_timeout(envs: dict[str, str]) -> None:
+    """A partner slower than call_timeout: the call comes back after it as a failed
+    episode with the reason (the wait is bounded), and the episode's slot is freed."""
+    (row,) = dataset_rows(envs["dond"], 1, seed=4)
+    env = _make(envs["slow"], row, call_timeout=0.5, failed_reward=-1.0)
+    env.init([])
+    out = env.step("hello")
+    assert out["done"]
+    assert "call_timeout" in out["metadata"]["failed"]
+    env.close()
+    for _ in range(100):  # the end was submitted without waiting
+        if env._served.arena.sessions == 0:
+            break
+        time.sleep(0.05)
+    assert env._served.arena.sessions == 0
