@@ -254,6 +254,10 @@ class ParleyTool(BaseTool):  # type: ignore[misc,unused-ignore]  # Any where ver
                 turn = await self._play(episode, action, agent_data)
             except LearnerError as error:
                 return _refused(error.code, str(error).split(": ", 1)[-1])
+            finally:  # idle from the answer on: a call played long is not idleness
+                episode.last_call = self._calls
+                if state["episode"] in self._episodes:  # (not reaped past capacity meanwhile)
+                    self._episodes.move_to_end(state["episode"])
             state["steps"] = turn.steps
             if turn.done:
                 await self._end(state["episode"], turn)
@@ -305,10 +309,13 @@ class ParleyTool(BaseTool):  # type: ignore[misc,unused-ignore]  # Any where ver
         return self._arena
 
     async def _reap(self) -> None:
-        """End episodes idle past ``idle_calls``, then the least recent past capacity."""
+        """End episodes idle past ``idle_calls``, then the least recent past capacity. One
+        whose call is being played (its partner slow to answer) is not idle."""
         for key, episode in list(self._episodes.items()):
             if self._calls - episode.last_call <= self.settings.idle_calls:
                 break  # least recently used first: the rest are more recent
+            if episode.lock.locked():  # (a call of it is being played, or waits its turn)
+                continue
             await self._end(key, f"reaped: no call in {self.settings.idle_calls} tool calls")
         while len(self._episodes) > self.settings.max_sessions:
             key = next(iter(self._episodes))
