@@ -109,7 +109,9 @@ class ParleySkyRLConfig:
     max_sessions: int = 1024
     """Episodes held at once per arena; one more ends the least recently used."""
     idle_calls: int = 0
-    """Calls of the arena after which an untouched episode ends; 0 is 8 x max_sessions."""
+    """Calls of the arena after which an untouched episode ends; 0 is 64 x max_sessions
+    (a slow trajectory among a batch's fast ones is not abandoned; the capacity bound holds
+    whatever this is)."""
     turn_timeout: float = 600.0
     """Seconds any seat may take for one action, the model's (its generation) included."""
     max_steps: int = 10_000
@@ -131,7 +133,7 @@ class ParleySkyRLConfig:
                 "turn_timeout and call_timeout positive"
             )
         if not self.idle_calls:
-            self.idle_calls = 8 * self.max_sessions
+            self.idle_calls = 64 * self.max_sessions
 
     @classmethod
     def merged(cls, *sources: Mapping[str, Any] | None) -> ParleySkyRLConfig:
@@ -234,7 +236,11 @@ class _Served:
             await self.end(key, f"reaped: no call in {s.idle_calls} calls of its arena")
         while self.held and len(self.held) + room > s.max_sessions:
             key = next(iter(self.held))
-            await self.end(key, f"reaped: {s.max_sessions} episodes held (max_sessions)")
+            await self.end(
+                key,
+                f"reaped: {s.max_sessions} episodes held (max_sessions): raise max_sessions to "
+                "the trajectories SkyRL runs at once",
+            )
 
     async def close(self) -> None:
         for key in list(self.held):
