@@ -273,3 +273,24 @@ def test_a_call_waits_at_most_call_timeout(envs: dict[str, str]) -> None:
             break
         time.sleep(0.05)
     assert env._served.arena.sessions == 0
+
+
+async def test_skyrls_executor_and_omegaconf_env_config(envs: dict[str, str]) -> None:
+    """As SkyRL's agent_loop: env_config an OmegaConf node (the class's section of its
+    skyrl_gym config), every call through ``loop.run_in_executor`` of a worker pool."""
+    from omegaconf import OmegaConf
+
+    (row,) = dataset_rows(envs["dond"], 1, seed=11)
+    config = OmegaConf.create({"failed_reward": -2.0, "scenario_kwargs": {}})
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(4, thread_name_prefix="skyrl-gym-env-") as pool:
+        extras = {"seed": row["seed"], "max_turns": 1}
+        env = skyrl_gym.make(envs["dond"], env_config=config, extras=extras)
+        assert env.settings.failed_reward == -2.0
+        chat, _ = await loop.run_in_executor(pool, env.init, row["prompt"])
+        assert chat == row["prompt"]
+        out = await loop.run_in_executor(pool, env.step, "hello")
+        assert out["done"]
+        assert out["reward"] == -2.0
+        assert "max_turns" in out["metadata"]["failed"]
+        await loop.run_in_executor(pool, env.close)
