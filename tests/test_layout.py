@@ -192,7 +192,8 @@ def test_no_import_cycle_at_module_level() -> None:
 # leave; raise it only for a name that something outside its module imports.
 # +4 run/ray_slots.py, +1 inference/backends/cpu_attention.py: split for the 600-line rule.
 # +3 integrations/verl_tool.py: what verl's tool config and reward path name, and the rows.
-ARENA_EXPORTS_CEILING = 438
+# +5 integrations/skyrl_env.py: SkyRL's entry point, register, the rows, its failure, shutdown.
+ARENA_EXPORTS_CEILING = 443
 
 
 def _exports(path: Path) -> list[str]:

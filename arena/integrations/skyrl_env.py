@@ -77,8 +77,8 @@ from parley.protocols.errors import ConfigError, ParleyError
 from parley.scenarios import make
 
 # What SkyRL and its users name: ParleyTextEnv (the entry point), register, dataset_rows,
-# EpisodeFailed (the failure it sees), shutdown. No __all__ yet: the arena's export ceiling
-# (tests/test_layout.py) is the lead's to raise for them.
+# EpisodeFailed (the failure it sees), shutdown.
+__all__ = ["EpisodeFailed", "ParleyTextEnv", "dataset_rows", "register", "shutdown"]
 
 
 class EpisodeFailed(ParleyError):
