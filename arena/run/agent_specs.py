@@ -232,9 +232,11 @@ def folder_fingerprint(folder: str | Path) -> str:
     return digest.hexdigest()
 
 
-_LOADED: weakref.WeakKeyDictionary[ModuleType, str] = weakref.WeakKeyDictionary()
-"""Module -> digest of its source file when first fingerprinted (right after import): the
-code a module object runs, whatever its file holds later (a process imports it once)."""
+_LOADED: weakref.WeakKeyDictionary[ModuleType, tuple[object, str]] = weakref.WeakKeyDictionary()
+"""Module -> (its ``__spec__`` then, digest of its source file) when first fingerprinted
+(right after import): the code a module object runs, whatever its file holds later (a
+process imports it once). ``importlib.reload`` gives the module a new ``__spec__`` as it
+runs the file again: its digest is then taken again."""
 
 
 def _source_fingerprint(ref: str) -> str:
@@ -243,8 +245,9 @@ def _source_fingerprint(ref: str) -> str:
     (the next process sees it)."""
     cls = load_object(ref)
     module = sys.modules.get(getattr(cls, "__module__", ""))
-    if module is not None and module in _LOADED:
-        return _LOADED[module]
+    loaded = _LOADED.get(module) if module is not None else None
+    if loaded is not None and loaded[0] is getattr(module, "__spec__", None):
+        return loaded[1]
     try:
         source = inspect.getsourcefile(cls)
     except TypeError:  # (a built-in class: no file)
@@ -253,7 +256,7 @@ def _source_fingerprint(ref: str) -> str:
         return f"unchecked:{ref}"
     digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()
     if module is not None:
-        _LOADED[module] = digest
+        _LOADED[module] = (getattr(module, "__spec__", None), digest)
     return digest
 
 
