@@ -168,6 +168,7 @@ class _Held:
 
     session: Any
     last_call: int
+    playing: bool = False  # a step of it is being played (never idle meanwhile)
 
 
 class _Served:
@@ -213,7 +214,15 @@ class _Served:
             await self._reap(room=0)
         if key not in self.held:
             return self.ended.pop(key, "closed: the environment was closed")
-        return await self.held[key].session.step(action)  # type: ignore[no-any-return]
+        held = self.held[key]
+        held.playing = True
+        try:
+            return await held.session.step(action)  # type: ignore[no-any-return]
+        finally:  # idle from the answer on: a step played long (a slow partner) is not idleness
+            held.playing = False
+            held.last_call = self.calls
+            if key in self.held:  # (not reaped past capacity meanwhile)
+                self.held.move_to_end(key)
 
     async def end(self, key: int, why: str = "") -> None:
         if not why:  # the environment closes: nothing left to tell it
@@ -233,6 +242,8 @@ class _Served:
         for key, held in list(self.held.items()):
             if self.calls - held.last_call <= s.idle_calls:
                 break  # least recently used first: the rest are more recent
+            if held.playing:  # (its step is being played: not idle)
+                continue
             await self.end(key, f"reaped: no call in {s.idle_calls} calls of its arena")
         while self.held and len(self.held) + room > s.max_sessions:
             key = next(iter(self.held))
