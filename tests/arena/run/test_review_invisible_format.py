@@ -6,19 +6,12 @@ format controls U+13430.. render as nothing on their own."""
 
 from __future__ import annotations
 
-import pytest
-
 from parley.arena.run.model_rewards import canonical, scored_text
 
-# Copies of "great" a reader sees as the same word; none is dropped by canonical() now.
+# Copies of "great" a reader sees as the same word (canonical() kept each before).
 FORMAT_COPIES = ["great\ufff9", "gr\ufffaeat", "\ufffbgreat", "great\U00013430", "gre\U00013431at"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="model_rewards._INVISIBLE misses invisible Cf characters (U+FFF9..FFFB, "
-    "U+13430..1343F): padding with them escapes the repeat and word-once rules (H9 review)",
-)
 def test_invisible_format_characters_do_not_make_a_new_word() -> None:
     plain = "The offer is great"
     padded = plain + " " + " ".join(FORMAT_COPIES)
