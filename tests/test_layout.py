@@ -193,7 +193,8 @@ def test_no_import_cycle_at_module_level() -> None:
 # +4 run/ray_slots.py, +1 inference/backends/cpu_attention.py: split for the 600-line rule.
 # +3 integrations/verl_tool.py: what verl's tool config and reward path name, and the rows.
 # +5 integrations/skyrl_env.py: SkyRL's entry point, register, the rows, its failure, shutdown.
-ARENA_EXPORTS_CEILING = 443
+# +1 integrations/held.py: the episode table the verl and SkyRL integrations share.
+ARENA_EXPORTS_CEILING = 444
 
 
 def _exports(path: Path) -> list[str]:

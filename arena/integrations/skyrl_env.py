@@ -70,6 +70,7 @@ except ImportError as error:  # pragma: no cover - the hint is the point
         "docs/integrations.md)"
     ) from error
 
+from parley.arena.integrations.held import HeldEpisodes
 from parley.arena.integrations.learner import LearnerArena, LearnerError, LearnerTurn
 from parley.arena.run.config import RunConfig
 from parley.arena.run.episode import plan_episodes
@@ -162,28 +163,21 @@ def _plain(value: Any) -> Any:
     return value
 
 
-@dataclass
-class _Held:
-    """An environment's running episode (touched only on the arena thread)."""
-
-    session: Any
-    last_call: int
-    playing: bool = False  # a step of it is being played (never idle meanwhile)
-
-
 class _Served:
     """One settings' arena and its running episodes, least recently used first."""
 
     def __init__(self, settings: ParleySkyRLConfig) -> None:
         self.settings = settings
         self.arena: LearnerArena | None = None
-        self.held: OrderedDict[int, _Held] = OrderedDict()
+        # Each environment's running session (touched only on the arena thread).
+        self.held: HeldEpisodes[int, Any] = HeldEpisodes(
+            max_sessions=settings.max_sessions, idle_calls=settings.idle_calls
+        )
         self.ended: OrderedDict[int, str] = OrderedDict()  # why the arena ended an episode
-        self.calls = 0
         self._opening = asyncio.Lock()
 
     async def start(self, key: int, seed: int) -> LearnerTurn:
-        self.calls += 1
+        self.held.call()
         await self._reap(room=1)
         async with self._opening:
             if self.arena is None:
@@ -200,53 +194,41 @@ class _Served:
                 )
                 await arena.__aenter__()
                 self.arena = arena
-        held = _Held(self.arena.session(), self.calls)
-        self.held[key] = held
-        return await held.session.reset(seed=seed)  # type: ignore[no-any-return]
+        session = self.arena.session()
+        self.held.add(key, session)
+        with self.held.playing(key):  # (a reset played long is not idleness either)
+            return await session.reset(seed=seed)  # type: ignore[no-any-return]
 
     async def step(self, key: int, action: str) -> LearnerTurn | str:
         """The next turn, or why the arena ended the episode."""
-        self.calls += 1
-        held = self.held.get(key)
-        if held is not None:
-            held.last_call = self.calls
-            self.held.move_to_end(key)
-            await self._reap(room=0)
+        self.held.call()
         if key not in self.held:
             return self.ended.pop(key, "closed: the environment was closed")
-        held = self.held[key]
-        held.playing = True
-        try:
-            return await held.session.step(action)  # type: ignore[no-any-return]
-        finally:  # idle from the answer on: a step played long (a slow partner) is not idleness
-            held.playing = False
-            held.last_call = self.calls
-            if key in self.held:  # (not reaped past capacity meanwhile)
-                self.held.move_to_end(key)
+        # Never idle while its step is played (a slow partner); idle from the answer on.
+        with self.held.playing(key):
+            await self._reap(room=0)
+            if key not in self.held:
+                return self.ended.pop(key, "closed: the environment was closed")
+            return await self.held[key].step(action)  # type: ignore[no-any-return]
 
     async def end(self, key: int, why: str = "") -> None:
         if not why:  # the environment closes: nothing left to tell it
             self.ended.pop(key, None)
-        held = self.held.pop(key, None)
-        if held is None:
+        session = self.held.pop(key)
+        if session is None:
             return
         if why:  # the environment learns it at its next step
             self.ended[key] = why
             while len(self.ended) > self.settings.max_sessions:
                 self.ended.popitem(last=False)
-        await held.session.close()
+        await session.close()
 
     async def _reap(self, room: int) -> None:
         """End episodes idle past ``idle_calls``, then the least recent past capacity."""
         s = self.settings
-        for key, held in list(self.held.items()):
-            if self.calls - held.last_call <= s.idle_calls:
-                break  # least recently used first: the rest are more recent
-            if held.playing:  # (its step is being played: not idle)
-                continue
+        for key in self.held.idle():
             await self.end(key, f"reaped: no call in {s.idle_calls} calls of its arena")
-        while self.held and len(self.held) + room > s.max_sessions:
-            key = next(iter(self.held))
+        for key in self.held.over(room):
             await self.end(
                 key,
                 f"reaped: {s.max_sessions} episodes held (max_sessions): raise max_sessions to "
@@ -254,7 +236,7 @@ class _Served:
             )
 
     async def close(self) -> None:
-        for key in list(self.held):
+        for key in self.held.in_order():
             await self.end(key)
         arena, self.arena = self.arena, None
         if arena is not None:

@@ -71,6 +71,7 @@ except ImportError as error:  # pragma: no cover - the hint is the point
         "'integrations' extra (see docs/integrations.md for the modules it imports)"
     ) from error
 
+from parley.arena.integrations.held import HeldEpisodes
 from parley.arena.integrations.learner import (
     LearnerArena,
     LearnerError,
@@ -154,7 +155,6 @@ class _Episode:
     """A trajectory's episode: its public state (in verl's extra_fields) and session."""
 
     state: dict[str, Any]
-    last_call: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     session: LearnerSession | None = None  # set by the trajectory's first call
 
@@ -169,8 +169,9 @@ class ParleyTool(BaseTool):  # type: ignore[misc,unused-ignore]  # Any where ver
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening: asyncio.Lock | None = None
         self._seeds: OrderedDict[str, int] = OrderedDict()  # instance id -> create's seed
-        self._episodes: OrderedDict[str, _Episode] = OrderedDict()  # least recent first
-        self._calls = 0
+        self._held: HeldEpisodes[str, _Episode] = HeldEpisodes(
+            max_sessions=self.settings.max_sessions, idle_calls=self.settings.idle_calls
+        )
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         settings = self.settings
@@ -197,7 +198,7 @@ class ParleyTool(BaseTool):  # type: ignore[misc,unused-ignore]  # Any where ver
     @property
     def episodes(self) -> int:
         """Episodes held now."""
-        return len(self._episodes)
+        return len(self._held)
 
     async def create(
         self,
@@ -226,7 +227,7 @@ class ParleyTool(BaseTool):  # type: ignore[misc,unused-ignore]  # Any where ver
         self, instance_id: str, parameters: dict[str, Any], agent_data: Any = None, **kwargs: Any
     ) -> tuple[ToolResponse, float | None, dict[str, Any]]:
         """Play ``parameters["action"]`` in the episode of ``agent_data``'s trajectory."""
-        self._calls += 1
+        self._held.call()
         seed = self._seeds.get(instance_id)
         action = parameters.get("action") if isinstance(parameters, Mapping) else None
         if seed is None:
@@ -237,35 +238,32 @@ class ParleyTool(BaseTool):  # type: ignore[misc,unused-ignore]  # Any where ver
         if not isinstance(action, str):
             return _refused("bad_action", f'call {self.name} with {{"action": "<your action>"}}')
         state = extra.get(STATE_KEY)
-        if not isinstance(state, dict) or state.get("episode") not in self._episodes:
+        if not isinstance(state, dict) or state.get("episode") not in self._held:
             if isinstance(state, dict) and state.get("done"):
                 return _refused("episode_over", f"the episode is over ({_why(state)})")
             state = _new_state(seed)  # the trajectory's first call (synchronously: no race)
             extra[STATE_KEY] = state
-            self._episodes[state["episode"]] = _Episode(state, self._calls)
-        episode = self._episodes[state["episode"]]
-        async with episode.lock:  # a turn's parallel calls play one after another
-            if state["done"]:
-                return _refused("episode_over", f"the episode is over ({_why(state)})")
-            episode.last_call = self._calls
-            self._episodes.move_to_end(state["episode"])
-            await self._reap()
-            try:
-                turn = await self._play(episode, action, agent_data)
-            except LearnerError as error:
-                return _refused(error.code, str(error).split(": ", 1)[-1])
-            finally:  # idle from the answer on: a call played long is not idleness
-                episode.last_call = self._calls
-                if state["episode"] in self._episodes:  # (not reaped past capacity meanwhile)
-                    self._episodes.move_to_end(state["episode"])
-            state["steps"] = turn.steps
-            if turn.done:
-                await self._end(state["episode"], turn)
+            self._held.add(state["episode"], _Episode(state))
+        key = state["episode"]
+        episode = self._held[key]
+        # Never idle while a call of it is played or waits its turn; idle from the answer on.
+        with self._held.playing(key):
+            async with episode.lock:  # a turn's parallel calls play one after another
+                if state["done"]:
+                    return _refused("episode_over", f"the episode is over ({_why(state)})")
+                await self._reap()
+                try:
+                    turn = await self._play(episode, action, agent_data)
+                except LearnerError as error:
+                    return _refused(error.code, str(error).split(": ", 1)[-1])
+                state["steps"] = turn.steps
+                if turn.done:
+                    await self._end(key, turn)
         return ToolResponse(text=_response(turn)), turn.reward, {"done": turn.done}
 
     async def close(self) -> None:
         """End every episode and close the arena (idempotent)."""
-        for key in list(self._episodes):
+        for key in self._held.in_order():
             await self._end(key, "closed: the tool was closed")
         arena, self._arena = self._arena, None
         if arena is not None:
@@ -311,20 +309,15 @@ class ParleyTool(BaseTool):  # type: ignore[misc,unused-ignore]  # Any where ver
     async def _reap(self) -> None:
         """End episodes idle past ``idle_calls``, then the least recent past capacity. One
         whose call is being played (its partner slow to answer) is not idle."""
-        for key, episode in list(self._episodes.items()):
-            if self._calls - episode.last_call <= self.settings.idle_calls:
-                break  # least recently used first: the rest are more recent
-            if episode.lock.locked():  # (a call of it is being played, or waits its turn)
-                continue
+        for key in self._held.idle():
             await self._end(key, f"reaped: no call in {self.settings.idle_calls} tool calls")
-        while len(self._episodes) > self.settings.max_sessions:
-            key = next(iter(self._episodes))
+        for key in self._held.over():
             await self._end(
                 key, f"reaped: {self.settings.max_sessions} episodes held (max_sessions)"
             )
 
     async def _end(self, key: str, end: LearnerTurn | str) -> None:
-        episode = self._episodes.pop(key, None)
+        episode = self._held.pop(key)
         if episode is None:
             return
         state = episode.state
