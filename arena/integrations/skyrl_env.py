@@ -197,7 +197,7 @@ class _Served:
         session = self.arena.session()
         self.held.add(key, session)
         with self.held.playing(key):  # (a reset played long is not idleness either)
-            return await session.reset(seed=seed)  # type: ignore[no-any-return]
+            return await session.reset(seed=seed)
 
     async def step(self, key: int, action: str) -> LearnerTurn | str:
         """The next turn, or why the arena ended the episode."""
