@@ -10,6 +10,7 @@ hostile texts."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from parley.arena.integrations.skyrl_env import (
     ParleyTextEnv,
     dataset_rows,
     register,
+    shutdown,
 )
 from parley.protocols.messages import Action, Observation
 from tests.arena.integrations.dond_run import DOND, SEAT, parley_run
@@ -92,6 +94,10 @@ def envs() -> Iterator[dict[str, str]]:
     yield {name: env_id for name, (env_id, _) in ids.items()}
     for env_id, _ in ids.values():
         skyrl_gym.envs.registration.deregister(env_id)
+    # The arena thread holds a run, and with it the process's frozen heap (gc.freeze):
+    # later tests in this process must find neither.
+    shutdown()
+    assert gc.get_freeze_count() == 0
 
 
 def _make(env_id: str, row: dict[str, Any], max_turns: int = 100, **config: Any) -> Any:

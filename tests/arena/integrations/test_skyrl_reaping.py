@@ -18,7 +18,7 @@ pytest.importorskip("skyrl_gym")
 import skyrl_gym
 
 from parley.agents.scripted.collaboration import CodeListener
-from parley.arena.integrations.skyrl_env import dataset_rows, register
+from parley.arena.integrations.skyrl_env import dataset_rows, register, shutdown
 from parley.protocols.messages import Action, Observation
 from tests.arena.integrations.test_skyrl import _make
 
@@ -57,6 +57,7 @@ def env_id() -> Iterator[str]:
     register(ENV, **settings)
     yield ENV
     skyrl_gym.envs.registration.deregister(ENV)
+    shutdown()  # (the arena thread's run holds the process's frozen heap)
 
 
 def test_an_episode_whose_step_is_being_played_is_not_idle(env_id: str) -> None:
